@@ -1,0 +1,1 @@
+"""Measuring: retrieval, the compatibility matrix, metrics, leaderboards and plots (independent of strategies)."""

@@ -1,0 +1,145 @@
+"""Compatibility metrics: pure functions of the compatibility matrix (METHODS.md §2).
+
+``M[t][k]`` is the retrieval accuracy of queries embedded by model t against a gallery embedded by model k
+(k <= t; row = query model). Entries above the diagonal are undefined (NaN here, ``null`` in JSON). Accuracies
+are fractions in [0, 1]; AA, ACA, BC and FC are reported in percent, as the papers do.
+
+* AC: share of pairs t > k with ``M[t][k] > M[k][k]`` (strict; ``tie_rule="inclusive"`` counts ties as
+  compatible, as the older CL2R code did). T = 1 gives 1.
+* AC_t / AA_t: the same on the top-left (t+1)x(t+1) block.
+* AA: mean of all lower-triangular entries, diagonal included (the code's "AM").
+* ACA (this suite's definition, no published one exists): mean of the strictly lower entries (t > k).
+* BC: mean over k < T-1 of ``M[T-1][k] - M[k][k]``; FC: mean over t >= 1 of ``M[t][t-1] - M[t][t]``.
+
+A genuine 0.0 accuracy is a value like any other, never "missing".
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TIE_RULES = ("strict", "inclusive")
+
+
+class MatrixError(ValueError):
+    """A compatibility matrix is malformed."""
+
+
+def as_matrix(rows: Any) -> np.ndarray:
+    """A square float matrix with NaN above the diagonal from a list of rows (ragged or with nulls).
+
+    Values in percent (any entry above 1) are divided by 100. Raises :class:`MatrixError` when an entry on or
+    below the diagonal is missing or not a number.
+    """
+    if not isinstance(rows, (list, tuple)) or not rows or not all(isinstance(r, (list, tuple)) for r in rows):
+        raise MatrixError("the matrix must be a non-empty list of rows (lists of numbers)")
+    size = len(rows)
+    matrix = np.full((size, size), np.nan)
+    for t, row in enumerate(rows):
+        if len(row) < t + 1 or len(row) > size:
+            raise MatrixError(f"row {t} has {len(row)} entries; a {size}-task matrix needs {t + 1} to {size}")
+        for k in range(t + 1):
+            value = row[k]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise MatrixError(f"entry [{t}][{k}] is {value!r}; entries on and below the diagonal must be numbers")
+            matrix[t, k] = float(value)
+    lower = matrix[np.tril_indices(size)]
+    if lower.min() < 0 or lower.max() > 100:
+        raise MatrixError("accuracies must lie in [0, 1] or in percent [0, 100]")
+    return matrix / 100.0 if lower.max() > 1.0 else matrix
+
+
+def load_matrix(path: str | Path) -> np.ndarray:
+    """Read a matrix from JSON: a list of rows, or an object with a ``compatibility_matrix`` key."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise MatrixError(f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MatrixError(f"{path} is not readable JSON ({exc})") from None
+    if isinstance(data, dict):
+        if "compatibility_matrix" not in data:
+            raise MatrixError(f"{path}: a JSON object must have a 'compatibility_matrix' key")
+        data = data["compatibility_matrix"]
+    return as_matrix(data)
+
+
+def _check_tie_rule(tie_rule: str) -> None:
+    if tie_rule not in TIE_RULES:
+        raise ValueError(f"unknown tie rule {tie_rule!r}; choose from {list(TIE_RULES)}")
+
+
+def compatible_pairs(matrix: np.ndarray, tie_rule: str = "strict") -> np.ndarray:
+    """Boolean matrix: ``True`` at (t, k), t > k, where model t is compatible with model k."""
+    _check_tie_rule(tie_rule)
+    size = len(matrix)
+    diagonal = np.diag(matrix)[None, :]
+    with np.errstate(invalid="ignore"):
+        better = matrix > diagonal if tie_rule == "strict" else matrix >= diagonal
+    return better & np.tri(size, k=-1, dtype=bool)
+
+
+def average_compatibility(matrix: np.ndarray, tie_rule: str = "strict") -> float:
+    """AC: share of the T(T-1)/2 pairs meeting the empirical compatibility criterion (1.0 when T = 1)."""
+    size = len(matrix)
+    if size < 2:
+        return 1.0
+    return float(compatible_pairs(matrix, tie_rule).sum() / (size * (size - 1) / 2))
+
+
+def average_accuracy(matrix: np.ndarray) -> float:
+    """AA in percent: mean of the lower triangle, diagonal included."""
+    return float(100.0 * matrix[np.tril_indices(len(matrix))].mean())
+
+
+def average_cross_model_accuracy(matrix: np.ndarray) -> float | None:
+    """ACA in percent: mean of the strictly lower entries; ``None`` for a single model."""
+    if len(matrix) < 2:
+        return None
+    return float(100.0 * matrix[np.tril_indices(len(matrix), k=-1)].mean())
+
+
+def backward_compatibility(matrix: np.ndarray) -> float | None:
+    """BC in percent points: mean over k < T-1 of ``M[T-1][k] - M[k][k]``."""
+    last = len(matrix) - 1
+    if last < 1:
+        return None
+    return float(100.0 * np.mean([matrix[last, k] - matrix[k, k] for k in range(last)]))
+
+
+def forward_compatibility(matrix: np.ndarray) -> float | None:
+    """FC in percent points: mean over t >= 1 of ``M[t][t-1] - M[t][t]``."""
+    if len(matrix) < 2:
+        return None
+    return float(100.0 * np.mean([matrix[t, t - 1] - matrix[t, t] for t in range(1, len(matrix))]))
+
+
+def per_task(metric, matrix: np.ndarray, **kwargs: Any) -> list[float]:
+    """``metric`` on each top-left block: ``[metric(M[:1,:1]), ..., metric(M)]`` (AC_t, AA_t)."""
+    return [metric(matrix[: t + 1, : t + 1], **kwargs) for t in range(len(matrix))]
+
+
+def all_metrics(matrix: np.ndarray, tie_rule: str = "strict") -> dict[str, Any]:
+    """Every metric of the suite, keyed by name (the ``metrics`` object of ``metrics.json``)."""
+    return {
+        "AC": average_compatibility(matrix, tie_rule),
+        "AA": average_accuracy(matrix),
+        "ACA": average_cross_model_accuracy(matrix),
+        "AC_per_task": per_task(average_compatibility, matrix, tie_rule=tie_rule),
+        "AA_per_task": per_task(average_accuracy, matrix),
+        "BC": backward_compatibility(matrix),
+        "FC": forward_compatibility(matrix),
+        "violations": [[int(t), int(k)] for t, k in zip(*np.nonzero(
+            np.tri(len(matrix), k=-1, dtype=bool) & ~compatible_pairs(matrix, tie_rule)))],
+        "tie_rule": tie_rule,
+        "ACA_definition": "mean of the strictly lower-triangular entries (t > k), percent",
+    }
+
+
+def matrix_to_json(matrix: np.ndarray) -> list[list[float | None]]:
+    """Rows with ``None`` above the diagonal (JSON ``null``, never 0)."""
+    return [[None if math.isnan(v) else float(v) for v in row] for row in matrix]

@@ -1,0 +1,57 @@
+"""Figures saved next to ``metrics.json``: the compatibility matrix heatmap (violations marked) and the AA_t curve
+(replacement tasks marked). matplotlib is imported here only, with the file-only Agg backend."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def save_plots(record: dict[str, Any], directory: str | Path) -> list[Path]:
+    """Write ``compatibility_matrix.png`` and ``aa_per_task.png`` for a ``metrics.json`` record."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory = Path(directory)
+    matrix = np.array([[np.nan if v is None else 100 * v for v in row] for row in record["compatibility_matrix"]])
+    size = len(matrix)
+    violations = {tuple(v) for v in record["metrics"]["violations"]}
+    title = f"{record['strategy']} · {record['scenario']} · {record['dataset']} · seed {record['seed']}"
+
+    fig, ax = plt.subplots(figsize=(1.0 + 0.7 * size, 0.8 + 0.6 * size))
+    ax.imshow(np.ma.masked_invalid(matrix), cmap="viridis")
+    for t in range(size):
+        for k in range(t + 1):
+            bad = (t, k) in violations
+            ax.text(k, t, f"{matrix[t, k]:.1f}", ha="center", va="center", fontsize=8,
+                    color="red" if bad else "white", fontweight="bold" if bad else "normal")
+            if bad:
+                ax.add_patch(plt.Rectangle((k - 0.5, t - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2))
+    ticks = [f"{i + 1}{'*' if i in record['replacement_tasks'] else ''}" for i in range(size)]
+    ax.set_xticks(range(size), ticks)
+    ax.set_yticks(range(size), ticks)
+    ax.set_xlabel("gallery model k (* = replacement)")
+    ax.set_ylabel("query model t")
+    m = record["metrics"]
+    ax.set_title(f"{title}\nAC {m['AC']:.3f}  AA {m['AA']:.2f}  (red: M[t][k] ≤ M[k][k])", fontsize=8)
+    fig.tight_layout()
+    heatmap = directory / "compatibility_matrix.png"
+    fig.savefig(heatmap, dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    tasks = np.arange(1, size + 1)
+    ax.plot(tasks, m["AA_per_task"], marker="o")
+    for r in record["replacement_tasks"]:
+        ax.axvline(r + 1, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("task (dashed: model replacement)")
+    ax.set_ylabel("AA_t (%)")
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    curve = directory / "aa_per_task.png"
+    fig.savefig(curve, dpi=120)
+    plt.close(fig)
+    return [heatmap, curve]

@@ -1,0 +1,115 @@
+"""One config schema, one override path (``configs/default.yaml`` is the schema and shows every default).
+
+Layers, later wins: ``default.yaml`` < ``datasets/<dataset>.yaml`` < ``scenarios/<scenario>.yaml`` <
+``presets/<preset>.yaml`` < ``--config FILE`` < command-line flags. Every value is checked against the type of
+its default; unknown keys are errors that list the valid ones. ``strategy_params.<name>`` is checked by the
+strategy's own config dataclass when the run starts.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+FREE_FORM = {"strategy_params"}
+EXTRA_TYPES: dict[str, tuple[type, ...]] = {
+    "stream.class_order": (str, list),
+    "stream.images_per_class": (int, type(None)),
+    "evaluation.queries_per_class": (int, type(None)),
+    "replacement.pretrain.images_per_class": (int, type(None)),
+}
+
+
+class ConfigError(ValueError):
+    """A config file, key or value is invalid; the message says which and how to fix it."""
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; a missing, unreadable or non-mapping file is a :class:`ConfigError`."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys to values")
+    return data
+
+
+def choices(kind: str) -> list[str]:
+    """Names of the YAML profiles of one kind (``datasets``, ``scenarios``, ``presets``)."""
+    return sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml"))
+
+
+def _type_ok(value: Any, default: Any, dotted: str) -> bool:
+    if dotted in EXTRA_TYPES:
+        return isinstance(value, EXTRA_TYPES[dotted]) and not isinstance(value, bool)
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))
+
+
+def merge(base: dict[str, Any], override: dict[str, Any], source: str, prefix: str = "") -> dict[str, Any]:
+    """``base`` updated by ``override``, checking every key and value type against ``base``."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        dotted = f"{prefix}{key}"
+        if key not in base:
+            raise ConfigError(f"{source}: unknown key {dotted!r}; valid keys here: {sorted(base)}")
+        default = base[key]
+        if isinstance(default, dict) and dotted not in FREE_FORM:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: {dotted} must be a mapping with keys {sorted(default)}")
+            out[key] = merge(default, value, source, f"{dotted}.")
+        elif dotted in FREE_FORM:
+            if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+                raise ConfigError(f"{source}: {dotted} must map strategy names to mappings of parameters")
+            out[key] = {**default, **{k: {**default.get(k, {}), **v} for k, v in value.items()}}
+        elif not _type_ok(value, default, dotted):
+            raise ConfigError(f"{source}: {dotted} = {value!r} has type {type(value).__name__}; expected "
+                              f"{type(default).__name__} like the default {default!r}")
+        else:
+            out[key] = float(value) if isinstance(default, float) else value
+    return out
+
+
+def parse_assignment(text: str) -> dict[str, Any]:
+    """``"training.epochs=5"`` -> ``{"training": {"epochs": 5}}`` (the value is parsed as YAML)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: use section.key=value, e.g. --set training.epochs=5")
+    dotted, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise ConfigError(f"--set {text!r}: the value is not valid YAML") from None
+    for part in reversed(dotted.strip().split(".")):
+        value = {part: value}
+    return value
+
+
+def resolve(user_layers: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The full config: defaults, then the dataset / scenario / preset profiles they name, then ``user_layers``.
+
+    ``user_layers`` are ``(source name, mapping)`` pairs, lowest priority first (config file, then CLI).
+    """
+    defaults = read_yaml(CONFIG_DIR / "default.yaml")
+    names = defaults
+    for source, layer in user_layers:
+        names = merge(names, layer, source)
+    layers = []
+    for kind, key in (("datasets", "dataset"), ("scenarios", "scenario"), ("presets", "preset")):
+        if names[key] not in choices(kind):
+            raise ConfigError(f"unknown {key} {names[key]!r}; choose from {choices(kind)}")
+        layers.append((f"configs/{kind}/{names[key]}.yaml", read_yaml(CONFIG_DIR / kind / f"{names[key]}.yaml")))
+    config = defaults
+    for source, layer in layers + user_layers:
+        config = merge(config, layer, source)
+    return config

@@ -1,0 +1,259 @@
+"""Run one scenario / strategy / seed end to end and write its results (the runner's main job).
+
+For each task t: pick the starting model (a replacement checkpoint at replacement tasks, the previous model
+otherwise, a random model at task 0 of CL2R), keep a frozen copy as the teacher, train, update the replay
+memory, deploy the model to the :class:`CompatibilityEvaluator` (gallery and queries embedded once), then save
+the model, the run state and a partial ``metrics.json`` atomically. ``resume=True`` continues after the last
+finished task; every task seeds its own random streams from ``(seed, t)``, so a resumed run ends with the same
+metrics as an uninterrupted one.
+
+Layout of ``<output>/<scenario>/<dataset>/<strategy>/seed<k>/``: ``config.yaml`` (resolved config),
+``metrics.json``, ``state.pt``, ``checkpoints/task<t>.pt`` (plain state dicts), ``compatibility_matrix.png``,
+``aa_per_task.png``.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from benchmarks.metrics import all_metrics, as_matrix
+from benchmarks.records import atomic_write_json, device_description, package_versions
+from benchmarks.retrieval import CompatibilityEvaluator
+from configuration import ConfigError
+from models import RetrievalModel, build_model, load_replacement
+from scenarios.datasets import ImageSet, load_dataset
+from scenarios.streams import Stream, build_stream
+from strategies import Strategy, get_strategy
+from strategies.pretrain import pretrained_replacement, save_state
+from strategies.trainer import TrainSettings, train_task, update_memory
+
+IGNORED_ON_RESUME = ("training.progress", "evaluation.plots", "device")
+
+
+class RunError(RuntimeError):
+    """The run cannot start or continue as asked (e.g. results exist, resume mismatch)."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} requested but no CUDA GPU is available; use --device cpu or auto")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+
+
+def run_directory(cfg: dict[str, Any]) -> Path:
+    return Path(cfg["output"]) / cfg["scenario"] / cfg["dataset"] / cfg["strategy"] / f"seed{cfg['seed']}"
+
+
+def task_seed(seed: int, task: int) -> int:
+    return seed * 1000 + task
+
+
+def model_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
+    m = cfg["model"]
+    return {"backbone": m["backbone"], "simplex_vertices_count": m["simplex_classes"],
+            "small_width": m["small_width"], "small_out_dim": m["small_out_dim"]}
+
+
+def synthetic_options(cfg: dict[str, Any]) -> dict[str, int]:
+    """The ``data.synthetic_*`` settings, as keyword arguments of :func:`scenarios.datasets.load_dataset`."""
+    return {k: v for k, v in cfg["data"].items() if k.startswith("synthetic_")}
+
+
+def make_stream(cfg: dict[str, Any]) -> Stream:
+    s, e, d = cfg["stream"], cfg["evaluation"], cfg["data"]
+    return build_stream(
+        scenario=cfg["scenario"], dataset=cfg["dataset"], data_root=cfg["data_root"], download=cfg["download"],
+        verify=d["verify"], image_size=d["image_size"], initial_classes=s["initial_classes"], increment=s["increment"],
+        num_tasks=s["num_tasks"], images_per_class=s["images_per_class"], class_order=s["class_order"],
+        order_seed=s["order_seed"], replacement_tasks=cfg["replacement"]["tasks"], eval_dataset=e["dataset"],
+        heldout_classes=e["heldout_classes"], queries_per_class=e["queries_per_class"],
+        synthetic=synthetic_options(cfg))
+
+
+def replacement_checkpoints(cfg: dict[str, Any], stream: Stream, head: str, device: torch.device,
+                            log=print) -> list[dict[str, Any]]:
+    """One ``{"task", "path", "source"}`` per replacement task: the user's files, or suite-pretrained models."""
+    rep = cfg["replacement"]
+    tasks = stream.replacement_tasks
+    if rep["checkpoints"]:
+        if len(rep["checkpoints"]) != len(tasks):
+            raise ConfigError(f"replacement.checkpoints has {len(rep['checkpoints'])} file(s) for "
+                              f"{len(tasks)} replacement task(s) {tasks}; give one per task")
+        return [{"task": t, "path": str(p), "source": "user"} for t, p in zip(tasks, rep["checkpoints"])]
+    pre = rep["pretrain"]
+    if len(pre["class_counts"]) < len(tasks):
+        raise ConfigError(f"replacement.pretrain.class_counts has {len(pre['class_counts'])} entries for "
+                          f"{len(tasks)} replacement tasks; give one class count per replacement task")
+    source = load_dataset(pre["dataset"], cfg["data_root"], download=cfg["download"],
+                          image_size=cfg["data"]["image_size"], verify=cfg["data"]["verify"], **synthetic_options(cfg))
+    reserved = set(stream.reserved_classes) if pre["dataset"] == cfg["dataset"] else set()
+    order = stream.class_order if pre["dataset"] == cfg["dataset"] else list(range(source.num_classes))
+    pool = [c for c in order if c not in reserved]
+    settings = TrainSettings(**{**cfg["training"], "epochs": pre["epochs"], "batch_size": pre["batch_size"],
+                                "lr": pre["lr"], "lr_min": pre["lr_min"]})
+    out = []
+    for task, count in zip(tasks, pre["class_counts"]):
+        if count > len(pool):
+            raise ConfigError(f"replacement.pretrain.class_counts asks {count} classes of {pre['dataset']}; only "
+                              f"{len(pool)} are disjoint from the stream and evaluation classes")
+        path, cached = pretrained_replacement(
+            source, pool[:count], head=head, model_kwargs=model_kwargs(cfg), settings=settings,
+            images_per_class=pre["images_per_class"], device=device, seed=pre["seed"], cache_dir=pre["cache_dir"])
+        log(f"replacement model for task {task}: {path} ({'cached' if cached else 'pretrained now'})")
+        out.append({"task": task, "path": str(path), "source": "cached" if cached else "pretrained",
+                    "classes": count})
+    return out
+
+
+def _flat(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in cfg.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_resume_config(saved: dict[str, Any], cfg: dict[str, Any]) -> None:
+    a, b = _flat(saved), _flat(cfg)
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and not k.startswith(IGNORED_ON_RESUME))
+    if diff:
+        raise RunError(f"--resume: the settings differ from the interrupted run in {diff[:5]}; use the same "
+                       "settings, or --overwrite to start over")
+
+
+class Run:
+    """The state of one run; :meth:`execute` trains and evaluates the remaining tasks."""
+
+    def __init__(self, cfg: dict[str, Any], *, resume: bool = False, overwrite: bool = False, log=print) -> None:
+        self.cfg, self.log = cfg, log
+        self.strategy: Strategy = get_strategy(cfg["strategy"]).from_params(
+            cfg["strategy_params"].get(cfg["strategy"], {}))
+        self.device = resolve_device(cfg["device"])
+        self.dir = run_directory(cfg)
+        self.state_file = self.dir / "state.pt"
+        self.state: dict[str, Any] = {"next_task": 0, "timings": [], "replacements": [], "pretrain_seconds": 0.0}
+        if self.state_file.exists() and not (resume or overwrite):
+            raise RunError(f"{self.dir} holds results of an earlier run; pass --resume to continue it or "
+                           "--overwrite to start over (or --output elsewhere)")
+        if self.state_file.exists() and resume:
+            check_resume_config(yaml.safe_load((self.dir / "config.yaml").read_text()), cfg)
+            self.state = torch.load(self.state_file, map_location="cpu", weights_only=True)
+        self.settings = TrainSettings(**cfg["training"])
+
+    def _model_for_task(self, t: int, previous: RetrievalModel | None, replacements: dict[int, str]):
+        """``(model, teacher)`` for task t (see the module docstring)."""
+        task = self.stream.tasks[t]
+        if t in replacements:
+            model = build_model(head=self.strategy.head, num_classes=task.num_seen_classes,
+                                **model_kwargs(self.cfg))
+            load_replacement(model, replacements[t])
+            model = model.to(self.device)
+            return model, copy.deepcopy(model)
+        if previous is None:
+            return build_model(head=self.strategy.head, num_classes=task.num_seen_classes,
+                               **model_kwargs(self.cfg)).to(self.device), None
+        previous.head.grow(task.num_seen_classes)
+        return previous, copy.deepcopy(previous)
+
+    def _restore_model(self, t: int) -> RetrievalModel:
+        model = build_model(head=self.strategy.head, num_classes=self.stream.tasks[t].num_seen_classes,
+                            **model_kwargs(self.cfg))
+        model.load_state_dict(torch.load(self.dir / "checkpoints" / f"task{t}.pt", map_location="cpu",
+                                         weights_only=True))
+        return model.to(self.device)
+
+    def execute(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.yaml").write_text(yaml.safe_dump(self.cfg, sort_keys=False))
+        self.stream = make_stream(self.cfg)
+        for task in self.stream.tasks:
+            task.train = ImageSet(task.train.images.to(self.device), task.train.labels.to(self.device))
+        evaluator = CompatibilityEvaluator(
+            self.stream.query, self.stream.gallery, mean=self.stream.mean, std=self.stream.std,
+            mode=self.cfg["evaluation"]["mode"], batch_size=self.cfg["evaluation"]["batch_size"],
+            amp=self.settings.amp)
+        start = self.state["next_task"]
+        memory, model = None, None
+        if start > 0:
+            evaluator.load_state_dict(self.state["evaluator"])
+            memory = ImageSet(self.state["memory_images"].to(self.device), self.state["memory_labels"].to(self.device))
+            model = self._restore_model(start - 1)
+            self.log(f"resuming {self.dir} at task {start}")
+        if start < self.stream.num_tasks and not self.state["replacements"]:
+            t0 = time.perf_counter()
+            self.state["replacements"] = replacement_checkpoints(self.cfg, self.stream, self.strategy.head,
+                                                                 self.device, self.log)
+            self.state["pretrain_seconds"] = time.perf_counter() - t0
+        replacements = {r["task"]: r["path"] for r in self.state["replacements"]}
+        for t in range(start, self.stream.num_tasks):
+            model, memory = self._run_task(t, model, memory, evaluator, replacements)
+        record = self.record(evaluator, complete=True, seconds=time.perf_counter() - started)
+        if self.cfg["evaluation"]["plots"]:
+            from benchmarks.plots import save_plots
+
+            save_plots(record, self.dir)
+        return record
+
+    def _run_task(self, t: int, previous, memory, evaluator, replacements):
+        task = self.stream.tasks[t]
+        torch.manual_seed(task_seed(self.cfg["seed"], t))
+        np.random.seed(task_seed(self.cfg["seed"], t) % 2**32)
+        model, teacher = self._model_for_task(t, previous, replacements)
+        self.strategy.before_task(t, task.num_seen_classes, len(task.new_classes))
+        tag = " (replacement)" if t in replacements else ""
+        timing = train_task(model, self.strategy, task.train, memory, self.settings, mean=self.stream.mean,
+                            std=self.stream.std, teacher=teacher, experience=task.experience,
+                            description=f"task {t + 1}/{self.stream.num_tasks}{tag}")
+        if self.strategy.uses_memory:
+            generator = torch.Generator().manual_seed(task_seed(self.cfg["seed"], t))
+            memory = update_memory(memory, task.train, self.settings.memory_per_class, generator)
+        eval_started = time.perf_counter()
+        row = evaluator.deploy(model)
+        timing["eval_seconds"] = time.perf_counter() - eval_started
+        timing["images_per_second"] = timing["images"] / max(timing["seconds"], 1e-9)
+        self.log(f"task {t}{tag}: trained {timing['iterations']} iterations in {timing['seconds']:.1f}s, "
+                 f"M[{t}] = {' '.join(f'{v:.3f}' for v in row)}")
+        save_state(model.state_dict(), self.dir / "checkpoints" / f"task{t}.pt")
+        self.state.update(next_task=t + 1, evaluator=evaluator.state_dict(),
+                          memory_images=(memory.images if memory is not None else torch.zeros(0)).cpu(),
+                          memory_labels=(memory.labels if memory is not None else torch.zeros(0)).cpu())
+        self.state["timings"] = self.state["timings"] + [timing]
+        save_state(self.state, self.state_file)
+        self.record(evaluator, complete=t + 1 == self.stream.num_tasks, seconds=None)
+        return model, memory
+
+    def record(self, evaluator: CompatibilityEvaluator, *, complete: bool, seconds: float | None) -> dict[str, Any]:
+        """Write ``metrics.json`` for the tasks finished so far and return it."""
+        matrix = evaluator.matrix
+        metrics = all_metrics(as_matrix(matrix), self.cfg["evaluation"]["tie_rule"]) if matrix else None
+        record = {
+            "scenario": self.cfg["scenario"], "strategy": self.cfg["strategy"], "dataset": self.cfg["dataset"],
+            "seed": self.cfg["seed"], "num_tasks": self.stream.num_tasks, "tasks_completed": len(matrix),
+            "complete": complete, "replacement_tasks": self.stream.replacement_tasks,
+            "compatibility_matrix": matrix, "metrics": metrics,
+            "evaluation": {"queries": len(self.stream.query), "gallery_images": len(self.stream.gallery),
+                           "mode": evaluator.mode, "extractions": evaluator.extractions},
+            "stream": {"classes_per_task": [len(t.new_classes) for t in self.stream.tasks],
+                       "train_images_per_task": [len(t.train) for t in self.stream.tasks],
+                       "class_order": self.stream.class_order[: sum(len(t.new_classes) for t in self.stream.tasks)]},
+            "replacement_models": self.state["replacements"],
+            "config": self.cfg, "versions": package_versions(), "device": device_description(self.device),
+            "timings": {"tasks": self.state["timings"], "pretrain_seconds": self.state["pretrain_seconds"],
+                        "train_seconds": sum(t["seconds"] for t in self.state["timings"]),
+                        "eval_seconds": sum(t["eval_seconds"] for t in self.state["timings"])},
+        }
+        if seconds is not None:
+            record["timings"]["wall_seconds_this_invocation"] = seconds
+        atomic_write_json(self.dir / "metrics.json", record)
+        return record

@@ -1,0 +1,209 @@
+"""Command line of the suite.
+
+    python runner.py --scenario iamcl2r --strategy dsimplex_hoc [--dataset cifar100] [--preset paper|quick] ...
+    python runner.py pretrain --dataset tinyimagenet --strategy er        # make (and cache) replacement models
+    python runner.py metrics FILE [--json] [--tie-rule strict|inclusive]  # metrics of any matrix in JSON
+    python runner.py leaderboard [--results DIR] [--format github|csv|latex]
+
+Usage errors print one line and exit with code 2; an interrupted run keeps every finished task (``--resume``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+COMMANDS = ("run", "pretrain", "metrics", "leaderboard")
+
+
+class UsageError(Exception):
+    """Bad command-line input."""
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", help="cl2r | iamcl2r (default from configs/default.yaml: iamcl2r)")
+    p.add_argument("--strategy", help="a registered strategy, or 'all'")
+    p.add_argument("--dataset", help="training stream: cifar100 | tinyimagenet | synthetic")
+    p.add_argument("--data-root", help="folder with cifar-100-python/, cifar-10-batches-py/, tiny-imagenet-200/")
+    p.add_argument("--download", action="store_true", default=None, help="download missing data sets")
+    p.add_argument("--preset", help="paper (published protocol) | quick (minutes on a CPU)")
+    p.add_argument("--seed", type=int, help="one seed")
+    p.add_argument("--seeds", type=int, nargs="+", help="several seeds, run one after the other")
+    p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--epochs", type=int, help="epochs per task")
+    p.add_argument("--output", help="results folder (default results/)")
+    p.add_argument("--config", help="a YAML file of settings (same keys as configs/default.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any setting, e.g. --set stream.num_tasks=31 --set replacement.tasks=[0,10,20]")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runner.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="train and evaluate (the default command)")
+    _add_run_options(run)
+    run.add_argument("--resume", action="store_true", help="continue an interrupted run after its last task")
+    run.add_argument("--overwrite", action="store_true", help="discard an earlier run in the same folder")
+    pre = sub.add_parser("pretrain", help="pretrain (or find cached) replacement models for a configuration")
+    _add_run_options(pre)
+    met = sub.add_parser("metrics", help="AC / AA / ACA / BC / FC of a compatibility matrix in a JSON file")
+    met.add_argument("file", help="JSON: a list of rows, or an object with 'compatibility_matrix'")
+    met.add_argument("--json", action="store_true", help="print one JSON object keyed by metric name")
+    met.add_argument("--tie-rule", default="strict", choices=["strict", "inclusive"])
+    board = sub.add_parser("leaderboard", help="one row per scenario / dataset / strategy, mean ± std over seeds")
+    board.add_argument("--results", default="results", help="folder searched for metrics.json files")
+    board.add_argument("--format", default="github", choices=["github", "csv", "latex"])
+    return parser
+
+
+def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
+    """The config overrides given on the command line."""
+    from configuration import parse_assignment
+
+    flat = {"scenario": args.scenario, "dataset": args.dataset, "data_root": args.data_root,
+            "download": args.download, "preset": args.preset, "seed": args.seed, "device": args.device,
+            "output": args.output}
+    layer: dict[str, Any] = {k: v for k, v in flat.items() if v is not None}
+    if args.strategy and args.strategy != "all":
+        layer["strategy"] = args.strategy
+    if args.epochs is not None:
+        layer.setdefault("training", {})["epochs"] = args.epochs
+    if args.no_progress:
+        layer.setdefault("training", {})["progress"] = False
+    for assignment in args.set:
+        layer = _deep_update(layer, parse_assignment(assignment))
+    return layer
+
+
+def _deep_update(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _deep_update(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def resolved_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One resolved config per (strategy, seed) the command asks for."""
+    from configuration import read_yaml, resolve
+    from strategies import list_strategies
+
+    layers = [(args.config, read_yaml(args.config))] if args.config else []
+    layers.append(("command line", cli_layer(args)))
+    if args.seeds and args.seed is not None:
+        raise UsageError("give --seed or --seeds, not both")
+    strategies = list_strategies() if args.strategy == "all" else [None]
+    seeds = args.seeds or [None]
+    configs = []
+    for strategy in strategies:
+        for seed in seeds:
+            extra = {k: v for k, v in (("strategy", strategy), ("seed", seed)) if v is not None}
+            configs.append(resolve(layers + ([("command line", extra)] if extra else [])))
+    return configs
+
+
+def command_run(args: argparse.Namespace) -> int:
+    from benchmarks.leaderboard import leaderboard_rows, render
+    from experiment import Run, run_directory
+
+    configs = resolved_configs(args)
+    runs = [Run(cfg, resume=args.resume, overwrite=args.overwrite) for cfg in configs]
+    records = []
+    for run, cfg in zip(runs, configs):
+        print(f"== {cfg['scenario']} / {cfg['dataset']} / {cfg['strategy']} / seed {cfg['seed']} "
+              f"(preset {cfg['preset']}, device {run.device}) -> {run_directory(cfg)}")
+        try:
+            record = run.execute()
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: finished tasks are saved in {run.dir}; continue with the same command and "
+                  "--resume", file=sys.stderr)
+            return 130
+        m = record["metrics"]
+        print(f"   AC {m['AC']:.3f}  AA {m['AA']:.2f}  ACA {_fmt(m['ACA'])}  BC {_fmt(m['BC'])}  FC {_fmt(m['FC'])}"
+              f"  -> {run.dir / 'metrics.json'}")
+        records.append(record)
+    print()
+    print(render(leaderboard_rows(records), "github"))
+    return 0
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def command_pretrain(args: argparse.Namespace) -> int:
+    from experiment import make_stream, replacement_checkpoints, resolve_device
+    from strategies import get_strategy
+
+    done = set()
+    for cfg in resolved_configs(args):
+        head = get_strategy(cfg["strategy"]).head
+        key = (head, cfg["dataset"], cfg["replacement"]["pretrain"]["dataset"])
+        if key not in done:
+            done.add(key)
+            replacement_checkpoints(cfg, make_stream(cfg), head, resolve_device(cfg["device"]))
+    return 0
+
+
+def command_metrics(args: argparse.Namespace) -> int:
+    from benchmarks.metrics import all_metrics, load_matrix
+
+    metrics = all_metrics(load_matrix(args.file), args.tie_rule)
+    if args.json:
+        print(json.dumps(metrics))
+        return 0
+    from tabulate import tabulate
+
+    rows = [[k, v if not isinstance(v, float) else round(v, 4)] for k, v in metrics.items()
+            if k not in ("violations", "ACA_definition")]
+    rows.append(["violations (t, k)", metrics["violations"]])
+    print(tabulate(rows, headers=["metric", "value"]))
+    print(f"ACA = {metrics['ACA_definition']}")
+    return 0
+
+
+def command_leaderboard(args: argparse.Namespace) -> int:
+    from benchmarks.leaderboard import collect, leaderboard_rows, render
+
+    if not Path(args.results).is_dir():
+        raise UsageError(f"results folder {args.results} does not exist; pass --results DIR")
+    records, skipped = collect(args.results)
+    if not records:
+        raise UsageError(f"no complete metrics.json under {args.results}; run an experiment first")
+    print(render(leaderboard_rows(records), args.format))
+    if skipped and args.format == "github":
+        print(f"\n({len(skipped)} incomplete or unreadable result file(s) left out, e.g. {skipped[0]})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS + ("-h", "--help"):
+        argv = ["run"] + argv
+    args = build_parser().parse_args(argv)
+    if args.command is None:
+        build_parser().print_help()
+        return 0
+    from benchmarks.metrics import MatrixError
+    from configuration import ConfigError
+    from models import CheckpointError
+    from scenarios.datasets import DataError
+    from strategies.base import StrategyError
+
+    user_errors = (UsageError, ConfigError, DataError, CheckpointError, StrategyError, MatrixError)
+    try:
+        from experiment import RunError
+
+        handler = {"run": command_run, "pretrain": command_pretrain, "metrics": command_metrics,
+                   "leaderboard": command_leaderboard}[args.command]
+        return handler(args)
+    except user_errors + (RunError,) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

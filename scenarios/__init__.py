@@ -1,0 +1,1 @@
+"""Data sets, class-incremental streams and evaluation sets (no training code here)."""

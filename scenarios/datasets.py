@@ -1,0 +1,246 @@
+"""Data sets as uint8 image tensors, read from their official on-disk formats (METHODS.md §3-§4).
+
+* ``cifar100`` / ``cifar10``: the official ``cifar-100-python`` / ``cifar-10-batches-py`` pickles, read by this
+  module (torchvision's classes insist on the official md5 sums; here a mismatch is a notice, or an error
+  with ``verify="strict"``). ``download=True`` fetches the official archives with torchvision's downloader.
+* ``tinyimagenet``: the standard ``tiny-imagenet-200/`` folder (``train/<wnid>/images``, ``val/images`` with
+  ``val_annotations.txt``), optionally resized (default 32x32), cached as ``.npz`` beside the data when possible.
+* ``synthetic``: a deterministic generated data set with class structure (coarse colour layouts, random shifts
+  and noise) that a small CNN learns in seconds; for tests and offline demos.
+
+Every reader returns a :class:`DataSplits` of :class:`ImageSet` (``N x 3 x H x W`` uint8, int64 labels).
+"""
+from __future__ import annotations
+
+import hashlib
+import pickle
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)
+
+_CIFAR = {
+    "cifar100": {
+        "folder": "cifar-100-python", "train": ["train"], "test": ["test"], "label_key": b"fine_labels",
+        "meta": ("meta", b"fine_label_names"),
+        "url": "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz", "archive_md5": "eb9058c3a382ffc7106e4002c42a8d85",
+        "md5": {"train": "16019d7e3df5f24257cddd939b257f8d", "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
+                "meta": "7973b15100ade9c7d40fb424638fde48"},
+    },
+    "cifar10": {
+        "folder": "cifar-10-batches-py", "train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"],
+        "label_key": b"labels", "meta": ("batches.meta", b"label_names"),
+        "url": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "archive_md5": "c58f30108f718f92721af3b95e74349a",
+        "md5": {"data_batch_1": "c99cafc152244af753f735de768cd75f", "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+                "data_batch_3": "54ebc095f3ab1f0389bbae665268c751", "data_batch_4": "634d18415352ddfa80567beed471001a",
+                "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb", "test_batch": "40351d587109b95175f43aff81a1287e",
+                "batches.meta": "5ff9c542aee3614f3951f8cda6e48888"},
+    },
+}
+TINY_URL, TINY_MD5 = "http://cs231n.stanford.edu/tiny-imagenet-200.zip", "90528d7ca1a48142e341f4ef8d21d0de"
+DATASETS = ("cifar100", "cifar10", "tinyimagenet", "synthetic")
+
+
+class DataError(RuntimeError):
+    """Data are missing or unreadable; the message says which files were expected and how to get them."""
+
+
+@dataclass
+class ImageSet:
+    """Images (``N x 3 x H x W`` uint8) with integer labels."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def select(self, index: torch.Tensor) -> "ImageSet":
+        return ImageSet(self.images[index], self.labels[index])
+
+
+@dataclass
+class DataSplits:
+    """A data set's train and test splits, its class names and normalisation statistics."""
+
+    name: str
+    train: ImageSet
+    test: ImageSet
+    class_names: list[str]
+    mean: tuple[float, float, float] = CIFAR100_MEAN
+    std: tuple[float, float, float] = CIFAR100_STD
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+
+def load_dataset(name: str, root: str | Path, *, download: bool = False, image_size: int = 32,
+                 verify: str = "warn", synthetic_classes: int = 60, synthetic_train_per_class: int = 120,
+                 synthetic_test_per_class: int = 30) -> DataSplits:
+    """Load data set ``name`` from ``root`` (see the module docstring for the layouts)."""
+    if name in _CIFAR:
+        return read_cifar(name, root, download=download, verify=verify)
+    if name == "tinyimagenet":
+        return read_tiny_imagenet(root, download=download, image_size=image_size)
+    if name == "synthetic":
+        return make_synthetic(num_classes=synthetic_classes, train_per_class=synthetic_train_per_class,
+                              test_per_class=synthetic_test_per_class, image_size=image_size)
+    raise DataError(f"unknown data set {name!r}; choose from {list(DATASETS)}")
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _download(url: str, root: Path, md5: str) -> None:
+    from torchvision.datasets.utils import download_and_extract_archive
+
+    try:
+        download_and_extract_archive(url, str(root), md5=md5)
+    except Exception as exc:  # noqa: BLE001 - network errors come in many types
+        raise DataError(f"download of {url} failed ({type(exc).__name__}: {exc}); download it by hand and "
+                        f"extract it into {root}") from None
+
+
+def _unpickle(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f, encoding="bytes")
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError) as exc:
+        raise DataError(f"{path} is not a readable CIFAR pickle ({exc}); delete it and pass --download") from None
+
+
+def read_cifar(name: str, root: str | Path, *, download: bool = False, verify: str = "warn") -> DataSplits:
+    """Read CIFAR-10/100 from the official pickles under ``root/<folder>``.
+
+    ``verify``: ``"warn"`` (a notice when the md5 sums differ from the official release, e.g. a JPEG-decoded
+    copy), ``"strict"`` (an error) or ``"off"``.
+    """
+    spec = _CIFAR[name]
+    root = Path(root)
+    folder = root / spec["folder"]
+    files = spec["train"] + spec["test"] + [spec["meta"][0]]
+    missing = [f for f in files if not (folder / f).is_file()]
+    if missing and download:
+        _download(spec["url"], root, spec["archive_md5"])
+        missing = [f for f in files if not (folder / f).is_file()]
+    if missing:
+        raise DataError(f"{name}: expected {', '.join(files)} in {folder} (missing {missing[0]}); pass --download "
+                        f"or --data-root pointing to the folder that holds {spec['folder']}/")
+    if verify != "off":
+        bad = [f for f in files if _md5(folder / f) != spec["md5"].get(f)]
+        if bad and verify == "strict":
+            raise DataError(f"{name}: md5 of {', '.join(bad)} in {folder} differs from the official release; "
+                            "re-download with --download or set data.verify to warn")
+        if bad:
+            warnings.warn(f"{name}: {len(bad)} file(s) in {folder} differ from the official release (md5); "
+                          "using them as they are (e.g. a re-encoded copy)", stacklevel=2)
+
+    def split(parts: list[str]) -> ImageSet:
+        batches = [_unpickle(folder / p) for p in parts]
+        data = np.concatenate([np.asarray(b[b"data"], dtype=np.uint8) for b in batches])
+        labels = np.concatenate([np.asarray(b[spec["label_key"]], dtype=np.int64) for b in batches])
+        return ImageSet(torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()), torch.from_numpy(labels))
+
+    names = [n.decode() for n in _unpickle(folder / spec["meta"][0])[spec["meta"][1]]]
+    return DataSplits(name, split(spec["train"]), split(spec["test"]), names)
+
+
+def _read_jpeg(path: Path, size: int) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as img:
+        img = img.convert("RGB")
+        if img.size != (size, size):
+            img = img.resize((size, size), Image.BILINEAR)
+        return np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
+
+
+def _read_images(paths: list[Path], size: int) -> torch.Tensor:
+    from tqdm import tqdm
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        arrays = list(tqdm(pool.map(lambda p: _read_jpeg(p, size), paths, chunksize=256), total=len(paths),
+                           desc=f"reading {len(paths)} JPEGs", leave=False, disable=len(paths) < 5000))
+    return torch.from_numpy(np.stack(arrays)) if arrays else torch.zeros(0, 3, size, size, dtype=torch.uint8)
+
+
+def read_tiny_imagenet(root: str | Path, *, download: bool = False, image_size: int = 32) -> DataSplits:
+    """Read ``root/tiny-imagenet-200`` (classes in sorted wnid order), resized to ``image_size``."""
+    root = Path(root)
+    folder = root / "tiny-imagenet-200"
+    if not (folder / "wnids.txt").is_file() and download:
+        _download(TINY_URL, root, TINY_MD5)
+    needed = [folder / "wnids.txt", folder / "train", folder / "val" / "val_annotations.txt"]
+    missing = [p for p in needed if not p.exists()]
+    if missing:
+        raise DataError(f"tinyimagenet: expected wnids.txt, train/<wnid>/images/ and val/val_annotations.txt in "
+                        f"{folder} (missing {missing[0].name}); pass --download or --data-root pointing to the "
+                        "folder that holds tiny-imagenet-200/")
+    cache = folder / f"cl2r-cache-{image_size}px.npz"
+    if cache.is_file():
+        with np.load(cache) as z:
+            wnids = [str(w) for w in z["wnids"]]
+            return DataSplits("tinyimagenet", ImageSet(torch.from_numpy(z["train_x"]), torch.from_numpy(z["train_y"])),
+                              ImageSet(torch.from_numpy(z["val_x"]), torch.from_numpy(z["val_y"])), wnids)
+    wnids = sorted(w.strip() for w in (folder / "wnids.txt").read_text().split() if w.strip())
+    label_of = {w: i for i, w in enumerate(wnids)}
+    train_paths, train_y = [], []
+    for wnid in wnids:
+        files = sorted((folder / "train" / wnid / "images").glob("*.JPEG"))
+        if not files:
+            raise DataError(f"tinyimagenet: no images in {folder / 'train' / wnid / 'images'}; the copy is incomplete")
+        train_paths += files
+        train_y += [label_of[wnid]] * len(files)
+    val_paths, val_y = [], []
+    for line in (folder / "val" / "val_annotations.txt").read_text().splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 2 and fields[1] in label_of:
+            val_paths.append(folder / "val" / "images" / fields[0])
+            val_y.append(label_of[fields[1]])
+    train = ImageSet(_read_images(train_paths, image_size), torch.tensor(train_y))
+    val = ImageSet(_read_images(val_paths, image_size), torch.tensor(val_y))
+    try:
+        np.savez(cache, wnids=np.array(wnids), train_x=train.images.numpy(), train_y=train.labels.numpy(),
+                 val_x=val.images.numpy(), val_y=val.labels.numpy())
+    except OSError:
+        pass  # read-only data folder: decode again next time
+    return DataSplits("tinyimagenet", train, val, wnids)
+
+
+def make_synthetic(*, num_classes: int = 60, train_per_class: int = 120, test_per_class: int = 30,
+                   image_size: int = 32, seed: int = 0) -> DataSplits:
+    """A deterministic data set with learnable class structure.
+
+    Each class is a random 4x4 colour layout upsampled to ``image_size``; each image is its class layout shifted
+    by up to 1/8 of the image, with per-image brightness jitter and pixel noise. Identical for every run seed.
+    """
+    rng = np.random.default_rng(seed)
+    layouts = torch.from_numpy(rng.uniform(0.1, 0.9, size=(num_classes, 3, 4, 4)).astype(np.float32))
+    layouts = torch.nn.functional.interpolate(layouts, size=(image_size, image_size), mode="bilinear",
+                                              align_corners=False)
+
+    def split(per_class: int) -> ImageSet:
+        labels = torch.arange(num_classes).repeat_interleave(per_class)
+        images = layouts[labels].clone()
+        max_shift = max(1, image_size // 8)
+        shifts = rng.integers(-max_shift, max_shift + 1, size=(len(labels), 2))
+        for i, (dy, dx) in enumerate(shifts):
+            images[i] = torch.roll(images[i], shifts=(int(dy), int(dx)), dims=(1, 2))
+        brightness = torch.from_numpy(rng.uniform(0.8, 1.2, size=(len(labels), 1, 1, 1)).astype(np.float32))
+        noise = torch.from_numpy(rng.normal(0, 0.08, size=images.shape).astype(np.float32))
+        images = (images * brightness + noise).clamp(0, 1)
+        return ImageSet((images * 255).round().to(torch.uint8), labels)
+
+    return DataSplits("synthetic", split(train_per_class), split(test_per_class),
+                      [f"class_{i:03d}" for i in range(num_classes)], mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))

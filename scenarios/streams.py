@@ -1,0 +1,186 @@
+"""Class-incremental streams (Avalanche) and the retrieval evaluation sets of CL2R / IAM-CL2R (METHODS.md §3-§4).
+
+The stream is an Avalanche ``class_incremental_benchmark`` with explicit per-experience class counts (never
+``num_experiences=``, which silently drops classes). Its items are sample indices: Avalanche decides which
+samples form each experience, and the pixels stay in one uint8 tensor, on the GPU when there is one.
+
+Labels are remapped to stream positions: the i-th class of the class order gets label i, so a learnable
+head indexes classes in arrival order and the d-Simplex head puts class i on vertex K-1-i.
+
+Evaluation (open set, never trained on):
+
+* ``eval_dataset="heldout"``: the ``heldout_classes`` classes that follow the stream classes in the class
+  order; gallery = their test images, query = their train images.
+* any other data set name (``cifar10`` for the CIFAR-100 protocol): gallery = its test split, query = its
+  train split.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .datasets import DataError, DataSplits, ImageSet, load_dataset
+
+SCENARIOS = ("cl2r", "iamcl2r")
+
+
+@dataclass
+class Task:
+    """One experience: its new classes (stream labels), the number of classes seen so far and its images."""
+
+    index: int
+    new_classes: list[int]
+    num_seen_classes: int
+    train: ImageSet
+    experience: Any = field(repr=False, default=None)
+
+
+@dataclass
+class Stream:
+    """A built scenario: tasks, replacement schedule, evaluation sets and bookkeeping."""
+
+    scenario: str
+    dataset: str
+    tasks: list[Task]
+    replacement_tasks: list[int]
+    query: ImageSet
+    gallery: ImageSet
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    class_order: list[int]
+    reserved_classes: list[int]
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.tasks)
+
+
+def task_class_counts(initial: int, increment: int, num_tasks: int) -> list[int]:
+    """``[initial, increment, ..., increment]``: e.g. 10 + 15x6 (7 tasks) or 10 + 3x30 (31 tasks)."""
+    if num_tasks < 1 or initial < 1 or (num_tasks > 1 and increment < 1):
+        raise DataError(f"a stream needs num_tasks >= 1 and positive class counts (got initial={initial}, "
+                        f"increment={increment}, num_tasks={num_tasks})")
+    return [initial] + [increment] * (num_tasks - 1)
+
+
+def make_class_order(num_classes: int, order: str | list[int], seed: int) -> list[int]:
+    """``"natural"`` (0..n-1), ``"seeded"`` (permutation from ``seed``) or an explicit list of class ids."""
+    if order == "natural":
+        return list(range(num_classes))
+    if order == "seeded":
+        return [int(c) for c in np.random.default_rng(seed).permutation(num_classes)]
+    if isinstance(order, list) and sorted(order) == sorted(set(order)) and all(0 <= c < num_classes for c in order):
+        return [int(c) for c in order] + [c for c in range(num_classes) if c not in set(order)]
+    raise DataError(f"stream.class_order must be 'natural', 'seeded' or a list of distinct class ids "
+                    f"below {num_classes}; got {order!r}")
+
+
+def first_per_class(images: ImageSet, classes: list[int], per_class: int | None) -> ImageSet:
+    """The first ``per_class`` images of each class in data set order (all of them when ``None``)."""
+    keep = []
+    for c in classes:
+        idx = torch.nonzero(images.labels == c).flatten()
+        keep.append(idx if per_class is None else idx[:per_class])
+    return images.select(torch.sort(torch.cat(keep)).values)
+
+
+def relabel(images: ImageSet, class_order: list[int]) -> ImageSet:
+    """Replace each original class id by its position in ``class_order``."""
+    lookup = torch.full((max(class_order) + 1,), -1, dtype=torch.long)
+    lookup[torch.tensor(class_order)] = torch.arange(len(class_order))
+    return ImageSet(images.images, lookup[images.labels])
+
+
+class _IndexDataset(torch.utils.data.Dataset):
+    """Items ``(index, label)``: Avalanche assigns indices to experiences; pixels stay in one tensor."""
+
+    def __init__(self, labels: torch.Tensor) -> None:
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.tensor(i), int(self.labels[i])
+
+
+def avalanche_stream(labels_train: torch.Tensor, labels_test: torch.Tensor, class_counts: list[int]):
+    """An Avalanche class-incremental benchmark over index items, classes in label order 0..n-1."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*QP solver.*")
+    from avalanche.benchmarks import class_incremental_benchmark
+    from avalanche.benchmarks.utils import DataAttribute
+    from avalanche.benchmarks.utils.classification_dataset import ClassificationDataset
+
+    def wrap(labels: torch.Tensor) -> ClassificationDataset:
+        return ClassificationDataset([_IndexDataset(labels)],
+                                     data_attributes=[DataAttribute(labels.tolist(), "targets")])
+
+    return class_incremental_benchmark({"train": wrap(labels_train), "test": wrap(labels_test)},
+                                       class_order=list(range(sum(class_counts))), num_classes_per_exp=class_counts)
+
+
+def experience_indices(experience: Any) -> torch.Tensor:
+    """Indices of the samples in an Avalanche experience built by :func:`avalanche_stream`."""
+    loader = torch.utils.data.DataLoader(experience.dataset.eval(), batch_size=len(experience.dataset))
+    return next(iter(loader))[0]
+
+
+def evaluation_sets(data: DataSplits, class_order: list[int], num_stream: int, *, eval_dataset: str,
+                    heldout_classes: int, queries_per_class: int | None, data_root: str, download: bool,
+                    verify: str, image_size: int) -> tuple[ImageSet, ImageSet, list[int]]:
+    """``(query, gallery, reserved original class ids)`` for the evaluation protocol (module docstring)."""
+    stream_ids = class_order[:num_stream]
+    if eval_dataset == "heldout":
+        held = class_order[num_stream:num_stream + heldout_classes]
+        if len(held) < max(heldout_classes, 2):
+            raise DataError(f"{data.name} has {data.num_classes} classes: {num_stream} stream classes leave "
+                            f"{len(held)} for held-out evaluation, {heldout_classes} requested; shrink the stream or "
+                            "evaluation.heldout_classes")
+        query = relabel(first_per_class(data.train, held, queries_per_class), held)
+        gallery = relabel(first_per_class(data.test, held, None), held)
+        return query, gallery, stream_ids + held
+    other = load_dataset(eval_dataset, data_root, download=download, verify=verify, image_size=image_size)
+    query = other.train
+    if queries_per_class is not None:
+        query = first_per_class(query, list(range(other.num_classes)), queries_per_class)
+    return query, other.test, stream_ids
+
+
+def build_stream(*, scenario: str, dataset: str, data_root: str, download: bool = False, verify: str = "warn",
+                 image_size: int = 32, initial_classes: int, increment: int, num_tasks: int,
+                 images_per_class: int | None, class_order: str | list[int] = "natural", order_seed: int = 0,
+                 replacement_tasks: list[int], eval_dataset: str, heldout_classes: int = 20,
+                 queries_per_class: int | None = None, synthetic: dict[str, int] | None = None) -> Stream:
+    """Build the stream of ``scenario`` on ``dataset`` with its evaluation sets (see the module docstring)."""
+    if scenario not in SCENARIOS:
+        raise DataError(f"unknown scenario {scenario!r}; choose from {list(SCENARIOS)}")
+    counts = task_class_counts(initial_classes, increment, num_tasks)
+    bad = [t for t in replacement_tasks if not 0 <= t < num_tasks]
+    if bad:
+        raise DataError(f"replacement task(s) {bad} outside 0..{num_tasks - 1}; fix replacement.tasks")
+    data = load_dataset(dataset, data_root, download=download, image_size=image_size, verify=verify,
+                        **(synthetic or {}))
+    if sum(counts) > data.num_classes:
+        raise DataError(f"the stream needs {sum(counts)} classes ({initial_classes} + {increment} x "
+                        f"{num_tasks - 1}); {dataset} has {data.num_classes}")
+    order = make_class_order(data.num_classes, class_order, order_seed)
+    stream_ids = order[: sum(counts)]
+    train = relabel(first_per_class(data.train, stream_ids, images_per_class), stream_ids)
+    test = relabel(first_per_class(data.test, stream_ids, None), stream_ids)
+    benchmark = avalanche_stream(train.labels, test.labels, counts)
+    tasks = []
+    for t, exp in enumerate(benchmark.train_stream):
+        idx = experience_indices(exp)
+        new = sorted(int(c) for c in exp.classes_in_this_experience)
+        tasks.append(Task(t, new, len(exp.classes_seen_so_far), train.select(idx), exp))
+    query, gallery, reserved = evaluation_sets(
+        data, order, sum(counts), eval_dataset=eval_dataset, heldout_classes=heldout_classes,
+        queries_per_class=queries_per_class, data_root=data_root, download=download, verify=verify,
+        image_size=image_size)
+    return Stream(scenario, dataset, tasks, sorted(set(replacement_tasks)), query, gallery, data.mean, data.std,
+                  order, reserved)

@@ -1,0 +1,67 @@
+"""d-Simplex-HOC: fixed d-Simplex classifier + higher-order compatibility loss (METHODS.md §6).
+
+``L = ce_weight * CE + hoc_weight * L_hoc`` (0.1 / 0.9), with ``S_ij = mu <o_i, n_j>`` (mu = 10) between the
+frozen teacher's normalised features ``o`` (rows) and the trained model's normalised features ``n`` (columns):
+
+    l_i = -S_ii + log( sum_{j: y_j != y_i} exp(S_ij) + |{j: y_j = y_i}| )          (mask = "zero", default)
+
+The authors' code masks same-class pairs by multiplying them by 0, so each adds exp(0) = 1 (positive included);
+``mask = "true"`` removes same-class pairs other than the positive instead:
+``l_i = -S_ii + log( exp(S_ii) + sum_{j: y_j != y_i} exp(S_ij) )``. ``L_hoc`` is the mean of ``l_i`` over the batch.
+
+The teacher is the model the task *started from*: the previous task's model, or at task 0 and at every
+replacement task the freshly loaded replacement model itself. When a task starts from a random model (CL2R
+task 0) there is no teacher and the loss is plain cross-entropy (this suite's choice).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .base import Step, Strategy, register_strategy
+
+MASKS = ("zero", "true")
+
+
+@dataclass(frozen=True)
+class HOCConfig:
+    ce_weight: float = 0.1
+    hoc_weight: float = 0.9
+    mu: float = 10.0
+    mask: str = "zero"
+
+    def __post_init__(self) -> None:
+        if self.mask not in MASKS:
+            raise ValueError(f"strategy_params.dsimplex_hoc.mask must be one of {list(MASKS)}, not {self.mask!r}")
+
+
+def hoc_loss(old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor, mu: float = 10.0,
+             mask: str = "zero") -> torch.Tensor:
+    """``L_hoc`` of METHODS.md §6 for normalised ``old`` (teacher) and ``new`` features, both ``B x D``."""
+    scores = mu * old.float() @ new.float().t()
+    same = labels[:, None] == labels[None, :]
+    positive = scores.diagonal()
+    if mask == "zero":
+        others = torch.logsumexp(scores.masked_fill(same, float("-inf")), dim=1, keepdim=True)
+        counts = same.sum(dim=1, keepdim=True).float().log()
+        return (torch.logaddexp(others, counts).squeeze(1) - positive).mean()
+    keep = ~same | torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+    return (torch.logsumexp(scores.masked_fill(~keep, float("-inf")), dim=1) - positive).mean()
+
+
+@register_strategy("dsimplex_hoc")
+class DSimplexHOC(Strategy):
+    head = "dsimplex"
+    uses_memory = True
+    needs_teacher = True
+    Config = HOCConfig
+
+    def loss(self, step: Step) -> torch.Tensor:
+        ce = F.cross_entropy(step.logits, step.targets)
+        if step.teacher_features is None:
+            return ce
+        hoc = hoc_loss(step.teacher_features, F.normalize(step.features.float(), dim=1), step.labels,
+                       self.config.mu, self.config.mask)
+        return self.config.ce_weight * ce + self.config.hoc_weight * hoc

@@ -1,0 +1,22 @@
+"""ER: experience replay with a learnable growing head (METHODS.md §6).
+
+Loss: cross-entropy on each mini-batch of 64 replay + 64 new samples (task 0: 128 new samples). No old model.
+At an IAM-CL2R replacement the incoming model's classifier is dropped and a fresh head over the seen classes
+is learned; the replay memory is kept.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .base import Step, Strategy, register_strategy
+
+
+@register_strategy("er")
+class ExperienceReplay(Strategy):
+    head = "learnable"
+    uses_memory = True
+    needs_teacher = False
+
+    def loss(self, step: Step) -> torch.Tensor:
+        return F.cross_entropy(step.logits, step.targets)

@@ -1,0 +1,215 @@
+"""Training one task on Avalanche's ``SupervisedTemplate`` (METHODS.md §4).
+
+Per task, rebuilt from scratch: SGD (momentum 0.9, weight decay 5e-4 not applied to normalisation weights and
+biases), cosine schedule from ``lr`` to ``lr_min`` over the task's iterations, bf16 autocast on GPU. Batches
+come from :class:`DeviceBatches`: images live as uint8 on the device, are cropped / flipped / normalised there;
+from task 1 on each batch is 64 new samples (an epoch is a pass over them) + 64 replay samples drawn at random.
+
+The strategy only computes the loss (:class:`strategies.base.Strategy`); this module owns the loop, the
+teacher (frozen, eval mode, no gradient) and the replay memory (:func:`update_memory`).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models import RetrievalModel
+from scenarios.datasets import ImageSet
+from scenarios.transforms import normalize, random_crop_flip
+
+from .base import Step, Strategy
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The ``training`` section of the config."""
+
+    epochs: int = 70
+    batch_size: int = 128
+    new_batch_size: int = 64
+    memory_batch_size: int = 64
+    memory_per_class: int = 20
+    lr: float = 1e-3
+    lr_min: float = 1e-5
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    amp: bool = True
+    progress: bool = True
+
+
+class DeviceBatches:
+    """Mini-batches ``[images, labels, from_memory]`` drawn from device-resident uint8 images.
+
+    An epoch is one shuffled pass over ``new``; each batch adds ``memory_batch`` random replay samples
+    (independent draws) when a memory is given. A trailing batch of one sample is dropped (batch norm).
+    """
+
+    def __init__(self, new: ImageSet, memory: ImageSet | None, *, new_batch: int, memory_batch: int,
+                 mean: tuple[float, ...], std: tuple[float, ...], augment: bool = True) -> None:
+        self.new, self.memory = new, memory if memory is not None and len(memory) else None
+        self.new_batch, self.memory_batch = new_batch, memory_batch
+        self.mean, self.std, self.augment = mean, std, augment
+
+    def __len__(self) -> int:
+        n = len(self.new)
+        return n // self.new_batch + (n % self.new_batch > 1)
+
+    def _prepare(self, images: torch.Tensor) -> torch.Tensor:
+        return normalize(random_crop_flip(images) if self.augment else images, self.mean, self.std)
+
+    def __iter__(self) -> Iterator[list[torch.Tensor]]:
+        device = self.new.images.device
+        order = torch.randperm(len(self.new), device=device)
+        for b in range(len(self)):
+            idx = order[b * self.new_batch:(b + 1) * self.new_batch]
+            images, labels = self.new.images[idx], self.new.labels[idx]
+            from_memory = torch.zeros(len(idx), dtype=torch.bool, device=device)
+            if self.memory is not None:
+                pick = torch.randint(0, len(self.memory), (self.memory_batch,), device=device)
+                images = torch.cat([images, self.memory.images[pick]])
+                labels = torch.cat([labels, self.memory.labels[pick]])
+                from_memory = torch.cat([from_memory, torch.ones(len(pick), dtype=torch.bool, device=device)])
+            yield [self._prepare(images), labels, from_memory]
+
+
+def make_optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.SGD:
+    """SGD with weight decay on weight matrices and kernels only (not on norm weights and biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim > 1]
+    no_decay = [p for p in params if p.ndim <= 1]
+    return torch.optim.SGD([{"params": decay, "weight_decay": settings.weight_decay},
+                            {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr, momentum=settings.momentum)
+
+
+def cosine_lr(step: int, total: int, lr: float, lr_min: float) -> float:
+    """Cosine annealing from ``lr`` (step 0) to ``lr_min`` (step ``total``)."""
+    return lr_min + 0.5 * (lr - lr_min) * (1 + math.cos(math.pi * min(step, total) / max(total, 1)))
+
+
+def _template_class():
+    """The Avalanche template subclass, built on first use (importing Avalanche costs seconds)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*QP solver.*")
+    warnings.filterwarnings("ignore", message="No loggers specified")
+    from avalanche.training.templates import SupervisedTemplate
+
+    class CompatibilityTemplate(SupervisedTemplate):
+        """``SupervisedTemplate`` whose loss is a :class:`Strategy` and whose data are :class:`DeviceBatches`."""
+
+        def __init__(self, *, strategy: Strategy, teacher: RetrievalModel | None, batches: DeviceBatches,
+                     settings: TrainSettings, amp_dtype: torch.dtype | None, progress, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.compat_strategy, self.teacher, self.batches = strategy, teacher, batches
+            self.settings, self.amp_dtype, self.progress = settings, amp_dtype, progress
+            self.total_steps = settings.epochs * len(batches)
+            self.step_count, self.images_seen, self.last_loss = 0, 0, float("nan")
+
+        def make_train_dataloader(self, **kwargs) -> None:
+            self.dataloader = self.batches
+
+        def train_dataset_adaptation(self, **kwargs) -> None:
+            self.adapted_dataset = None
+
+        def model_adaptation(self, model=None):
+            return self.model
+
+        def make_optimizer(self, **kwargs) -> None:
+            """The optimizer is built per task by :func:`train_task`; nothing to re-bind."""
+
+        def forward(self):
+            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                logits, features = self.model(self.mb_x)
+                teacher = None
+                if self.teacher is not None and self.compat_strategy.needs_teacher:
+                    with torch.no_grad():
+                        teacher = self.teacher.embed(self.mb_x)
+            self._step = Step(labels=self.mb_y, targets=self.model.class_targets(self.mb_y), logits=logits.float(),
+                              features=features.float(), from_memory=self.mbatch[2], teacher_features=teacher)
+            return logits
+
+        def criterion(self):
+            return self.compat_strategy.loss(self._step)
+
+        def optimizer_step(self) -> None:
+            lr = cosine_lr(self.step_count, self.total_steps, self.settings.lr, self.settings.lr_min)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            self.step_count += 1
+
+        def _after_training_iteration(self, **kwargs) -> None:
+            super()._after_training_iteration(**kwargs)
+            self.images_seen += len(self.mb_y)
+            if self.step_count % 25 == 0 or self.step_count == self.total_steps:
+                self.last_loss = float(self.loss.detach())
+                self.progress.set_postfix(loss=f"{self.last_loss:.3f}", refresh=False)
+            self.progress.update(1)
+
+    return CompatibilityTemplate
+
+
+_TEMPLATE = None
+
+
+def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory: ImageSet | None,
+               settings: TrainSettings, *, mean: tuple[float, ...], std: tuple[float, ...],
+               teacher: RetrievalModel | None = None, experience=None, description: str = "") -> dict[str, float]:
+    """Train ``model`` in place on one task; returns ``{"seconds", "iterations", "images", "final_loss"}``."""
+    global _TEMPLATE
+    if _TEMPLATE is None:
+        _TEMPLATE = _template_class()
+    from tqdm import tqdm
+
+    device = next(model.parameters()).device
+    batches = DeviceBatches(new, memory if strategy.uses_memory else None,
+                            new_batch=settings.new_batch_size if memory is not None and strategy.uses_memory
+                            else settings.batch_size, memory_batch=settings.memory_batch_size, mean=mean, std=std)
+    if teacher is not None:
+        teacher.eval().requires_grad_(False)
+    amp_dtype = torch.bfloat16 if settings.amp and device.type == "cuda" else None
+    progress = tqdm(total=settings.epochs * len(batches), desc=description, leave=False, mininterval=1.0,
+                    disable=not settings.progress)
+    template = _TEMPLATE(strategy=strategy, teacher=teacher, batches=batches, settings=settings, amp_dtype=amp_dtype,
+                         progress=progress, model=model, optimizer=make_optimizer(model, settings),
+                         train_mb_size=settings.batch_size, train_epochs=settings.epochs, device=device,
+                         evaluator=None)
+    started = time.perf_counter()
+    model.train()
+    template.train(experience if experience is not None else _StandaloneExperience(), eval_streams=[])
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    progress.close()
+    return {"seconds": time.perf_counter() - started, "iterations": template.step_count,
+            "images": template.images_seen, "final_loss": template.last_loss}
+
+
+class _StandaloneExperience:
+    """A minimal experience for training outside a stream (replacement pretraining)."""
+
+    current_experience = 0
+    dataset = None
+
+    def logging(self) -> "_StandaloneExperience":
+        return self
+
+
+def update_memory(memory: ImageSet | None, task_data: ImageSet, per_class: int,
+                  generator: torch.Generator) -> ImageSet:
+    """Add ``per_class`` random exemplars of each class of ``task_data`` to the class-balanced replay memory."""
+    picked = []
+    for c in task_data.labels.unique(sorted=True):
+        idx = torch.nonzero(task_data.labels == c).flatten().cpu()
+        chosen = idx[torch.randperm(len(idx), generator=generator)[:per_class]]
+        picked.append(chosen.to(task_data.labels.device))
+    new = task_data.select(torch.cat(picked)) if picked else None
+    if memory is None or len(memory) == 0:
+        return new
+    if new is None:
+        return memory
+    return ImageSet(torch.cat([memory.images, new.images]), torch.cat([memory.labels, new.labels]))
