@@ -102,11 +102,11 @@ def replacement_checkpoints(cfg: dict[str, Any], stream: Stream, head: str, devi
     pool = [c for c in order if c not in reserved]
     settings = TrainSettings(**{**cfg["training"], "epochs": pre["epochs"], "batch_size": pre["batch_size"],
                                 "lr": pre["lr"], "lr_min": pre["lr_min"]})
+    if max(pre["class_counts"][:len(tasks)], default=0) > len(pool):
+        raise ConfigError(f"replacement.pretrain.class_counts asks up to {max(pre['class_counts'])} classes of "
+                          f"{pre['dataset']}; only {len(pool)} are disjoint from the stream and evaluation classes")
     out = []
     for task, count in zip(tasks, pre["class_counts"]):
-        if count > len(pool):
-            raise ConfigError(f"replacement.pretrain.class_counts asks {count} classes of {pre['dataset']}; only "
-                              f"{len(pool)} are disjoint from the stream and evaluation classes")
         path, cached = pretrained_replacement(
             source, pool[:count], head=head, model_kwargs=model_kwargs(cfg), settings=settings,
             images_per_class=pre["images_per_class"], device=device, seed=pre["seed"], cache_dir=pre["cache_dir"])

@@ -16,6 +16,7 @@ Evaluation (open set, never trained on):
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,12 +110,11 @@ class _IndexDataset(torch.utils.data.Dataset):
 
 def avalanche_stream(labels_train: torch.Tensor, labels_test: torch.Tensor, class_counts: list[int]):
     """An Avalanche class-incremental benchmark over index items, classes in label order 0..n-1."""
-    import warnings
-
-    warnings.filterwarnings("ignore", message=".*QP solver.*")
-    from avalanche.benchmarks import class_incremental_benchmark
-    from avalanche.benchmarks.utils import DataAttribute
-    from avalanche.benchmarks.utils.classification_dataset import ClassificationDataset
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*QP solver.*")
+        from avalanche.benchmarks import class_incremental_benchmark
+        from avalanche.benchmarks.utils import DataAttribute
+        from avalanche.benchmarks.utils.classification_dataset import ClassificationDataset
 
     def wrap(labels: torch.Tensor) -> ClassificationDataset:
         return ClassificationDataset([_IndexDataset(labels)],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -93,11 +94,9 @@ def cosine_lr(step: int, total: int, lr: float, lr_min: float) -> float:
 
 def _template_class():
     """The Avalanche template subclass, built on first use (importing Avalanche costs seconds)."""
-    import warnings
-
-    warnings.filterwarnings("ignore", message=".*QP solver.*")
-    warnings.filterwarnings("ignore", message="No loggers specified")
-    from avalanche.training.templates import SupervisedTemplate
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*QP solver.*")
+        from avalanche.training.templates import SupervisedTemplate
 
     class CompatibilityTemplate(SupervisedTemplate):
         """``SupervisedTemplate`` whose loss is a :class:`Strategy` and whose data are :class:`DeviceBatches`."""
@@ -175,10 +174,12 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     amp_dtype = torch.bfloat16 if settings.amp and device.type == "cuda" else None
     progress = tqdm(total=settings.epochs * len(batches), desc=description, leave=False, mininterval=1.0,
                     disable=not settings.progress)
-    template = _TEMPLATE(strategy=strategy, teacher=teacher, batches=batches, settings=settings, amp_dtype=amp_dtype,
-                         progress=progress, model=model, optimizer=make_optimizer(model, settings),
-                         train_mb_size=settings.batch_size, train_epochs=settings.epochs, device=device,
-                         evaluator=None)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No loggers specified")
+        template = _TEMPLATE(strategy=strategy, teacher=teacher, batches=batches, settings=settings,
+                             amp_dtype=amp_dtype, progress=progress, model=model,
+                             optimizer=make_optimizer(model, settings), train_mb_size=settings.batch_size,
+                             train_epochs=settings.epochs, device=device, evaluator=None)
     started = time.perf_counter()
     model.train()
     template.train(experience if experience is not None else _StandaloneExperience(), eval_streams=[])

@@ -1,0 +1,29 @@
+"""cl2r-bench: a benchmark suite for compatible representation learning (CL2R / IAM-CL2R)."""
+from setuptools import setup
+
+setup(
+    name="cl2r-bench",
+    version="0.1.0",
+    description="Compatible representation learning benchmarks: CL2R and IAM-CL2R scenarios, strategies, "
+                "compatibility matrix and leaderboards",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=["scenarios", "strategies", "benchmarks"],
+    py_modules=["runner", "experiment", "configuration", "models"],
+    include_package_data=True,
+    data_files=[],
+    install_requires=[
+        "torch>=2.14",
+        "torchvision",
+        "avalanche-lib==0.6.0",
+        "numpy",
+        "tabulate",
+        "pyyaml",
+        "tqdm",
+        "matplotlib",
+        "pillow",
+    ],
+    extras_require={"test": ["pytest"]},
+    entry_points={"console_scripts": ["cl2r-bench=runner:main"]},
+)

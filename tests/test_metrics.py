@@ -1,0 +1,182 @@
+import json
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks.metrics import (
+    MatrixError,
+    all_metrics,
+    as_matrix,
+    average_accuracy,
+    average_compatibility,
+    average_cross_model_accuracy,
+    backward_compatibility,
+    forward_compatibility,
+    load_matrix,
+    matrix_to_json,
+)
+
+HOC_ROWS = [
+    [58.89],
+    [59.70, 61.56],
+    [63.05, 65.28, 69.31],
+    [63.34, 65.30, 70.63, 72.37],
+    [65.01, 67.87, 70.75, 72.11, 73.83],
+    [64.08, 67.19, 71.17, 72.71, 74.70, 76.19],
+    [63.14, 66.35, 72.10, 73.50, 75.23, 76.65, 77.16],
+]
+ER_ROWS = [
+    [63.42],
+    [61.56, 63.09],
+    [11.71, 11.23, 72.73],
+    [11.43, 10.53, 69.23, 70.30],
+    [9.08, 7.76, 9.30, 8.55, 74.46],
+    [8.51, 7.36, 10.34, 9.52, 72.26, 72.31],
+    [9.72, 8.58, 9.75, 9.75, 70.35, 70.63, 71.54],
+]
+
+# Hand-built 3x3 (fractions). Pair (1,0): 0.5 vs M[0][0]=0.5 is a tie; (2,0): 0.6 > 0.5; (2,1): 0.4 < 0.6.
+TIE_ROWS = [
+    [0.5],
+    [0.5, 0.6],
+    [0.6, 0.4, 0.7],
+]
+
+
+def test_hoc_reference_matrix_metrics():
+    metrics = all_metrics(as_matrix(HOC_ROWS))
+    assert metrics["AC"] == pytest.approx(20 / 21)
+    assert round(metrics["AC"], 3) == 0.952
+    assert round(metrics["AA"], 2) == 68.90
+    assert metrics["violations"] == [[4, 3]]
+
+
+def test_er_reference_matrix_metrics():
+    metrics = all_metrics(as_matrix(ER_ROWS))
+    assert metrics["AC"] == 0.0
+    assert round(metrics["AA"], 2) == 35.18
+    assert len(metrics["violations"]) == 21
+
+
+def test_as_matrix_converts_percent_to_fractions():
+    matrix = as_matrix(HOC_ROWS)
+    assert matrix.shape == (7, 7)
+    assert matrix[0, 0] == pytest.approx(0.5889)
+    assert matrix[6, 6] == pytest.approx(0.7716)
+    assert matrix[4, 3] == pytest.approx(0.7211)
+    assert np.isnan(matrix[np.triu_indices(7, k=1)]).all()
+
+
+@pytest.mark.parametrize("rows", [HOC_ROWS, ER_ROWS])
+def test_fraction_input_gives_identical_metrics(rows):
+    fractions = [[v / 100 for v in row] for row in rows]
+    np.testing.assert_array_equal(as_matrix(fractions), as_matrix(rows))
+    assert all_metrics(as_matrix(fractions)) == all_metrics(as_matrix(rows))
+
+
+def test_strict_tie_rule_does_not_count_ties():
+    matrix = as_matrix(TIE_ROWS)
+    # compatible pairs: only (2,0) -> 1 of 3
+    assert average_compatibility(matrix) == pytest.approx(1 / 3)
+    assert all_metrics(matrix)["violations"] == [[1, 0], [2, 1]]
+
+
+def test_inclusive_tie_rule_counts_ties():
+    matrix = as_matrix(TIE_ROWS)
+    # compatible pairs: (1,0) tie and (2,0) -> 2 of 3
+    assert average_compatibility(matrix, "inclusive") == pytest.approx(2 / 3)
+    assert all_metrics(matrix, "inclusive")["violations"] == [[2, 1]]
+
+
+def test_unknown_tie_rule_raises():
+    with pytest.raises(ValueError):
+        average_compatibility(as_matrix(TIE_ROWS), "loose")
+
+
+def test_hand_computed_accuracy_metrics():
+    matrix = as_matrix(TIE_ROWS)
+    # AA = (0.5+0.5+0.6+0.6+0.4+0.7)/6 = 0.55
+    assert average_accuracy(matrix) == pytest.approx(55.0)
+    # ACA = (0.5+0.6+0.4)/3 = 0.5
+    assert average_cross_model_accuracy(matrix) == pytest.approx(50.0)
+    # BC = mean(0.6-0.5, 0.4-0.6) = -0.05
+    assert backward_compatibility(matrix) == pytest.approx(-5.0)
+    # FC = mean(0.5-0.6, 0.4-0.7) = -0.2
+    assert forward_compatibility(matrix) == pytest.approx(-20.0)
+
+
+def test_per_task_lists():
+    metrics = all_metrics(as_matrix(TIE_ROWS))
+    # AC_t: [T=1 -> 1, (1,0) tie -> 0, 1 of 3]
+    assert metrics["AC_per_task"] == pytest.approx([1.0, 0.0, 1 / 3])
+    # AA_t: [0.5, (0.5+0.5+0.6)/3, 0.55]
+    assert metrics["AA_per_task"] == pytest.approx([50.0, 160 / 3, 55.0])
+    inclusive = all_metrics(as_matrix(TIE_ROWS), "inclusive")
+    assert inclusive["AC_per_task"] == pytest.approx([1.0, 1.0, 2 / 3])
+
+
+def test_single_task_matrix():
+    metrics = all_metrics(as_matrix([[0.7]]))
+    assert metrics["AC"] == 1.0
+    assert metrics["AA"] == pytest.approx(70.0)
+    assert metrics["ACA"] is None
+    assert metrics["BC"] is None
+    assert metrics["FC"] is None
+    assert metrics["violations"] == []
+
+
+def test_genuine_zero_accuracy_is_counted():
+    metrics = all_metrics(as_matrix([[0.5], [0.0, 0.5]]))
+    # AA = (0.5+0.0+0.5)/3
+    assert round(metrics["AA"], 2) == 33.33
+    assert metrics["ACA"] == 0.0
+    assert metrics["AC"] == 0.0
+    assert metrics["BC"] == pytest.approx(-50.0)
+
+
+def test_load_matrix_list_of_rows(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(HOC_ROWS))
+    np.testing.assert_array_equal(load_matrix(path), as_matrix(HOC_ROWS))
+
+
+def test_load_matrix_object_with_nulls(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"compatibility_matrix": [[0.5, None], [0.4, 0.6]], "other": 1}))
+    matrix = load_matrix(path)
+    assert matrix[0, 0] == 0.5
+    assert matrix[1, 0] == 0.4
+    assert matrix[1, 1] == 0.6
+    assert math.isnan(matrix[0, 1])
+
+
+@pytest.mark.parametrize("text", [
+    json.dumps({"matrix": [[0.5]]}),
+    json.dumps({"compatibility_matrix": "0.5"}),
+    json.dumps(42),
+    json.dumps([]),
+    json.dumps([[0.5], [0.4, None]]),
+    json.dumps([[0.5], [None, 0.6]]),
+    json.dumps([[0.5], ["0.4", 0.6]]),
+    json.dumps([[50.0], [101.0, 60.0]]),
+    json.dumps([[0.5], [-0.1, 0.6]]),
+    "[[0.5], [0.4, 0.6]",
+])
+def test_load_matrix_rejects_malformed(tmp_path, text):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(MatrixError):
+        load_matrix(path)
+
+
+def test_load_matrix_missing_file(tmp_path):
+    with pytest.raises(MatrixError, match="does not exist"):
+        load_matrix(tmp_path / "absent.json")
+
+
+def test_matrix_to_json_puts_none_above_diagonal():
+    rows = matrix_to_json(as_matrix(TIE_ROWS))
+    assert rows == [[0.5, None, None], [0.5, 0.6, None], [0.6, 0.4, 0.7]]
+    assert json.loads(json.dumps(rows))[0][1] is None
+    np.testing.assert_array_equal(as_matrix(rows), as_matrix(TIE_ROWS))

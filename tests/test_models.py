@@ -1,0 +1,193 @@
+import pytest
+import torch
+
+from models import (
+    CheckpointError,
+    DSimplexHead,
+    LearnableHead,
+    build_model,
+    feature_extractor_state,
+    load_replacement,
+    simplex_vertices,
+)
+
+
+class NotATensor:
+    def __init__(self, value):
+        self.value = value
+
+
+def small_model(head="learnable", num_classes=5, seed=0):
+    torch.manual_seed(seed)
+    return build_model(backbone="small_cnn", head=head, num_classes=num_classes, small_width=8,
+                       small_out_dim=16).eval()
+
+
+def images(n=4, seed=1):
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("k", [4, 1024])
+def test_simplex_vertices_geometry(k):
+    vertices = simplex_vertices(k)
+    assert vertices.shape == (k, k - 1)
+    assert torch.allclose(vertices.norm(dim=1), torch.ones(k), atol=1e-5)
+    cosines = vertices @ vertices.t()
+    off_diagonal = cosines[~torch.eye(k, dtype=torch.bool)]
+    assert torch.allclose(off_diagonal, torch.full_like(off_diagonal, -1 / (k - 1)), atol=1e-5)
+    assert torch.allclose(vertices.sum(dim=0), torch.zeros(k - 1), atol=1e-4)
+
+
+def test_dsimplex_head_logits_and_targets():
+    model = small_model("dsimplex")
+    logits, features = model(images())
+    assert logits.shape == (4, 1024)
+    assert features.shape == (4, 1023)
+    assert model.head.targets(torch.tensor([0, 1, 9])).tolist() == [1023, 1022, 1014]
+    assert model.class_targets(torch.tensor([0, 5])).tolist() == [1023, 1018]
+
+
+def test_dsimplex_vertices_are_frozen_and_not_stored():
+    head = DSimplexHead(16)
+    assert "vertices" not in head.state_dict()
+    assert all(p is not head.vertices for p in head.parameters())
+    assert [name for name, _ in head.named_parameters()] == ["lift.weight"]
+    assert not head.vertices.requires_grad
+    assert torch.equal(head.vertices, simplex_vertices(1024))
+
+
+def test_dsimplex_head_rejects_too_many_classes():
+    head = DSimplexHead(16, num_vertices=8)
+    head.grow(8)
+    with pytest.raises(ValueError):
+        head.grow(9)
+
+
+def test_learnable_head_grow_copies_old_rows():
+    head = LearnableHead(16, 3)
+    old = head.classifier.weight.detach().clone()
+    head.grow(7)
+    assert head.classifier.out_features == 7
+    assert head.num_classes == 7
+    assert torch.equal(head.classifier.weight[:3], old)
+    assert head.classifier.bias is None
+
+
+def test_learnable_head_grow_smaller_is_noop():
+    head = LearnableHead(16, 5)
+    classifier = head.classifier
+    old = classifier.weight.detach().clone()
+    head.grow(3)
+    head.grow(5)
+    assert head.classifier is classifier
+    assert head.classifier.out_features == 5
+    assert torch.equal(head.classifier.weight, old)
+
+
+@pytest.mark.parametrize("head", ["learnable", "dsimplex"])
+def test_embed_returns_unit_rows(head):
+    embedded = small_model(head).embed(images(6))
+    assert torch.allclose(embedded.norm(dim=1), torch.ones(6), atol=1e-5)
+
+
+def test_learnable_model_returns_backbone_features():
+    model = small_model("learnable", num_classes=3)
+    logits, features = model(images())
+    assert logits.shape == (4, 3)
+    assert features.shape == (4, 16)
+    assert model.class_targets(torch.tensor([2, 0])).tolist() == [2, 0]
+
+
+def test_feature_extractor_state_drops_classifier():
+    model = small_model("learnable")
+    state = feature_extractor_state(model)
+    assert "head.classifier.weight" in model.state_dict()
+    assert not any(key.startswith("head.classifier.") for key in state)
+    assert set(state) == set(model.state_dict()) - {"head.classifier.weight"}
+
+
+def test_load_replacement_across_class_counts(tmp_path):
+    source = small_model("learnable", num_classes=10, seed=0)
+    path = tmp_path / "ckpt.pt"
+    torch.save(source.state_dict(), path)
+    target = small_model("learnable", num_classes=4, seed=123)
+    x = images()
+    assert not torch.allclose(target.embed(x), source.embed(x))
+    load_replacement(target, path)
+    assert target.head.classifier.out_features == 4
+    assert torch.allclose(target.embed(x), source.embed(x), atol=1e-6)
+
+
+def test_load_replacement_dsimplex_round_trip(tmp_path):
+    source = small_model("dsimplex", seed=0)
+    path = tmp_path / "ckpt.pt"
+    torch.save(source.state_dict(), path)
+    target = small_model("dsimplex", seed=7)
+    load_replacement(target, path)
+    x = images()
+    assert torch.allclose(target.embed(x), source.embed(x), atol=1e-6)
+
+
+def test_load_replacement_missing_key_is_named(tmp_path):
+    state = small_model().state_dict()
+    del state["backbone.proj.weight"]
+    path = tmp_path / "ckpt.pt"
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="backbone.proj.weight"):
+        load_replacement(small_model(), path)
+
+
+def test_load_replacement_unexpected_key(tmp_path):
+    state = small_model().state_dict()
+    state["backbone.extra.weight"] = torch.zeros(3)
+    path = tmp_path / "ckpt.pt"
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="backbone.extra.weight"):
+        load_replacement(small_model(), path)
+
+
+def test_load_replacement_wrong_shape(tmp_path):
+    state = small_model().state_dict()
+    state["backbone.proj.weight"] = torch.zeros(17, 32)
+    path = tmp_path / "ckpt.pt"
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="shape"):
+        load_replacement(small_model(), path)
+
+
+def test_load_replacement_head_family_mismatch(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    torch.save(small_model("learnable").state_dict(), path)
+    with pytest.raises(CheckpointError, match="head.lift.weight"):
+        load_replacement(small_model("dsimplex"), path)
+
+
+def test_load_replacement_refuses_pickled_objects(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    torch.save({"cfg": NotATensor(3)}, path)
+    with pytest.raises(CheckpointError, match="cannot read"):
+        load_replacement(small_model(), path)
+
+
+def test_load_replacement_refuses_non_dict(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    torch.save([torch.zeros(2)], path)
+    with pytest.raises(CheckpointError, match="not a state dict"):
+        load_replacement(small_model(), path)
+
+
+def test_load_replacement_missing_file(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_replacement(small_model(), tmp_path / "absent.pt")
+
+
+def test_failed_load_leaves_model_untouched(tmp_path):
+    state = small_model(seed=0).state_dict()
+    del state["backbone.proj.bias"]
+    path = tmp_path / "ckpt.pt"
+    torch.save(state, path)
+    target = small_model(seed=5)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(CheckpointError):
+        load_replacement(target, path)
+    assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())

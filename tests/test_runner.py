@@ -1,0 +1,154 @@
+"""End to end through the command line: results written and consistent, resume, metrics, leaderboard, errors."""
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import experiment
+import runner
+from benchmarks.metrics import all_metrics, as_matrix
+
+TINY = {
+    "dataset": "synthetic", "preset": "quick", "device": "cpu",
+    "data": {"synthetic_classes": 24, "synthetic_train_per_class": 24, "synthetic_test_per_class": 6},
+    "stream": {"initial_classes": 4, "increment": 4, "num_tasks": 3, "images_per_class": 24},
+    "replacement": {"tasks": [0, 2], "pretrain": {"class_counts": [3, 6], "epochs": 1}},
+    "model": {"small_width": 8, "small_out_dim": 16},
+    "training": {"epochs": 1, "batch_size": 32, "new_batch_size": 16, "memory_batch_size": 16, "progress": False},
+    "evaluation": {"heldout_classes": 6, "queries_per_class": None, "plots": True},
+}
+HOC_ROWS = [[58.89], [59.70, 61.56], [63.05, 65.28, 69.31], [63.34, 65.30, 70.63, 72.37],
+            [65.01, 67.87, 70.75, 72.11, 73.83], [64.08, 67.19, 71.17, 72.71, 74.70, 76.19],
+            [63.14, 66.35, 72.10, 73.50, 75.23, 76.65, 77.16]]
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    config = dict(TINY, replacement=dict(TINY["replacement"], pretrain=dict(
+        TINY["replacement"]["pretrain"], cache_dir=str(tmp_path / "cache"))))
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def run_cli(*args):
+    return runner.main([str(a) for a in args])
+
+
+def test_iamcl2r_run_writes_consistent_results(tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run_cli("--config", tiny, "--scenario", "iamcl2r", "--strategy", "dsimplex_hoc", "--output", out) == 0
+    run_dir = out / "iamcl2r" / "synthetic" / "dsimplex_hoc" / "seed42"
+    record = json.loads((run_dir / "metrics.json").read_text())
+    matrix = record["compatibility_matrix"]
+    assert record["complete"] and record["num_tasks"] == 3 and record["replacement_tasks"] == [0, 2]
+    assert [len(r) for r in matrix] == [3, 3, 3] and matrix[0][1] is None and matrix[1][2] is None
+    assert all(0.0 <= v <= 1.0 for r in matrix for v in r if v is not None)
+    recomputed = all_metrics(as_matrix(matrix))
+    assert record["metrics"]["AC"] == recomputed["AC"] and record["metrics"]["AA"] == pytest.approx(recomputed["AA"])
+    assert record["evaluation"]["extractions"] == {"gallery": 3, "query": 3}
+    assert record["evaluation"]["queries"] == 6 * 24 and record["evaluation"]["gallery_images"] == 6 * 6
+    assert record["config"]["strategy_params"]["dsimplex_hoc"]["mu"] == 10.0
+    assert record["versions"]["torch"] and record["device"]["type"] == "cpu"
+    assert len(record["timings"]["tasks"]) == 3 and record["timings"]["train_seconds"] > 0
+    assert [r["source"] for r in record["replacement_models"]] == ["pretrained", "pretrained"]
+    assert {p.name for p in run_dir.iterdir()} >= {"metrics.json", "config.yaml", "state.pt", "checkpoints",
+                                                    "compatibility_matrix.png", "aa_per_task.png"}
+    state = torch.load(run_dir / "checkpoints" / "task2.pt", weights_only=True)
+    assert "head.lift.weight" in state and "head.vertices" not in state
+    assert "| iamcl2r" in capsys.readouterr().out
+
+
+def test_interrupted_run_resumes_to_the_same_metrics(tiny, tmp_path, monkeypatch):
+    clean, broken = tmp_path / "clean", tmp_path / "broken"
+    assert run_cli("--config", tiny, "--strategy", "er", "--output", clean) == 0
+    original = experiment.Run._run_task
+
+    def stop_at_task_two(self, t, *args):
+        if t == 2:
+            raise KeyboardInterrupt
+        return original(self, t, *args)
+
+    monkeypatch.setattr(experiment.Run, "_run_task", stop_at_task_two)
+    assert run_cli("--config", tiny, "--strategy", "er", "--output", broken) == 130
+    partial = json.loads((broken / "iamcl2r/synthetic/er/seed42/metrics.json").read_text())
+    assert partial["tasks_completed"] == 2 and not partial["complete"]
+    assert run_cli("--config", tiny, "--strategy", "er", "--output", broken) == 2
+    monkeypatch.setattr(experiment.Run, "_run_task", original)
+    assert run_cli("--config", tiny, "--strategy", "er", "--output", broken, "--resume") == 0
+    resumed = json.loads((broken / "iamcl2r/synthetic/er/seed42/metrics.json").read_text())
+    expected = json.loads((clean / "iamcl2r/synthetic/er/seed42/metrics.json").read_text())
+    assert resumed["compatibility_matrix"] == expected["compatibility_matrix"]
+    assert resumed["metrics"] == expected["metrics"]
+
+
+def test_resume_with_other_settings_is_refused(tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run_cli("--config", tiny, "--strategy", "er", "--scenario", "cl2r", "--output", out) == 0
+    assert run_cli("--config", tiny, "--strategy", "er", "--scenario", "cl2r", "--output", out, "--resume",
+                   "--set", "training.lr=0.5") == 2
+    assert "training.lr" in capsys.readouterr().err
+
+
+def test_metrics_command_reproduces_the_papers_numbers(tmp_path, capsys):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"compatibility_matrix": HOC_ROWS}))
+    assert run_cli("metrics", path, "--json") == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert round(metrics["AC"], 3) == 0.952 and round(metrics["AA"], 2) == 68.90 and metrics["violations"] == [[4, 3]]
+
+
+def test_leaderboard_groups_seeds(tmp_path, capsys):
+    for seed, ac in ((1, 0.5), (2, 1.0)):
+        folder = tmp_path / f"iamcl2r/synthetic/er/seed{seed}"
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text(json.dumps({
+            "complete": True, "scenario": "iamcl2r", "dataset": "synthetic", "strategy": "er", "seed": seed,
+            "metrics": {"AC": ac, "AA": 40.0 + seed, "ACA": 30.0}}))
+    (tmp_path / "iamcl2r/synthetic/er/partial").mkdir()
+    (tmp_path / "iamcl2r/synthetic/er/partial/metrics.json").write_text(json.dumps({"complete": False}))
+    assert run_cli("leaderboard", "--results", tmp_path, "--format", "csv") == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "scenario,dataset,strategy,AC,AA (%),ACA (%),seeds"
+    std_ac = np.std([0.5, 1.0], ddof=1)
+    assert lines[1] == f"iamcl2r,synthetic,er,0.750 ± {std_ac:.3f},41.50 ± 0.71,30.00 ± 0.00,2"
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--strategy", "nope"], "unknown strategy 'nope'"),
+    (["--scenario", "nope"], "unknown scenario 'nope'"),
+    (["--preset", "nope"], "unknown preset 'nope'"),
+    (["--dataset", "nope"], "unknown dataset 'nope'"),
+    (["--set", "training.epoch=3"], "unknown key 'training.epoch'"),
+    (["--set", "training.epochs=three"], "training.epochs = 'three'"),
+    (["--set", "strategy_params.dsimplex_hoc.mu=high"], "mu"),
+    (["--dataset", "cifar100", "--data-root", "/nonexistent"], "--download"),
+    (["--set", "replacement.checkpoints=[/nonexistent.pt]", "--set", "replacement.tasks=[0]"], "does not exist"),
+    (["metrics", "/nonexistent.json"], "does not exist"),
+    (["leaderboard", "--results", "/nonexistent"], "does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(args, fragment, tiny, tmp_path, capsys):
+    code = run_cli(*(args if args[0] in ("metrics", "leaderboard") else
+                     ["--config", tiny, "--output", tmp_path / "o", *args]))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and fragment in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_malformed_matrix_file_is_rejected(tmp_path, capsys):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps([[0.5], [0.4]]))
+    assert run_cli("metrics", path) == 2
+    assert "row 1" in capsys.readouterr().err
+
+
+def test_mismatched_replacement_checkpoint_is_rejected(tiny, tmp_path, capsys):
+    from models import build_model
+
+    wrong = tmp_path / "wrong.pt"
+    torch.save(build_model(backbone="small_cnn", head="dsimplex", num_classes=4, small_width=4).state_dict(), wrong)
+    code = run_cli("--config", tiny, "--output", tmp_path / "o", "--set", f"replacement.checkpoints=[{wrong}]",
+                   "--set", "replacement.tasks=[0]")
+    err = capsys.readouterr().err
+    assert code == 2 and "shape" in err and str(wrong) in err
