@@ -204,8 +204,10 @@ def load_replacement(model: RetrievalModel, path: str | Path) -> None:
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means an unreadable file
         raise CheckpointError(f"cannot read checkpoint {path} as a plain state dict ({type(exc).__name__}); "
                               "save it with torch.save(model.state_dict())") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"checkpoint {path} is not a state dict; save it with torch.save(model.state_dict())")
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        raise CheckpointError(f"checkpoint {path} is not a state dict of named tensors; save it with "
+                              "torch.save(model.state_dict())")
     state = {k: v for k, v in state.items() if not k.startswith(CLASSIFIER_PREFIX)}
     expected = feature_extractor_state(model)
     missing = sorted(set(expected) - set(state))

@@ -191,3 +191,12 @@ def test_failed_load_leaves_model_untouched(tmp_path):
     with pytest.raises(CheckpointError):
         load_replacement(target, path)
     assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
+
+
+def test_state_dict_with_non_tensor_values_or_keys_is_a_checkpoint_error(tmp_path):
+    model = build_model(backbone="small_cnn", head="learnable", num_classes=3, small_width=8, small_out_dim=16)
+    for bad in ({**model.state_dict(), "backbone.proj.bias": [0.0] * 16}, {**model.state_dict(), 3: torch.zeros(1)}):
+        path = tmp_path / "bad.pt"
+        torch.save(bad, path)
+        with pytest.raises(CheckpointError, match="named tensors"):
+            load_replacement(model, path)
