@@ -14,6 +14,7 @@ Layout of ``<output>/<scenario>/<dataset>/<strategy>/seed<k>/``: ``config.yaml``
 from __future__ import annotations
 
 import copy
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,10 @@ IGNORED_ON_RESUME = ("training.progress", "evaluation.plots", "device")
 
 class RunError(RuntimeError):
     """The run cannot start or continue as asked (e.g. results exist, resume mismatch)."""
+
+
+def to_device(images: ImageSet, device: torch.device) -> ImageSet:
+    return ImageSet(images.images.to(device), images.labels.to(device))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -145,6 +150,8 @@ class Run:
         if self.state_file.exists() and not (resume or overwrite):
             raise RunError(f"{self.dir} holds results of an earlier run; pass --resume to continue it or "
                            "--overwrite to start over (or --output elsewhere)")
+        if overwrite and self.dir.exists():
+            shutil.rmtree(self.dir)
         if self.state_file.exists() and resume:
             check_resume_config(yaml.safe_load((self.dir / "config.yaml").read_text()), cfg)
             self.state = torch.load(self.state_file, map_location="cpu", weights_only=True)
@@ -178,7 +185,9 @@ class Run:
         (self.dir / "config.yaml").write_text(yaml.safe_dump(self.cfg, sort_keys=False))
         self.stream = make_stream(self.cfg)
         for task in self.stream.tasks:
-            task.train = ImageSet(task.train.images.to(self.device), task.train.labels.to(self.device))
+            task.train = to_device(task.train, self.device)
+        self.stream.query, self.stream.gallery = (to_device(s, self.device) for s in (self.stream.query,
+                                                                                      self.stream.gallery))
         evaluator = CompatibilityEvaluator(
             self.stream.query, self.stream.gallery, mean=self.stream.mean, std=self.stream.std,
             mode=self.cfg["evaluation"]["mode"], batch_size=self.cfg["evaluation"]["batch_size"],
@@ -187,7 +196,7 @@ class Run:
         memory, model = None, None
         if start > 0:
             evaluator.load_state_dict(self.state["evaluator"])
-            memory = ImageSet(self.state["memory_images"].to(self.device), self.state["memory_labels"].to(self.device))
+            memory = to_device(ImageSet(self.state["memory_images"], self.state["memory_labels"]), self.device)
             model = self._restore_model(start - 1)
             self.log(f"resuming {self.dir} at task {start}")
         if start < self.stream.num_tasks and not self.state["replacements"]:

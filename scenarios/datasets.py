@@ -171,7 +171,8 @@ def _read_images(paths: list[Path], size: int) -> torch.Tensor:
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         arrays = list(tqdm(pool.map(lambda p: _read_jpeg(p, size), paths, chunksize=256), total=len(paths),
-                           desc=f"reading {len(paths)} JPEGs", leave=False, disable=len(paths) < 5000))
+                           desc=f"reading {len(paths)} JPEGs", leave=False, mininterval=2.0,
+                           disable=len(paths) < 5000))
     return torch.from_numpy(np.stack(arrays)) if arrays else torch.zeros(0, 3, size, size, dtype=torch.uint8)
 
 

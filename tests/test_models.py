@@ -200,3 +200,14 @@ def test_state_dict_with_non_tensor_values_or_keys_is_a_checkpoint_error(tmp_pat
         torch.save(bad, path)
         with pytest.raises(CheckpointError, match="named tensors"):
             load_replacement(model, path)
+
+
+@pytest.mark.parametrize("backbone", ["resnet18", "resnet18_cifar"])
+def test_resnet18_backbones_give_512d_features_and_the_1023d_simplex_lift(backbone):
+    learnable = build_model(backbone=backbone, head="learnable", num_classes=5)
+    simplex = build_model(backbone=backbone, head="dsimplex", num_classes=5)
+    images = torch.randn(2, 3, 32, 32)
+    assert learnable(images)[1].shape == (2, 512) and learnable(images)[0].shape == (2, 5)
+    assert simplex(images)[1].shape == (2, 1023) and simplex(images)[0].shape == (2, 1024)
+    stem = learnable.backbone.net.conv1
+    assert stem.kernel_size == ((7, 7) if backbone == "resnet18" else (3, 3))
