@@ -51,17 +51,17 @@ class DeviceBatches:
     """
 
     def __init__(self, new: ImageSet, memory: ImageSet | None, *, new_batch: int, memory_batch: int,
-                 mean: tuple[float, ...], std: tuple[float, ...], augment: bool = True) -> None:
+                 mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         self.new, self.memory = new, memory if memory is not None and len(memory) else None
         self.new_batch, self.memory_batch = new_batch, memory_batch
-        self.mean, self.std, self.augment = mean, std, augment
+        self.mean, self.std = mean, std
 
     def __len__(self) -> int:
         n = len(self.new)
         return n // self.new_batch + (n % self.new_batch > 1)
 
     def _prepare(self, images: torch.Tensor) -> torch.Tensor:
-        return normalize(random_crop_flip(images) if self.augment else images, self.mean, self.std)
+        return normalize(random_crop_flip(images), self.mean, self.std)
 
     def __iter__(self) -> Iterator[list[torch.Tensor]]:
         device = self.new.images.device
