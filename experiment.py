@@ -1,7 +1,8 @@
 """Run one scenario / strategy / seed end to end and write its results (the runner's main job).
 
 For each task t: pick the starting model (a replacement checkpoint at replacement tasks, the previous model
-otherwise, a random model at task 0 of CL2R), keep a frozen copy as the teacher, train, update the replay
+otherwise, a random model at task 0 of CL2R), keep a frozen teacher when the strategy needs one (see
+``strategies/base.py``), let the strategy prepare the task, train, update the replay
 memory, deploy the model to the :class:`CompatibilityEvaluator` (gallery and queries embedded once), then save
 the model, the run state and a partial ``metrics.json`` atomically. ``resume=True`` continues after the last
 finished task; every task seeds its own random streams from ``(seed, t)``, so a resumed run ends with the same
@@ -16,6 +17,7 @@ from __future__ import annotations
 import copy
 import shutil
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +29,12 @@ from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.records import atomic_write_json, device_description, package_versions
 from benchmarks.retrieval import CompatibilityEvaluator
 from configuration import ConfigError
-from models import RetrievalModel, build_model, load_replacement
+from models import RetrievalModel, build_model, load_replacement, replacement_family
 from scenarios.datasets import ImageSet, load_dataset
 from scenarios.streams import Stream, build_stream
-from strategies import Strategy, get_strategy
+from strategies import Strategy, TaskContext, get_strategy, load_plugin
 from strategies.pretrain import pretrained_replacement, save_state
-from strategies.trainer import TrainSettings, train_task, update_memory
+from strategies.trainer import TrainSettings, frozen_outputs, train_task, update_memory
 
 IGNORED_ON_RESUME = ("training.progress", "evaluation.plots", "device")
 
@@ -113,7 +115,7 @@ def replacement_checkpoints(cfg: dict[str, Any], stream: Stream, head: str, devi
     out = []
     for task, count in zip(tasks, pre["class_counts"]):
         path, cached = pretrained_replacement(
-            source, pool[:count], head=head, model_kwargs=model_kwargs(cfg), settings=settings,
+            source, pool[:count], head=replacement_family(head), model_kwargs=model_kwargs(cfg), settings=settings,
             images_per_class=pre["images_per_class"], device=device, seed=pre["seed"], cache_dir=pre["cache_dir"])
         log(f"replacement model for task {task}: {path} ({'cached' if cached else 'pretrained now'})")
         out.append({"task": task, "path": str(path), "source": "cached" if cached else "pretrained",
@@ -141,6 +143,8 @@ class Run:
 
     def __init__(self, cfg: dict[str, Any], *, resume: bool = False, overwrite: bool = False, log=print) -> None:
         self.cfg, self.log = cfg, log
+        for path in cfg["plugins"]:
+            load_plugin(path)
         self.strategy: Strategy = get_strategy(cfg["strategy"]).from_params(
             cfg["strategy_params"].get(cfg["strategy"], {}))
         self.device = resolve_device(cfg["device"])
@@ -158,19 +162,25 @@ class Run:
         self.settings = TrainSettings(**cfg["training"])
 
     def _model_for_task(self, t: int, previous: RetrievalModel | None, replacements: dict[int, str]):
-        """``(model, teacher)`` for task t (see the module docstring)."""
+        """``(model, teacher, teacher_classes)`` for task t (see ``strategies/base.py`` on the teacher)."""
         task = self.stream.tasks[t]
+        wants_teacher = self.strategy.needs_teacher
         if t in replacements:
             model = build_model(head=self.strategy.head, num_classes=task.num_seen_classes,
                                 **model_kwargs(self.cfg))
             load_replacement(model, replacements[t])
             model = model.to(self.device)
-            return model, copy.deepcopy(model)
+            if not wants_teacher:
+                return model, None, 0
+            if previous is not None and self.strategy.replacement_teacher == "outgoing":
+                return model, copy.deepcopy(previous), self.stream.tasks[t - 1].num_seen_classes
+            return model, copy.deepcopy(model), 0
         if previous is None:
             return build_model(head=self.strategy.head, num_classes=task.num_seen_classes,
-                               **model_kwargs(self.cfg)).to(self.device), None
+                               **model_kwargs(self.cfg)).to(self.device), None, 0
+        teacher = copy.deepcopy(previous) if wants_teacher else None
         previous.head.grow(task.num_seen_classes)
-        return previous, copy.deepcopy(previous)
+        return previous, teacher, self.stream.tasks[t - 1].num_seen_classes if wants_teacher else 0
 
     def _restore_model(self, t: int) -> RetrievalModel:
         model = build_model(head=self.strategy.head, num_classes=self.stream.tasks[t].num_seen_classes,
@@ -218,8 +228,13 @@ class Run:
         task = self.stream.tasks[t]
         torch.manual_seed(task_seed(self.cfg["seed"], t))
         np.random.seed(task_seed(self.cfg["seed"], t) % 2**32)
-        model, teacher = self._model_for_task(t, previous, replacements)
-        self.strategy.before_task(t, task.num_seen_classes, len(task.new_classes))
+        model, teacher, teacher_classes = self._model_for_task(t, previous, replacements)
+        outputs = None if teacher is None else partial(frozen_outputs, teacher.eval(), mean=self.stream.mean,
+                                                         std=self.stream.std, amp=self.settings.amp)
+        self.strategy.before_task(TaskContext(
+            index=t, num_old_classes=task.num_seen_classes - len(task.new_classes),
+            num_new_classes=len(task.new_classes), replacement=t in replacements, teacher_classes=teacher_classes,
+            teacher=teacher, outputs=outputs, new_data=task.train, memory=memory))
         tag = " (replacement)" if t in replacements else ""
         timing = train_task(model, self.strategy, task.train, memory, self.settings, mean=self.stream.mean,
                             std=self.stream.std, teacher=teacher, experience=task.experience,

@@ -10,12 +10,14 @@ Heads:
 
 * :class:`LearnableHead`: bias-free linear classifier that grows as classes arrive (old rows copied, §5);
   the retrieval feature is the backbone output.
+* :class:`CosineHead`: the same growing classifier, but its logits are cosine similarities between the
+  normalised feature and the normalised class rows (CVS, §6; the strategy applies the temperature).
 * :class:`DSimplexHead`: trainable bias-free lift ``d -> K-1`` followed by the frozen d-Simplex classifier
   (K = 1024 vertices, class y on vertex K-1-y, §5); the retrieval feature is the lifted vector.
 
 Checkpoints are plain state dicts (``torch.save(model.state_dict())``), loadable with ``weights_only=True``.
-The classifier weights of a learnable head are dropped when a replacement model is loaded (§4); the simplex
-is a non-persistent buffer, regenerated identically, so it is never stored.
+The classifier weights of a learnable or cosine head are dropped when a replacement model is loaded (§4); the
+simplex is a non-persistent buffer, regenerated identically, so it is never stored.
 
 Usage::
 
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 BACKBONES = ("resnet18", "resnet18_cifar", "small_cnn")
-HEADS = ("learnable", "dsimplex")
+HEADS = ("learnable", "cosine", "dsimplex")
 CLASSIFIER_PREFIX = "head.classifier."
 
 
@@ -118,6 +120,14 @@ class LearnableHead(nn.Module):
         return self.classifier(feats), feats
 
 
+class CosineHead(LearnableHead):
+    """:class:`LearnableHead` whose logits are ``cos(w_c, x)`` in [-1, 1] (no scale: the loss divides by its
+    temperature). Its only weight is ``classifier.weight``, so it loads the learnable family's replacements."""
+
+    def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.linear(F.normalize(feats, dim=1), F.normalize(self.classifier.weight, dim=1)), feats
+
+
 class DSimplexHead(nn.Module):
     """Trainable lift ``in_dim -> K-1`` then the frozen d-Simplex classifier; class y is vertex ``K-1-y``.
 
@@ -178,13 +188,21 @@ def build_backbone(name: str, *, width: int = 32, out_dim: int = 128) -> nn.Modu
 
 def build_model(*, backbone: str, head: str, num_classes: int, simplex_vertices_count: int = 1024,
                 small_width: int = 32, small_out_dim: int = 128) -> RetrievalModel:
-    """A fresh model: ``head`` is ``"learnable"`` (sized to ``num_classes``) or ``"dsimplex"``."""
+    """A fresh model: ``head`` is ``"learnable"`` or ``"cosine"`` (sized to ``num_classes``) or ``"dsimplex"``."""
     net = build_backbone(backbone, width=small_width, out_dim=small_out_dim)
     if head == "learnable":
         return RetrievalModel(net, LearnableHead(net.out_dim, num_classes))
+    if head == "cosine":
+        return RetrievalModel(net, CosineHead(net.out_dim, num_classes))
     if head == "dsimplex":
         return RetrievalModel(net, DSimplexHead(net.out_dim, simplex_vertices_count))
     raise ValueError(f"unknown head {head!r}; choose from {list(HEADS)}")
+
+
+def replacement_family(head: str) -> str:
+    """The family of replacement models a head loads: ``dsimplex`` (lift included) or ``learnable`` (backbone
+    only; the learnable and cosine classifiers are dropped on loading, so both heads share these models)."""
+    return "dsimplex" if head == "dsimplex" else "learnable"
 
 
 def feature_extractor_state(model: RetrievalModel) -> dict[str, torch.Tensor]:

@@ -3,7 +3,7 @@
     python runner.py --scenario iamcl2r --strategy dsimplex_hoc [--dataset cifar100] [--preset paper|quick] ...
     python runner.py pretrain --dataset tinyimagenet --strategy er        # make (and cache) replacement models
     python runner.py metrics FILE [--json] [--tie-rule strict|inclusive]  # metrics of any matrix in JSON
-    python runner.py leaderboard [--results DIR] [--format github|csv|latex]
+    python runner.py leaderboard [--results DIR] [--format github|csv|latex] [--timing [--baseline er]]
 
 Usage errors print one line and exit with code 2; an interrupted run keeps every finished task (``--resume``).
 """
@@ -37,6 +37,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a YAML file of settings (same keys as configs/default.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any setting, e.g. --set stream.num_tasks=31 --set replacement.tasks=[0,10,20]")
+    p.add_argument("--plugin", action="append", metavar="FILE",
+                   help="a Python file that registers a strategy (repeatable; see strategies/base.py)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -57,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     board = sub.add_parser("leaderboard", help="one row per scenario / dataset / strategy, mean ± std over seeds")
     board.add_argument("--results", default="results", help="folder searched for metrics.json files")
     board.add_argument("--format", default="github", choices=["github", "csv", "latex"])
+    board.add_argument("--timing", action="store_true",
+                       help="also print each strategy's training time per iteration and its ratio to --baseline")
+    board.add_argument("--baseline", default="er", help="the strategy --timing compares with (default er)")
     return parser
 
 
@@ -70,6 +75,8 @@ def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
     layer: dict[str, Any] = {k: v for k, v in flat.items() if v is not None}
     if args.strategy and args.strategy != "all":
         layer["strategy"] = args.strategy
+    if args.plugin:
+        layer["plugins"] = args.plugin
     if args.epochs is not None:
         layer.setdefault("training", {})["epochs"] = args.epochs
     if args.no_progress:
@@ -89,12 +96,14 @@ def _deep_update(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def resolved_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One resolved config per (strategy, seed) the command asks for."""
     from configuration import read_yaml, resolve
-    from strategies import list_strategies
+    from strategies import list_strategies, load_plugin
 
     layers = [(args.config, read_yaml(args.config))] if args.config else []
     layers.append(("command line", cli_layer(args)))
     if args.seeds and args.seed is not None:
         raise UsageError("give --seed or --seeds, not both")
+    for path in resolve(layers)["plugins"]:
+        load_plugin(path)
     strategies = list_strategies() if args.strategy == "all" else [None]
     seeds = args.seeds or [None]
     configs = []
@@ -136,12 +145,13 @@ def _fmt(value: float | None) -> str:
 
 def command_pretrain(args: argparse.Namespace) -> int:
     from experiment import make_stream, replacement_checkpoints, resolve_device
+    from models import replacement_family
     from strategies import get_strategy
 
     done = set()
     for cfg in resolved_configs(args):
         head = get_strategy(cfg["strategy"]).head
-        key = (head, cfg["dataset"], cfg["replacement"]["pretrain"]["dataset"])
+        key = (replacement_family(head), cfg["dataset"], cfg["replacement"]["pretrain"]["dataset"])
         if key not in done:
             done.add(key)
             replacement_checkpoints(cfg, make_stream(cfg), head, resolve_device(cfg["device"]))
@@ -166,7 +176,7 @@ def command_metrics(args: argparse.Namespace) -> int:
 
 
 def command_leaderboard(args: argparse.Namespace) -> int:
-    from benchmarks.leaderboard import collect, leaderboard_rows, render
+    from benchmarks.leaderboard import TIMING_HEADERS, collect, leaderboard_rows, render, timing_rows
 
     if not Path(args.results).is_dir():
         raise UsageError(f"results folder {args.results} does not exist; pass --results DIR")
@@ -174,6 +184,9 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     if not records:
         raise UsageError(f"no complete metrics.json under {args.results}; run an experiment first")
     print(render(leaderboard_rows(records), args.format))
+    if args.timing:
+        print()
+        print(render(timing_rows(records, args.baseline), args.format, TIMING_HEADERS))
     if skipped and args.format == "github":
         print(f"\n({len(skipped)} incomplete or unreadable result file(s) left out, e.g. {skipped[0]})")
     return 0

@@ -16,6 +16,8 @@ import numpy as np
 
 FORMATS = ("github", "csv", "latex")
 COLUMNS = ("AC", "AA", "ACA")
+HEADERS = ["scenario", "dataset", "strategy", "AC", "AA (%)", "ACA (%)", "seeds"]
+TIMING_HEADERS = ["scenario", "dataset", "strategy", "train ms / iteration", "ratio to baseline", "seeds"]
 
 
 def collect(results_dir: str | Path) -> tuple[list[dict[str, Any]], list[Path]]:
@@ -56,9 +58,33 @@ def leaderboard_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
     return [r[:-2] for r in rows]
 
 
-def render(rows: list[list[Any]], fmt: str = "github") -> str:
+def seconds_per_iteration(record: dict[str, Any]) -> float | None:
+    """Training seconds per iteration of one run (all tasks), or None when it recorded no iteration."""
+    tasks = record.get("timings", {}).get("tasks", [])
+    iterations = sum(t["iterations"] for t in tasks)
+    return sum(t["seconds"] for t in tasks) / iterations if iterations else None
+
+
+def timing_rows(records: list[dict[str, Any]], baseline: str = "er") -> list[list[Any]]:
+    """Rows ``[scenario, dataset, strategy, ms/iteration, ratio, seeds]``: the median over seeds of each run's
+    training time per iteration, and its ratio to ``baseline``'s in the same scenario and data set ("-" without
+    it). Iteration times include the teacher's forward pass and the strategy's loss."""
+    groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for r in records:
+        value = seconds_per_iteration(r)
+        if value is not None:
+            groups[(r["scenario"], r["dataset"], r["strategy"])].append(value)
+    medians = {key: float(np.median(values)) for key, values in groups.items()}
+    rows = []
+    for (scenario, dataset, strategy), median in sorted(medians.items()):
+        base = medians.get((scenario, dataset, baseline))
+        rows.append([scenario, dataset, strategy, f"{1000 * median:.1f}", f"{median / base:.2f}" if base else "-",
+                     len(groups[(scenario, dataset, strategy)])])
+    return rows
+
+
+def render(rows: list[list[Any]], fmt: str = "github", headers: list[str] = HEADERS) -> str:
     """The table in ``github`` markdown, ``csv`` or ``latex``; AC is a fraction of pairs, AA and ACA percent."""
-    headers = ["scenario", "dataset", "strategy", "AC", "AA (%)", "ACA (%)", "seeds"]
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")

@@ -1,5 +1,7 @@
 """Training strategies: one file each, registered by name (see ``strategies/base.py`` for the template)."""
-from .base import Step, Strategy, StrategyError, get_strategy, list_strategies, register_strategy
-from . import dsimplex_hoc, er  # noqa: F401  (each module registers its strategy)
+from .base import (Step, Strategy, StrategyError, TaskContext, get_strategy, list_strategies, load_plugin,
+                   register_strategy)
+from . import bct, bct_er, cores, cvs, dsimplex_fd, dsimplex_hoc, er, fd, lwf  # noqa: F401  (each registers one)
 
-__all__ = ["Step", "Strategy", "StrategyError", "get_strategy", "list_strategies", "register_strategy"]
+__all__ = ["Step", "Strategy", "StrategyError", "TaskContext", "get_strategy", "list_strategies", "load_plugin",
+           "register_strategy"]

@@ -1,36 +1,51 @@
 """The strategy template and registry.
 
-A strategy is one file in ``strategies/`` plus one import line in ``strategies/__init__.py``::
+A strategy is one file in ``strategies/`` plus one import line in ``strategies/__init__.py`` (or, outside the
+package, a file passed with ``--plugin FILE``)::
 
     from dataclasses import dataclass
+    import torch
     import torch.nn.functional as F
-    from strategies.base import Step, Strategy, register_strategy
+    from strategies.base import Step, Strategy, TaskContext, register_strategy
 
     @dataclass(frozen=True)
     class MyConfig:
-        weight: float = 1.0          # every hyper-parameter, with its default (shown in configs/default.yaml)
+        weight: float = 1.0          # every hyper-parameter with its default; strategy_params.my_strategy sets them
 
     @register_strategy("my_strategy")
     class MyStrategy(Strategy):
         '''What it does, the equation it implements (cite METHODS.md), what it keeps at a replacement.'''
-        head = "learnable"           # or "dsimplex": the head family, also of its replacement models
+        head = "learnable"           # "learnable" | "cosine" | "dsimplex": also picks its replacement models
         uses_memory = True           # batches mix 64 replay + 64 new samples from task 1 on
-        needs_teacher = False        # True: step.teacher_features holds the frozen start model's features
+        needs_teacher = False        # True: step.teacher_* hold the frozen old model's outputs
         Config = MyConfig
+
+        def before_task(self, context: TaskContext) -> None:    # optional: per-task set-up
+            self.num_old_classes = context.num_old_classes
 
         def loss(self, step: Step) -> torch.Tensor:
             return self.config.weight * F.cross_entropy(step.logits, step.targets)
 
-The trainer owns the loop, the optimiser, the memory and the teacher; a strategy only turns one mini-batch's
-outputs into a loss (and may override :meth:`Strategy.before_task`). Hyper-parameters come from
-``strategy_params.<name>`` in the config, checked against ``Config``.
+The trainer owns the loop, the optimiser, the memory and the teacher; a strategy turns one mini-batch's outputs
+into a loss and may prepare per-task state (class means, a frozen classifier) in :meth:`Strategy.before_task`.
+
+**The teacher** (the frozen old model) is the model the task *started from*: the previous task's model, or at
+task 0 and at every replacement task the freshly loaded replacement model (the authors' code, METHODS.md §6).
+A strategy whose ``Config`` has a field ``replacement_teacher = "outgoing"`` gets instead, at a replacement, the
+model deployed before it (whose classifier knows the old classes). A task that starts from a random model
+(CL2R task 0) has no teacher.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import torch
+
+from models import HEADS
+
+REPLACEMENT_TEACHERS = ("incoming", "outgoing")
 
 _STRATEGIES: dict[str, type["Strategy"]] = {}
 
@@ -49,8 +64,10 @@ class Step:
         logits: classifier outputs.
         features: un-normalised retrieval features of the model being trained.
         from_memory: True for replay samples.
-        teacher_features: L2-normalised features of the frozen teacher (the model this task started from),
-            or None when the strategy does not ask for them or the task starts from a random model.
+        teacher_features: L2-normalised features of the frozen teacher (see the module docstring), or None
+            when the strategy does not ask for them or the task has no teacher.
+        teacher_logits: the teacher's classifier outputs (only the first ``TaskContext.teacher_classes`` columns
+            are trained on stream classes), or None like ``teacher_features``.
     """
 
     labels: torch.Tensor
@@ -59,6 +76,45 @@ class Step:
     features: torch.Tensor
     from_memory: torch.Tensor
     teacher_features: torch.Tensor | None = None
+    teacher_logits: torch.Tensor | None = None
+
+
+@dataclass
+class TaskContext:
+    """What :meth:`Strategy.before_task` may use to prepare a task.
+
+    Attributes:
+        index: the task index t.
+        num_old_classes: classes seen before this task (labels ``0..num_old_classes-1``).
+        num_new_classes: classes this task adds (the following labels).
+        replacement: True when the task starts from a replacement model.
+        teacher_classes: how many stream classes the teacher's classifier was trained on (labels
+            ``0..teacher_classes-1``): 0 for a freshly loaded replacement, whose classifier is dropped.
+        has_teacher: whether the task has a teacher.
+        teacher: the frozen teacher model (``RetrievalModel``), or None.
+        outputs: ``outputs(image_set) -> (logits, features, labels)`` of the teacher on every image of an
+            ``ImageSet``, no augmentation, no gradient (``features`` un-normalised); None without a teacher.
+        new_data: this task's training images (``ImageSet``: ``.images`` uint8, ``.labels``).
+        memory: the replay memory (``ImageSet``) or None.
+    """
+
+    index: int
+    num_old_classes: int
+    num_new_classes: int
+    replacement: bool = False
+    teacher_classes: int = 0
+    teacher: Any = None
+    outputs: Callable[[Any], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+    new_data: Any = None
+    memory: Any = None
+
+    @property
+    def num_seen_classes(self) -> int:
+        return self.num_old_classes + self.num_new_classes
+
+    @property
+    def has_teacher(self) -> bool:
+        return self.teacher is not None
 
 
 @dataclass(frozen=True)
@@ -96,10 +152,15 @@ class Strategy:
         try:
             return cls(cls.Config(**params))
         except ValueError as exc:
-            raise StrategyError(str(exc)) from None
+            raise StrategyError(f"strategy_params.{cls.name}.{exc}") from None
 
-    def before_task(self, task_index: int, num_seen_classes: int, num_new_classes: int) -> None:
-        """Called before training each task (e.g. to set a task-dependent weight)."""
+    @property
+    def replacement_teacher(self) -> str:
+        """``incoming`` (default) or ``outgoing``: the teacher at a replacement task (module docstring)."""
+        return getattr(self.config, "replacement_teacher", "incoming")
+
+    def before_task(self, context: TaskContext) -> None:
+        """Called before training each task (e.g. to set a task-dependent weight or build a frozen classifier)."""
 
     def loss(self, step: Step) -> torch.Tensor:
         """The loss of one mini-batch."""
@@ -113,8 +174,8 @@ def register_strategy(name: str):
         if name in _STRATEGIES:
             raise StrategyError(f"strategy {name!r} is registered twice ({_STRATEGIES[name].__module__} and "
                                 f"{cls.__module__})")
-        if cls.head not in ("learnable", "dsimplex"):
-            raise StrategyError(f"strategy {name!r}: head must be 'learnable' or 'dsimplex', not {cls.head!r}")
+        if cls.head not in HEADS:
+            raise StrategyError(f"strategy {name!r}: head must be one of {list(HEADS)}, not {cls.head!r}")
         cls.name = name
         _STRATEGIES[name] = cls
         return cls
@@ -131,3 +192,48 @@ def get_strategy(name: str) -> type[Strategy]:
 
 def list_strategies() -> list[str]:
     return sorted(_STRATEGIES)
+
+
+def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    """In a ``Config.__post_init__``: raise ``ValueError`` (reported by :meth:`Strategy.from_params` as
+    ``strategy_params.<name>.<key> ...``) when ``value`` is not one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {list(choices)}, not {value!r}")
+
+
+def class_means(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(means, present)``: the mean feature of each label ``0..num_classes-1`` (zeros where absent) and a
+    boolean mask of the labels that have at least one sample. Labels ``>= num_classes`` are ignored."""
+    keep = labels < num_classes
+    features, labels = features[keep].float(), labels[keep]
+    sums = torch.zeros(num_classes, features.shape[1], device=features.device).index_add_(0, labels, features)
+    counts = torch.bincount(labels, minlength=num_classes).to(features.device)
+    return sums / counts.clamp(min=1)[:, None].float(), counts > 0
+
+
+def load_plugin(path: str) -> None:
+    """Import a strategy file from outside the package; its ``@register_strategy`` classes join the registry.
+
+    Raises :class:`StrategyError` with one line when the file is missing or fails to import.
+    """
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    file = Path(path)
+    if not file.is_file():
+        raise StrategyError(f"plugin {path} does not exist; pass the path of a Python file that registers a strategy")
+    module_name = f"cl2r_plugin_{file.stem}"
+    if module_name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except StrategyError:
+        del sys.modules[module_name]
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure in user code is reported in one line
+        del sys.modules[module_name]
+        raise StrategyError(f"plugin {path} failed to import: {type(exc).__name__}: {exc}") from None

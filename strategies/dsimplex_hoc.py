@@ -10,8 +10,10 @@ The authors' code masks same-class pairs by multiplying them by 0, so each adds 
 ``l_i = -S_ii + log( exp(S_ii) + sum_{j: y_j != y_i} exp(S_ij) )``. ``L_hoc`` is the mean of ``l_i`` over the batch.
 
 The teacher is the model the task *started from*: the previous task's model, or at task 0 and at every
-replacement task the freshly loaded replacement model itself. When a task starts from a random model (CL2R
-task 0) there is no teacher and the loss is plain cross-entropy (this suite's choice).
+replacement task the freshly loaded replacement model itself (METHODS.md §6, the authors' code);
+``replacement_teacher: outgoing`` uses the model deployed before the replacement instead (this suite's option).
+When a task starts from a random model (CL2R task 0) there is no teacher and the loss is plain cross-entropy
+(this suite's choice).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import Step, Strategy, register_strategy
+from .base import REPLACEMENT_TEACHERS, Step, Strategy, check_choice, register_strategy
 
 MASKS = ("zero", "true")
 
@@ -31,10 +33,11 @@ class HOCConfig:
     hoc_weight: float = 0.9
     mu: float = 10.0
     mask: str = "zero"
+    replacement_teacher: str = "incoming"
 
     def __post_init__(self) -> None:
-        if self.mask not in MASKS:
-            raise ValueError(f"strategy_params.dsimplex_hoc.mask must be one of {list(MASKS)}, not {self.mask!r}")
+        check_choice("mask", self.mask, MASKS)
+        check_choice("replacement_teacher", self.replacement_teacher, REPLACEMENT_TEACHERS)
 
 
 def hoc_loss(old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor, mu: float = 10.0,

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models import RetrievalModel
@@ -124,12 +125,15 @@ def _template_class():
         def forward(self):
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                 logits, features = self.model(self.mb_x)
-                teacher = None
+                teacher_logits = teacher_features = None
                 if self.teacher is not None and self.compat_strategy.needs_teacher:
                     with torch.no_grad():
-                        teacher = self.teacher.embed(self.mb_x)
+                        teacher_logits, teacher_features = self.teacher(self.mb_x)
+                        teacher_logits = teacher_logits.float()
+                        teacher_features = F.normalize(teacher_features.float(), dim=1)
             self._step = Step(labels=self.mb_y, targets=self.model.class_targets(self.mb_y), logits=logits.float(),
-                              features=features.float(), from_memory=self.mbatch[2], teacher_features=teacher)
+                              features=features.float(), from_memory=self.mbatch[2],
+                              teacher_features=teacher_features, teacher_logits=teacher_logits)
             return logits
 
         def criterion(self):
@@ -154,6 +158,26 @@ def _template_class():
 
 
 _TEMPLATE = None
+
+
+@torch.no_grad()
+def frozen_outputs(model: RetrievalModel, data: ImageSet, *, mean: tuple[float, ...], std: tuple[float, ...],
+                   batch_size: int = 512, amp: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(logits, features, labels)`` of ``model`` in eval mode on every image of ``data`` (no augmentation,
+    un-normalised float32 features): what :meth:`Strategy.before_task` uses to build class means."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    use_amp = amp and device.type == "cuda"
+    logits, features = [], []
+    for start in range(0, len(data), batch_size):
+        batch = normalize(data.images[start:start + batch_size].to(device), mean, std)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
+            out_logits, out_features = model(batch)
+        logits.append(out_logits.float())
+        features.append(out_features.float())
+    model.train(was_training)
+    return torch.cat(logits), torch.cat(features), data.labels.to(device)
 
 
 def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory: ImageSet | None,

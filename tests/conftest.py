@@ -1,4 +1,40 @@
 import pathlib
 import sys
 
+import pytest
+import yaml
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+# A 3-task IAM-CL2R run on generated data in a few seconds: replacements at tasks 0 and 2.
+TINY = {
+    "dataset": "synthetic", "preset": "quick", "device": "cpu",
+    "data": {"synthetic_classes": 24, "synthetic_train_per_class": 24, "synthetic_test_per_class": 6},
+    "stream": {"initial_classes": 4, "increment": 4, "num_tasks": 3, "images_per_class": 24},
+    "replacement": {"tasks": [0, 2], "pretrain": {"class_counts": [3, 6], "epochs": 1}},
+    "model": {"small_width": 8, "small_out_dim": 16},
+    "training": {"epochs": 1, "batch_size": 32, "new_batch_size": 16, "memory_batch_size": 16, "progress": False},
+    "evaluation": {"heldout_classes": 6, "queries_per_class": None, "plots": True},
+}
+
+# METHODS.md §2: the authors' released 7-task d-Simplex-HOC and ER matrices (percent).
+HOC_REFERENCE_ROWS = [
+    [58.89],
+    [59.70, 61.56],
+    [63.05, 65.28, 69.31],
+    [63.34, 65.30, 70.63, 72.37],
+    [65.01, 67.87, 70.75, 72.11, 73.83],
+    [64.08, 67.19, 71.17, 72.71, 74.70, 76.19],
+    [63.14, 66.35, 72.10, 73.50, 75.23, 76.65, 77.16],
+]
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """The path of a YAML config for :data:`TINY`, caching its replacement models under ``tmp_path``."""
+    config = dict(TINY, replacement=dict(TINY["replacement"], pretrain=dict(
+        TINY["replacement"]["pretrain"], cache_dir=str(tmp_path / "cache"))))
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path

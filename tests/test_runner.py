@@ -9,29 +9,7 @@ import yaml
 import experiment
 import runner
 from benchmarks.metrics import all_metrics, as_matrix
-
-TINY = {
-    "dataset": "synthetic", "preset": "quick", "device": "cpu",
-    "data": {"synthetic_classes": 24, "synthetic_train_per_class": 24, "synthetic_test_per_class": 6},
-    "stream": {"initial_classes": 4, "increment": 4, "num_tasks": 3, "images_per_class": 24},
-    "replacement": {"tasks": [0, 2], "pretrain": {"class_counts": [3, 6], "epochs": 1}},
-    "model": {"small_width": 8, "small_out_dim": 16},
-    "training": {"epochs": 1, "batch_size": 32, "new_batch_size": 16, "memory_batch_size": 16, "progress": False},
-    "evaluation": {"heldout_classes": 6, "queries_per_class": None, "plots": True},
-}
-HOC_ROWS = [[58.89], [59.70, 61.56], [63.05, 65.28, 69.31], [63.34, 65.30, 70.63, 72.37],
-            [65.01, 67.87, 70.75, 72.11, 73.83], [64.08, 67.19, 71.17, 72.71, 74.70, 76.19],
-            [63.14, 66.35, 72.10, 73.50, 75.23, 76.65, 77.16]]
-
-
-@pytest.fixture
-def tiny(tmp_path):
-    config = dict(TINY, replacement=dict(TINY["replacement"], pretrain=dict(
-        TINY["replacement"]["pretrain"], cache_dir=str(tmp_path / "cache"))))
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
+from conftest import HOC_REFERENCE_ROWS as HOC_ROWS
 
 def run_cli(*args):
     return runner.main([str(a) for a in args])
@@ -152,3 +130,18 @@ def test_mismatched_replacement_checkpoint_is_rejected(tiny, tmp_path, capsys):
                    "--set", "replacement.tasks=[0]")
     err = capsys.readouterr().err
     assert code == 2 and "shape" in err and str(wrong) in err
+
+
+def test_leaderboard_timing_is_median_per_iteration_against_the_baseline(tmp_path, capsys):
+    runs = {("er", 1): [(2.0, 100), (2.0, 100)], ("er", 2): [(6.0, 200)],       # 20 ms and 30 ms -> median 25
+            ("bct", 1): [(5.0, 100)]}                                            # 50 ms -> ratio 2.0
+    for (strategy, seed), tasks in runs.items():
+        folder = tmp_path / f"iamcl2r/synthetic/{strategy}/seed{seed}"
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text(json.dumps({
+            "complete": True, "scenario": "iamcl2r", "dataset": "synthetic", "strategy": strategy, "seed": seed,
+            "metrics": {"AC": 0.0, "AA": 40.0, "ACA": 30.0},
+            "timings": {"tasks": [{"seconds": s, "iterations": n} for s, n in tasks]}}))
+    assert run_cli("leaderboard", "--results", tmp_path, "--format", "csv", "--timing") == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "iamcl2r,synthetic,bct,50.0,2.00,1" in lines and "iamcl2r,synthetic,er,25.0,1.00,2" in lines

@@ -1,0 +1,15 @@
+"""BCT-ER: BCT (:mod:`strategies.bct`, same loss and options) with the replay memory (METHODS.md §6).
+
+Batches mix 64 replay + 64 new samples from task 1 on, so old classes reach both the new classifier and the
+frozen old one; class means for ``W_old`` rows the old model was not trained on come from the new data and the
+memory (at a replacement with the default incoming teacher: every seen class).
+"""
+from __future__ import annotations
+
+from .base import register_strategy
+from .bct import BCT
+
+
+@register_strategy("bct_er")
+class BCTER(BCT):
+    uses_memory = True

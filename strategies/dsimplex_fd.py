@@ -1,0 +1,17 @@
+"""d-Simplex-FD (CL2R): the fixed d-Simplex classifier + feature distillation (METHODS.md §6).
+
+The loss, the ``lambda_t`` rule and the options are those of :mod:`strategies.fd`; only the head differs: the
+frozen d-Simplex classifier (K = 1024, class y on vertex 1023 - y), so the retrieval feature distilled is the
+1023-d lifted vector. At a replacement the model starts from the d-Simplex replacement model and, by default,
+distils towards that incoming model (``replacement_teacher: outgoing``: towards the model deployed before it);
+the fixed classifier is the same simplex before and after, which is what keeps the spaces aligned.
+"""
+from __future__ import annotations
+
+from .base import register_strategy
+from .fd import FeatureDistillation
+
+
+@register_strategy("dsimplex_fd")
+class DSimplexFD(FeatureDistillation):
+    head = "dsimplex"
