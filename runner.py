@@ -3,7 +3,7 @@
     python runner.py --scenario iamcl2r --strategy dsimplex_hoc [--dataset cifar100] [--preset paper|quick] ...
     python runner.py pretrain --dataset tinyimagenet --strategy er        # make (and cache) replacement models
     python runner.py metrics FILE [--json] [--tie-rule strict|inclusive]  # metrics of any matrix in JSON
-    python runner.py leaderboard [--results DIR] [--format github|csv|latex] [--timing [--baseline er]]
+    python runner.py leaderboard [--results DIR] [--format github|csv|latex] [--timing] [--matrices]
 
 Usage errors print one line and exit with code 2; an interrupted run keeps every finished task (``--resume``).
 """
@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--timing", action="store_true",
                        help="also print each strategy's training time per iteration and its ratio to --baseline")
     board.add_argument("--baseline", default="er", help="the strategy --timing compares with (default er)")
+    board.add_argument("--matrices", action="store_true",
+                       help="also print AC / ACA across replacements and every mean compatibility matrix")
     return parser
 
 
@@ -176,7 +178,8 @@ def command_metrics(args: argparse.Namespace) -> int:
 
 
 def command_leaderboard(args: argparse.Namespace) -> int:
-    from benchmarks.leaderboard import TIMING_HEADERS, collect, leaderboard_rows, render, timing_rows
+    from benchmarks.leaderboard import (ACROSS_HEADERS, TIMING_HEADERS, across_rows, collect, leaderboard_rows,
+                                        mean_matrices, render, timing_rows)
 
     if not Path(args.results).is_dir():
         raise UsageError(f"results folder {args.results} does not exist; pass --results DIR")
@@ -187,6 +190,11 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     if args.timing:
         print()
         print(render(timing_rows(records, args.baseline), args.format, TIMING_HEADERS))
+    if args.matrices:
+        print()
+        print(render(across_rows(records), args.format, ACROSS_HEADERS))
+        print()
+        print(mean_matrices(records))
     if skipped and args.format == "github":
         print(f"\n({len(skipped)} incomplete or unreadable result file(s) left out, e.g. {skipped[0]})")
     return 0

@@ -14,9 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from .metrics import across_replacements, as_matrix
+
 FORMATS = ("github", "csv", "latex")
 COLUMNS = ("AC", "AA", "ACA")
 HEADERS = ["scenario", "dataset", "strategy", "AC", "AA (%)", "ACA (%)", "seeds"]
+ACROSS_HEADERS = ["scenario", "dataset", "strategy", "AC across replacements", "ACA across (%)", "pairs", "seeds"]
 TIMING_HEADERS = ["scenario", "dataset", "strategy", "train ms / iteration", "ratio to baseline", "seeds"]
 
 
@@ -81,6 +84,46 @@ def timing_rows(records: list[dict[str, Any]], baseline: str = "er") -> list[lis
         rows.append([scenario, dataset, strategy, f"{1000 * median:.1f}", f"{median / base:.2f}" if base else "-",
                      len(groups[(scenario, dataset, strategy)])])
     return rows
+
+
+def _groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[(r["scenario"], r["dataset"], r["strategy"])].append(r)
+    return dict(sorted(groups.items()))
+
+
+def across_rows(records: list[dict[str, Any]], tie_rule: str = "strict") -> list[list[Any]]:
+    """Rows ``[scenario, dataset, strategy, AC across, ACA across, pairs, seeds]``: AC and ACA over the pairs
+    separated by a replacement (:func:`benchmarks.metrics.across_replacements`), mean ± std over seeds."""
+    rows = []
+    for (scenario, dataset, strategy), runs in _groups(records).items():
+        values = [across_replacements(as_matrix(r["compatibility_matrix"]), r.get("replacement_tasks", []),
+                                      tie_rule) for r in runs]
+        if not values[0]["pairs_across"]:
+            continue
+        rows.append([scenario, dataset, strategy, _mean_std([v["AC_across"] for v in values], 3),
+                     _mean_std([v["ACA_across"] for v in values], 2), values[0]["pairs_across"], len(runs)])
+    return rows
+
+
+def mean_matrices(records: list[dict[str, Any]]) -> str:
+    """Markdown: per (scenario, dataset, strategy), the compatibility matrix averaged over seeds, in percent
+    (``mean ± std`` when there are several seeds; replacement tasks marked with ``*``)."""
+    from tabulate import tabulate
+
+    blocks = []
+    for (scenario, dataset, strategy), runs in _groups(records).items():
+        stack = np.stack([as_matrix(r["compatibility_matrix"]) for r in runs]) * 100
+        mean, std = stack.mean(axis=0), stack.std(axis=0, ddof=1) if len(runs) > 1 else None
+        replaced = set(runs[0].get("replacement_tasks", []))
+        labels = [f"{t}{'*' if t in replaced else ''}" for t in range(len(mean))]
+        table = [[labels[t]] + [(f"{mean[t, k]:.1f}" + (f" ± {std[t, k]:.1f}" if std is not None else ""))
+                                if k <= t else "" for k in range(len(mean))] for t in range(len(mean))]
+        title = f"#### {scenario} / {dataset} / {strategy} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
+        blocks.append(title + "\n\n" + tabulate(table, headers=["query \\ gallery", *labels], tablefmt="github",
+                                                   disable_numparse=True))
+    return "\n\n".join(blocks)
 
 
 def render(rows: list[list[Any]], fmt: str = "github", headers: list[str] = HEADERS) -> str:

@@ -10,6 +10,9 @@ are fractions in [0, 1]; AA, ACA, BC and FC are reported in percent, as the pape
 * AA: mean of all lower-triangular entries, diagonal included (the code's "AM").
 * ACA (this suite's definition, no published one exists): mean of the strictly lower entries (t > k).
 * BC: mean over k < T-1 of ``M[T-1][k] - M[k][k]``; FC: mean over t >= 1 of ``M[t][t-1] - M[t][t]``.
+* Across replacements (this suite's diagnostic for IAM-CL2R): AC and ACA restricted to the pairs (t, k) with a
+  replacement task r, k < r <= t, i.e. a query model that descends from a different replacement than the
+  gallery model. These are the pairs the papers' claim is about.
 
 A genuine 0.0 accuracy is a value like any other, never "missing".
 """
@@ -89,6 +92,26 @@ def average_compatibility(matrix: np.ndarray, tie_rule: str = "strict") -> float
     if size < 2:
         return 1.0
     return float(compatible_pairs(matrix, tie_rule).sum() / (size * (size - 1) / 2))
+
+
+def replacement_pairs(size: int, replacement_tasks: list[int]) -> np.ndarray:
+    """Boolean matrix: ``True`` at (t, k) when a replacement task r has k < r <= t."""
+    pairs = np.zeros((size, size), dtype=bool)
+    for r in replacement_tasks:
+        if 0 < r < size:
+            pairs[r:, :r] = True
+    return pairs
+
+
+def across_replacements(matrix: np.ndarray, replacement_tasks: list[int], tie_rule: str = "strict") -> dict[str, Any]:
+    """``{"AC_across", "ACA_across", "pairs_across"}`` over the pairs separated by a replacement (module doc);
+    the two values are None when no pair is."""
+    pairs = replacement_pairs(len(matrix), replacement_tasks)
+    count = int(pairs.sum())
+    if count == 0:
+        return {"AC_across": None, "ACA_across": None, "pairs_across": 0}
+    return {"AC_across": float(compatible_pairs(matrix, tie_rule)[pairs].sum() / count),
+            "ACA_across": float(100.0 * matrix[pairs].mean()), "pairs_across": count}
 
 
 def average_accuracy(matrix: np.ndarray) -> float:

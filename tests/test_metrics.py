@@ -6,6 +6,7 @@ import pytest
 
 from benchmarks.metrics import (
     MatrixError,
+    across_replacements,
     all_metrics,
     as_matrix,
     average_accuracy,
@@ -15,6 +16,7 @@ from benchmarks.metrics import (
     forward_compatibility,
     load_matrix,
     matrix_to_json,
+    replacement_pairs,
 )
 from conftest import HOC_REFERENCE_ROWS as HOC_ROWS
 
@@ -172,3 +174,16 @@ def test_matrix_to_json_puts_none_above_diagonal():
     assert rows == [[0.5, None, None], [0.5, 0.6, None], [0.6, 0.4, 0.7]]
     assert json.loads(json.dumps(rows))[0][1] is None
     np.testing.assert_array_equal(as_matrix(rows), as_matrix(TIE_ROWS))
+
+
+def test_across_replacements_on_the_reference_matrices():
+    # replacements at 2 and 4: pairs (t >= 2, k < 2) and (t >= 4, k < 4) -> 10 + 6 = 16 of the 21 pairs
+    pairs = replacement_pairs(7, [0, 2, 4])
+    assert pairs.sum() == 16 and pairs[2, 1] and pairs[4, 3] and not pairs[3, 2] and not pairs[1, 0]
+    hoc = across_replacements(as_matrix(HOC_ROWS), [0, 2, 4])
+    assert hoc["pairs_across"] == 16 and hoc["AC_across"] == pytest.approx(15 / 16)     # only (4, 3) fails
+    er = across_replacements(as_matrix(ER_ROWS), [0, 2, 4])
+    across_entries = [ER_ROWS[t][k] for t in range(7) for k in range(t) if k < 2 <= t or k < 4 <= t]
+    assert er["AC_across"] == 0.0 and er["ACA_across"] == pytest.approx(np.mean(across_entries))
+    assert across_replacements(as_matrix(ER_ROWS), [0]) == {"AC_across": None, "ACA_across": None,
+                                                             "pairs_across": 0}

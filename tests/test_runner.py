@@ -145,3 +145,23 @@ def test_leaderboard_timing_is_median_per_iteration_against_the_baseline(tmp_pat
     assert run_cli("leaderboard", "--results", tmp_path, "--format", "csv", "--timing") == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert "iamcl2r,synthetic,bct,50.0,2.00,1" in lines and "iamcl2r,synthetic,er,25.0,1.00,2" in lines
+
+
+def test_leaderboard_matrices_average_seeds(tmp_path, capsys):
+    for seed, scale in ((1, 1.0), (2, 0.5)):
+        folder = tmp_path / f"iamcl2r/synthetic/er/seed{seed}"
+        folder.mkdir(parents=True)
+        rows = [[0.4 * scale], [0.2 * scale, 0.6 * scale], [0.1, 0.3, 0.5]]
+        (folder / "metrics.json").write_text(json.dumps({
+            "complete": True, "scenario": "iamcl2r", "dataset": "synthetic", "strategy": "er", "seed": seed,
+            "metrics": {"AC": 0.0, "AA": 40.0, "ACA": 30.0}, "replacement_tasks": [0, 2],
+            "compatibility_matrix": [r + [None] * (3 - len(r)) for r in rows]}))
+    assert run_cli("leaderboard", "--results", tmp_path, "--matrices") == 0
+    out = capsys.readouterr().out
+    assert "#### iamcl2r / synthetic / er (2 seeds)" in out
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in out.splitlines()
+             if line.startswith("| ")}
+    assert cells["1"] == ["15.0 ± 7.1", "45.0 ± 21.2", ""] and cells["2*"] == ["10.0 ± 0.0", "30.0 ± 0.0", "50.0 ± 0.0"]
+    # across replacement 2: pairs (2, 0) and (2, 1) -> accuracies 10 and 30, neither above its diagonal
+    across = [line for line in out.splitlines() if "20.00 ± 0.00" in line]
+    assert len(across) == 1 and "0.000 ± 0.000" in across[0] and across[0].split("|")[-3].strip() == "2"
