@@ -90,8 +90,7 @@ class TaskContext:
         replacement: True when the task starts from a replacement model.
         teacher_classes: how many stream classes the teacher's classifier was trained on (labels
             ``0..teacher_classes-1``): 0 for a freshly loaded replacement, whose classifier is dropped.
-        has_teacher: whether the task has a teacher.
-        teacher: the frozen teacher model (``RetrievalModel``), or None.
+        teacher: the frozen teacher model (``RetrievalModel``), or None (see also ``has_teacher``).
         outputs: ``outputs(image_set) -> (logits, features, labels)`` of the teacher on every image of an
             ``ImageSet``, no augmentation, no gradient (``features`` un-normalised); None without a teacher.
         new_data: this task's training images (``ImageSet``: ``.images`` uint8, ``.labels``).
