@@ -62,15 +62,15 @@ def leaderboard_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
 
 
 def seconds_per_iteration(record: dict[str, Any]) -> float | None:
-    """Training seconds per iteration of one run (all tasks), or None when it recorded no iteration."""
-    tasks = record.get("timings", {}).get("tasks", [])
-    iterations = sum(t["iterations"] for t in tasks)
-    return sum(t["seconds"] for t in tasks) / iterations if iterations else None
+    """Median over the run's tasks of training seconds per iteration (robust to one task slowed by another
+    process), or None when it recorded no iteration."""
+    tasks = [t for t in record.get("timings", {}).get("tasks", []) if t["iterations"]]
+    return float(np.median([t["seconds"] / t["iterations"] for t in tasks])) if tasks else None
 
 
 def timing_rows(records: list[dict[str, Any]], baseline: str = "er") -> list[list[Any]]:
     """Rows ``[scenario, dataset, strategy, ms/iteration, ratio, seeds]``: the median over seeds of each run's
-    training time per iteration, and its ratio to ``baseline``'s in the same scenario and data set ("-" without
+    :func:`seconds_per_iteration`, and its ratio to ``baseline``'s in the same scenario and data set ("-" without
     it). Iteration times include the teacher's forward pass and the strategy's loss."""
     groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for r in records:
