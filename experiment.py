@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import shutil
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from scenarios.datasets import ImageSet, load_dataset
 from scenarios.streams import Stream, build_stream
 from strategies import Strategy, TaskContext, get_strategy, load_plugin
 from strategies.pretrain import pretrained_replacement, save_state
-from strategies.trainer import TrainSettings, frozen_outputs, train_task, update_memory
+from strategies.trainer import TrainSettings, train_task, update_memory
 
 IGNORED_ON_RESUME = ("training.progress", "evaluation.plots", "device")
 
@@ -229,12 +228,11 @@ class Run:
         torch.manual_seed(task_seed(self.cfg["seed"], t))
         np.random.seed(task_seed(self.cfg["seed"], t) % 2**32)
         model, teacher, teacher_classes = self._model_for_task(t, previous, replacements)
-        outputs = None if teacher is None else partial(frozen_outputs, teacher.eval(), mean=self.stream.mean,
-                                                         std=self.stream.std, amp=self.settings.amp)
         self.strategy.before_task(TaskContext(
             index=t, num_old_classes=task.num_seen_classes - len(task.new_classes),
             num_new_classes=len(task.new_classes), replacement=t in replacements, teacher_classes=teacher_classes,
-            teacher=teacher, outputs=outputs, new_data=task.train, memory=memory))
+            teacher=teacher, new_data=task.train, memory=memory, mean=self.stream.mean, std=self.stream.std,
+            amp=self.settings.amp))
         tag = " (replacement)" if t in replacements else ""
         timing = train_task(model, self.strategy, task.train, memory, self.settings, mean=self.stream.mean,
                             std=self.stream.std, teacher=teacher, experience=task.experience,

@@ -27,11 +27,14 @@ Usage::
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from scenarios.transforms import normalize
 
 BACKBONES = ("resnet18", "resnet18_cifar", "small_cnn")
 HEADS = ("learnable", "cosine", "dsimplex")
@@ -174,6 +177,25 @@ class RetrievalModel(nn.Module):
     def class_targets(self, labels: torch.Tensor) -> torch.Tensor:
         """Logit index of each label: identity for a learnable head, the vertex for the d-Simplex head."""
         return self.head.targets(labels) if isinstance(self.head, DSimplexHead) else labels
+
+
+@torch.no_grad()
+def forward_in_batches(model: RetrievalModel, images: torch.Tensor, *, mean: Sequence[float], std: Sequence[float],
+                       batch_size: int = 512, amp: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(logits, features)`` in float32 for each batch of uint8 ``images``: eval mode, no augmentation, no
+    gradient, bf16 autocast on CUDA when ``amp``; the model's train/eval mode is restored afterwards. The one
+    place that runs a frozen model over a data set (gallery and query embedding, a teacher's class means)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(images), batch_size):
+            batch = normalize(images[start:start + batch_size].to(device, non_blocking=True), mean, std)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
+                logits, features = model(batch)
+            yield logits.float(), features.float()
+    finally:
+        model.train(was_training)
 
 
 def build_backbone(name: str, *, width: int = 32, out_dim: int = 128) -> nn.Module:

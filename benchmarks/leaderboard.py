@@ -46,13 +46,17 @@ def _mean_std(values: list[float], digits: int) -> str:
     return f"{np.mean(values):.{digits}f} ± {std:.{digits}f}"
 
 
-def leaderboard_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
-    """Rows ``[scenario, dataset, strategy, AC, AA, ACA, seeds]`` sorted by scenario, dataset, AC then AA."""
+def _groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         groups[(r["scenario"], r["dataset"], r["strategy"])].append(r)
+    return dict(sorted(groups.items()))
+
+
+def leaderboard_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+    """Rows ``[scenario, dataset, strategy, AC, AA, ACA, seeds]`` sorted by scenario, dataset, AC then AA."""
     rows = []
-    for (scenario, dataset, strategy), runs in groups.items():
+    for (scenario, dataset, strategy), runs in _groups(records).items():
         values = {c: [r["metrics"][c] for r in runs if r["metrics"].get(c) is not None] for c in COLUMNS}
         rows.append([scenario, dataset, strategy, *(_mean_std(values[c], 3 if c == "AC" else 2) for c in COLUMNS),
                      len(runs),
@@ -72,25 +76,15 @@ def timing_rows(records: list[dict[str, Any]], baseline: str = "er") -> list[lis
     """Rows ``[scenario, dataset, strategy, ms/iteration, ratio, seeds]``: the median over seeds of each run's
     :func:`seconds_per_iteration`, and its ratio to ``baseline``'s in the same scenario and data set ("-" without
     it). Iteration times include the teacher's forward pass and the strategy's loss."""
-    groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
-    for r in records:
-        value = seconds_per_iteration(r)
-        if value is not None:
-            groups[(r["scenario"], r["dataset"], r["strategy"])].append(value)
-    medians = {key: float(np.median(values)) for key, values in groups.items()}
+    groups = {key: [v for v in map(seconds_per_iteration, runs) if v is not None]
+              for key, runs in _groups(records).items()}
+    medians = {key: float(np.median(values)) for key, values in groups.items() if values}
     rows = []
-    for (scenario, dataset, strategy), median in sorted(medians.items()):
+    for (scenario, dataset, strategy), median in medians.items():
         base = medians.get((scenario, dataset, baseline))
         rows.append([scenario, dataset, strategy, f"{1000 * median:.1f}", f"{median / base:.2f}" if base else "-",
                      len(groups[(scenario, dataset, strategy)])])
     return rows
-
-
-def _groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in records:
-        groups[(r["scenario"], r["dataset"], r["strategy"])].append(r)
-    return dict(sorted(groups.items()))
 
 
 def across_rows(records: list[dict[str, Any]], tie_rule: str = "strict") -> list[list[Any]]:

@@ -17,27 +17,17 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from models import forward_in_batches
 from scenarios.datasets import ImageSet
-from scenarios.transforms import normalize
 
 GALLERY_MODES = ("templates", "images")
 
 
-@torch.no_grad()
 def embed(model: torch.nn.Module, images: ImageSet, *, mean: Sequence[float], std: Sequence[float],
           batch_size: int = 512, amp: bool = True) -> torch.Tensor:
     """L2-normalised features (float32, on the model's device) of every image, no augmentation."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    use_amp = amp and device.type == "cuda"
-    chunks = []
-    for start in range(0, len(images), batch_size):
-        batch = images.images[start:start + batch_size].to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-            chunks.append(model.embed(normalize(batch, mean, std)).float())
-    model.train(was_training)
-    return torch.cat(chunks)
+    return torch.cat([F.normalize(features, dim=1) for _, features in
+                      forward_in_batches(model, images.images, mean=mean, std=std, batch_size=batch_size, amp=amp)])
 
 
 def class_templates(features: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

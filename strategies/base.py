@@ -37,13 +37,12 @@ model deployed before it (whose classifier knows the old classes). A task that s
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import torch
 
-from models import HEADS
+from models import HEADS, forward_in_batches
 
 REPLACEMENT_TEACHERS = ("incoming", "outgoing")
 
@@ -91,10 +90,9 @@ class TaskContext:
         teacher_classes: how many stream classes the teacher's classifier was trained on (labels
             ``0..teacher_classes-1``): 0 for a freshly loaded replacement, whose classifier is dropped.
         teacher: the frozen teacher model (``RetrievalModel``), or None (see also ``has_teacher``).
-        outputs: ``outputs(image_set) -> (logits, features, labels)`` of the teacher on every image of an
-            ``ImageSet``, no augmentation, no gradient (``features`` un-normalised); None without a teacher.
         new_data: this task's training images (``ImageSet``: ``.images`` uint8, ``.labels``).
         memory: the replay memory (``ImageSet``) or None.
+        mean, std: the stream's normalisation statistics; amp: bf16 autocast on CUDA (for ``teacher_outputs``).
     """
 
     index: int
@@ -103,9 +101,11 @@ class TaskContext:
     replacement: bool = False
     teacher_classes: int = 0
     teacher: Any = None
-    outputs: Callable[[Any], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
     new_data: Any = None
     memory: Any = None
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    amp: bool = True
 
     @property
     def num_seen_classes(self) -> int:
@@ -114,6 +114,13 @@ class TaskContext:
     @property
     def has_teacher(self) -> bool:
         return self.teacher is not None
+
+    def teacher_outputs(self, data: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(logits, features, labels)`` of the teacher on every image of the ``ImageSet`` ``data``: no
+        augmentation, no gradient, ``features`` un-normalised (e.g. for class means)."""
+        outputs = list(forward_in_batches(self.teacher, data.images, mean=self.mean, std=self.std, amp=self.amp))
+        logits, features = (torch.cat(parts) for parts in zip(*outputs))
+        return logits, features, data.labels.to(features.device)
 
 
 @dataclass(frozen=True)

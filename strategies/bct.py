@@ -84,10 +84,10 @@ class BCT(Strategy):
         if not context.has_teacher:
             return
         data = context.new_data
-        if context.memory is not None and self.uses_memory:
+        if context.memory is not None:
             data = ImageSet(torch.cat([data.images, context.memory.images]),
                             torch.cat([data.labels, context.memory.labels]))
-        _, features, labels = context.outputs(data)
+        _, features, labels = context.teacher_outputs(data)
         trained = context.teacher.head.classifier.weight[:context.teacher_classes].detach()
         self.old_rows, self.row_of_label = old_classifier(trained, features, labels, context.num_seen_classes,
                                                           self.config.new_class_rows)

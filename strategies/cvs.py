@@ -78,7 +78,7 @@ class CVS(Strategy):
     def before_task(self, context: TaskContext) -> None:
         self.prototypes = self.has_prototype = None
         if context.has_teacher and context.memory is not None and context.num_old_classes > 0:
-            _, features, labels = context.outputs(context.memory)
+            _, features, labels = context.teacher_outputs(context.memory)
             self.prototypes, self.has_prototype = class_means(F.normalize(features, dim=1), labels,
                                                               context.num_old_classes)
 

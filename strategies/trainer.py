@@ -160,26 +160,6 @@ def _template_class():
 _TEMPLATE = None
 
 
-@torch.no_grad()
-def frozen_outputs(model: RetrievalModel, data: ImageSet, *, mean: tuple[float, ...], std: tuple[float, ...],
-                   batch_size: int = 512, amp: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(logits, features, labels)`` of ``model`` in eval mode on every image of ``data`` (no augmentation,
-    un-normalised float32 features): what :meth:`Strategy.before_task` uses to build class means."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    use_amp = amp and device.type == "cuda"
-    logits, features = [], []
-    for start in range(0, len(data), batch_size):
-        batch = normalize(data.images[start:start + batch_size].to(device), mean, std)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-            out_logits, out_features = model(batch)
-        logits.append(out_logits.float())
-        features.append(out_features.float())
-    model.train(was_training)
-    return torch.cat(logits), torch.cat(features), data.labels.to(device)
-
-
 def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory: ImageSet | None,
                settings: TrainSettings, *, mean: tuple[float, ...], std: tuple[float, ...],
                teacher: RetrievalModel | None = None, experience=None, description: str = "") -> dict[str, float]:

@@ -19,7 +19,7 @@ from strategies.bct import influence_loss, old_classifier
 from strategies.cvs import nearest_negative_triplet_loss, prototype_loss
 from strategies.fd import distillation_weight, feature_distillation_loss
 from strategies.lwf import distillation_loss
-from strategies.trainer import TrainSettings, frozen_outputs, train_task
+from strategies.trainer import TrainSettings, train_task
 
 ZOO = ["bct", "bct_er", "cores", "cvs", "dsimplex_fd", "dsimplex_hoc", "er", "fd", "lwf"]
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -40,10 +40,16 @@ def step(labels, logits, features, from_memory=None, teacher_features=None, teac
 
 
 def context(num_old, num_new, teacher_classes=0, teacher=None, memory=None, new_data=None, index=1):
-    outputs = None if teacher is None else (lambda data: frozen_outputs(teacher, data, mean=MEAN, std=STD))
     return TaskContext(index=index, num_old_classes=num_old, num_new_classes=num_new,
-                       teacher_classes=teacher_classes, teacher=teacher, outputs=outputs, new_data=new_data,
-                       memory=memory)
+                       teacher_classes=teacher_classes, teacher=teacher, new_data=new_data, memory=memory,
+                       mean=MEAN, std=STD)
+
+
+def teacher_features(teacher, data):
+    """Reference features: the teacher's un-normalised outputs, one plain forward in eval mode."""
+    with torch.no_grad():
+        return teacher.eval()((data.images.float() / 255 - torch.tensor(MEAN).view(1, 3, 1, 1))
+                              / torch.tensor(STD).view(1, 3, 1, 1))[1]
 
 
 def test_zoo_is_registered_with_the_documented_heads_and_memory():
@@ -162,13 +168,13 @@ def test_bct_er_builds_old_classifier_from_teacher_rows_and_means():
     strategy = get_strategy("bct_er").from_params({"new_class_rows": "raw"})
     strategy.before_task(context(4, 2, teacher_classes=4, teacher=teacher, memory=memory, new_data=new_data))
     assert torch.equal(strategy.old_rows[:4], teacher.head.classifier.weight.detach())
-    _, feats, _ = frozen_outputs(teacher, new_data, mean=MEAN, std=STD)
+    feats = teacher_features(teacher, new_data)
     assert torch.allclose(strategy.old_rows[4], feats[0::2].mean(0), atol=1e-5)
     assert torch.allclose(strategy.old_rows[5], feats[1::2].mean(0), atol=1e-5)
     assert strategy.row_of_label.tolist() == [0, 1, 2, 3, 4, 5]
     # at an incoming replacement the teacher knows no class: every row is a class mean (memory included)
     strategy.before_task(context(4, 2, teacher_classes=0, teacher=teacher, memory=memory, new_data=new_data))
-    _, mem_feats, _ = frozen_outputs(teacher, memory, mean=MEAN, std=STD)
+    mem_feats = teacher_features(teacher, memory)
     assert torch.allclose(strategy.old_rows[0], mem_feats[0::4].mean(0), atol=1e-5)
 
 
@@ -235,7 +241,7 @@ def test_cvs_prototypes_are_old_class_means_of_normalised_teacher_features():
     memory = images(8, torch.tensor([0, 1, 2, 3] * 2))
     strategy = get_strategy("cvs").from_params({})
     strategy.before_task(context(3, 2, teacher_classes=3, teacher=teacher, memory=memory))
-    _, feats, _ = frozen_outputs(teacher, memory, mean=MEAN, std=STD)
+    feats = teacher_features(teacher, memory)
     unit = F.normalize(feats, dim=1)
     assert strategy.prototypes.shape == (3, unit.shape[1])
     assert torch.allclose(strategy.prototypes[1], (unit[1] + unit[5]) / 2, atol=1e-5)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import build_model  # noqa: E402
 from scenarios.datasets import ImageSet, make_synthetic  # noqa: E402
 from strategies import TaskContext, get_strategy, list_strategies  # noqa: E402
-from strategies.trainer import TrainSettings, frozen_outputs, train_task, update_memory  # noqa: E402
+from strategies.trainer import TrainSettings, train_task, update_memory  # noqa: E402
 
 OLD_CLASSES, NEW_CLASSES = 10, 15
 
@@ -40,10 +40,9 @@ def one_task(name: str, start: dict, new: ImageSet, memory: ImageSet, settings: 
     started = time.perf_counter()
     teacher = copy.deepcopy(model).eval() if cls.needs_teacher else None
     model.head.grow(OLD_CLASSES + NEW_CLASSES)
-    outputs = None if teacher is None else (lambda data: frozen_outputs(teacher, data, mean=mean, std=std))
     strategy.before_task(TaskContext(index=1, num_old_classes=OLD_CLASSES, num_new_classes=NEW_CLASSES,
                                      teacher_classes=OLD_CLASSES if teacher is not None else 0, teacher=teacher,
-                                     outputs=outputs, new_data=new, memory=replay))
+                                     new_data=new, memory=replay, mean=mean, std=std))
     result = train_task(model, strategy, new, replay, settings, mean=mean, std=std, teacher=teacher)
     return (time.perf_counter() - started) / result["iterations"]
 
