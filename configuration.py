@@ -2,8 +2,8 @@
 
 Layers, later wins: ``default.yaml`` < ``datasets/<dataset>.yaml`` < ``scenarios/<scenario>.yaml`` <
 ``presets/<preset>.yaml`` < ``--config FILE`` < command-line flags. Every value is checked against the type of
-its default; unknown keys are errors that list the valid ones. ``strategy_params.<name>`` is checked by the
-strategy's own config dataclass when the run starts.
+its default; unknown keys are errors that list the valid ones. ``strategy_params.<name>`` and ``adapter_params.<name>``
+are checked by the strategy's or adapter's own config dataclass when the run starts.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-FREE_FORM = {"strategy_params"}
+FREE_FORM = {"strategy_params", "adapter_params"}
 EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "stream.class_order": (str, list),
     "stream.images_per_class": (int, type(None)),
@@ -71,7 +71,7 @@ def merge(base: dict[str, Any], override: dict[str, Any], source: str, prefix: s
             out[key] = merge(default, value, source, f"{dotted}.")
         elif dotted in FREE_FORM:
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
-                raise ConfigError(f"{source}: {dotted} must map strategy names to mappings of parameters")
+                raise ConfigError(f"{source}: {dotted} must map names to mappings of parameters")
             out[key] = {**default, **{k: {**default.get(k, {}), **v} for k, v in value.items()}}
         elif not _type_ok(value, default, dotted):
             raise ConfigError(f"{source}: {dotted} = {value!r} has type {type(value).__name__}; expected "

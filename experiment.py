@@ -3,12 +3,17 @@
 For each task t: pick the starting model (a replacement checkpoint at replacement tasks, the previous model
 otherwise, a random model at task 0 of CL2R), keep a frozen teacher when the strategy needs one (see
 ``strategies/base.py``), let the strategy prepare the task, train, update the replay
-memory, deploy the model to the :class:`CompatibilityEvaluator` (gallery and queries embedded once), then save
+memory, fit the configured adapter between the outgoing and the new model (``adapter.at``; METHODS.md §7), deploy
+the model to the :class:`CompatibilityEvaluator` (gallery and queries embedded once), then save
 the model, the run state and a partial ``metrics.json`` atomically. ``resume=True`` continues after the last
 finished task; every task seeds its own random streams from ``(seed, t)``, so a resumed run ends with the same
 metrics as an uninterrupted one.
 
-Layout of ``<output>/<scenario>/<dataset>/<strategy>/seed<k>/``: ``config.yaml`` (resolved config),
+With an adapter, ``metrics.json``'s ``compatibility_matrix`` and ``metrics`` are those of the adapted matrix (what
+the system delivers without re-embedding its gallery) and ``unadapted_matrix`` / ``unadapted_metrics`` keep the
+plain ones. The adapter is fitted on the task's training images and the replay memory, embedded by both models.
+
+Layout of ``<output>/<scenario>/<dataset>/<label>/seed<k>/`` (label: :func:`run_label`): ``config.yaml`` (resolved config),
 ``metrics.json``, ``state.pt``, ``checkpoints/task<t>.pt`` (plain state dicts), ``compatibility_matrix.png``,
 ``aa_per_task.png``.
 """
@@ -32,6 +37,7 @@ from models import RetrievalModel, build_model, load_replacement, replacement_fa
 from scenarios.datasets import ImageSet, load_dataset
 from scenarios.streams import Stream, build_stream
 from strategies import Strategy, TaskContext, get_strategy, load_plugin
+from strategies.adapters import AdapterError, embed_pair, fit_adapter, make_adapter
 from strategies.pretrain import pretrained_replacement, save_state
 from strategies.trainer import TrainSettings, train_task, update_memory
 
@@ -57,8 +63,44 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
 
 
+def adapter_name(cfg: dict[str, Any]) -> str | None:
+    name = cfg["adapter"]["name"]
+    return None if name == "none" else name
+
+
+def run_label(cfg: dict[str, Any]) -> str:
+    """The name of a run in folders and leaderboards: ``adapter.label`` when set, else the strategy, joined by
+    ``+<adapter>`` when one is used; in ``model_update`` the adapter alone."""
+    if cfg["adapter"]["label"]:
+        return cfg["adapter"]["label"]
+    adapter = adapter_name(cfg) or "none"
+    if cfg["scenario"] == "model_update":
+        return adapter
+    return cfg["strategy"] + (f"+{adapter}" if adapter != "none" else "")
+
+
 def run_directory(cfg: dict[str, Any]) -> Path:
-    return Path(cfg["output"]) / cfg["scenario"] / cfg["dataset"] / cfg["strategy"] / f"seed{cfg['seed']}"
+    return Path(cfg["output"]) / cfg["scenario"] / cfg["dataset"] / run_label(cfg) / f"seed{cfg['seed']}"
+
+
+def adapted_direction(cfg: dict[str, Any]) -> str | None:
+    """The adapted matrix a stream run fills (``adapter.direction``), or None without adapter. The forward
+    direction needs an adapter whose forward map lands in the new model's own space (not λ-orthogonal's)."""
+    name = adapter_name(cfg)
+    if name is None:
+        return None
+    adapter = make_adapter(name, cfg["adapter_params"])
+    direction = cfg["adapter"]["direction"]
+    if direction == "auto":
+        direction = "backward" if "backward" in adapter.directions else "forward"
+    if direction not in ("backward", "forward"):
+        raise ConfigError(f"adapter.direction must be auto, backward or forward, not {direction!r}")
+    if direction not in adapter.directions or (direction == "forward" and not adapter.forward_into_new_space):
+        raise AdapterError(f"adapter {name!r} cannot fill a {direction} matrix along a stream; use "
+                           f"adapter.direction={adapter.directions[0]}")
+    if cfg["adapter"]["at"] not in ("replacements", "every_task"):
+        raise ConfigError(f"adapter.at must be replacements or every_task, not {cfg['adapter']['at']!r}")
+    return direction
 
 
 def task_seed(seed: int, task: int) -> int:
@@ -149,7 +191,9 @@ class Run:
         self.device = resolve_device(cfg["device"])
         self.dir = run_directory(cfg)
         self.state_file = self.dir / "state.pt"
-        self.state: dict[str, Any] = {"next_task": 0, "timings": [], "replacements": [], "pretrain_seconds": 0.0}
+        self.direction = adapted_direction(cfg)
+        self.state: dict[str, Any] = {"next_task": 0, "timings": [], "replacements": [], "pretrain_seconds": 0.0,
+                                      "adapter_fits": []}
         if self.state_file.exists() and not (resume or overwrite):
             raise RunError(f"{self.dir} holds results of an earlier run; pass --resume to continue it or "
                            "--overwrite to start over (or --output elsewhere)")
@@ -200,7 +244,8 @@ class Run:
         evaluator = CompatibilityEvaluator(
             self.stream.query, self.stream.gallery, mean=self.stream.mean, std=self.stream.std,
             mode=self.cfg["evaluation"]["mode"], batch_size=self.cfg["evaluation"]["batch_size"],
-            amp=self.settings.amp)
+            amp=self.settings.amp, adapted=self.direction,
+            adapter_factory=lambda: make_adapter(adapter_name(self.cfg), self.cfg["adapter_params"]))
         start = self.state["next_task"]
         memory, model = None, None
         if start > 0:
@@ -227,6 +272,8 @@ class Run:
         task = self.stream.tasks[t]
         torch.manual_seed(task_seed(self.cfg["seed"], t))
         np.random.seed(task_seed(self.cfg["seed"], t) % 2**32)
+        adapts = self.direction is not None and t > 0 and (t in replacements or self.cfg["adapter"]["at"] == "every_task")
+        outgoing = (previous if t in replacements else copy.deepcopy(previous)) if adapts else None
         model, teacher, teacher_classes = self._model_for_task(t, previous, replacements)
         self.strategy.before_task(TaskContext(
             index=t, num_old_classes=task.num_seen_classes - len(task.new_classes),
@@ -237,15 +284,17 @@ class Run:
         timing = train_task(model, self.strategy, task.train, memory, self.settings, mean=self.stream.mean,
                             std=self.stream.std, teacher=teacher, experience=task.experience,
                             description=f"task {t + 1}/{self.stream.num_tasks}{tag}")
+        adapter = self._fit_adapter(t, outgoing, model, task.train, memory) if adapts else None
         if self.strategy.uses_memory:
             generator = torch.Generator().manual_seed(task_seed(self.cfg["seed"], t))
             memory = update_memory(memory, task.train, self.settings.memory_per_class, generator)
         eval_started = time.perf_counter()
-        row = evaluator.deploy(model)
+        row = evaluator.deploy(model, adapter)
         timing["eval_seconds"] = time.perf_counter() - eval_started
         timing["images_per_second"] = timing["images"] / max(timing["seconds"], 1e-9)
+        adapted = f", adapted {' '.join(f'{v:.3f}' for v in evaluator.adapted_rows[-1])}" if self.direction else ""
         self.log(f"task {t}{tag}: trained {timing['iterations']} iterations in {timing['seconds']:.1f}s, "
-                 f"M[{t}] = {' '.join(f'{v:.3f}' for v in row)}")
+                 f"M[{t}] = {' '.join(f'{v:.3f}' for v in row)}{adapted}")
         save_state(model.state_dict(), self.dir / "checkpoints" / f"task{t}.pt")
         self.state.update(next_task=t + 1, evaluator=evaluator.state_dict(),
                           memory_images=(memory.images if memory is not None else torch.zeros(0)).cpu(),
@@ -255,12 +304,30 @@ class Run:
         self.record(evaluator, complete=t + 1 == self.stream.num_tasks, seconds=None)
         return model, memory
 
+    def _fit_adapter(self, t: int, outgoing: RetrievalModel, incoming: RetrievalModel, new_data: ImageSet,
+                     memory: ImageSet | None):
+        """Fit the configured adapter between ``outgoing`` and ``incoming`` on the task's data and memory."""
+        started = time.perf_counter()
+        data = new_data if memory is None else ImageSet(torch.cat([new_data.images, memory.images]),
+                                                        torch.cat([new_data.labels, memory.labels]))
+        pair = embed_pair(outgoing, incoming, data, num_classes=self.stream.tasks[t].num_seen_classes,
+                          mean=self.stream.mean, std=self.stream.std, amp=self.settings.amp)
+        adapter = make_adapter(adapter_name(self.cfg), self.cfg["adapter_params"])
+        log = fit_adapter(adapter, pair, task_seed(self.cfg["seed"], t))
+        fit = {"task": t, "items": len(data), **log, "seconds": time.perf_counter() - started}
+        self.state["adapter_fits"] = self.state.get("adapter_fits", []) + [fit]
+        self.log(f"task {t}: adapter {adapter.name} fitted on {len(data)} items in {fit['seconds']:.1f}s "
+                 + " ".join(f"{k}={v:.3g}" for k, v in log.items()))
+        return adapter
+
     def record(self, evaluator: CompatibilityEvaluator, *, complete: bool, seconds: float | None) -> dict[str, Any]:
         """Write ``metrics.json`` for the tasks finished so far and return it."""
-        matrix = evaluator.matrix
-        metrics = all_metrics(as_matrix(matrix), self.cfg["evaluation"]["tie_rule"]) if matrix else None
+        tie_rule = self.cfg["evaluation"]["tie_rule"]
+        matrix = evaluator.adapted_matrix if self.direction else evaluator.matrix
+        metrics = all_metrics(as_matrix(matrix), tie_rule) if matrix else None
         record = {
-            "scenario": self.cfg["scenario"], "strategy": self.cfg["strategy"], "dataset": self.cfg["dataset"],
+            "scenario": self.cfg["scenario"], "strategy": self.cfg["strategy"], "method": run_label(self.cfg),
+            "dataset": self.cfg["dataset"],
             "seed": self.cfg["seed"], "num_tasks": self.stream.num_tasks, "tasks_completed": len(matrix),
             "complete": complete, "replacement_tasks": self.stream.replacement_tasks,
             "compatibility_matrix": matrix, "metrics": metrics,
@@ -270,11 +337,17 @@ class Run:
                        "train_images_per_task": [len(t.train) for t in self.stream.tasks],
                        "class_order": self.stream.class_order[: sum(len(t.new_classes) for t in self.stream.tasks)]},
             "replacement_models": self.state["replacements"],
+            "adapter": None if self.direction is None else {
+                "name": adapter_name(self.cfg), "direction": self.direction, "at": self.cfg["adapter"]["at"],
+                "fits": self.state.get("adapter_fits", [])},
             "config": self.cfg, "versions": package_versions(), "device": device_description(self.device),
             "timings": {"tasks": self.state["timings"], "pretrain_seconds": self.state["pretrain_seconds"],
                         "train_seconds": sum(t["seconds"] for t in self.state["timings"]),
                         "eval_seconds": sum(t["eval_seconds"] for t in self.state["timings"])},
         }
+        if self.direction and matrix:
+            record["unadapted_matrix"] = evaluator.matrix
+            record["unadapted_metrics"] = all_metrics(as_matrix(evaluator.matrix), tie_rule)
         if seconds is not None:
             record["timings"]["wall_seconds_this_invocation"] = seconds
         atomic_write_json(self.dir / "metrics.json", record)

@@ -198,6 +198,15 @@ def forward_in_batches(model: RetrievalModel, images: torch.Tensor, *, mean: Seq
         model.train(was_training)
 
 
+def classifier_rows(model: RetrievalModel, num_classes: int) -> torch.Tensor:
+    """The classifier's row of each class ``0..num_classes-1`` in feature space (row y scores class y): the
+    learnable / cosine weights, or the d-Simplex vertex ``K-1-y``."""
+    head = model.head
+    if isinstance(head, DSimplexHead):
+        return head.vertices[head.targets(torch.arange(num_classes, device=head.vertices.device))]
+    return head.classifier.weight[:num_classes].detach()
+
+
 def build_backbone(name: str, *, width: int = 32, out_dim: int = 128) -> nn.Module:
     if name == "resnet18":
         return ResNet18("imagenet")

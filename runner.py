@@ -3,6 +3,7 @@
     python runner.py --scenario iamcl2r --strategy dsimplex_hoc [--dataset cifar100] [--preset paper|quick] ...
     python runner.py pretrain --dataset tinyimagenet --strategy er        # make (and cache) replacement models
     python runner.py metrics FILE [--json] [--tie-rule strict|inclusive]  # metrics of any matrix in JSON
+    python runner.py --scenario model_update --dataset tinyimagenet --adapter all   # old vs new model + adapters
     python runner.py leaderboard [--results DIR] [--format github|csv|latex] [--timing] [--matrices]
 
 Usage errors print one line and exit with code 2; an interrupted run keeps every finished task (``--resume``).
@@ -10,6 +11,7 @@ Usage errors print one line and exit with code 2; an interrupted run keeps every
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -23,8 +25,10 @@ class UsageError(Exception):
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenario", help="cl2r | iamcl2r (default from configs/default.yaml: iamcl2r)")
+    p.add_argument("--scenario", help="cl2r | iamcl2r | model_update (default from configs/default.yaml: iamcl2r)")
     p.add_argument("--strategy", help="a registered strategy, or 'all'")
+    p.add_argument("--adapter", help="a post-hoc adapter between model updates (strategies/adapters/), 'none', or "
+                   "'all' (none and every adapter, one run each)")
     p.add_argument("--dataset", help="training stream: cifar100 | tinyimagenet | synthetic")
     p.add_argument("--data-root", help="folder with cifar-100-python/, cifar-10-batches-py/, tiny-imagenet-200/")
     p.add_argument("--download", action="store_true", default=None, help="download missing data sets")
@@ -79,6 +83,8 @@ def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
         layer["strategy"] = args.strategy
     if args.plugin:
         layer["plugins"] = args.plugin
+    if args.adapter and args.adapter != "all":
+        layer["adapter"] = {"name": args.adapter}
     if args.epochs is not None:
         layer.setdefault("training", {})["epochs"] = args.epochs
     if args.no_progress:
@@ -99,6 +105,7 @@ def resolved_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One resolved config per (strategy, seed) the command asks for."""
     from configuration import read_yaml, resolve
     from strategies import list_strategies, load_plugin
+    from strategies.adapters import list_adapters
 
     layers = [(args.config, read_yaml(args.config))] if args.config else []
     layers.append(("command line", cli_layer(args)))
@@ -107,24 +114,27 @@ def resolved_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
     for path in resolve(layers)["plugins"]:
         load_plugin(path)
     strategies = list_strategies() if args.strategy == "all" else [None]
+    adapters = [{"name": a} for a in ["none", *list_adapters()]] if args.adapter == "all" else [None]
     seeds = args.seeds or [None]
     configs = []
-    for strategy in strategies:
-        for seed in seeds:
-            extra = {k: v for k, v in (("strategy", strategy), ("seed", seed)) if v is not None}
-            configs.append(resolve(layers + ([("command line", extra)] if extra else [])))
+    for strategy, adapter, seed in itertools.product(strategies, adapters, seeds):
+        extra = {k: v for k, v in (("strategy", strategy), ("adapter", adapter), ("seed", seed)) if v is not None}
+        configs.append(resolve(layers + ([("command line", extra)] if extra else [])))
     return configs
 
 
 def command_run(args: argparse.Namespace) -> int:
-    from benchmarks.leaderboard import leaderboard_rows, render
-    from experiment import Run, run_directory
+    from benchmarks.leaderboard import UPDATE_HEADERS, leaderboard_rows, render, update_rows
+    from experiment import Run, run_directory, run_label
+    from experiment_update import ModelUpdateRun
 
     configs = resolved_configs(args)
-    runs = [Run(cfg, resume=args.resume, overwrite=args.overwrite) for cfg in configs]
+    runs = [(ModelUpdateRun if cfg["scenario"] == "model_update" else Run)(cfg, resume=args.resume,
+                                                                           overwrite=args.overwrite)
+            for cfg in configs]
     records = []
     for run, cfg in zip(runs, configs):
-        print(f"== {cfg['scenario']} / {cfg['dataset']} / {cfg['strategy']} / seed {cfg['seed']} "
+        print(f"== {cfg['scenario']} / {cfg['dataset']} / {run_label(cfg)} / seed {cfg['seed']} "
               f"(preset {cfg['preset']}, device {run.device}) -> {run_directory(cfg)}")
         try:
             record = run.execute()
@@ -138,6 +148,9 @@ def command_run(args: argparse.Namespace) -> int:
         records.append(record)
     print()
     print(render(leaderboard_rows(records), "github"))
+    if any(r["scenario"] == "model_update" for r in records):
+        print()
+        print(render(update_rows(records), "github", UPDATE_HEADERS))
     return 0
 
 
@@ -178,8 +191,8 @@ def command_metrics(args: argparse.Namespace) -> int:
 
 
 def command_leaderboard(args: argparse.Namespace) -> int:
-    from benchmarks.leaderboard import (ACROSS_HEADERS, TIMING_HEADERS, across_rows, collect, leaderboard_rows,
-                                        mean_matrices, render, timing_rows)
+    from benchmarks.leaderboard import (ACROSS_HEADERS, TIMING_HEADERS, UPDATE_HEADERS, across_rows, collect,
+                                        leaderboard_rows, mean_matrices, render, timing_rows, update_rows)
 
     if not Path(args.results).is_dir():
         raise UsageError(f"results folder {args.results} does not exist; pass --results DIR")
@@ -187,6 +200,9 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     if not records:
         raise UsageError(f"no complete metrics.json under {args.results}; run an experiment first")
     print(render(leaderboard_rows(records), args.format))
+    if any(r["scenario"] == "model_update" for r in records):
+        print()
+        print(render(update_rows(records), args.format, UPDATE_HEADERS))
     if args.timing:
         print()
         print(render(timing_rows(records, args.baseline), args.format, TIMING_HEADERS))

@@ -20,6 +20,9 @@ FORMATS = ("github", "csv", "latex")
 COLUMNS = ("AC", "AA", "ACA")
 HEADERS = ["scenario", "dataset", "strategy", "AC", "AA (%)", "ACA (%)", "seeds"]
 ACROSS_HEADERS = ["scenario", "dataset", "strategy", "AC across replacements", "ACA across (%)", "pairs", "seeds"]
+UPDATE_CASES = ("old/old", "new/new", "new/old", "B(new)/old", "new/F(old)", "B(new)/B(new)")
+UPDATE_HEADERS = ["dataset", "adapter", *(f"{c} (%)" for c in UPDATE_CASES), "backfill area: random",
+                  "uncertainty", "class-mean dist.", "f(W)", "seeds"]
 TIMING_HEADERS = ["scenario", "dataset", "strategy", "train ms / iteration", "ratio to baseline", "seeds"]
 
 
@@ -49,7 +52,7 @@ def _mean_std(values: list[float], digits: int) -> str:
 def _groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
-        groups[(r["scenario"], r["dataset"], r["strategy"])].append(r)
+        groups[(r["scenario"], r["dataset"], r.get("method", r["strategy"]))].append(r)
     return dict(sorted(groups.items()))
 
 
@@ -118,6 +121,25 @@ def mean_matrices(records: list[dict[str, Any]]) -> str:
         blocks.append(title + "\n\n" + tabulate(table, headers=["query \\ gallery", *labels], tablefmt="github",
                                                    disable_numparse=True))
     return "\n\n".join(blocks)
+
+
+def update_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+    """Rows of the ``model_update`` runs: each retrieval case and backfilling area (percent) and λ-orth's final
+    f(W), mean ± std over seeds; "-" where an adapter does not produce the case."""
+    rows = []
+    for (scenario, dataset, method), runs in _groups(records).items():
+        if scenario != "model_update":
+            continue
+        def column(get) -> str:
+            values = [v for v in map(get, runs) if v is not None]
+            return _mean_std([100 * v for v in values], 2) if values else "-"
+
+        cases = [column(lambda r, c=c: r["cases"].get(c)) for c in UPDATE_CASES]
+        areas = [column(lambda r, o=o: r["backfilling"]["area"].get(o))
+                 for o in ("random", "uncertainty", "class_mean_distance")]
+        gaps = [r["adapter"]["fit"]["f_W"] for r in runs if r.get("adapter") and "f_W" in r["adapter"]["fit"]]
+        rows.append([dataset, method, *cases, *areas, _mean_std(gaps, 2) if gaps else "-", len(runs)])
+    return rows
 
 
 def render(rows: list[list[Any]], fmt: str = "github", headers: list[str] = HEADERS) -> str:

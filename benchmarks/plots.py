@@ -19,7 +19,7 @@ def save_plots(record: dict[str, Any], directory: str | Path) -> list[Path]:
     matrix = np.array([[np.nan if v is None else 100 * v for v in row] for row in record["compatibility_matrix"]])
     size = len(matrix)
     violations = {tuple(v) for v in record["metrics"]["violations"]}
-    title = f"{record['strategy']} · {record['scenario']} · {record['dataset']} · seed {record['seed']}"
+    title = f"{record.get('method', record['strategy'])} · {record['scenario']} · {record['dataset']} · seed {record['seed']}"
 
     fig, ax = plt.subplots(figsize=(1.0 + 0.7 * size, 0.8 + 0.6 * size))
     ax.imshow(np.ma.masked_invalid(matrix), cmap="viridis")
@@ -55,3 +55,27 @@ def save_plots(record: dict[str, Any], directory: str | Path) -> list[Path]:
     fig.savefig(curve, dpi=120)
     plt.close(fig)
     return [heatmap, curve]
+
+
+def save_backfilling_plot(record: dict[str, Any], directory: str | Path) -> Path:
+    """Write ``backfilling.png``: accuracy against the backfilled fraction β for each order of a model_update run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fill = record["backfilling"]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for order, curve in fill["curves"].items():
+        if curve is not None:
+            ax.plot(fill["betas"], [100 * v for v in curve], marker="o", markersize=3,
+                    label=f"{order} (area {100 * fill['area'][order]:.1f})")
+    ax.set_xlabel("backfilled fraction β")
+    ax.set_ylabel("top-1 accuracy (%)")
+    ax.set_title(f"{record['method']} · {record['dataset']} · seed {record['seed']}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(directory) / "backfilling.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -9,10 +9,21 @@ Gallery modes:
 * ``templates`` (the papers'): one template per gallery class, the mean of the class's L2-normalised features,
   normalised again; score = top-1 accuracy of the cosine-nearest template.
 * ``images``: every gallery image is kept; score = top-1 of the cosine-nearest gallery image (computed in chunks).
+
+With an adapter between consecutive models (METHODS.md §7; ``strategies/adapters``), ``deploy(model, adapter)``
+also fills an *adapted* matrix, the one the retrieval system delivers when it never re-embeds images:
+
+* ``backward``: the query features of model t go down the chain ``B_{k+1}(... B_t(q))`` into the frame of
+  gallery k (a step without adapter is the identity); the kept galleries are untouched.
+* ``forward``: when model t arrives, every kept gallery is transformed by ``F_t`` (features only, no image is
+  embedded again) and queried by model t's own features; per-image gallery features are kept for this.
+
+The diagonal is the plain self-test in both. Adapters are saved in :meth:`state_dict` (``Adapter.export``).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +32,7 @@ from models import forward_in_batches
 from scenarios.datasets import ImageSet
 
 GALLERY_MODES = ("templates", "images")
+ADAPTED_DIRECTIONS = ("backward", "forward")
 
 
 def embed(model: torch.nn.Module, images: ImageSet, *, mean: Sequence[float], std: Sequence[float],
@@ -49,6 +61,17 @@ def nearest_neighbour_accuracy(queries: torch.Tensor, query_labels: torch.Tensor
     return correct / max(len(queries), 1)
 
 
+def gallery_accuracy(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
+                     gallery_labels: torch.Tensor, mode: str) -> float:
+    """Top-1 accuracy of ``queries`` against per-image ``gallery`` features, reduced to class templates in
+    ``templates`` mode; every feature is L2-normalised first (adapted features need not be)."""
+    queries, gallery = F.normalize(queries.float(), dim=1), F.normalize(gallery.float(), dim=1)
+    gallery_labels = gallery_labels.to(gallery.device)
+    if mode == "templates":
+        gallery, gallery_labels = class_templates(gallery, gallery_labels)
+    return nearest_neighbour_accuracy(queries, query_labels.to(queries.device), gallery, gallery_labels)
+
+
 class CompatibilityEvaluator:
     """Fills the compatibility matrix as models are deployed (see the module docstring).
 
@@ -61,21 +84,32 @@ class CompatibilityEvaluator:
     """
 
     def __init__(self, query: ImageSet, gallery: ImageSet, *, mean: Sequence[float], std: Sequence[float],
-                 mode: str = "templates", batch_size: int = 512, amp: bool = True) -> None:
+                 mode: str = "templates", batch_size: int = 512, amp: bool = True, adapted: str | None = None,
+                 adapter_factory: Callable[[], Any] | None = None) -> None:
         if mode not in GALLERY_MODES:
             raise ValueError(f"unknown gallery mode {mode!r}; choose from {list(GALLERY_MODES)}")
+        if adapted not in (None,) + ADAPTED_DIRECTIONS:
+            raise ValueError(f"unknown adapted direction {adapted!r}; choose from {list(ADAPTED_DIRECTIONS)}")
         self.query, self.gallery = query, gallery
         self.mean, self.std, self.mode, self.batch_size, self.amp = mean, std, mode, batch_size, amp
+        self.adapted, self.adapter_factory = adapted, adapter_factory
         self.galleries: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.rows: list[list[float]] = []
+        self.adapted_rows: list[list[float]] = []
+        self.adapters: list[Any] = []
+        self.forward_galleries: list[torch.Tensor] = []
         self.extractions = {"gallery": 0, "query": 0}
 
     def _embed(self, model: torch.nn.Module, images: ImageSet, kind: str) -> torch.Tensor:
         self.extractions[kind] += 1
         return embed(model, images, mean=self.mean, std=self.std, batch_size=self.batch_size, amp=self.amp)
 
-    def deploy(self, model: torch.nn.Module) -> list[float]:
-        """Deploy the next model: embed its gallery (kept) and its queries, append and return its row."""
+    def deploy(self, model: torch.nn.Module, adapter: Any = None) -> list[float]:
+        """Deploy the next model: embed its gallery (kept) and its queries, append and return its plain row.
+
+        ``adapter`` (fitted between the previous model and this one, or None for the identity) extends the
+        adapted matrix when the evaluator was built with ``adapted``.
+        """
         gallery = self._embed(model, self.gallery, "gallery")
         labels = self.gallery.labels.to(gallery.device)
         self.galleries.append(class_templates(gallery, labels) if self.mode == "templates" else (gallery, labels))
@@ -84,19 +118,54 @@ class CompatibilityEvaluator:
         row = [nearest_neighbour_accuracy(queries, query_labels, g.to(queries.device), g_labels)
                for g, g_labels in self.galleries]
         self.rows.append(row)
+        if self.adapted is not None:
+            self.adapters.append(adapter)
+            self.adapted_rows.append(self._adapted_row(queries, query_labels, gallery, row[-1], adapter))
+        return row
+
+    def _adapted_row(self, queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
+                     own: float, adapter: Any) -> list[float]:
+        t = len(self.rows) - 1
+        if self.adapted == "forward":
+            self.forward_galleries = [g if adapter is None else F.normalize(adapter.forward(g), dim=1)
+                                      for g in self.forward_galleries] + [gallery]
+            labels = self.gallery.labels
+            return [gallery_accuracy(queries, query_labels, g, labels, self.mode)
+                    for g in self.forward_galleries[:-1]] + [own]
+        row = [own]
+        moved = queries
+        for k in range(t - 1, -1, -1):
+            step = self.adapters[k + 1]
+            moved = moved if step is None else F.normalize(step.backward(moved), dim=1)
+            g, g_labels = self.galleries[k]
+            row.insert(0, nearest_neighbour_accuracy(moved, query_labels, g.to(moved.device), g_labels))
         return row
 
     @property
     def matrix(self) -> list[list[float | None]]:
-        size = len(self.rows)
-        return [row + [None] * (size - len(row)) for row in self.rows]
+        return _square(self.rows)
+
+    @property
+    def adapted_matrix(self) -> list[list[float | None]]:
+        return _square(self.adapted_rows)
 
     def state_dict(self) -> dict:
-        """Kept galleries and rows, as plain tensors and lists (``torch.load(weights_only=True)`` safe)."""
+        """Kept galleries, rows and adapters, as plain tensors and lists (``torch.load(weights_only=True)`` safe)."""
         return {"galleries": [(g.cpu(), l.cpu()) for g, l in self.galleries], "rows": self.rows,
-                "extractions": dict(self.extractions)}
+                "extractions": dict(self.extractions), "adapted_rows": self.adapted_rows,
+                "adapters": [None if a is None else a.export() for a in self.adapters],
+                "forward_galleries": [g.cpu() for g in self.forward_galleries]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.galleries = [(g, l) for g, l in state["galleries"]]
+        device = self.query.images.device
+        self.galleries = [(g.to(device), l.to(device)) for g, l in state["galleries"]]
         self.rows = [list(r) for r in state["rows"]]
         self.extractions = dict(state["extractions"])
+        self.adapted_rows = [list(r) for r in state.get("adapted_rows", [])]
+        self.adapters = [None if a is None else self.adapter_factory().restore(a, device)
+                         for a in state.get("adapters", [])]
+        self.forward_galleries = [g.to(device) for g in state.get("forward_galleries", [])]
+
+
+def _square(rows: list[list[float]]) -> list[list[float | None]]:
+    return [row + [None] * (len(rows) - len(row)) for row in rows]

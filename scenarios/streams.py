@@ -25,7 +25,7 @@ import torch
 
 from .datasets import DataError, DataSplits, ImageSet, load_dataset
 
-SCENARIOS = ("cl2r", "iamcl2r")
+SCENARIOS = ("cl2r", "iamcl2r", "model_update")
 
 
 @dataclass

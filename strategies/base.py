@@ -123,6 +123,27 @@ class TaskContext:
         return logits, features, data.labels.to(features.device)
 
 
+def config_from_params(config_class: type, params: dict[str, Any], section: str) -> Any:
+    """``config_class(**params)`` after checking every key and value type against the dataclass defaults; any
+    problem (also a ``ValueError`` of ``__post_init__``) raises :class:`StrategyError` naming ``section.key``."""
+    valid = {f.name for f in fields(config_class)}
+    unknown = sorted(set(params) - valid)
+    if unknown:
+        raise StrategyError(f"{section}: unknown parameter(s) {unknown}; valid: {sorted(valid)}")
+    defaults = config_class()
+    for key, value in params.items():
+        default = getattr(defaults, key)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) if isinstance(default, float) \
+            else isinstance(value, type(default))
+        if not ok:
+            raise StrategyError(f"{section}.{key} = {value!r}: expected {type(default).__name__} like the "
+                                f"default {default!r}")
+    try:
+        return config_class(**params)
+    except ValueError as exc:
+        raise StrategyError(f"{section}.{exc}") from None
+
+
 @dataclass(frozen=True)
 class NoParams:
     """A strategy without hyper-parameters."""
@@ -143,22 +164,7 @@ class Strategy:
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "Strategy":
         """Build from ``strategy_params.<name>``; unknown keys or wrong types raise :class:`StrategyError`."""
-        valid = {f.name: f for f in fields(cls.Config)}
-        unknown = sorted(set(params) - set(valid))
-        if unknown:
-            raise StrategyError(f"unknown parameter(s) {unknown} for strategy {cls.name!r}; valid: {sorted(valid)}")
-        defaults = cls.Config()
-        for key, value in params.items():
-            default = getattr(defaults, key)
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) if isinstance(default, float) \
-                else isinstance(value, type(default))
-            if not ok:
-                raise StrategyError(f"strategy_params.{cls.name}.{key} = {value!r}: expected "
-                                    f"{type(default).__name__} like the default {default!r}")
-        try:
-            return cls(cls.Config(**params))
-        except ValueError as exc:
-            raise StrategyError(f"strategy_params.{cls.name}.{exc}") from None
+        return cls(config_from_params(cls.Config, params, f"strategy_params.{cls.name}"))
 
     @property
     def replacement_teacher(self) -> str:

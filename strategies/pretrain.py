@@ -56,16 +56,20 @@ def save_state(state: dict[str, torch.Tensor], path: Path) -> None:
 
 def pretrained_replacement(data: DataSplits, classes: list[int], *, head: str, model_kwargs: dict[str, Any],
                            settings: TrainSettings, images_per_class: int | None, device: torch.device, seed: int,
-                           cache_dir: str | Path) -> tuple[Path, bool]:
-    """The cached checkpoint for this spec, trained first if absent; returns ``(path, was_cached)``."""
+                           cache_dir: str | Path, keep_classifier: bool = False) -> tuple[Path, bool]:
+    """The cached checkpoint for this spec, trained first if absent; returns ``(path, was_cached)``.
+
+    ``keep_classifier`` saves the whole model, classifier included (the model_update scenario's models)."""
     spec = {"dataset": data.name, "classes": classes, "head": head, **model_kwargs,
             "settings": settings.__dict__ | {"progress": None}, "images_per_class": images_per_class,
             "seed": seed, "image_size": int(data.train.images.shape[-1])}
+    if keep_classifier:
+        spec["classifier"] = True
     path = cache_path(cache_dir, spec)
     if path.is_file():
         return path, True
     model = pretrain_model(data, classes, head=head, model_kwargs=model_kwargs, settings=settings,
                            images_per_class=images_per_class, device=device, seed=seed)
-    save_state(feature_extractor_state(model), path)
+    save_state(model.state_dict() if keep_classifier else feature_extractor_state(model), path)
     path.with_suffix(".json").write_text(json.dumps(spec, indent=1))
     return path, False

@@ -1,0 +1,159 @@
+"""Run the ``model_update`` scenario: one old and one new model bridged by an adapter (METHODS.md §7).
+
+The old model is trained from scratch with cross-entropy on the first ``stream.initial_classes`` stream classes,
+the new one on all ``initial_classes + increment`` classes (the λ-orthogonal and FCT papers' setting), both with
+the ``replacement.pretrain`` settings and the ``model_update.head`` family, and cached like replacement models
+(every adapter and seed of a study shares them; the run seed drives the adapter's fit and the random backfilling
+order). The adapter is fitted on the new model's training images embedded by both models, then measured on the
+evaluation set (``benchmarks/adapters.py``): the retrieval cases and the partial backfilling curves.
+
+``metrics.json`` holds ``cases``, ``backfilling``, the adapter's fit log and a 2x2 ``compatibility_matrix``
+``[[old/old], [cross, new/new]]`` whose cross entry is ``B(new)/old`` for an adapter with a backward map,
+``new/F(old)`` for a forward-only one and ``new/old`` without adapter, with its metrics.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from benchmarks.adapters import BACKFILL_ORDERS, TwoModelFeatures, adapted_cases, partial_backfilling
+from benchmarks.metrics import all_metrics, as_matrix
+from benchmarks.records import atomic_write_json, device_description, package_versions
+from configuration import ConfigError
+from experiment import (RunError, adapter_name, make_stream, model_kwargs, resolve_device, run_directory, run_label,
+                        synthetic_options, to_device)
+from models import RetrievalModel, build_model
+from scenarios.datasets import ImageSet, load_dataset
+from strategies.adapters import embed_pair, fit_adapter, make_adapter
+from strategies.adapters.base import normalized_features
+from strategies.pretrain import pretrained_replacement
+from strategies.trainer import TrainSettings
+
+HEADS = ("learnable", "dsimplex")
+
+
+def cross_entry(cases: dict[str, float | None]) -> float:
+    """The 2x2 matrix's cross entry (module docstring)."""
+    for key in ("B(new)/old", "new/F(old)", "new/old"):
+        if cases[key] is not None:
+            return cases[key]
+    raise RunError("the old and new features differ in size and the adapter maps neither way; pick another adapter")
+
+
+class ModelUpdateRun:
+    """One (adapter, seed) of the ``model_update`` scenario; :meth:`execute` writes ``metrics.json``."""
+
+    def __init__(self, cfg: dict[str, Any], *, resume: bool = False, overwrite: bool = False, log=print) -> None:
+        self.cfg, self.log = cfg, log
+        name = adapter_name(cfg)
+        self.adapter = make_adapter(name, cfg["adapter_params"]) if name else None
+        mu = cfg["model_update"]
+        if mu["head"] not in HEADS:
+            raise ConfigError(f"model_update.head must be one of {list(HEADS)}, not {mu['head']!r}")
+        unknown = sorted(set(mu["backfill_orders"]) - set(BACKFILL_ORDERS))
+        if unknown or mu["backfill_steps"] < 1:
+            raise ConfigError(f"model_update.backfill_orders takes {list(BACKFILL_ORDERS)} (got {unknown}) and "
+                              "backfill_steps must be at least 1")
+        self.device = resolve_device(cfg["device"])
+        self.dir = run_directory(cfg)
+        if (self.dir / "metrics.json").exists() and not overwrite:
+            if resume:
+                self.done = True
+                return
+            raise RunError(f"{self.dir} holds results of an earlier run; pass --overwrite to start over (or --output "
+                           "elsewhere)")
+        self.done = False
+        if overwrite and self.dir.exists():
+            shutil.rmtree(self.dir)
+
+    def _train(self, source, classes: list[int], images_per_class: int | None) -> tuple[RetrievalModel, Path]:
+        pre = self.cfg["replacement"]["pretrain"]
+        settings = TrainSettings(**{**self.cfg["training"], "epochs": pre["epochs"], "batch_size": pre["batch_size"],
+                                    "lr": pre["lr"], "lr_min": pre["lr_min"]})
+        head = self.cfg["model_update"]["head"]
+        path, cached = pretrained_replacement(
+            source, classes, head=head, model_kwargs=model_kwargs(self.cfg), settings=settings,
+            images_per_class=images_per_class, device=self.device, seed=pre["seed"], cache_dir=pre["cache_dir"],
+            keep_classifier=True)
+        self.log(f"model on {len(classes)} classes: {path} ({'cached' if cached else 'trained now'})")
+        model = build_model(head=head, num_classes=len(classes), **model_kwargs(self.cfg))
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        return model.to(self.device).eval(), path
+
+    def execute(self) -> dict[str, Any]:
+        if self.done:
+            return json.loads((self.dir / "metrics.json").read_text())
+        started = time.perf_counter()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.yaml").write_text(yaml.safe_dump(self.cfg, sort_keys=False))
+        stream = make_stream({**self.cfg, "replacement": {**self.cfg["replacement"], "tasks": []}})
+        if stream.num_tasks != 2:
+            raise ConfigError(f"model_update needs stream.num_tasks = 2 (old classes, then the new ones), not "
+                              f"{stream.num_tasks}")
+        source = load_dataset(self.cfg["dataset"], self.cfg["data_root"], download=self.cfg["download"],
+                              image_size=self.cfg["data"]["image_size"], verify=self.cfg["data"]["verify"],
+                              **synthetic_options(self.cfg))
+        counts = [len(t.new_classes) for t in stream.tasks]
+        per_class = self.cfg["stream"]["images_per_class"]
+        t0 = time.perf_counter()
+        old, old_path = self._train(source, stream.class_order[:counts[0]], per_class)
+        new, new_path = self._train(source, stream.class_order[:sum(counts)], per_class)
+        train_seconds = time.perf_counter() - t0
+        fit_data = to_device(ImageSet(torch.cat([t.train.images for t in stream.tasks]),
+                                      torch.cat([t.train.labels for t in stream.tasks])), self.device)
+        amp = self.cfg["training"]["amp"]
+        t0 = time.perf_counter()
+        fit_log: dict[str, float] = {}
+        if self.adapter is not None:
+            pair = embed_pair(old, new, fit_data, num_classes=sum(counts), mean=stream.mean, std=stream.std, amp=amp)
+            fit_log = fit_adapter(self.adapter, pair, self.cfg["seed"])
+            self.log(f"adapter {self.adapter.name} fitted on {len(fit_data)} items in {time.perf_counter() - t0:.1f}s "
+                     + " ".join(f"{k}={v:.3g}" for k, v in fit_log.items()))
+        fit_seconds = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        features = self._features(old, new, stream)
+        mode = self.cfg["evaluation"]["mode"]
+        with torch.no_grad():
+            cases = adapted_cases(features, self.adapter, mode)
+            generator = torch.Generator().manual_seed(self.cfg["seed"])
+            backfilling = partial_backfilling(features, self.adapter, orders=self.cfg["model_update"]["backfill_orders"],
+                                              steps=self.cfg["model_update"]["backfill_steps"], mode=mode,
+                                              generator=generator)
+        matrix = [[cases["old/old"], None], [cross_entry(cases), cases["new/new"]]]
+        record = {
+            "scenario": "model_update", "strategy": "model_update", "method": run_label(self.cfg),
+            "dataset": self.cfg["dataset"], "seed": self.cfg["seed"], "num_tasks": 2, "tasks_completed": 2,
+            "complete": True, "replacement_tasks": [], "compatibility_matrix": matrix,
+            "metrics": all_metrics(as_matrix(matrix), self.cfg["evaluation"]["tie_rule"]),
+            "cases": cases, "backfilling": backfilling,
+            "adapter": None if self.adapter is None else {"name": self.adapter.name, "fit": fit_log,
+                                                          "fit_items": len(fit_data)},
+            "models": {"old": {"path": str(old_path), "classes": counts[0]},
+                       "new": {"path": str(new_path), "classes": sum(counts)}},
+            "evaluation": {"queries": len(stream.query), "gallery_images": len(stream.gallery), "mode": mode},
+            "config": self.cfg, "versions": package_versions(), "device": device_description(self.device),
+            "timings": {"model_training_seconds": train_seconds, "adapter_fit_seconds": fit_seconds,
+                        "evaluation_seconds": time.perf_counter() - t0,
+                        "wall_seconds_this_invocation": time.perf_counter() - started},
+        }
+        atomic_write_json(self.dir / "metrics.json", record)
+        if self.cfg["evaluation"]["plots"]:
+            from benchmarks.plots import save_backfilling_plot
+
+            save_backfilling_plot(record, self.dir)
+        return record
+
+    def _features(self, old: RetrievalModel, new: RetrievalModel, stream) -> TwoModelFeatures:
+        query, gallery = to_device(stream.query, self.device), to_device(stream.gallery, self.device)
+        kw = {"mean": stream.mean, "std": stream.std, "amp": self.cfg["training"]["amp"]}
+        return TwoModelFeatures(
+            query_old=normalized_features(old, query.images, **kw), query_new=normalized_features(new, query.images, **kw),
+            gallery_old=normalized_features(old, gallery.images, **kw),
+            gallery_new=normalized_features(new, gallery.images, **kw),
+            query_labels=query.labels, gallery_labels=gallery.labels)

@@ -1,0 +1,205 @@
+"""Post-hoc adapters between an old and a new frozen model (METHODS.md §7): the template and the registry.
+
+An adapter is fitted on *features* of the same images embedded by both models (L2-normalised, as a retrieval
+system stores them) and then maps between the two spaces without running a network on images:
+
+* ``backward(new)``: new-model features into the old model's frame, so new queries search the old gallery;
+* ``forward(old, side)``: old gallery features into the new frame, an upgrade without re-embedding images;
+* ``new_frame(new)``: the new model's own features in that new frame (identity, except λ-orthogonal whose new
+  frame is B(new));
+* ``old_frame(old)``: the old gallery as compared with backward-adapted queries (identity, except λ-orthogonal
+  when the dimensions differ: truncated or padded);
+* ``uncertainty(old, side)``: a per-item score, larger = backfill first, or None (FastFill's σ).
+
+An adapter is one file in ``strategies/adapters/`` plus its name on the import line of
+``strategies/adapters/__init__.py``::
+
+    from dataclasses import dataclass
+    import torch
+    from strategies.adapters.base import Adapter, FeaturePair, register_adapter
+
+    @dataclass(frozen=True)
+    class ScaleConfig:
+        factor: float = 1.0          # every hyper-parameter with its default; adapter_params.scale sets them
+
+    @register_adapter("scale")
+    class Scale(Adapter):
+        '''What it does and the equation it implements (cite METHODS.md §7).'''
+        Config = ScaleConfig
+        directions = ("backward", "forward")   # the maps it offers (at least one)
+
+        def build(self, old_dim: int, new_dim: int, side_dim: int = 0) -> None:   # create modules / buffers
+            self.register_buffer("gain", torch.ones(()))
+
+        def fit(self, pair: FeaturePair, generator: torch.Generator) -> dict[str, float]:
+            self.gain.fill_(self.config.factor)
+            return {}                                 # numbers worth logging (e.g. a final loss)
+
+        def backward(self, new): return new * self.gain
+        def forward(self, old, side=None): return old * self.gain
+
+Shapes are fixed by :meth:`Adapter.build` from ``(old_dim, new_dim, side_dim)``, so a fitted adapter is saved as
+those dimensions plus its ``state_dict`` (:meth:`Adapter.export`) and restored with :meth:`Adapter.restore`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models import classifier_rows, forward_in_batches
+
+from ..base import NoParams, StrategyError, config_from_params
+
+DIRECTIONS = ("backward", "forward")
+
+_ADAPTERS: dict[str, type["Adapter"]] = {}
+
+
+class AdapterError(StrategyError):
+    """Unknown adapter, invalid adapter parameters, or an adapter used in a direction it does not offer."""
+
+
+@dataclass
+class FeaturePair:
+    """The fitting data: the same ``n`` images embedded by both frozen models.
+
+    Attributes:
+        old: ``(n, d_old)`` L2-normalised features of the old model.
+        new: ``(n, d_new)`` L2-normalised features of the new model.
+        labels: ``(n,)`` class labels (for supervised losses).
+        new_classifier: ``(C, d_new)`` class rows of the new model's classifier, row y for label y (FastFill), or
+            None.
+        side: ``(n, d_side)`` side information stored with the old features (FCT), or None.
+    """
+
+    old: torch.Tensor
+    new: torch.Tensor
+    labels: torch.Tensor
+    new_classifier: torch.Tensor | None = None
+    side: torch.Tensor | None = None
+
+
+class Adapter(nn.Module):
+    """Base class of every adapter (see the module docstring for the template)."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type] = NoParams
+    directions: ClassVar[tuple[str, ...]] = DIRECTIONS
+    forward_into_new_space: ClassVar[bool] = True   # False when new_frame is not the identity (λ-orthogonal)
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__()
+        self.config = config if config is not None else self.Config()
+        self.dims: tuple[int, int, int] | None = None
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "Adapter":
+        """Build from ``adapter_params.<name>``; unknown keys or wrong types raise :class:`AdapterError`."""
+        try:
+            return cls(config_from_params(cls.Config, params, f"adapter_params.{cls.name}"))
+        except StrategyError as exc:
+            raise AdapterError(str(exc)) from None
+
+    def prepare(self, pair: FeaturePair) -> None:
+        """Build the modules for ``pair``'s dimensions on its device (called by :func:`fit_adapter`)."""
+        side_dim = pair.side.shape[1] if pair.side is not None else 0
+        self.dims = (pair.old.shape[1], pair.new.shape[1], side_dim)
+        self.build(*self.dims)
+        self.to(pair.old.device)
+
+    def build(self, old_dim: int, new_dim: int, side_dim: int = 0) -> None:
+        """Create the modules and buffers for these feature dimensions."""
+
+    def fit(self, pair: FeaturePair, generator: torch.Generator) -> dict[str, float]:
+        """Fit on ``pair``; return numbers worth logging with the result."""
+        raise NotImplementedError
+
+    def backward(self, new: torch.Tensor) -> torch.Tensor:
+        raise AdapterError(f"adapter {self.name!r} has no backward map; it offers {list(self.directions)}")
+
+    def forward(self, old: torch.Tensor, side: torch.Tensor | None = None) -> torch.Tensor:
+        raise AdapterError(f"adapter {self.name!r} has no forward map; it offers {list(self.directions)}")
+
+    def new_frame(self, new: torch.Tensor) -> torch.Tensor:
+        return new
+
+    def old_frame(self, old: torch.Tensor) -> torch.Tensor:
+        return old
+
+    def uncertainty(self, old: torch.Tensor, side: torch.Tensor | None = None) -> torch.Tensor | None:
+        return None
+
+    def export(self) -> dict[str, Any]:
+        """``{"dims": [d_old, d_new, d_side], "state": state_dict}``: plain tensors and lists."""
+        return {"dims": list(self.dims), "state": {k: v.detach().cpu() for k, v in self.state_dict().items()}}
+
+    def restore(self, exported: dict[str, Any], device: torch.device | str = "cpu") -> "Adapter":
+        """Rebuild from :meth:`export`'s output (same config) and return ``self``."""
+        self.dims = tuple(exported["dims"])
+        self.build(*self.dims)
+        self.load_state_dict(exported["state"])
+        return self.to(device).eval()
+
+
+def normalized_features(model: nn.Module, images: torch.Tensor, *, mean, std, amp: bool) -> torch.Tensor:
+    """L2-normalised retrieval features of every uint8 image (eval mode, no augmentation)."""
+    return torch.cat([F.normalize(f, dim=1) for _, f in forward_in_batches(model, images, mean=mean, std=std,
+                                                                          amp=amp)])
+
+
+def embed_pair(old_model: nn.Module, new_model: nn.Module, data: Any, *, num_classes: int, mean, std,
+               amp: bool) -> FeaturePair:
+    """The :class:`FeaturePair` of the ``ImageSet`` ``data`` under both frozen models, with the new model's
+    classifier rows for the classes ``0..num_classes-1``."""
+    return FeaturePair(old=normalized_features(old_model, data.images, mean=mean, std=std, amp=amp),
+                       new=normalized_features(new_model, data.images, mean=mean, std=std, amp=amp),
+                       labels=data.labels, new_classifier=classifier_rows(new_model, num_classes))
+
+
+def fit_adapter(adapter: Adapter, pair: FeaturePair, seed: int) -> dict[str, float]:
+    """Build ``adapter`` for ``pair``'s dimensions, fit it with a generator seeded by ``seed``, freeze it."""
+    torch.manual_seed(seed)
+    adapter.prepare(pair)
+    generator = torch.Generator(device=pair.old.device).manual_seed(seed)
+    adapter.train()
+    with torch.enable_grad():
+        log = adapter.fit(pair, generator)
+    adapter.eval().requires_grad_(False)
+    return log
+
+
+def register_adapter(name: str):
+    """Class decorator: register an :class:`Adapter` subclass under ``name`` (a duplicate is an error)."""
+
+    def decorate(cls: type[Adapter]) -> type[Adapter]:
+        if name in _ADAPTERS:
+            raise AdapterError(f"adapter {name!r} is registered twice ({_ADAPTERS[name].__module__} and "
+                               f"{cls.__module__})")
+        if not cls.directions or set(cls.directions) - set(DIRECTIONS):
+            raise AdapterError(f"adapter {name!r}: directions must be a non-empty subset of {list(DIRECTIONS)}")
+        cls.name = name
+        _ADAPTERS[name] = cls
+        return cls
+
+    return decorate
+
+
+def get_adapter(name: str) -> type[Adapter]:
+    """The adapter class registered as ``name``; a miss lists the valid names."""
+    if name not in _ADAPTERS:
+        raise AdapterError(f"unknown adapter {name!r}; choose from {sorted(_ADAPTERS)}")
+    return _ADAPTERS[name]
+
+
+def list_adapters() -> list[str]:
+    return sorted(_ADAPTERS)
+
+
+def make_adapter(name: str, adapter_params: dict[str, dict[str, Any]]) -> Adapter:
+    """A fresh adapter ``name`` configured by ``adapter_params[name]`` (the config's ``adapter_params``)."""
+    cls = get_adapter(name)
+    return cls.from_params(adapter_params.get(name, {}))
