@@ -9,8 +9,8 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["scenarios", "strategies", "benchmarks"],
-    py_modules=["runner", "experiment", "configuration", "models"],
+    packages=["scenarios", "strategies", "strategies.adapters", "benchmarks"],
+    py_modules=["runner", "experiment", "experiment_update", "configuration", "models"],
     include_package_data=True,
     data_files=[],
     install_requires=[

@@ -1,0 +1,394 @@
+"""Adapters (METHODS.md §7): λ-orthogonality penalty and strict B⊥, IRP and the closed-form estimators, FCT /
+FastFill, partial backfilling, adapted matrices along a stream, and the model_update scenario end to end."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+
+import experiment
+import runner
+from benchmarks.adapters import (TwoModelFeatures, adapted_cases, area_under_curve, backfill_order,
+                                 partial_backfilling)
+from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy
+from configuration import CONFIG_DIR
+from scenarios.datasets import ImageSet
+from strategies.adapters import AdapterError, FeaturePair, fit_adapter, get_adapter, list_adapters, make_adapter
+from strategies.adapters.lambda_orth import (fit_dimension, lambda_orthogonality_penalty, orthogonality_gap,
+                                             supervised_contrastive)
+from strategies.adapters.translation import farthest_point_subset
+
+FAST = {"lambda_orth": {"epochs": 60, "batch_size": 256, "lr": 0.01}, "fct": {"epochs": 60, "hidden": 128},
+        "fastfill": {"epochs": 60, "hidden": 128}}
+
+
+def run_cli(*args):
+    return runner.main([str(a) for a in args])
+
+
+def scaled_identity(dim: int, gap: float) -> torch.Tensor:
+    """W = sqrt(1 + c) I with c = gap / sqrt(dim), so that ‖WWᵀ - I‖_F = gap."""
+    return torch.eye(dim) * (1 + gap / dim ** 0.5) ** 0.5
+
+
+@pytest.mark.parametrize("gap, expected", [(20.0, 20.0), (11.0, 0.0), (12.0, 6.0)])
+def test_lambda_penalty_values(gap, expected):
+    weight = scaled_identity(4, gap)
+    assert float(orthogonality_gap(weight)) == pytest.approx(gap, rel=1e-5)
+    assert float(lambda_orthogonality_penalty(weight, lam=12.0, alpha=10.0)) == pytest.approx(expected, abs=1e-3)
+
+
+def test_lambda_penalty_gate_is_not_detached():
+    """d/dW [sigmoid(α(f-λ)) f] = (σ + α f σ(1-σ)) df/dW; at f = λ = 12, α = 10 that is 30.5 df/dW."""
+    weight = scaled_identity(4, 12.0).requires_grad_()
+    lambda_orthogonality_penalty(weight, lam=12.0, alpha=10.0).backward()
+    reference = scaled_identity(4, 12.0).requires_grad_()
+    orthogonality_gap(reference).backward()
+    assert torch.allclose(weight.grad, 30.5 * reference.grad, rtol=1e-4)
+
+
+def test_strict_backward_adapter_preserves_pairwise_distances():
+    torch.manual_seed(0)
+    adapter = make_adapter("lambda_orth", {"lambda_orth": {"constraint": "strict"}})
+    adapter.build(16, 16)
+    with torch.no_grad():
+        adapter.backward_map.raw.copy_(torch.randn(16, 16))
+    x = torch.randn(50, 16)
+    with torch.no_grad():
+        moved = adapter.backward(x)
+    exact = "donot_use_mm_for_euclid_dist"
+    assert torch.allclose(torch.cdist(moved, moved, compute_mode=exact), torch.cdist(x, x, compute_mode=exact),
+                          atol=1e-5)
+    with torch.no_grad():
+        assert float(orthogonality_gap(adapter.backward_map.weight)) < 1e-4
+
+
+def test_supervised_contrastive_matches_its_formula():
+    a = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    b = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    labels = torch.tensor([0, 0, 1])
+    cos = F.normalize(a, dim=1) @ F.normalize(b, dim=1).t() / 0.5
+    logp = cos - torch.logsumexp(cos, dim=1, keepdim=True)
+    expected = -((logp[0, 0] + logp[0, 1]) / 2 + (logp[1, 0] + logp[1, 1]) / 2 + logp[2, 2]) / 3
+    assert float(supervised_contrastive(a, b, labels, 0.5)) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_mismatched_dimensions_are_truncated_or_padded():
+    x = torch.arange(6.0).reshape(2, 3)
+    assert fit_dimension(x, 2).tolist() == [[0, 1], [3, 4]]
+    assert fit_dimension(x, 4).tolist() == [[0, 1, 2, 0], [3, 4, 5, 0]]
+    old, new = F.normalize(torch.randn(300, 8), dim=1), F.normalize(torch.randn(300, 12), dim=1)
+    for rule, dim in (("truncate", 8), ("pad", 12)):
+        adapter = make_adapter("lambda_orth", {"lambda_orth": {"dims": rule, "epochs": 1}})
+        fit_adapter(adapter, FeaturePair(old, new, torch.zeros(300, dtype=torch.long)), seed=0)
+        assert adapter.backward(new).shape == (300, dim) and adapter.old_frame(old).shape == (300, dim)
+
+
+def isometry_pair(n=1500, d=24, scale=2.5, seed=0):
+    torch.manual_seed(seed)
+    x = torch.randn(n, d) @ torch.randn(d, d) * 0.3 + 0.2
+    rotation, _ = torch.linalg.qr(torch.randn(d, d))
+    return x, scale * x @ rotation + 0.5
+
+
+def mean_cosine(a, b):
+    return float(F.cosine_similarity(a, b).mean())
+
+
+def test_irp_recovers_an_isometry_plus_scale_both_ways():
+    x, y = isometry_pair()
+    adapter = make_adapter("irp", {"irp": {"anchors": 1000}})
+    fit_adapter(adapter, FeaturePair(x, y, torch.zeros(len(x), dtype=torch.long)), seed=0)
+    with torch.no_grad():
+        assert mean_cosine(adapter.forward(x), y) >= 0.99
+        assert mean_cosine(adapter.backward(y), x) >= 0.99
+
+
+def test_irp_degrades_gracefully_under_pruning():
+    x, y = isometry_pair()
+    pair = FeaturePair(x, y, torch.zeros(len(x), dtype=torch.long))
+
+    def fitted(delta, subspaces):
+        adapter = make_adapter("irp", {"irp": {"anchors": 1000, "delta": delta, "subspaces": subspaces}})
+        log = fit_adapter(adapter, pair, seed=0)
+        with torch.no_grad():
+            return mean_cosine(adapter.forward(x), y), log["anchors_after_pruning"]
+
+    results = {delta: fitted(delta, 1) for delta in (0.0, 0.6, 0.8, 0.9, 0.95)}
+    anchors = [results[d][1] for d in sorted(results)]
+    assert anchors == sorted(anchors, reverse=True) and anchors[-1] < 24 <= anchors[1]
+    assert results[0.6][0] >= 0.99
+    cosines = [results[d][0] for d in sorted(results)]
+    assert all(later <= earlier + 1e-3 for earlier, later in zip(cosines, cosines[1:]))
+    assert cosines[-1] > 0.3
+    assert fitted(0.9, 16)[0] > results[0.9][0] and fitted(0.9, 16)[0] >= 0.85
+
+
+def test_farthest_point_sampling_uses_absolute_cosine():
+    points = torch.tensor([[1.0, 0.0], [-1.0, 0.01], [0.0, 1.0], [0.7, 0.7]])
+    chosen = farthest_point_subset(points, delta=0.5, generator=torch.Generator().manual_seed(0))
+    assert sorted(chosen.tolist())[:1] != [0, 1] and len(chosen) == 2
+    kept = set(chosen.tolist())
+    assert not {0, 1} <= kept
+
+
+@pytest.mark.parametrize("name", ["procrustes", "least_squares", "affine"])
+def test_closed_form_estimators_recover_an_isometry(name):
+    x, y = isometry_pair()
+    adapter = make_adapter(name, {})
+    fit_adapter(adapter, FeaturePair(x, y, torch.zeros(len(x), dtype=torch.long)), seed=0)
+    with torch.no_grad():
+        assert mean_cosine(adapter.forward(x), y) >= (0.99 if name != "least_squares" else 0.9)
+        if name != "least_squares":
+            assert torch.allclose(adapter.forward(x), y, atol=1e-3)
+
+
+def clustered_spaces(seed=0, n=1200, d=32, classes=8, spread=1.2):
+    """Old features with class clusters; new = a random rotation of them (plus scale and noise)."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(classes, d, generator=g)
+    labels = torch.randint(0, classes, (n,), generator=g)
+    old = F.normalize(centres[labels] + spread * torch.randn(n, d, generator=g), dim=1)
+    rotation, _ = torch.linalg.qr(torch.randn(d, d, generator=g))
+    new = F.normalize(1.7 * old @ rotation + 0.02 * torch.randn(n, d, generator=g), dim=1)
+    return old, new, labels, F.normalize(centres @ rotation, dim=1)
+
+
+@pytest.mark.parametrize("name", ["lambda_orth", "fct", "fastfill", "irp", "procrustes", "least_squares", "affine"])
+def test_every_adapter_beats_the_untransformed_cross_model_entry(name):
+    old, new, labels, classifier = clustered_spaces()
+    fit, test = slice(0, 900), slice(900, None)
+    adapter = make_adapter(name, FAST)
+    fit_adapter(adapter, FeaturePair(old[fit], new[fit], labels[fit], classifier), seed=0)
+    features = TwoModelFeatures(old[test], new[test], old[test], new[test], labels[test], labels[test])
+    with torch.no_grad():
+        cases = adapted_cases(features, adapter, "templates")
+    adapted = cases["B(new)/old"] if "backward" in adapter.directions else cases["new/F(old)"]
+    assert cases["new/old"] < 0.4 < cases["old/old"] - 0.3
+    assert adapted > cases["new/old"] + 0.4, cases
+
+
+def test_fastfill_uncertainty_ranks_noisy_items_first():
+    """A quarter of the old features are replaced by random directions: their σ² must be the largest."""
+    old, new, labels, classifier = clustered_spaces(spread=0.3)
+    noisy = torch.zeros(len(old), dtype=torch.bool)
+    noisy[::4] = True
+    corrupted = old.clone()
+    corrupted[noisy] = F.normalize(torch.randn(int(noisy.sum()), old.shape[1]), dim=1)
+    adapter = make_adapter("fastfill", FAST)
+    fit_adapter(adapter, FeaturePair(corrupted[:900], new[:900], labels[:900], classifier), seed=0)
+    with torch.no_grad():
+        sigma = adapter.uncertainty(corrupted[900:])
+    held_out_noisy = noisy[900:]
+    assert float(sigma[held_out_noisy].mean()) > 1.5 * float(sigma[~held_out_noisy].mean())
+
+
+def test_fastfill_needs_the_new_classifier():
+    old, new, labels, _ = clustered_spaces()
+    with pytest.raises(AdapterError, match="classifier"):
+        fit_adapter(make_adapter("fastfill", FAST), FeaturePair(old, new, labels), seed=0)
+
+
+def test_fct_uses_side_information():
+    """The old features lose half of the information; side information carries it back."""
+    old, new, labels, _ = clustered_spaces(d=16)
+    truncated = torch.cat([old[:, :8], torch.zeros(len(old), 8)], dim=1)
+    errors = {}
+    for side in (None, old[:, 8:]):
+        adapter = make_adapter("fct", FAST)
+        fit_adapter(adapter, FeaturePair(truncated[:900], new[:900], labels[:900],
+                                         side=None if side is None else side[:900]), seed=0)
+        with torch.no_grad():
+            mapped = adapter.forward(truncated[900:], None if side is None else side[900:])
+        errors["side" if side is not None else "plain"] = float((mapped - new[900:]).pow(2).sum(dim=1).mean())
+    assert errors["side"] < 0.5 * errors["plain"]
+
+
+def test_backfilling_endpoints_and_area():
+    old, new, labels, classifier = clustered_spaces()
+    adapter = make_adapter("fastfill", FAST)
+    fit_adapter(adapter, FeaturePair(old[:900], new[:900], labels[:900], classifier), seed=0)
+    features = TwoModelFeatures(old[900:1000], new[900:1000], old[1000:], new[1000:], labels[900:1000],
+                                labels[1000:])
+    with torch.no_grad():
+        cases = adapted_cases(features, adapter, "images")
+        fill = partial_backfilling(features, adapter, orders=["random", "uncertainty", "class_mean_distance"],
+                                   steps=10, mode="images", generator=torch.Generator().manual_seed(0))
+    assert fill["betas"] == pytest.approx([i / 10 for i in range(11)])
+    for order, curve in fill["curves"].items():
+        assert curve[0] == cases["new/F(old)"] and curve[-1] == cases["full backfill"], order
+        assert fill["area"][order] == pytest.approx(area_under_curve(fill["betas"], curve))
+    without = partial_backfilling(features, None, orders=["random", "uncertainty"], steps=4, mode="images",
+                                  generator=torch.Generator().manual_seed(0))
+    assert without["curves"]["uncertainty"] is None
+    assert without["curves"]["random"][0] == adapted_cases(features, None, "images")["new/old"]
+
+
+def test_area_under_curve_is_the_trapezoid_rule():
+    assert area_under_curve([0, 0.5, 1], [0.2, 0.4, 1.0]) == pytest.approx(0.25 * (0.2 + 0.4) + 0.25 * (0.4 + 1.0))
+
+
+def test_class_mean_distance_order_puts_outliers_first():
+    gallery = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9], [0.0, -1.0]])
+    labels = torch.tensor([0, 0, 1, 1, 1])
+    order = backfill_order("class_mean_distance", gallery_old=gallery, gallery_labels=labels, adapter=None,
+                           generator=torch.Generator())
+    assert order[0] == 4
+
+
+class LinearFeatures(nn.Module):
+    """A frozen 'model' whose features are a fixed linear map of the pixels (for exact adapter checks)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+
+    def forward(self, x):
+        features = x.flatten(1) @ self.weight
+        return torch.zeros(len(x), 1), features
+
+
+def test_adapted_matrix_along_a_stream_follows_the_adapter_chain():
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (60, 3, 2, 2), dtype=torch.uint8)
+    labels = torch.arange(60) % 4
+    data = ImageSet(images, labels)
+    base = torch.randn(12, 6)
+    rotations = [torch.linalg.qr(torch.randn(6, 6))[0] for _ in range(2)]
+    models = [LinearFeatures(base), LinearFeatures(base @ rotations[0]), LinearFeatures(base @ rotations[0] @ rotations[1])]
+    kw = {"mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25), "amp": False}
+    results = {}
+    for direction in ("backward", "forward"):
+        evaluator = CompatibilityEvaluator(data, data, adapted=direction, adapter_factory=lambda: make_adapter(
+            "procrustes", {}), **kw)
+        evaluator.deploy(models[0])
+        for t in (1, 2):
+            adapter = make_adapter("procrustes", {})
+            pair = FeaturePair(*(F.normalize(models[i](
+                (data.images.float() / 255 - 0.5) / 0.25)[1], dim=1) for i in (t - 1, t)), labels)
+            fit_adapter(adapter, pair, seed=0)
+            evaluator.deploy(models[t], adapter if t == 2 else None)
+        results[direction] = evaluator
+    plain = results["backward"].matrix
+    own = plain[0][0]
+    assert plain[2][1] < own - 0.2
+    backward = results["backward"].adapted_matrix
+    assert [backward[t][t] for t in range(3)] == [plain[t][t] for t in range(3)]
+    assert backward[1] == plain[1]
+    assert backward[2][1] == pytest.approx(plain[1][1]) and backward[2][0] == pytest.approx(plain[1][0])
+    forward = results["forward"].adapted_matrix
+    assert forward[2][1] == pytest.approx(plain[2][2]) and forward[1] == plain[1]
+    state = results["backward"].state_dict()
+    restored = CompatibilityEvaluator(data, data, adapted="backward",
+                                      adapter_factory=lambda: make_adapter("procrustes", {}), **kw)
+    restored.load_state_dict(state)
+    assert restored.adapted_matrix == backward
+    assert torch.equal(restored.adapters[2].to_old.weight, results["backward"].adapters[2].to_old.weight)
+
+
+def test_gallery_accuracy_templates_and_images():
+    gallery = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.8, 0.6]])
+    g_labels = torch.tensor([0, 1, 1])
+    queries = torch.tensor([[0.9, 0.45]])
+    assert gallery_accuracy(queries, torch.tensor([1]), gallery, g_labels, "images") == 1.0
+    assert gallery_accuracy(queries, torch.tensor([1]), gallery, g_labels, "templates") == 0.0
+
+
+def test_default_yaml_shows_every_adapter_default():
+    params = yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())["adapter_params"]
+    assert set(params) == set(list_adapters())
+    for name in list_adapters():
+        defaults = {f.name: f.default for f in dataclasses.fields(get_adapter(name).Config)}
+        assert params[name] == defaults, name
+
+
+def test_adapter_errors_name_the_setting():
+    with pytest.raises(AdapterError, match="adapter_params.lambda_orth.constraint"):
+        make_adapter("lambda_orth", {"lambda_orth": {"constraint": "loose"}})
+    with pytest.raises(AdapterError, match="adapter_params.irp: unknown parameter"):
+        make_adapter("irp", {"irp": {"omega": 3}})
+    with pytest.raises(AdapterError, match="unknown adapter 'nope'"):
+        get_adapter("nope")
+
+
+def model_update_config(tiny, tmp_path):
+    cfg = yaml.safe_load(tiny.read_text())
+    cfg.update(scenario="model_update", adapter_params=FAST)
+    cfg["stream"]["num_tasks"] = 2
+    path = tmp_path / "update.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_model_update_runs_every_adapter_and_reports_its_cases(tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    config = model_update_config(tiny, tmp_path)
+    assert run_cli("--config", config, "--adapter", "all", "--output", out) == 0
+    printed = capsys.readouterr().out
+    records = {p.parent.parent.name: json.loads(p.read_text())
+               for p in (out / "model_update" / "synthetic").rglob("metrics.json")}
+    assert set(records) == {"none", *list_adapters()}
+    for name, record in records.items():
+        cases, fill = record["cases"], record["backfilling"]
+        assert record["complete"] and record["method"] == name
+        cross = next(cases[k] for k in ("B(new)/old", "new/F(old)", "new/old") if cases[k] is not None)
+        assert record["compatibility_matrix"] == [[cases["old/old"], None], [cross, cases["new/new"]]]
+        assert record["metrics"]["AC"] == float(cross > cases["old/old"])
+        for curve in fill["curves"].values():
+            if curve is not None:
+                start = cases["new/F(old)"] if cases["new/F(old)"] is not None else cases["new/old"]
+                assert curve[0] == start and curve[-1] == cases["full backfill"]
+        assert (out / "model_update/synthetic" / name / "seed42" / "backfilling.png").is_file()
+    assert records["lambda_orth"]["adapter"]["fit"]["f_W"] >= 0
+    assert records["fastfill"]["backfilling"]["curves"]["uncertainty"] is not None
+    assert records["fct"]["backfilling"]["curves"]["uncertainty"] is None
+    old_paths = {r["models"]["old"]["path"] for r in records.values()}
+    assert len(old_paths) == 1
+    assert "B(new)/old (%)" in printed and "| lambda_orth" in printed
+    assert run_cli("leaderboard", "--results", out) == 0
+    assert "backfill area: random" in capsys.readouterr().out
+
+
+def test_stream_run_with_an_adapter_reports_the_adapted_matrix_and_resumes(tiny, tmp_path, monkeypatch):
+    args = ["--config", tiny, "--strategy", "er", "--adapter", "procrustes", "--set", "adapter.at=every_task"]
+    clean, broken = tmp_path / "clean", tmp_path / "broken"
+    assert run_cli(*args, "--output", clean) == 0
+    record = json.loads((clean / "iamcl2r/synthetic/er+procrustes/seed42/metrics.json").read_text())
+    adapted, plain = record["compatibility_matrix"], record["unadapted_matrix"]
+    assert [adapted[t][t] for t in range(3)] == [plain[t][t] for t in range(3)]
+    assert adapted != plain and record["method"] == "er+procrustes"
+    assert [f["task"] for f in record["adapter"]["fits"]] == [1, 2] and record["adapter"]["direction"] == "backward"
+    assert record["unadapted_metrics"]["AA"] == pytest.approx(all_aa(plain))
+    original = experiment.Run._run_task
+
+    def stop_at_task_two(self, t, *rest):
+        if t == 2:
+            raise KeyboardInterrupt
+        return original(self, t, *rest)
+
+    monkeypatch.setattr(experiment.Run, "_run_task", stop_at_task_two)
+    assert run_cli(*args, "--output", broken) == 130
+    monkeypatch.setattr(experiment.Run, "_run_task", original)
+    assert run_cli(*args, "--output", broken, "--resume") == 0
+    resumed = json.loads((broken / "iamcl2r/synthetic/er+procrustes/seed42/metrics.json").read_text())
+    assert resumed["compatibility_matrix"] == adapted and resumed["unadapted_matrix"] == plain
+
+
+def all_aa(matrix):
+    return 100 * float(np.mean([v for row in matrix for v in row if v is not None]))
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--adapter", "nope"], "unknown adapter 'nope'"),
+    (["--adapter", "lambda_orth", "--set", "adapter.direction=forward"], "cannot fill a forward matrix"),
+    (["--adapter", "fct", "--set", "adapter.direction=backward"], "cannot fill a backward matrix"),
+    (["--adapter", "irp", "--set", "adapter_params.irp.delta=2"], "adapter_params.irp.delta"),
+])
+def test_bad_adapter_settings_are_one_line_errors(args, fragment, tiny, tmp_path, capsys):
+    assert run_cli("--config", tiny, "--strategy", "er", "--output", tmp_path / "o", *args) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1
