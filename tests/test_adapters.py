@@ -99,9 +99,10 @@ def mean_cosine(a, b):
     return float(F.cosine_similarity(a, b).mean())
 
 
-def test_irp_recovers_an_isometry_plus_scale_both_ways():
+@pytest.mark.parametrize("delta", [0.0, 0.6])
+def test_irp_recovers_an_isometry_plus_scale_both_ways(delta):
     x, y = isometry_pair()
-    adapter = make_adapter("irp", {"irp": {"anchors": 1000}})
+    adapter = make_adapter("irp", {"irp": {"anchors": 1000, "delta": delta}})
     fit_adapter(adapter, FeaturePair(x, y, torch.zeros(len(x), dtype=torch.long)), seed=0)
     with torch.no_grad():
         assert mean_cosine(adapter.forward(x), y) >= 0.99
