@@ -46,11 +46,43 @@ from models import HEADS, forward_in_batches
 
 REPLACEMENT_TEACHERS = ("incoming", "outgoing")
 
-_STRATEGIES: dict[str, type["Strategy"]] = {}
 
 
 class StrategyError(ValueError):
     """Unknown strategy or invalid strategy parameters."""
+
+
+class Registry:
+    """Named classes of one kind (strategies, adapters): each name registered once by a class decorator, looked
+    up with a one-line error that lists the valid names. ``check(name, cls)`` may reject a class."""
+
+    def __init__(self, kind: str, error: type[Exception], check=None) -> None:
+        self.kind, self.error, self.check = kind, error, check
+        self.classes: dict[str, type] = {}
+
+    def register(self, name: str):
+        """Class decorator: register ``cls`` under ``name`` and set ``cls.name`` (a duplicate is an error)."""
+
+        def decorate(cls: type) -> type:
+            if name in self.classes:
+                raise self.error(f"{self.kind} {name!r} is registered twice ({self.classes[name].__module__} and "
+                                 f"{cls.__module__})")
+            if self.check is not None:
+                self.check(name, cls)
+            cls.name = name
+            self.classes[name] = cls
+            return cls
+
+        return decorate
+
+    def get(self, name: str) -> type:
+        """The class registered as ``name``; a miss lists the valid names."""
+        if name not in self.classes:
+            raise self.error(f"unknown {self.kind} {name!r}; choose from {sorted(self.classes)}")
+        return self.classes[name]
+
+    def names(self) -> list[str]:
+        return sorted(self.classes)
 
 
 @dataclass
@@ -123,25 +155,26 @@ class TaskContext:
         return logits, features, data.labels.to(features.device)
 
 
-def config_from_params(config_class: type, params: dict[str, Any], section: str) -> Any:
+def config_from_params(config_class: type, params: dict[str, Any], section: str,
+                       error: type[Exception] = StrategyError) -> Any:
     """``config_class(**params)`` after checking every key and value type against the dataclass defaults; any
-    problem (also a ``ValueError`` of ``__post_init__``) raises :class:`StrategyError` naming ``section.key``."""
+    problem (also a ``ValueError`` of ``__post_init__``) raises ``error`` naming ``section.key``."""
     valid = {f.name for f in fields(config_class)}
     unknown = sorted(set(params) - valid)
     if unknown:
-        raise StrategyError(f"{section}: unknown parameter(s) {unknown}; valid: {sorted(valid)}")
+        raise error(f"{section}: unknown parameter(s) {unknown}; valid: {sorted(valid)}")
     defaults = config_class()
     for key, value in params.items():
         default = getattr(defaults, key)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) if isinstance(default, float) \
             else isinstance(value, type(default))
         if not ok:
-            raise StrategyError(f"{section}.{key} = {value!r}: expected {type(default).__name__} like the "
-                                f"default {default!r}")
+            raise error(f"{section}.{key} = {value!r}: expected {type(default).__name__} like the default "
+                        f"{default!r}")
     try:
         return config_class(**params)
     except ValueError as exc:
-        raise StrategyError(f"{section}.{exc}") from None
+        raise error(f"{section}.{exc}") from None
 
 
 @dataclass(frozen=True)
@@ -179,31 +212,15 @@ class Strategy:
         raise NotImplementedError
 
 
-def register_strategy(name: str):
-    """Class decorator: register a :class:`Strategy` subclass under ``name`` (a duplicate is an error)."""
-
-    def decorate(cls: type[Strategy]) -> type[Strategy]:
-        if name in _STRATEGIES:
-            raise StrategyError(f"strategy {name!r} is registered twice ({_STRATEGIES[name].__module__} and "
-                                f"{cls.__module__})")
-        if cls.head not in HEADS:
-            raise StrategyError(f"strategy {name!r}: head must be one of {list(HEADS)}, not {cls.head!r}")
-        cls.name = name
-        _STRATEGIES[name] = cls
-        return cls
-
-    return decorate
+def _check_head(name: str, cls: type[Strategy]) -> None:
+    if cls.head not in HEADS:
+        raise StrategyError(f"strategy {name!r}: head must be one of {list(HEADS)}, not {cls.head!r}")
 
 
-def get_strategy(name: str) -> type[Strategy]:
-    """The strategy class registered as ``name``; a miss lists the valid names."""
-    if name not in _STRATEGIES:
-        raise StrategyError(f"unknown strategy {name!r}; choose from {sorted(_STRATEGIES)}")
-    return _STRATEGIES[name]
-
-
-def list_strategies() -> list[str]:
-    return sorted(_STRATEGIES)
+STRATEGIES = Registry("strategy", StrategyError, _check_head)
+register_strategy = STRATEGIES.register
+get_strategy = STRATEGIES.get
+list_strategies = STRATEGIES.names
 
 
 def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:

@@ -52,11 +52,9 @@ from torch import nn
 
 from models import classifier_rows, forward_in_batches
 
-from ..base import NoParams, StrategyError, config_from_params
+from ..base import NoParams, Registry, StrategyError, config_from_params
 
 DIRECTIONS = ("backward", "forward")
-
-_ADAPTERS: dict[str, type["Adapter"]] = {}
 
 
 class AdapterError(StrategyError):
@@ -99,10 +97,7 @@ class Adapter(nn.Module):
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "Adapter":
         """Build from ``adapter_params.<name>``; unknown keys or wrong types raise :class:`AdapterError`."""
-        try:
-            return cls(config_from_params(cls.Config, params, f"adapter_params.{cls.name}"))
-        except StrategyError as exc:
-            raise AdapterError(str(exc)) from None
+        return cls(config_from_params(cls.Config, params, f"adapter_params.{cls.name}", AdapterError))
 
     def prepare(self, pair: FeaturePair) -> None:
         """Build the modules for ``pair``'s dimensions on its device (called by :func:`fit_adapter`)."""
@@ -172,31 +167,15 @@ def fit_adapter(adapter: Adapter, pair: FeaturePair, seed: int) -> dict[str, flo
     return log
 
 
-def register_adapter(name: str):
-    """Class decorator: register an :class:`Adapter` subclass under ``name`` (a duplicate is an error)."""
-
-    def decorate(cls: type[Adapter]) -> type[Adapter]:
-        if name in _ADAPTERS:
-            raise AdapterError(f"adapter {name!r} is registered twice ({_ADAPTERS[name].__module__} and "
-                               f"{cls.__module__})")
-        if not cls.directions or set(cls.directions) - set(DIRECTIONS):
-            raise AdapterError(f"adapter {name!r}: directions must be a non-empty subset of {list(DIRECTIONS)}")
-        cls.name = name
-        _ADAPTERS[name] = cls
-        return cls
-
-    return decorate
+def _check_directions(name: str, cls: type[Adapter]) -> None:
+    if not cls.directions or set(cls.directions) - set(DIRECTIONS):
+        raise AdapterError(f"adapter {name!r}: directions must be a non-empty subset of {list(DIRECTIONS)}")
 
 
-def get_adapter(name: str) -> type[Adapter]:
-    """The adapter class registered as ``name``; a miss lists the valid names."""
-    if name not in _ADAPTERS:
-        raise AdapterError(f"unknown adapter {name!r}; choose from {sorted(_ADAPTERS)}")
-    return _ADAPTERS[name]
-
-
-def list_adapters() -> list[str]:
-    return sorted(_ADAPTERS)
+ADAPTERS = Registry("adapter", AdapterError, _check_directions)
+register_adapter = ADAPTERS.register
+get_adapter = ADAPTERS.get
+list_adapters = ADAPTERS.names
 
 
 def make_adapter(name: str, adapter_params: dict[str, dict[str, Any]]) -> Adapter:
