@@ -90,6 +90,8 @@ def parse_assignment(text: str) -> dict[str, Any]:
         value = yaml.safe_load(raw)
     except yaml.YAMLError:
         raise ConfigError(f"--set {text!r}: the value is not valid YAML") from None
+    if isinstance(value, bool) and raw.strip().lower() not in ("true", "false"):
+        value = raw.strip()  # YAML 1.1 reads on/off/yes/no as booleans; on the command line they are words
     for part in reversed(dotted.strip().split(".")):
         value = {part: value}
     return value

@@ -30,6 +30,7 @@ import torch
 import yaml
 
 from benchmarks.metrics import all_metrics, as_matrix
+from benchmarks.noise import noise_metrics, wilson_interval
 from benchmarks.records import atomic_write_json, device_description, package_versions
 from benchmarks.retrieval import CompatibilityEvaluator
 from configuration import ConfigError
@@ -38,7 +39,7 @@ from scenarios.datasets import ImageSet, load_dataset
 from scenarios.streams import Stream, build_stream
 from strategies import Strategy, TaskContext, get_strategy, load_plugin
 from strategies.adapters import AdapterError, embed_pair, fit_adapter, make_adapter
-from strategies.pretrain import pretrained_replacement, save_state
+from strategies.pretrain import PlateauSettings, pretrained_replacement, save_state
 from strategies.trainer import TrainSettings, train_task, update_memory
 
 IGNORED_ON_RESUME = ("training.progress", "evaluation.plots", "device")
@@ -129,6 +130,19 @@ def make_stream(cfg: dict[str, Any]) -> Stream:
         synthetic=synthetic_options(cfg))
 
 
+def pretrain_options(cfg: dict[str, Any]) -> tuple[TrainSettings, PlateauSettings | None]:
+    """The training settings of suite-pretrained models and their plateau rule (None: cosine schedule)."""
+    pre = cfg["replacement"]["pretrain"]
+    settings = TrainSettings(**{**cfg["training"], "epochs": pre["epochs"], "batch_size": pre["batch_size"],
+                                "lr": pre["lr"], "lr_min": pre["lr_min"]})
+    if pre["schedule"] not in ("cosine", "plateau"):
+        raise ConfigError(f"replacement.pretrain.schedule must be cosine or plateau, not {pre['schedule']!r}")
+    if pre["schedule"] == "cosine":
+        return settings, None
+    return settings, PlateauSettings(patience=pre["patience"], decay=pre["decay"], drops=pre["drops"],
+                                     min_delta=pre["min_delta"])
+
+
 def replacement_checkpoints(cfg: dict[str, Any], stream: Stream, head: str, device: torch.device,
                             log=print) -> list[dict[str, Any]]:
     """One ``{"task", "path", "source"}`` per replacement task: the user's files, or suite-pretrained models."""
@@ -148,8 +162,7 @@ def replacement_checkpoints(cfg: dict[str, Any], stream: Stream, head: str, devi
     reserved = set(stream.reserved_classes) if pre["dataset"] == cfg["dataset"] else set()
     order = stream.class_order if pre["dataset"] == cfg["dataset"] else list(range(source.num_classes))
     pool = [c for c in order if c not in reserved]
-    settings = TrainSettings(**{**cfg["training"], "epochs": pre["epochs"], "batch_size": pre["batch_size"],
-                                "lr": pre["lr"], "lr_min": pre["lr_min"]})
+    settings, plateau = pretrain_options(cfg)
     if max(pre["class_counts"][:len(tasks)], default=0) > len(pool):
         raise ConfigError(f"replacement.pretrain.class_counts asks up to {max(pre['class_counts'])} classes of "
                           f"{pre['dataset']}; only {len(pool)} are disjoint from the stream and evaluation classes")
@@ -157,7 +170,8 @@ def replacement_checkpoints(cfg: dict[str, Any], stream: Stream, head: str, devi
     for task, count in zip(tasks, pre["class_counts"]):
         path, cached = pretrained_replacement(
             source, pool[:count], head=replacement_family(head), model_kwargs=model_kwargs(cfg), settings=settings,
-            images_per_class=pre["images_per_class"], device=device, seed=pre["seed"], cache_dir=pre["cache_dir"])
+            images_per_class=pre["images_per_class"], device=device, seed=pre["seed"], cache_dir=pre["cache_dir"],
+            plateau=plateau, log=log)
         log(f"replacement model for task {task}: {path} ({'cached' if cached else 'pretrained now'})")
         out.append({"task": task, "path": str(path), "source": "cached" if cached else "pretrained",
                     "classes": count})
@@ -258,6 +272,7 @@ class Run:
             self.state["replacements"] = replacement_checkpoints(self.cfg, self.stream, self.strategy.head,
                                                                  self.device, self.log)
             self.state["pretrain_seconds"] = time.perf_counter() - t0
+        self._score_replacements(evaluator)
         replacements = {r["task"]: r["path"] for r in self.state["replacements"]}
         for t in range(start, self.stream.num_tasks):
             model, memory = self._run_task(t, model, memory, evaluator, replacements)
@@ -267,6 +282,22 @@ class Run:
 
             save_plots(record, self.dir)
         return record
+
+    def _score_replacements(self, evaluator: CompatibilityEvaluator) -> None:
+        """Each replacement model's own retrieval accuracy on the evaluation set, before any fine-tuning, with
+        its Wilson interval: IAM-CL2R presumes that they clearly improve (issue 5)."""
+        queries = len(self.stream.query)
+        for r in self.state["replacements"]:
+            if "own_accuracy" in r:
+                continue
+            classes = self.stream.tasks[r["task"]].num_seen_classes
+            model = build_model(head=self.strategy.head, num_classes=classes, **model_kwargs(self.cfg))
+            load_replacement(model, r["path"])
+            r["own_accuracy"] = evaluator.self_test(model.to(self.device))
+            r["own_accuracy_interval"] = list(wilson_interval(r["own_accuracy"], queries,
+                                                              self.cfg["evaluation"]["confidence"]))
+            self.log(f"replacement model for task {r['task']}: own accuracy {r['own_accuracy']:.4f} "
+                     f"[{r['own_accuracy_interval'][0]:.4f}, {r['own_accuracy_interval'][1]:.4f}]")
 
     def _run_task(self, t: int, previous, memory, evaluator, replacements):
         task = self.stream.tasks[t]
@@ -345,6 +376,12 @@ class Run:
                         "train_seconds": sum(t["seconds"] for t in self.state["timings"]),
                         "eval_seconds": sum(t["eval_seconds"] for t in self.state["timings"])},
         }
+        if matrix:
+            e = self.cfg["evaluation"]
+            record["noise"] = noise_metrics(
+                as_matrix(matrix), len(self.stream.query), hits=evaluator.hit_matrix(adapted=bool(self.direction)),
+                replacement_tasks=self.stream.replacement_tasks, tie_rule=tie_rule, confidence=e["confidence"],
+                resamples=e["resamples"], seed=self.cfg["seed"])
         if self.direction and matrix:
             record["unadapted_matrix"] = evaluator.matrix
             record["unadapted_metrics"] = all_metrics(as_matrix(evaluator.matrix), tie_rule)

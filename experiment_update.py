@@ -26,14 +26,13 @@ from benchmarks.adapters import BACKFILL_ORDERS, TwoModelFeatures, adapted_cases
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.records import atomic_write_json, device_description, package_versions
 from configuration import ConfigError
-from experiment import (RunError, adapter_name, make_stream, model_kwargs, resolve_device, run_directory, run_label,
-                        synthetic_options, to_device)
+from experiment import (RunError, adapter_name, make_stream, model_kwargs, pretrain_options, resolve_device,
+                        run_directory, run_label, synthetic_options, to_device)
 from models import RetrievalModel, build_model
 from scenarios.datasets import ImageSet, load_dataset
 from strategies.adapters import embed_pair, fit_adapter, make_adapter
 from strategies.adapters.base import normalized_features
 from strategies.pretrain import pretrained_replacement
-from strategies.trainer import TrainSettings
 
 HEADS = ("learnable", "dsimplex")
 
@@ -74,13 +73,12 @@ class ModelUpdateRun:
 
     def _train(self, source, classes: list[int], images_per_class: int | None) -> tuple[RetrievalModel, Path]:
         pre = self.cfg["replacement"]["pretrain"]
-        settings = TrainSettings(**{**self.cfg["training"], "epochs": pre["epochs"], "batch_size": pre["batch_size"],
-                                    "lr": pre["lr"], "lr_min": pre["lr_min"]})
+        settings, plateau = pretrain_options(self.cfg)
         head = self.cfg["model_update"]["head"]
         path, cached = pretrained_replacement(
             source, classes, head=head, model_kwargs=model_kwargs(self.cfg), settings=settings,
             images_per_class=images_per_class, device=self.device, seed=pre["seed"], cache_dir=pre["cache_dir"],
-            keep_classifier=True)
+            keep_classifier=True, plateau=plateau, log=self.log)
         self.log(f"model on {len(classes)} classes: {path} ({'cached' if cached else 'trained now'})")
         model = build_model(head=head, num_classes=len(classes), **model_kwargs(self.cfg))
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))

@@ -30,6 +30,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adapter", help="a post-hoc adapter between model updates (strategies/adapters/), 'none', or "
                    "'all' (none and every adapter, one run each)")
     p.add_argument("--dataset", help="training stream: cifar100 | tinyimagenet | synthetic")
+    p.add_argument("--eval-dataset", help="open-set evaluation: cifar10 (query = its 50,000 train images, gallery = "
+                   "templates of its test images) | heldout (classes after the stream's)")
     p.add_argument("--data-root", help="folder with cifar-100-python/, cifar-10-batches-py/, tiny-imagenet-200/")
     p.add_argument("--download", action="store_true", default=None, help="download missing data sets")
     p.add_argument("--preset", help="paper (published protocol) | quick (minutes on a CPU)")
@@ -60,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     met.add_argument("file", help="JSON: a list of rows, or an object with 'compatibility_matrix'")
     met.add_argument("--json", action="store_true", help="print one JSON object keyed by metric name")
     met.add_argument("--tie-rule", default="strict", choices=["strict", "inclusive"])
+    met.add_argument("--queries", type=int, help="queries behind each entry: adds the noise analysis (binomial; "
+                     "benchmarks/noise.py)")
+    met.add_argument("--replacement-tasks", type=int, nargs="*", default=[],
+                     help="replacement tasks, for the noise analysis of the pairs across replacements")
     board = sub.add_parser("leaderboard", help="one row per scenario / dataset / strategy, mean ± std over seeds")
     board.add_argument("--results", default="results", help="folder searched for metrics.json files")
     board.add_argument("--format", default="github", choices=["github", "csv", "latex"])
@@ -85,6 +91,8 @@ def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
         layer["plugins"] = args.plugin
     if args.adapter and args.adapter != "all":
         layer["adapter"] = {"name": args.adapter}
+    if args.eval_dataset is not None:
+        layer.setdefault("evaluation", {})["dataset"] = args.eval_dataset
     if args.epochs is not None:
         layer.setdefault("training", {})["epochs"] = args.epochs
     if args.no_progress:
@@ -124,7 +132,7 @@ def resolved_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def command_run(args: argparse.Namespace) -> int:
-    from benchmarks.leaderboard import UPDATE_HEADERS, leaderboard_rows, render, update_rows
+    from benchmarks.leaderboard import tables
     from experiment import Run, run_directory, run_label
     from experiment_update import ModelUpdateRun
 
@@ -142,20 +150,22 @@ def command_run(args: argparse.Namespace) -> int:
             print(f"\ninterrupted: finished tasks are saved in {run.dir}; continue with the same command and "
                   "--resume", file=sys.stderr)
             return 130
-        m = record["metrics"]
+        m, noise = record["metrics"], record.get("noise")
         print(f"   AC {m['AC']:.3f}  AA {m['AA']:.2f}  ACA {_fmt(m['ACA'])}  BC {_fmt(m['BC'])}  FC {_fmt(m['FC'])}"
               f"  -> {run.dir / 'metrics.json'}")
+        if noise:
+            low, high = noise["AC_interval"]
+            print(f"   AC {noise['confidence']:.0%} interval [{low:.3f}, {high:.3f}], outside noise "
+                  f"{_fmt(noise['AC_outside_noise'], 3)} ({noise['within_noise']} of {noise['pairs']} pairs within "
+                  f"noise, {noise['queries']} queries)")
         records.append(record)
     print()
-    print(render(leaderboard_rows(records), "github"))
-    if any(r["scenario"] == "model_update" for r in records):
-        print()
-        print(render(update_rows(records), "github", UPDATE_HEADERS))
+    print(tables(records))
     return 0
 
 
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def command_pretrain(args: argparse.Namespace) -> int:
@@ -176,14 +186,28 @@ def command_pretrain(args: argparse.Namespace) -> int:
 def command_metrics(args: argparse.Namespace) -> int:
     from benchmarks.metrics import all_metrics, load_matrix
 
-    metrics = all_metrics(load_matrix(args.file), args.tie_rule)
+    matrix = load_matrix(args.file)
+    metrics = all_metrics(matrix, args.tie_rule)
+    if args.queries is not None:
+        if args.queries < 1:
+            raise UsageError(f"--queries must be a positive number of queries, not {args.queries}")
+        from benchmarks.noise import noise_metrics
+
+        metrics["noise"] = noise_metrics(matrix, args.queries, replacement_tasks=args.replacement_tasks,
+                                         tie_rule=args.tie_rule)
     if args.json:
         print(json.dumps(metrics))
         return 0
     from tabulate import tabulate
 
     rows = [[k, v if not isinstance(v, float) else round(v, 4)] for k, v in metrics.items()
-            if k not in ("violations", "ACA_definition")]
+            if k not in ("violations", "ACA_definition", "noise")]
+    noise = metrics.get("noise")
+    if noise:
+        interval = [round(v, 4) for v in noise["AC_interval"]]
+        rows += [[f"AC {noise['confidence']:.0%} interval ({noise['method']})", interval],
+                 ["AC outside noise / upper", f"{_fmt(noise['AC_outside_noise'], 4)} / {_fmt(noise['AC_upper'], 4)}"],
+                 ["pairs within noise", f"{noise['within_noise']} of {noise['pairs']}"]]
     rows.append(["violations (t, k)", metrics["violations"]])
     print(tabulate(rows, headers=["metric", "value"]))
     print(f"ACA = {metrics['ACA_definition']}")
@@ -191,18 +215,15 @@ def command_metrics(args: argparse.Namespace) -> int:
 
 
 def command_leaderboard(args: argparse.Namespace) -> int:
-    from benchmarks.leaderboard import (ACROSS_HEADERS, TIMING_HEADERS, UPDATE_HEADERS, across_rows, collect,
-                                        leaderboard_rows, mean_matrices, render, timing_rows, update_rows)
+    from benchmarks.leaderboard import (ACROSS_HEADERS, TIMING_HEADERS, across_rows, collect, mean_matrices, render,
+                                        tables, timing_rows)
 
     if not Path(args.results).is_dir():
         raise UsageError(f"results folder {args.results} does not exist; pass --results DIR")
     records, skipped = collect(args.results)
     if not records:
         raise UsageError(f"no complete metrics.json under {args.results}; run an experiment first")
-    print(render(leaderboard_rows(records), args.format))
-    if any(r["scenario"] == "model_update" for r in records):
-        print()
-        print(render(update_rows(records), args.format, UPDATE_HEADERS))
+    print(tables(records, args.format))
     if args.timing:
         print()
         print(render(timing_rows(records, args.baseline), args.format, TIMING_HEADERS))
@@ -214,6 +235,26 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     if skipped and args.format == "github":
         print(f"\n({len(skipped)} incomplete or unreadable result file(s) left out, e.g. {skipped[0]})")
     return 0
+
+
+def show_notices_as_one_line() -> None:
+    """Print data notices (:class:`scenarios.datasets.DataNotice`) as ``notice: ...`` lines, once each."""
+    import warnings
+
+    from scenarios.datasets import DataNotice
+
+    default = warnings.formatwarning
+    if getattr(default, "prints_notices", False):
+        return
+
+    def formatted(message, category, *args, **kwargs) -> str:
+        if issubclass(category, DataNotice):
+            return f"notice: {message}\n"
+        return default(message, category, *args, **kwargs)
+
+    formatted.prints_notices = True
+    warnings.formatwarning = formatted
+    warnings.simplefilter("once", DataNotice)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     from scenarios.datasets import DataError
     from strategies.base import StrategyError
 
+    show_notices_as_one_line()
     user_errors = (UsageError, ConfigError, DataError, CheckpointError, StrategyError, MatrixError)
     try:
         from experiment import RunError

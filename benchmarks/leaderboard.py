@@ -23,6 +23,11 @@ ACROSS_HEADERS = ["scenario", "dataset", "strategy", "AC across replacements", "
 UPDATE_CASES = ("old/old", "new/new", "new/old", "B(new)/old", "new/F(old)", "B(new)/B(new)")
 UPDATE_HEADERS = ["dataset", "adapter", *(f"{c} (%)" for c in UPDATE_CASES), "backfill area: random",
                   "uncertainty", "class-mean dist.", "f(W)", "seeds"]
+NOISE_HEADERS = ["scenario", "dataset", "strategy", "AC", "AC 95% interval", "AC outside noise", "AC upper",
+                 "pairs within noise", "across: AC outside noise", "across: AC upper", "across: within noise",
+                 "queries", "seeds"]
+REPLACEMENT_HEADERS = ["scenario", "dataset", "strategy", "replacement task", "classes", "own accuracy (%)",
+                       "95% interval", "seeds"]
 TIMING_HEADERS = ["scenario", "dataset", "strategy", "train ms / iteration", "ratio to baseline", "seeds"]
 
 
@@ -66,6 +71,48 @@ def leaderboard_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
                      float(np.mean(values["AC"]) if values["AC"] else 0), float(np.mean(values["AA"]))])
     rows.sort(key=lambda r: (r[0], r[1], -r[-2], -r[-1]))
     return [r[:-2] for r in rows]
+
+
+def noise_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+    """Rows of the noise-aware AC (``benchmarks/noise.py``) for the runs that carry a ``noise`` object: AC, its
+    interval over query resamples, the shares of pairs compatible beyond noise (lower bound) and not incompatible
+    beyond noise (upper bound), the number of pairs within noise, the same across replacements; means over seeds
+    (interval bounds averaged bound by bound)."""
+    rows = []
+    for (scenario, dataset, strategy), runs in _groups(records).items():
+        noisy = [r for r in runs if r.get("noise")]
+        if not noisy:
+            continue
+        def mean(get, digits: int) -> str:
+            values = [v for v in map(get, noisy) if v is not None]
+            return f"{np.mean(values):.{digits}f}" if values else "-"
+
+        low, high = (mean(lambda r, i=i: r["noise"]["AC_interval"][i], 3) for i in (0, 1))
+        rows.append([scenario, dataset, strategy, mean(lambda r: r["metrics"]["AC"], 3), f"[{low}, {high}]",
+                     mean(lambda r: r["noise"]["AC_outside_noise"], 3), mean(lambda r: r["noise"]["AC_upper"], 3),
+                     mean(lambda r: r["noise"]["within_noise"], 1),
+                     mean(lambda r: r["noise"]["across"]["AC_outside_noise"], 3),
+                     mean(lambda r: r["noise"]["across"]["AC_upper"], 3),
+                     mean(lambda r: r["noise"]["across"]["within_noise"], 1), noisy[0]["noise"]["queries"], len(noisy)])
+    return rows
+
+
+def replacement_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+    """Each replacement model's own retrieval accuracy on the evaluation set (percent, mean over seeds, with the
+    mean Wilson interval), for the runs that measured it."""
+    rows = []
+    for (scenario, dataset, strategy), runs in _groups(records).items():
+        scored: dict[tuple[int, Any], list[dict[str, Any]]] = defaultdict(list)
+        for r in runs:
+            for rep in r.get("replacement_models", []):
+                if "own_accuracy" in rep:
+                    scored[(rep["task"], rep.get("classes", "-"))].append(rep)
+        for (task, classes), reps in sorted(scored.items()):
+            low, high = (100 * np.mean([rep["own_accuracy_interval"][i] for rep in reps]) for i in (0, 1))
+            rows.append([scenario, dataset, strategy, task, classes,
+                         f"{100 * np.mean([rep['own_accuracy'] for rep in reps]):.2f}", f"[{low:.2f}, {high:.2f}]",
+                         len(reps)])
+    return rows
 
 
 def seconds_per_iteration(record: dict[str, Any]) -> float | None:
@@ -140,6 +187,14 @@ def update_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
         gaps = [r["adapter"]["fit"]["f_W"] for r in runs if r.get("adapter") and "f_W" in r["adapter"]["fit"]]
         rows.append([dataset, method, *cases, *areas, _mean_std(gaps, 2) if gaps else "-", len(runs)])
     return rows
+
+
+def tables(records: list[dict[str, Any]], fmt: str = "github") -> str:
+    """The leaderboard, then the noise-aware AC, the replacement models' own accuracies and the model_update
+    cases, each where some record carries them, separated by blank lines."""
+    parts = [(leaderboard_rows(records), HEADERS), (noise_rows(records), NOISE_HEADERS),
+             (replacement_rows(records), REPLACEMENT_HEADERS), (update_rows(records), UPDATE_HEADERS)]
+    return "\n\n".join(render(rows, fmt, headers) for rows, headers in parts if rows)
 
 
 def render(rows: list[list[Any]], fmt: str = "github", headers: list[str] = HEADERS) -> str:

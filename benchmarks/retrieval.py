@@ -19,12 +19,16 @@ also fills an *adapted* matrix, the one the retrieval system delivers when it ne
   embedded again) and queried by model t's own features; per-image gallery features are kept for this.
 
 The diagonal is the plain self-test in both. Adapters are saved in :meth:`state_dict` (``Adapter.export``).
+
+Every entry also keeps its per-query hits (one bool per query, on the CPU: 50 kB per entry for 50,000 queries), so
+that ``benchmarks/noise.py`` can resample queries consistently across entries.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -50,26 +54,37 @@ def class_templates(features: torch.Tensor, labels: torch.Tensor) -> tuple[torch
     return F.normalize(sums, dim=1), classes
 
 
-def nearest_neighbour_accuracy(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
-                               gallery_labels: torch.Tensor, chunk: int = 4096) -> float:
-    """Top-1 accuracy of the cosine-nearest gallery item (features are normalised)."""
+def nearest_neighbour_hits(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
+                           gallery_labels: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """Per query (bool, on the CPU): is the cosine-nearest gallery item of its class? Features are normalised.
+    The mean is the top-1 accuracy; the hits themselves feed the noise analysis (``benchmarks/noise.py``)."""
     gallery_labels = gallery_labels.to(gallery.device)
-    correct = 0
+    hits = []
     for start in range(0, len(queries), chunk):
         nearest = (queries[start:start + chunk] @ gallery.t()).argmax(dim=1)
-        correct += int((gallery_labels[nearest] == query_labels[start:start + chunk].to(gallery.device)).sum())
-    return correct / max(len(queries), 1)
+        hits.append((gallery_labels[nearest] == query_labels[start:start + chunk].to(gallery.device)).cpu())
+    return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool)
 
 
-def gallery_accuracy(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
-                     gallery_labels: torch.Tensor, mode: str) -> float:
-    """Top-1 accuracy of ``queries`` against per-image ``gallery`` features, reduced to class templates in
+def accuracy(hits: torch.Tensor) -> float:
+    return float(hits.float().mean()) if len(hits) else 0.0
+
+
+def gallery_hits(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
+                 gallery_labels: torch.Tensor, mode: str) -> torch.Tensor:
+    """Per-query hits of ``queries`` against per-image ``gallery`` features, reduced to class templates in
     ``templates`` mode; every feature is L2-normalised first (adapted features need not be)."""
     queries, gallery = F.normalize(queries.float(), dim=1), F.normalize(gallery.float(), dim=1)
     gallery_labels = gallery_labels.to(gallery.device)
     if mode == "templates":
         gallery, gallery_labels = class_templates(gallery, gallery_labels)
-    return nearest_neighbour_accuracy(queries, query_labels.to(queries.device), gallery, gallery_labels)
+    return nearest_neighbour_hits(queries, query_labels.to(queries.device), gallery, gallery_labels)
+
+
+def gallery_accuracy(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
+                     gallery_labels: torch.Tensor, mode: str) -> float:
+    """Top-1 accuracy of :func:`gallery_hits`."""
+    return accuracy(gallery_hits(queries, query_labels, gallery, gallery_labels, mode))
 
 
 class CompatibilityEvaluator:
@@ -96,6 +111,8 @@ class CompatibilityEvaluator:
         self.galleries: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.rows: list[list[float]] = []
         self.adapted_rows: list[list[float]] = []
+        self.hits: list[list[torch.Tensor]] = []
+        self.adapted_hits: list[list[torch.Tensor]] = []
         self.adapters: list[Any] = []
         self.forward_galleries: list[torch.Tensor] = []
         self.extractions = {"gallery": 0, "query": 0}
@@ -115,22 +132,37 @@ class CompatibilityEvaluator:
         self.galleries.append(class_templates(gallery, labels) if self.mode == "templates" else (gallery, labels))
         queries = self._embed(model, self.query, "query")
         query_labels = self.query.labels.to(queries.device)
-        row = [nearest_neighbour_accuracy(queries, query_labels, g.to(queries.device), g_labels)
-               for g, g_labels in self.galleries]
-        self.rows.append(row)
+        hits = [nearest_neighbour_hits(queries, query_labels, g.to(queries.device), g_labels)
+                for g, g_labels in self.galleries]
+        self.hits.append(hits)
+        self.rows.append([accuracy(h) for h in hits])
         if self.adapted is not None:
             self.adapters.append(adapter)
-            self.adapted_rows.append(self._adapted_row(queries, query_labels, gallery, row[-1], adapter))
-        return row
+            adapted = self._adapted_hits(queries, query_labels, gallery, hits[-1], adapter)
+            self.adapted_hits.append(adapted)
+            self.adapted_rows.append([accuracy(h) for h in adapted])
+        return self.rows[-1]
 
-    def _adapted_row(self, queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
-                     own: float, adapter: Any) -> list[float]:
+    def self_test(self, model: torch.nn.Module) -> float:
+        """Top-1 accuracy of ``model`` against its own gallery, without deploying it (nothing is kept and the
+        extraction counts are unchanged): how good a candidate model is on its own, e.g. a replacement."""
+        gallery = self._embed(model, self.gallery, "gallery")
+        labels = self.gallery.labels.to(gallery.device)
+        if self.mode == "templates":
+            gallery, labels = class_templates(gallery, labels)
+        queries = self._embed(model, self.query, "query")
+        self.extractions["gallery"] -= 1
+        self.extractions["query"] -= 1
+        return accuracy(nearest_neighbour_hits(queries, self.query.labels.to(queries.device), gallery, labels))
+
+    def _adapted_hits(self, queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
+                      own: torch.Tensor, adapter: Any) -> list[torch.Tensor]:
         t = len(self.rows) - 1
         if self.adapted == "forward":
             self.forward_galleries = [g if adapter is None else F.normalize(adapter.forward(g), dim=1)
                                       for g in self.forward_galleries] + [gallery]
             labels = self.gallery.labels
-            return [gallery_accuracy(queries, query_labels, g, labels, self.mode)
+            return [gallery_hits(queries, query_labels, g, labels, self.mode)
                     for g in self.forward_galleries[:-1]] + [own]
         row = [own]
         moved = queries
@@ -138,8 +170,16 @@ class CompatibilityEvaluator:
             step = self.adapters[k + 1]
             moved = moved if step is None else F.normalize(step.backward(moved), dim=1)
             g, g_labels = self.galleries[k]
-            row.insert(0, nearest_neighbour_accuracy(moved, query_labels, g.to(moved.device), g_labels))
+            row.insert(0, nearest_neighbour_hits(moved, query_labels, g.to(moved.device), g_labels))
         return row
+
+    def hit_matrix(self, adapted: bool = False) -> np.ndarray | None:
+        """Per-query hits of every lower-triangular entry in row order (``E x n`` bool), the input of
+        :func:`benchmarks.noise.noise_metrics`; None when a resumed state predates hit keeping."""
+        rows = self.adapted_hits if adapted else self.hits
+        if len(rows) != len(self.rows) or not rows:
+            return None
+        return torch.stack([h for row in rows for h in row]).numpy()
 
     @property
     def matrix(self) -> list[list[float | None]]:
@@ -150,8 +190,9 @@ class CompatibilityEvaluator:
         return _square(self.adapted_rows)
 
     def state_dict(self) -> dict:
-        """Kept galleries, rows and adapters, as plain tensors and lists (``torch.load(weights_only=True)`` safe)."""
+        """Kept galleries, rows, per-query hits and adapters: plain tensors and lists (``weights_only`` safe)."""
         return {"galleries": [(g.cpu(), l.cpu()) for g, l in self.galleries], "rows": self.rows,
+                "hits": self.hits, "adapted_hits": self.adapted_hits,
                 "extractions": dict(self.extractions), "adapted_rows": self.adapted_rows,
                 "adapters": [None if a is None else a.export() for a in self.adapters],
                 "forward_galleries": [g.cpu() for g in self.forward_galleries]}
@@ -162,6 +203,8 @@ class CompatibilityEvaluator:
         self.rows = [list(r) for r in state["rows"]]
         self.extractions = dict(state["extractions"])
         self.adapted_rows = [list(r) for r in state.get("adapted_rows", [])]
+        self.hits = [list(r) for r in state.get("hits", [])]
+        self.adapted_hits = [list(r) for r in state.get("adapted_hits", [])]
         self.adapters = [None if a is None else self.adapter_factory().restore(a, device)
                          for a in state.get("adapters", [])]
         self.forward_galleries = [g.to(device) for g in state.get("forward_galleries", [])]

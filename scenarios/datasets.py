@@ -50,6 +50,10 @@ class DataError(RuntimeError):
     """Data are missing or unreadable; the message says which files were expected and how to get them."""
 
 
+class DataNotice(UserWarning):
+    """Data are usable but not what the official release ships (the runner prints it as one ``notice:`` line)."""
+
+
 @dataclass
 class ImageSet:
     """Images (``N x 3 x H x W`` uint8) with integer labels."""
@@ -126,6 +130,8 @@ def read_cifar(name: str, root: str | Path, *, download: bool = False, verify: s
     ``verify``: ``"warn"`` (a notice when the md5 sums differ from the official release, e.g. a JPEG-decoded
     copy), ``"strict"`` (an error) or ``"off"``.
     """
+    if verify not in ("warn", "strict", "off"):
+        raise DataError(f"data.verify must be warn, strict or off, not {verify!r}")
     spec = _CIFAR[name]
     root = Path(root)
     folder = root / spec["folder"]
@@ -143,8 +149,10 @@ def read_cifar(name: str, root: str | Path, *, download: bool = False, verify: s
             raise DataError(f"{name}: md5 of {', '.join(bad)} in {folder} differs from the official release; "
                             "re-download with --download or set data.verify to warn")
         if bad:
-            warnings.warn(f"{name}: {len(bad)} file(s) in {folder} differ from the official release (md5); "
-                          "using them as they are (e.g. a re-encoded copy)", stacklevel=2)
+            warnings.warn(f"{name}: {len(bad)} of {len(files)} files in {folder} differ from the official release "
+                          f"(md5 of {bad[0]}, ...); reading them as they are (e.g. a JPEG-decoded copy), so results "
+                          "are not comparable to the official images; set data.verify=strict to refuse them",
+                          DataNotice, stacklevel=2)
 
     def split(parts: list[str]) -> ImageSet:
         batches = [_unpickle(folder / p) for p in parts]

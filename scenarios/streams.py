@@ -145,6 +145,10 @@ def evaluation_sets(data: DataSplits, class_order: list[int], num_stream: int, *
         gallery = relabel(first_per_class(data.test, held, None), held)
         return query, gallery, stream_ids + held
     other = load_dataset(eval_dataset, data_root, download=download, verify=verify, image_size=image_size)
+    if other.train.images.shape[-2:] != data.train.images.shape[-2:]:
+        raise DataError(f"the evaluation data set {eval_dataset} has {tuple(other.train.images.shape[-2:])} images, "
+                        f"the stream {tuple(data.train.images.shape[-2:])}; set data.image_size=32 or evaluate on "
+                        "--eval-dataset heldout")
     query = other.train
     if queries_per_class is not None:
         query = first_per_class(query, list(range(other.num_classes)), queries_per_class)

@@ -3,22 +3,35 @@
 IAM-CL2R replaces the model at some tasks by an *improved* pretrained one. The authors trained ResNet-18s from
 scratch on 32x32 ImageNet with 100 / 300 / 600 classes; this suite trains them on a disjoint source with growing
 class subsets (default Tiny ImageNet at 32x32), for the head family of the strategy (fixed d-Simplex or
-learnable), with plain cross-entropy, SGD and a cosine schedule. Class i of a subset is trained on vertex
-1023 - i, the stream's rule. Each model is saved as a plain state dict without the learnable classifier and
-cached under a name derived from every setting that shapes it, so later runs reuse it.
+learnable), with plain cross-entropy and SGD. Class i of a subset is trained on vertex 1023 - i, the stream's
+rule. Each model is saved as a plain state dict without the learnable classifier and cached under a name
+derived from every setting that shapes it, so later runs reuse it.
+
+Two schedules (``replacement.pretrain.schedule``):
+
+* ``cosine``: ``epochs`` epochs, cosine from ``lr`` to ``lr_min``.
+* ``plateau`` ("trained until accuracy stops improving", issue 5): the learning rate is held; after every
+  epoch the classification accuracy on the *test split of the pretraining classes* (never the stream's or the
+  evaluation's images) is measured; when it has not improved by ``min_delta`` for ``patience`` epochs the rate
+  is multiplied by ``decay``, and after ``drops`` decays the next plateau ends training (``epochs`` is the
+  cap). The weights of the best epoch are kept. Progress is saved after every epoch (``<model>.partial.pt``),
+  so an interrupted pretraining resumes where it stopped (from a re-seeded generator: close to, not
+  bit-identical with, an uninterrupted one). The per-epoch history is written beside the model.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from models import RetrievalModel, build_model, feature_extractor_state
-from scenarios.datasets import DataSplits
+from models import RetrievalModel, build_model, feature_extractor_state, forward_in_batches
+from scenarios.datasets import DataSplits, ImageSet
 from scenarios.streams import first_per_class, relabel
 
 from .base import Strategy
@@ -32,18 +45,124 @@ def cache_path(cache_dir: str | Path, spec: dict[str, Any]) -> Path:
     return Path(cache_dir) / f"{spec['head']}-{spec['backbone']}-{len(spec['classes'])}cls-{digest}.pt"
 
 
+@dataclass(frozen=True)
+class PlateauSettings:
+    """When to lower the learning rate and when to stop (``replacement.pretrain``, schedule ``plateau``)."""
+
+    patience: int = 3
+    decay: float = 0.1
+    drops: int = 2
+    min_delta: float = 0.002
+
+
+@dataclass
+class PlateauProgress:
+    """Where a plateau pretraining stands; saved after every epoch."""
+
+    lr: float
+    epochs_done: int = 0
+    best_accuracy: float = -1.0
+    best_epoch: int = 0
+    since_best: int = 0
+    drops: int = 0
+    finished: bool = False
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def update(self, accuracy: float, rule: PlateauSettings, max_epochs: int) -> bool:
+        """Record one epoch's validation accuracy; returns whether the model is the best so far."""
+        self.epochs_done += 1
+        self.history.append({"epoch": self.epochs_done, "lr": self.lr, "val_accuracy": accuracy})
+        improved = accuracy > self.best_accuracy + rule.min_delta
+        if improved:
+            self.best_accuracy, self.best_epoch, self.since_best = accuracy, self.epochs_done, 0
+        else:
+            self.since_best += 1
+        if self.since_best >= rule.patience:
+            if self.drops < rule.drops:
+                self.lr, self.drops, self.since_best = self.lr * rule.decay, self.drops + 1, 0
+            else:
+                self.finished = True
+        self.finished = self.finished or self.epochs_done >= max_epochs
+        return improved
+
+
+def classification_accuracy(model: RetrievalModel, images: ImageSet, *, mean, std) -> float:
+    """Top-1 accuracy of the model's own classifier on ``images`` (labels relabelled like training)."""
+    correct = 0
+    targets = model.class_targets(images.labels.to(next(model.parameters()).device))
+    start = 0
+    for logits, _ in forward_in_batches(model, images.images, mean=mean, std=std):
+        correct += int((logits.argmax(dim=1) == targets[start:start + len(logits)]).sum())
+        start += len(logits)
+    return correct / max(len(images), 1)
+
+
+class PlateauTraining:
+    """The :class:`strategies.trainer.EpochHook` of the ``plateau`` schedule, saving progress to ``partial``."""
+
+    def __init__(self, model: RetrievalModel, validation: ImageSet, rule: PlateauSettings, settings: TrainSettings,
+                 partial: Path, *, mean, std, log=print) -> None:
+        self.model, self.validation, self.rule, self.settings = model, validation, rule, settings
+        self.partial, self.mean, self.std, self.log = partial, mean, std, log
+        self.progress = PlateauProgress(lr=settings.lr)
+        self.best_state = copy.deepcopy(model.state_dict())
+        self.optimizer_state = None
+        if partial.is_file():
+            saved = torch.load(partial, map_location="cpu", weights_only=True)
+            model.load_state_dict(saved["model"])
+            self.best_state, self.optimizer_state = saved["best_model"], saved["optimizer"]
+            self.progress = PlateauProgress(**saved["progress"])
+            self.progress.finished = self.progress.epochs_done >= settings.epochs or (
+                self.progress.drops >= rule.drops and self.progress.since_best >= rule.patience)
+            log(f"resuming pretraining from {partial} after epoch {self.progress.epochs_done}")
+
+    @property
+    def lr(self) -> float:
+        return self.progress.lr
+
+    @property
+    def epochs_done(self) -> int:
+        return self.progress.epochs_done
+
+    def begin(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.optimizer_state is not None:
+            optimizer.load_state_dict(self.optimizer_state)
+
+    def after_epoch(self, model: RetrievalModel, optimizer: torch.optim.Optimizer) -> bool:
+        accuracy = classification_accuracy(model, self.validation, mean=self.mean, std=self.std)
+        lr = self.progress.lr
+        if self.progress.update(accuracy, self.rule, self.settings.epochs):
+            self.best_state = copy.deepcopy(model.state_dict())
+        self.log(f"  epoch {self.progress.epochs_done}: lr {lr:.2g}, validation accuracy {accuracy:.4f} "
+                 f"(best {self.progress.best_accuracy:.4f} at epoch {self.progress.best_epoch})")
+        save_state({"model": model.state_dict(), "best_model": self.best_state, "optimizer": optimizer.state_dict(),
+                    "progress": asdict(self.progress)}, self.partial)
+        return not self.progress.finished
+
+
 def pretrain_model(data: DataSplits, classes: list[int], *, head: str, model_kwargs: dict[str, Any],
                    settings: TrainSettings, images_per_class: int | None, device: torch.device,
-                   seed: int) -> RetrievalModel:
-    """Train a fresh model with cross-entropy on ``classes`` of ``data`` (relabelled 0..n-1)."""
+                   seed: int, plateau: PlateauSettings | None = None, partial: Path | None = None,
+                   log=print) -> tuple[RetrievalModel, dict[str, Any]]:
+    """Train a fresh model with cross-entropy on ``classes`` of ``data`` (relabelled 0..n-1); returns the
+    model and a training log (the per-epoch validation history under the ``plateau`` schedule)."""
     torch.manual_seed(seed)
     subset = relabel(first_per_class(data.train, classes, images_per_class), classes)
     subset.images, subset.labels = subset.images.to(device), subset.labels.to(device)
     model = build_model(head=head, num_classes=len(classes), **model_kwargs).to(device)
     strategy: Strategy = ExperienceReplay(None)
-    train_task(model, strategy, subset, None, settings, mean=data.mean, std=data.std,
-               description=f"pretrain {head} on {len(classes)} classes")
-    return model
+    description = f"pretrain {head} on {len(classes)} classes"
+    if plateau is None:
+        train_task(model, strategy, subset, None, settings, mean=data.mean, std=data.std, description=description)
+        return model, {"schedule": "cosine", "epochs": settings.epochs}
+    validation = relabel(first_per_class(data.test, classes, None), classes)
+    hook = PlateauTraining(model, validation, plateau, settings, partial, mean=data.mean, std=data.std, log=log)
+    if not hook.progress.finished:
+        torch.manual_seed(seed + hook.epochs_done)
+        train_task(model, strategy, subset, None, settings, mean=data.mean, std=data.std, description=description,
+                   epoch_hook=hook)
+    model.load_state_dict(hook.best_state)
+    return model, {"schedule": "plateau", **asdict(hook.progress), "validation_images": len(validation)}
 
 
 def save_state(state: dict[str, torch.Tensor], path: Path) -> None:
@@ -56,20 +175,37 @@ def save_state(state: dict[str, torch.Tensor], path: Path) -> None:
 
 def pretrained_replacement(data: DataSplits, classes: list[int], *, head: str, model_kwargs: dict[str, Any],
                            settings: TrainSettings, images_per_class: int | None, device: torch.device, seed: int,
-                           cache_dir: str | Path, keep_classifier: bool = False) -> tuple[Path, bool]:
+                           cache_dir: str | Path, keep_classifier: bool = False,
+                           plateau: PlateauSettings | None = None, log=print) -> tuple[Path, bool]:
     """The cached checkpoint for this spec, trained first if absent; returns ``(path, was_cached)``.
 
-    ``keep_classifier`` saves the whole model, classifier included (the model_update scenario's models)."""
+    ``keep_classifier`` saves the whole model, classifier included (the model_update scenario's models).
+    ``plateau`` selects the plateau schedule (module docstring); ``None`` is the cosine schedule. The spec and
+    the training log are written to ``<model>.json``."""
     spec = {"dataset": data.name, "classes": classes, "head": head, **model_kwargs,
             "settings": settings.__dict__ | {"progress": None}, "images_per_class": images_per_class,
             "seed": seed, "image_size": int(data.train.images.shape[-1])}
     if keep_classifier:
         spec["classifier"] = True
+    if plateau is not None:
+        spec["plateau"] = asdict(plateau)
     path = cache_path(cache_dir, spec)
     if path.is_file():
         return path, True
-    model = pretrain_model(data, classes, head=head, model_kwargs=model_kwargs, settings=settings,
-                           images_per_class=images_per_class, device=device, seed=seed)
+    partial = path.with_suffix(".partial.pt")
+    model, training = pretrain_model(data, classes, head=head, model_kwargs=model_kwargs, settings=settings,
+                                     images_per_class=images_per_class, device=device, seed=seed, plateau=plateau,
+                                     partial=partial, log=log)
     save_state(model.state_dict() if keep_classifier else feature_extractor_state(model), path)
-    path.with_suffix(".json").write_text(json.dumps(spec, indent=1))
+    path.with_suffix(".json").write_text(json.dumps({**spec, "training": training}, indent=1))
+    partial.unlink(missing_ok=True)
     return path, False
+
+
+def training_log(path: str | Path) -> dict[str, Any] | None:
+    """The training log saved beside a suite-pretrained model (None for user checkpoints)."""
+    info = Path(path).with_suffix(".json")
+    try:
+        return json.loads(info.read_text()).get("training")
+    except (OSError, json.JSONDecodeError):
+        return None

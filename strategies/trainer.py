@@ -15,6 +15,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +80,22 @@ class DeviceBatches:
             yield [self._prepare(images), labels, from_memory]
 
 
+class EpochHook(Protocol):
+    """Epoch-level control of :func:`train_task` (replacement pretraining until a plateau, ``strategies/pretrain.py``).
+
+    With a hook the learning rate is held at ``lr`` during an epoch instead of the cosine schedule; the loop
+    resumes after ``epochs_done`` epochs, and stops early when :meth:`after_epoch` returns False."""
+
+    lr: float
+    epochs_done: int
+
+    def begin(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called once before training (restore an interrupted run's optimizer state here)."""
+
+    def after_epoch(self, model: RetrievalModel, optimizer: torch.optim.Optimizer) -> bool:
+        """Called after each epoch; returns whether to train another epoch."""
+
+
 def make_optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.SGD:
     """SGD with weight decay on weight matrices and kernels only (not on norm weights and biases)."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -103,9 +120,11 @@ def _template_class():
         """``SupervisedTemplate`` whose loss is a :class:`Strategy` and whose data are :class:`DeviceBatches`."""
 
         def __init__(self, *, strategy: Strategy, teacher: RetrievalModel | None, batches: DeviceBatches,
-                     settings: TrainSettings, amp_dtype: torch.dtype | None, progress, **kwargs) -> None:
+                     settings: TrainSettings, amp_dtype: torch.dtype | None, progress,
+                     epoch_hook: EpochHook | None, **kwargs) -> None:
             super().__init__(**kwargs)
             self.compat_strategy, self.teacher, self.batches = strategy, teacher, batches
+            self.epoch_hook = epoch_hook
             self.settings, self.amp_dtype, self.progress = settings, amp_dtype, progress
             self.total_steps = settings.epochs * len(batches)
             self.step_count, self.images_seen, self.last_loss = 0, 0, float("nan")
@@ -140,7 +159,8 @@ def _template_class():
             return self.compat_strategy.loss(self._step)
 
         def optimizer_step(self) -> None:
-            lr = cosine_lr(self.step_count, self.total_steps, self.settings.lr, self.settings.lr_min)
+            lr = self.epoch_hook.lr if self.epoch_hook is not None else cosine_lr(
+                self.step_count, self.total_steps, self.settings.lr, self.settings.lr_min)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
@@ -154,6 +174,11 @@ def _template_class():
                 self.progress.set_postfix(loss=f"{self.last_loss:.3f}", refresh=False)
             self.progress.update(1)
 
+        def _after_training_epoch(self, **kwargs) -> None:
+            super()._after_training_epoch(**kwargs)
+            if self.epoch_hook is not None and not self.epoch_hook.after_epoch(self.model, self.optimizer):
+                self.stop_training()
+
     return CompatibilityTemplate
 
 
@@ -162,8 +187,11 @@ _TEMPLATE = None
 
 def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory: ImageSet | None,
                settings: TrainSettings, *, mean: tuple[float, ...], std: tuple[float, ...],
-               teacher: RetrievalModel | None = None, experience=None, description: str = "") -> dict[str, float]:
-    """Train ``model`` in place on one task; returns ``{"seconds", "iterations", "images", "final_loss"}``."""
+               teacher: RetrievalModel | None = None, experience=None, description: str = "",
+               epoch_hook: EpochHook | None = None) -> dict[str, float]:
+    """Train ``model`` in place on one task; returns ``{"seconds", "iterations", "images", "final_loss"}``.
+
+    ``epoch_hook`` replaces the cosine schedule by epoch-level control (:class:`EpochHook`)."""
     global _TEMPLATE
     if _TEMPLATE is None:
         _TEMPLATE = _template_class()
@@ -176,14 +204,18 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     if teacher is not None:
         teacher.eval().requires_grad_(False)
     amp_dtype = torch.bfloat16 if settings.amp and device.type == "cuda" else None
-    progress = tqdm(total=settings.epochs * len(batches), desc=description, leave=False, mininterval=1.0,
+    epochs = settings.epochs - (epoch_hook.epochs_done if epoch_hook is not None else 0)
+    progress = tqdm(total=epochs * len(batches), desc=description, leave=False, mininterval=1.0,
                     disable=not settings.progress)
+    optimizer = make_optimizer(model, settings)
+    if epoch_hook is not None:
+        epoch_hook.begin(optimizer)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No loggers specified")
         template = _TEMPLATE(strategy=strategy, teacher=teacher, batches=batches, settings=settings,
-                             amp_dtype=amp_dtype, progress=progress, model=model,
-                             optimizer=make_optimizer(model, settings), train_mb_size=settings.batch_size,
-                             train_epochs=settings.epochs, device=device, evaluator=None)
+                             amp_dtype=amp_dtype, progress=progress, epoch_hook=epoch_hook, model=model,
+                             optimizer=optimizer, train_mb_size=settings.batch_size,
+                             train_epochs=epochs, device=device, evaluator=None)
     started = time.perf_counter()
     model.train()
     template.train(experience if experience is not None else _StandaloneExperience(), eval_streams=[])

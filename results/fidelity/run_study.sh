@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The scale study of issue 5 (see README.md here). Every step is resumable: run the script again after an
+# interruption and it continues (pretraining from its last epoch, runs from their last finished task).
+#   bash results/fidelity/run_study.sh small      # small CNN: replacements, then 2 / 6 / 20 epochs per task
+#   bash results/fidelity/run_study.sh resnet18   # ResNet-18 (the paper's backbone): replacements, 5 / 20 / 70 epochs
+# DATA (default data/) holds tiny-imagenet-200/ and cifar-10-batches-py/; OUT (default results/fidelity-runs).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DATA=${DATA:-data}
+OUT=${OUT:-results/fidelity-runs}
+scale=${1:?give the scale: small or resnet18}
+case "$scale" in
+  small) backbone=small_cnn; epochs=(2 6 20) ;;
+  resnet18) backbone=resnet18; epochs=(5 20 70) ;;
+  *) echo "unknown scale $scale: small or resnet18" >&2; exit 2 ;;
+esac
+common=(--preset fidelity --data-root "$DATA" --no-progress --set "model.backbone=$backbone")
+for strategy in er dsimplex_hoc; do
+  python runner.py pretrain "${common[@]}" --strategy "$strategy"
+done
+for e in "${epochs[@]}"; do
+  for strategy in er dsimplex_hoc; do
+    python runner.py run "${common[@]}" --strategy "$strategy" --epochs "$e" --resume \
+      --output "$OUT/$backbone-e$e"
+  done
+done

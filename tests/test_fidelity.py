@@ -1,0 +1,87 @@
+"""Issue 5's machinery: pretraining until a plateau (resumable), open-set CIFAR-10 evaluation of any stream."""
+import json
+import warnings
+
+import pytest
+import torch
+
+import runner
+from configuration import resolve
+from scenarios.datasets import DataNotice, make_synthetic
+from strategies.pretrain import PlateauProgress, PlateauSettings, pretrain_model
+from strategies.trainer import TrainSettings
+from test_data import write_cifar10
+
+
+def test_plateau_rule_decays_then_stops():
+    rule = PlateauSettings(patience=2, decay=0.1, drops=1, min_delta=0.01)
+    progress = PlateauProgress(lr=0.1)
+    accuracies = [0.30, 0.40, 0.405, 0.41, 0.50, 0.505, 0.50]
+    improved = [progress.update(a, rule, max_epochs=20) for a in accuracies]
+    # 0.405 and 0.41 are within min_delta of 0.40: two epochs without gain -> lr x 0.1 after epoch 4;
+    # 0.50 improves; 0.505 and 0.50 do not -> second plateau with no decay left -> finished after epoch 7
+    assert improved == [True, True, False, False, True, False, False]
+    assert [h["lr"] for h in progress.history] == pytest.approx([0.1] * 4 + [0.01] * 3)
+    assert progress.finished and progress.best_epoch == 5 and progress.best_accuracy == 0.50
+    capped = PlateauProgress(lr=0.1)
+    assert [capped.update(0.1 * i, rule, max_epochs=3) or capped.finished for i in range(1, 4)][-1]
+    assert capped.finished and capped.epochs_done == 3
+
+
+def test_plateau_pretraining_resumes_from_its_last_epoch(tmp_path):
+    data = make_synthetic(num_classes=4, train_per_class=16, test_per_class=4, image_size=16)
+    kwargs = dict(head="learnable", model_kwargs={"backbone": "small_cnn", "small_width": 4, "small_out_dim": 8},
+                  images_per_class=None, device=torch.device("cpu"), seed=0, partial=tmp_path / "m.partial.pt",
+                  plateau=PlateauSettings(patience=50), log=lambda message: logged.append(message))
+    logged = []
+    settings = TrainSettings(epochs=2, batch_size=16, lr=0.05, progress=False, amp=False)
+    _, first = pretrain_model(data, [0, 1, 2, 3], settings=settings, **kwargs)
+    assert first["epochs_done"] == 2 and first["finished"] and first["validation_images"] == 16
+    saved = torch.load(tmp_path / "m.partial.pt", weights_only=True)
+    assert saved["progress"]["epochs_done"] == 2 and set(saved) == {"model", "best_model", "optimizer", "progress"}
+    logged.clear()
+    _, resumed = pretrain_model(data, [0, 1, 2, 3], settings=TrainSettings(**{**settings.__dict__, "epochs": 3}),
+                                **kwargs)
+    assert any("after epoch 2" in m for m in logged)
+    assert resumed["epochs_done"] == 3 and [h["epoch"] for h in resumed["history"]] == [1, 2, 3]
+    assert resumed["history"][:2] == first["history"]
+
+
+def test_plateau_schedule_is_validated(tiny, tmp_path, capsys):
+    code = runner.main(["--config", str(tiny), "--output", str(tmp_path / "o"), "--set",
+                        "replacement.pretrain.schedule=step"])
+    assert code == 2 and "cosine or plateau" in capsys.readouterr().err
+
+
+def test_fidelity_preset_is_the_issue_protocol():
+    cfg = resolve([("command line", {"preset": "fidelity"})])
+    assert cfg["dataset"] == "tinyimagenet" and cfg["evaluation"]["dataset"] == "cifar10"
+    assert cfg["evaluation"]["queries_per_class"] is None and cfg["stream"]["images_per_class"] == 300
+    assert (cfg["stream"]["initial_classes"], cfg["stream"]["increment"], cfg["stream"]["num_tasks"]) == (10, 15, 7)
+    pre = cfg["replacement"]["pretrain"]
+    assert pre["schedule"] == "plateau" and pre["class_counts"] == [25, 50, 100] and pre["images_per_class"] is None
+    assert cfg["model"]["backbone"] == "resnet18" and cfg["training"]["epochs"] == 70
+
+
+def test_cifar10_evaluation_of_a_synthetic_stream_with_a_notice(tiny, tmp_path, monkeypatch):
+    write_cifar10(tmp_path / "data", per_class=4)
+    out = tmp_path / "out"
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    with pytest.warns(DataNotice) as notices:
+        code = runner.main(["--config", str(tiny), "--strategy", "er", "--scenario", "cl2r", "--output", str(out),
+                            "--data-root", str(tmp_path / "data"), "--eval-dataset", "cifar10"])
+    assert code == 0
+    record = json.loads((out / "cl2r/synthetic/er/seed42/metrics.json").read_text())
+    assert record["config"]["evaluation"]["dataset"] == "cifar10"
+    assert record["evaluation"]["queries"] == 5 * 10 * 4 and record["evaluation"]["gallery_images"] == 10 * 4
+    line = warnings.formatwarning(notices[0].message, DataNotice, "datasets.py", 1)
+    assert line.startswith("notice: cifar10: 7 of 7 files") and line.count("\n") == 1
+    assert "differ from the official release" in line and "verify=strict" in line
+
+
+def test_cifar10_evaluation_needs_the_streams_image_size(tiny, tmp_path, capsys):
+    write_cifar10(tmp_path / "data")
+    code = runner.main(["--config", str(tiny), "--output", str(tmp_path / "o"), "--data-root", str(tmp_path / "data"),
+                        "--eval-dataset", "cifar10", "--set", "data.image_size=16", "--set", "data.verify=off"])
+    err = capsys.readouterr().err
+    assert code == 2 and "data.image_size=32" in err and len(err.strip().splitlines()) == 1
