@@ -209,4 +209,4 @@ def render(rows: list[list[Any]], fmt: str = "github", headers: list[str] = HEAD
         raise ValueError(f"unknown format {fmt!r}; choose from {list(FORMATS)}")
     from tabulate import tabulate
 
-    return tabulate(rows, headers=headers, tablefmt=fmt)
+    return tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)

@@ -52,7 +52,7 @@ class PlateauSettings:
     patience: int = 3
     decay: float = 0.1
     drops: int = 2
-    min_delta: float = 0.002
+    min_delta: float = 0.01
 
 
 @dataclass
@@ -69,7 +69,8 @@ class PlateauProgress:
     history: list[dict[str, float]] = field(default_factory=list)
 
     def update(self, accuracy: float, rule: PlateauSettings, max_epochs: int) -> bool:
-        """Record one epoch's validation accuracy; returns whether the model is the best so far."""
+        """Record one epoch's validation accuracy; returns whether it beat the best by more than ``min_delta``
+        (the model then kept)."""
         self.epochs_done += 1
         self.history.append({"epoch": self.epochs_done, "lr": self.lr, "val_accuracy": accuracy})
         improved = accuracy > self.best_accuracy + rule.min_delta
@@ -102,7 +103,7 @@ class PlateauTraining:
 
     def __init__(self, model: RetrievalModel, validation: ImageSet, rule: PlateauSettings, settings: TrainSettings,
                  partial: Path, *, mean, std, log=print) -> None:
-        self.model, self.validation, self.rule, self.settings = model, validation, rule, settings
+        self.validation, self.rule, self.settings = validation, rule, settings
         self.partial, self.mean, self.std, self.log = partial, mean, std, log
         self.progress = PlateauProgress(lr=settings.lr)
         self.best_state = copy.deepcopy(model.state_dict())

@@ -4,6 +4,8 @@
 #   bash results/fidelity/run_study.sh small      # small CNN: replacements, then 2 / 6 / 20 epochs per task
 #   bash results/fidelity/run_study.sh resnet18   # ResNet-18 (the paper's backbone): replacements, 5 / 20 / 70 epochs
 # DATA (default data/) holds tiny-imagenet-200/ and cifar-10-batches-py/; OUT (default results/fidelity-runs).
+# PARALLEL=1 runs ER and d-Simplex-HOC side by side, one thread each (2 CPU cores without a GPU: two one-thread
+# processes train faster than one two-thread process).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DATA=${DATA:-data}
@@ -15,12 +17,21 @@ case "$scale" in
   *) echo "unknown scale $scale: small or resnet18" >&2; exit 2 ;;
 esac
 common=(--preset fidelity --data-root "$DATA" --no-progress --set "model.backbone=$backbone")
-for strategy in er dsimplex_hoc; do
-  python runner.py pretrain "${common[@]}" --strategy "$strategy"
-done
+
+both() {  # both COMMAND...: the command for er and for dsimplex_hoc (the two head families)
+  if [ "${PARALLEL:-0}" = 1 ]; then
+    export OMP_NUM_THREADS=1
+    "$@" --strategy er & first=$!
+    "$@" --strategy dsimplex_hoc & second=$!
+    wait "$first"
+    wait "$second"
+  else
+    "$@" --strategy er
+    "$@" --strategy dsimplex_hoc
+  fi
+}
+
+both python runner.py pretrain "${common[@]}"
 for e in "${epochs[@]}"; do
-  for strategy in er dsimplex_hoc; do
-    python runner.py run "${common[@]}" --strategy "$strategy" --epochs "$e" --resume \
-      --output "$OUT/$backbone-e$e"
-  done
+  both python runner.py run "${common[@]}" --epochs "$e" --resume --output "$OUT/$backbone-e$e"
 done
