@@ -117,9 +117,16 @@ class CompatibilityEvaluator:
         self.forward_galleries: list[torch.Tensor] = []
         self.extractions = {"gallery": 0, "query": 0}
 
-    def _embed(self, model: torch.nn.Module, images: ImageSet, kind: str) -> torch.Tensor:
-        self.extractions[kind] += 1
+    def _embed(self, model: torch.nn.Module, images: ImageSet, kind: str | None) -> torch.Tensor:
+        """Features of ``images``; counted as a ``kind`` extraction unless ``kind`` is None."""
+        if kind is not None:
+            self.extractions[kind] += 1
         return embed(model, images, mean=self.mean, std=self.std, batch_size=self.batch_size, amp=self.amp)
+
+    def _searchable(self, gallery: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(items, labels)`` searched for a gallery's features: class templates or every image."""
+        labels = self.gallery.labels.to(gallery.device)
+        return class_templates(gallery, labels) if self.mode == "templates" else (gallery, labels)
 
     def deploy(self, model: torch.nn.Module, adapter: Any = None) -> list[float]:
         """Deploy the next model: embed its gallery (kept) and its queries, append and return its plain row.
@@ -128,8 +135,7 @@ class CompatibilityEvaluator:
         adapted matrix when the evaluator was built with ``adapted``.
         """
         gallery = self._embed(model, self.gallery, "gallery")
-        labels = self.gallery.labels.to(gallery.device)
-        self.galleries.append(class_templates(gallery, labels) if self.mode == "templates" else (gallery, labels))
+        self.galleries.append(self._searchable(gallery))
         queries = self._embed(model, self.query, "query")
         query_labels = self.query.labels.to(queries.device)
         hits = [nearest_neighbour_hits(queries, query_labels, g.to(queries.device), g_labels)
@@ -146,13 +152,8 @@ class CompatibilityEvaluator:
     def self_test(self, model: torch.nn.Module) -> float:
         """Top-1 accuracy of ``model`` against its own gallery, without deploying it (nothing is kept and the
         extraction counts are unchanged): how good a candidate model is on its own, e.g. a replacement."""
-        gallery = self._embed(model, self.gallery, "gallery")
-        labels = self.gallery.labels.to(gallery.device)
-        if self.mode == "templates":
-            gallery, labels = class_templates(gallery, labels)
-        queries = self._embed(model, self.query, "query")
-        self.extractions["gallery"] -= 1
-        self.extractions["query"] -= 1
+        gallery, labels = self._searchable(self._embed(model, self.gallery, None))
+        queries = self._embed(model, self.query, None)
         return accuracy(nearest_neighbour_hits(queries, self.query.labels.to(queries.device), gallery, labels))
 
     def _adapted_hits(self, queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,

@@ -78,13 +78,14 @@ class PlateauProgress:
             self.best_accuracy, self.best_epoch, self.since_best = accuracy, self.epochs_done, 0
         else:
             self.since_best += 1
-        if self.since_best >= rule.patience:
-            if self.drops < rule.drops:
-                self.lr, self.drops, self.since_best = self.lr * rule.decay, self.drops + 1, 0
-            else:
-                self.finished = True
-        self.finished = self.finished or self.epochs_done >= max_epochs
+        if self.since_best >= rule.patience and self.drops < rule.drops:
+            self.lr, self.drops, self.since_best = self.lr * rule.decay, self.drops + 1, 0
+        self.finished = self.should_stop(rule, max_epochs)
         return improved
+
+    def should_stop(self, rule: PlateauSettings, max_epochs: int) -> bool:
+        """At the cap, or on a plateau with no decay left."""
+        return self.epochs_done >= max_epochs or (self.drops >= rule.drops and self.since_best >= rule.patience)
 
 
 def classification_accuracy(model: RetrievalModel, images: ImageSet, *, mean, std) -> float:
@@ -113,8 +114,7 @@ class PlateauTraining:
             model.load_state_dict(saved["model"])
             self.best_state, self.optimizer_state = saved["best_model"], saved["optimizer"]
             self.progress = PlateauProgress(**saved["progress"])
-            self.progress.finished = self.progress.epochs_done >= settings.epochs or (
-                self.progress.drops >= rule.drops and self.progress.since_best >= rule.patience)
+            self.progress.finished = self.progress.should_stop(rule, settings.epochs)
             log(f"resuming pretraining from {partial} after epoch {self.progress.epochs_done}")
 
     @property

@@ -38,3 +38,18 @@ def tiny(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def interrupt_run_at(monkeypatch, task: int):
+    """Make every run stop with KeyboardInterrupt (Ctrl-C) when it reaches ``task``; returns the undo function."""
+    import experiment
+
+    original = experiment.Run._run_task
+
+    def stop(self, t, *rest):
+        if t == task:
+            raise KeyboardInterrupt
+        return original(self, t, *rest)
+
+    monkeypatch.setattr(experiment.Run, "_run_task", stop)
+    return lambda: monkeypatch.setattr(experiment.Run, "_run_task", original)

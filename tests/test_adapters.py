@@ -10,12 +10,12 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-import experiment
 import runner
 from benchmarks.adapters import (TwoModelFeatures, adapted_cases, area_under_curve, backfill_order,
                                  partial_backfilling)
 from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy
 from configuration import CONFIG_DIR
+from conftest import interrupt_run_at
 from scenarios.datasets import ImageSet
 from strategies.adapters import AdapterError, FeaturePair, fit_adapter, get_adapter, list_adapters, make_adapter
 from strategies.adapters.lambda_orth import (fit_dimension, lambda_orthogonality_penalty, orthogonality_gap,
@@ -364,16 +364,9 @@ def test_stream_run_with_an_adapter_reports_the_adapted_matrix_and_resumes(tiny,
     assert adapted != plain and record["method"] == "er+procrustes"
     assert [f["task"] for f in record["adapter"]["fits"]] == [1, 2] and record["adapter"]["direction"] == "backward"
     assert record["unadapted_metrics"]["AA"] == pytest.approx(all_aa(plain))
-    original = experiment.Run._run_task
-
-    def stop_at_task_two(self, t, *rest):
-        if t == 2:
-            raise KeyboardInterrupt
-        return original(self, t, *rest)
-
-    monkeypatch.setattr(experiment.Run, "_run_task", stop_at_task_two)
+    undo = interrupt_run_at(monkeypatch, 2)
     assert run_cli(*args, "--output", broken) == 130
-    monkeypatch.setattr(experiment.Run, "_run_task", original)
+    undo()
     assert run_cli(*args, "--output", broken, "--resume") == 0
     resumed = json.loads((broken / "iamcl2r/synthetic/er+procrustes/seed42/metrics.json").read_text())
     assert resumed["compatibility_matrix"] == adapted and resumed["unadapted_matrix"] == plain

@@ -6,10 +6,11 @@ import pytest
 import torch
 import yaml
 
-import experiment
 import runner
 from benchmarks.metrics import all_metrics, as_matrix
 from conftest import HOC_REFERENCE_ROWS as HOC_ROWS
+from conftest import interrupt_run_at
+
 
 def run_cli(*args):
     return runner.main([str(a) for a in args])
@@ -42,24 +43,18 @@ def test_iamcl2r_run_writes_consistent_results(tiny, tmp_path, capsys):
 def test_interrupted_run_resumes_to_the_same_metrics(tiny, tmp_path, monkeypatch):
     clean, broken = tmp_path / "clean", tmp_path / "broken"
     assert run_cli("--config", tiny, "--strategy", "er", "--output", clean) == 0
-    original = experiment.Run._run_task
-
-    def stop_at_task_two(self, t, *args):
-        if t == 2:
-            raise KeyboardInterrupt
-        return original(self, t, *args)
-
-    monkeypatch.setattr(experiment.Run, "_run_task", stop_at_task_two)
+    undo = interrupt_run_at(monkeypatch, 2)
     assert run_cli("--config", tiny, "--strategy", "er", "--output", broken) == 130
     partial = json.loads((broken / "iamcl2r/synthetic/er/seed42/metrics.json").read_text())
     assert partial["tasks_completed"] == 2 and not partial["complete"]
     assert run_cli("--config", tiny, "--strategy", "er", "--output", broken) == 2
-    monkeypatch.setattr(experiment.Run, "_run_task", original)
+    undo()
     assert run_cli("--config", tiny, "--strategy", "er", "--output", broken, "--resume") == 0
     resumed = json.loads((broken / "iamcl2r/synthetic/er/seed42/metrics.json").read_text())
     expected = json.loads((clean / "iamcl2r/synthetic/er/seed42/metrics.json").read_text())
     assert resumed["compatibility_matrix"] == expected["compatibility_matrix"]
     assert resumed["metrics"] == expected["metrics"]
+    assert resumed["noise"] == expected["noise"]
 
 
 def test_resume_with_other_settings_is_refused(tiny, tmp_path, capsys):
