@@ -20,6 +20,7 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "stream.images_per_class": (int, type(None)),
     "evaluation.queries_per_class": (int, type(None)),
     "replacement.pretrain.images_per_class": (int, type(None)),
+    "replacement.pretrain.seed": (int, list),
 }
 
 

@@ -143,6 +143,18 @@ def pretrain_options(cfg: dict[str, Any]) -> tuple[TrainSettings, PlateauSetting
                                      min_delta=pre["min_delta"])
 
 
+def pretrain_seeds(cfg: dict[str, Any], count: int) -> list[int]:
+    """The initialisation seed of each of ``count`` suite-pretrained models: ``replacement.pretrain.seed`` as one
+    int shared by all, or a list with one seed per model (independent initialisations)."""
+    seed = cfg["replacement"]["pretrain"]["seed"]
+    if isinstance(seed, int):
+        return [seed] * count
+    if len(seed) < count or not all(isinstance(s, int) and not isinstance(s, bool) for s in seed):
+        raise ConfigError(f"replacement.pretrain.seed = {seed!r}: give one int, or a list of {count} ints (one per "
+                          "pretrained model)")
+    return seed[:count]
+
+
 def replacement_checkpoints(cfg: dict[str, Any], stream: Stream, head: str, device: torch.device,
                             log=print) -> list[dict[str, Any]]:
     """One ``{"task", "path", "source"}`` per replacement task: the user's files, or suite-pretrained models."""
@@ -167,10 +179,10 @@ def replacement_checkpoints(cfg: dict[str, Any], stream: Stream, head: str, devi
         raise ConfigError(f"replacement.pretrain.class_counts asks up to {max(pre['class_counts'])} classes of "
                           f"{pre['dataset']}; only {len(pool)} are disjoint from the stream and evaluation classes")
     out = []
-    for task, count in zip(tasks, pre["class_counts"]):
+    for task, count, seed in zip(tasks, pre["class_counts"], pretrain_seeds(cfg, len(tasks))):
         path, cached = pretrained_replacement(
             source, pool[:count], head=replacement_family(head), model_kwargs=model_kwargs(cfg), settings=settings,
-            images_per_class=pre["images_per_class"], device=device, seed=pre["seed"], cache_dir=pre["cache_dir"],
+            images_per_class=pre["images_per_class"], device=device, seed=seed, cache_dir=pre["cache_dir"],
             plateau=plateau, log=log)
         log(f"replacement model for task {task}: {path} ({'cached' if cached else 'pretrained now'})")
         out.append({"task": task, "path": str(path), "source": "cached" if cached else "pretrained",

@@ -26,8 +26,8 @@ from benchmarks.adapters import BACKFILL_ORDERS, TwoModelFeatures, adapted_cases
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.records import atomic_write_json, device_description, package_versions
 from configuration import ConfigError
-from experiment import (RunError, adapter_name, make_stream, model_kwargs, pretrain_options, resolve_device,
-                        run_directory, run_label, synthetic_options, to_device)
+from experiment import (RunError, adapter_name, make_stream, model_kwargs, pretrain_options, pretrain_seeds,
+                        resolve_device, run_directory, run_label, synthetic_options, to_device)
 from models import RetrievalModel, build_model
 from scenarios.datasets import ImageSet, load_dataset
 from strategies.adapters import embed_pair, fit_adapter, make_adapter
@@ -71,13 +71,14 @@ class ModelUpdateRun:
         if overwrite and self.dir.exists():
             shutil.rmtree(self.dir)
 
-    def _train(self, source, classes: list[int], images_per_class: int | None) -> tuple[RetrievalModel, Path]:
+    def _train(self, source, classes: list[int], images_per_class: int | None,
+               seed: int) -> tuple[RetrievalModel, Path]:
         pre = self.cfg["replacement"]["pretrain"]
         settings, plateau = pretrain_options(self.cfg)
         head = self.cfg["model_update"]["head"]
         path, cached = pretrained_replacement(
             source, classes, head=head, model_kwargs=model_kwargs(self.cfg), settings=settings,
-            images_per_class=images_per_class, device=self.device, seed=pre["seed"], cache_dir=pre["cache_dir"],
+            images_per_class=images_per_class, device=self.device, seed=seed, cache_dir=pre["cache_dir"],
             keep_classifier=True, plateau=plateau, log=self.log)
         self.log(f"model on {len(classes)} classes: {path} ({'cached' if cached else 'trained now'})")
         model = build_model(head=head, num_classes=len(classes), **model_kwargs(self.cfg))
@@ -100,8 +101,9 @@ class ModelUpdateRun:
         counts = [len(t.new_classes) for t in stream.tasks]
         per_class = self.cfg["stream"]["images_per_class"]
         t0 = time.perf_counter()
-        old, old_path = self._train(source, stream.class_order[:counts[0]], per_class)
-        new, new_path = self._train(source, stream.class_order[:sum(counts)], per_class)
+        old_seed, new_seed = pretrain_seeds(self.cfg, 2)
+        old, old_path = self._train(source, stream.class_order[:counts[0]], per_class, old_seed)
+        new, new_path = self._train(source, stream.class_order[:sum(counts)], per_class, new_seed)
         train_seconds = time.perf_counter() - t0
         fit_data = to_device(ImageSet(torch.cat([t.train.images for t in stream.tasks]),
                                       torch.cat([t.train.labels for t in stream.tasks])), self.device)

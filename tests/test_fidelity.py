@@ -1,6 +1,7 @@
 """Issue 5's machinery: pretraining until a plateau (resumable), open-set CIFAR-10 evaluation of any stream."""
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,3 +86,23 @@ def test_cifar10_evaluation_needs_the_streams_image_size(tiny, tmp_path, capsys)
                         "--eval-dataset", "cifar10", "--set", "data.image_size=16", "--set", "data.verify=off"])
     err = capsys.readouterr().err
     assert code == 2 and "data.image_size=32" in err and len(err.strip().splitlines()) == 1
+
+
+def _pretrained(cache: Path) -> list[tuple[int, int]]:
+    """(classes, seed) of each model in a replacement cache."""
+    specs = [json.loads(p.read_text()) for p in cache.glob("*.json")]
+    return sorted((len(spec["classes"]), spec["seed"]) for spec in specs)
+
+
+def test_replacement_models_get_one_seed_each_from_a_list(tiny, tmp_path):
+    cache = tmp_path / "cache"
+    assert runner.main(["pretrain", "--config", str(tiny), "--set", "replacement.pretrain.seed=[3,4]"]) == 0
+    assert _pretrained(cache) == [(3, 3), (6, 4)]
+    assert runner.main(["pretrain", "--config", str(tiny), "--set", "replacement.pretrain.seed=3"]) == 0
+    assert _pretrained(cache) == [(3, 3), (6, 3), (6, 4)]  # the first model is shared, hence reused
+    assert len(list(cache.glob("*.pt"))) == 3
+
+
+def test_a_short_seed_list_is_a_usage_error(tiny, capsys):
+    assert runner.main(["pretrain", "--config", str(tiny), "--set", "replacement.pretrain.seed=[3]"]) == 2
+    assert "one int, or a list of 2 ints" in capsys.readouterr().err
