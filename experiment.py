@@ -42,7 +42,7 @@ from strategies.adapters import AdapterError, embed_pair, fit_adapter, make_adap
 from strategies.pretrain import PlateauSettings, pretrained_replacement, save_state
 from strategies.trainer import TrainSettings, train_task, update_memory
 
-IGNORED_ON_RESUME = ("training.progress", "evaluation.plots", "device")
+IGNORED_ON_RESUME = ("training.progress", "evaluation.plots", "device", "output")
 
 
 class RunError(RuntimeError):

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import runner
 from configuration import resolve
@@ -106,3 +107,25 @@ def test_replacement_models_get_one_seed_each_from_a_list(tiny, tmp_path):
 def test_a_short_seed_list_is_a_usage_error(tiny, capsys):
     assert runner.main(["pretrain", "--config", str(tiny), "--set", "replacement.pretrain.seed=[3]"]) == 2
     assert "one int, or a list of 2 ints" in capsys.readouterr().err
+
+
+def test_cross_model_table_has_own_accuracy_on_its_diagonal(tiny, tmp_path, capsys):
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import cross_model
+    from benchmarks.retrieval import CompatibilityEvaluator
+    from experiment import make_stream
+
+    assert runner.main(["pretrain", "--config", str(tiny), "--set", "replacement.pretrain.seed=[3,4]"]) == 0
+    paths = sorted((tmp_path / "cache").glob("*.pt"))
+    models = [cross_model.load_pretrained(p)[0] for p in paths]
+    stream = make_stream(resolve([("tiny", yaml.safe_load(tiny.read_text()))]))
+    table = cross_model.cross_accuracies(models + models[:1], stream.query, stream.gallery, mean=stream.mean,
+                                         std=stream.std, templates=True)
+    evaluator = CompatibilityEvaluator(stream.query, stream.gallery, mean=stream.mean, std=stream.std, amp=False)
+    assert [table[i][i] for i in range(2)] == [evaluator.self_test(m) for m in models]
+    assert table[2] == table[0] and [row[2] for row in table] == [row[0] for row in table]
+    capsys.readouterr()
+    assert cross_model.main(["--config", str(tiny), *map(str, paths), "--queries", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "20 queries" in out and "3 cls, seed 3" in out and "6 cls, seed 4" in out

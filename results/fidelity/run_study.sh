@@ -4,6 +4,8 @@
 #   bash results/fidelity/run_study.sh small      # small CNN: replacements, then 2 / 6 / 20 epochs per task
 #   bash results/fidelity/run_study.sh resnet18   # ResNet-18 (the paper's backbone): replacements, 5 / 20 / 70 epochs
 # DATA (default data/) holds tiny-imagenet-200/ and cifar-10-batches-py/; OUT (default results/fidelity-runs).
+# INIT=shared gives every replacement model the same initialisation (replacement.pretrain.seed=0, the control of
+# README.md; folders end in -shared-init); by default each has its own seed.
 # PARALLEL=1 runs ER and d-Simplex-HOC side by side, one thread each (2 CPU cores without a GPU: two one-thread
 # processes train faster than one two-thread process).
 set -euo pipefail
@@ -17,6 +19,10 @@ case "$scale" in
   *) echo "unknown scale $scale: small or resnet18" >&2; exit 2 ;;
 esac
 common=(--preset fidelity --data-root "$DATA" --no-progress --set "model.backbone=$backbone")
+suffix=
+if [ "${INIT:-independent}" = shared ]; then
+  common+=(--set replacement.pretrain.seed=0); suffix=-shared-init
+fi
 
 both() {  # both COMMAND...: the command for er and for dsimplex_hoc (the two head families)
   if [ "${PARALLEL:-0}" = 1 ]; then
@@ -33,5 +39,5 @@ both() {  # both COMMAND...: the command for er and for dsimplex_hoc (the two he
 
 both python runner.py pretrain "${common[@]}"
 for e in "${epochs[@]}"; do
-  both python runner.py run "${common[@]}" --epochs "$e" --resume --output "$OUT/$backbone-e$e"
+  both python runner.py run "${common[@]}" --epochs "$e" --resume --output "$OUT/$backbone-e$e$suffix"
 done

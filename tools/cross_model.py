@@ -1,0 +1,93 @@
+"""Out-of-the-box compatibility of suite-pretrained models: query with one model, search another's gallery.
+
+    python tools/cross_model.py --config CONFIG.yaml MODEL.pt [MODEL.pt ...] [--data-root DIR] [--queries N]
+
+CONFIG is any run's ``config.yaml`` (its evaluation set is used: query and gallery as in METHODS.md §3, gallery
+as class templates when ``evaluation.mode`` is templates). Each MODEL is a cache file of ``runner.py pretrain``
+(its ``.json`` beside it gives the head, backbone and classes). Every model embeds the query and gallery once;
+the table has a row per query model and a column per gallery model, with top-1 accuracy and its Wilson interval
+(benchmarks/noise.py). The diagonal is each model's own accuracy; off the diagonal, chance is 1 / classes.
+The fidelity study uses it to show that a shared initialisation alone makes independently trained models
+compatible (results/fidelity/README.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from tabulate import tabulate  # noqa: E402
+
+from benchmarks.noise import wilson_interval  # noqa: E402
+from benchmarks.retrieval import accuracy, class_templates, embed, nearest_neighbour_hits  # noqa: E402
+from configuration import read_yaml, resolve  # noqa: E402
+from experiment import make_stream  # noqa: E402
+from models import build_model, load_replacement  # noqa: E402
+from scenarios.datasets import ImageSet  # noqa: E402
+
+
+def model_name(spec: dict) -> str:
+    return f"{spec['head']} {len(spec['classes'])} cls, seed {spec['seed']}"
+
+
+def load_pretrained(path: Path) -> tuple[torch.nn.Module, dict]:
+    """A cached pretrained model and its spec (``<model>.json``)."""
+    spec = json.loads(path.with_suffix(".json").read_text())
+    model = build_model(head=spec["head"], num_classes=len(spec["classes"]), backbone=spec["backbone"],
+                        simplex_vertices_count=spec["simplex_vertices_count"], small_width=spec["small_width"],
+                        small_out_dim=spec["small_out_dim"])
+    load_replacement(model, path)
+    return model.eval(), spec
+
+
+def cross_accuracies(models: list[torch.nn.Module], query: ImageSet, gallery: ImageSet, *, mean, std,
+                     templates: bool) -> list[list[float]]:
+    """``A[i][j]``: top-1 accuracy of model i's queries against model j's gallery (each set embedded once)."""
+    embedded = []
+    for model in models:
+        g = embed(model, gallery, mean=mean, std=std, amp=False)
+        searchable = class_templates(g, gallery.labels) if templates else (g, gallery.labels)
+        embedded.append((embed(model, query, mean=mean, std=std, amp=False), searchable))
+    return [[accuracy(nearest_neighbour_hits(q, query.labels, g, labels)) for _, (g, labels) in embedded]
+            for q, _ in embedded]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("models", nargs="+", type=Path, help="cached pretrained models (.pt with .json beside)")
+    parser.add_argument("--config", required=True, help="a run's config.yaml: the evaluation set to use")
+    parser.add_argument("--data-root", help="override data_root of the config")
+    parser.add_argument("--queries", type=int, help="use only the first N queries (default: all)")
+    args = parser.parse_args(argv)
+    layer = read_yaml(args.config)
+    if args.data_root:
+        layer["data_root"] = args.data_root
+    cfg = resolve([(args.config, layer)])
+    stream = make_stream(cfg)
+    query = stream.query
+    if args.queries:
+        query = ImageSet(query.images[:args.queries], query.labels[:args.queries])
+    loaded = [load_pretrained(p) for p in args.models]
+    table = cross_accuracies([m for m, _ in loaded], query, stream.gallery, mean=stream.mean, std=stream.std,
+                             templates=cfg["evaluation"]["mode"] == "templates")
+    confidence = cfg["evaluation"]["confidence"]
+    names = [model_name(spec) for _, spec in loaded]
+    rows = []
+    for name, accuracies in zip(names, table):
+        cells = []
+        for a in accuracies:
+            low, high = wilson_interval(a, len(query), confidence)
+            cells.append(f"{100 * a:.1f} [{100 * low:.1f}, {100 * high:.1f}]")
+        rows.append([name] + cells)
+    print(f"Top-1 accuracy (%) with {100 * confidence:.0f}% Wilson intervals, {len(query)} queries; row = query "
+          "model, column = gallery model.\n")
+    print(tabulate(rows, headers=["query \\ gallery"] + names, tablefmt="github", disable_numparse=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
