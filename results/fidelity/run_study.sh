@@ -4,6 +4,7 @@
 #   bash results/fidelity/run_study.sh small      # small CNN: replacements, then 2 / 6 / 20 epochs per task
 #   bash results/fidelity/run_study.sh resnet18   # ResNet-18 (the paper's backbone): replacements, 5 / 20 / 70 epochs
 # DATA (default data/) holds tiny-imagenet-200/ and cifar-10-batches-py/; OUT (default results/fidelity-runs).
+# EPOCHS="2 6" runs only those epochs per task (default: the scale's three).
 # INIT=shared gives every replacement model the same initialisation (replacement.pretrain.seed=0, the control of
 # README.md; folders end in -shared-init); by default each has its own seed.
 # PARALLEL=1 runs ER and d-Simplex-HOC side by side, one thread each (2 CPU cores without a GPU: two one-thread
@@ -18,6 +19,7 @@ case "$scale" in
   resnet18) backbone=resnet18; epochs=(5 20 70) ;;
   *) echo "unknown scale $scale: small or resnet18" >&2; exit 2 ;;
 esac
+if [ -n "${EPOCHS:-}" ]; then read -r -a epochs <<< "$EPOCHS"; fi
 common=(--preset fidelity --data-root "$DATA" --no-progress --set "model.backbone=$backbone")
 suffix=
 if [ "${INIT:-independent}" = shared ]; then
