@@ -121,7 +121,7 @@ def test_cross_model_table_has_own_accuracy_on_its_diagonal(tiny, tmp_path, caps
     models = [cross_model.load_pretrained(p)[0] for p in paths]
     stream = make_stream(resolve([("tiny", yaml.safe_load(tiny.read_text()))]))
     table = cross_model.cross_accuracies(models + models[:1], stream.query, stream.gallery, mean=stream.mean,
-                                         std=stream.std, templates=True)
+                                         std=stream.std, mode="templates")
     evaluator = CompatibilityEvaluator(stream.query, stream.gallery, mean=stream.mean, std=stream.std, amp=False)
     assert [table[i][i] for i in range(2)] == [evaluator.self_test(m) for m in models]
     assert table[2] == table[0] and [row[2] for row in table] == [row[0] for row in table]

@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 from benchmarks.noise import wilson_interval  # noqa: E402
-from benchmarks.retrieval import accuracy, class_templates, embed, nearest_neighbour_hits  # noqa: E402
+from benchmarks.retrieval import embed, gallery_accuracy  # noqa: E402
 from configuration import read_yaml, resolve  # noqa: E402
 from experiment import make_stream  # noqa: E402
 from models import build_model, load_replacement  # noqa: E402
@@ -45,15 +45,12 @@ def load_pretrained(path: Path) -> tuple[torch.nn.Module, dict]:
 
 
 def cross_accuracies(models: list[torch.nn.Module], query: ImageSet, gallery: ImageSet, *, mean, std,
-                     templates: bool) -> list[list[float]]:
-    """``A[i][j]``: top-1 accuracy of model i's queries against model j's gallery (each set embedded once)."""
-    embedded = []
-    for model in models:
-        g = embed(model, gallery, mean=mean, std=std, amp=False)
-        searchable = class_templates(g, gallery.labels) if templates else (g, gallery.labels)
-        embedded.append((embed(model, query, mean=mean, std=std, amp=False), searchable))
-    return [[accuracy(nearest_neighbour_hits(q, query.labels, g, labels)) for _, (g, labels) in embedded]
-            for q, _ in embedded]
+                     mode: str) -> list[list[float]]:
+    """``A[i][j]``: top-1 accuracy of model i's queries against model j's gallery (``mode`` as
+    ``evaluation.mode``); each model embeds the query and the gallery once."""
+    embedded = [(embed(model, query, mean=mean, std=std, amp=False), embed(model, gallery, mean=mean, std=std,
+                                                                         amp=False)) for model in models]
+    return [[gallery_accuracy(q, query.labels, g, gallery.labels, mode) for _, g in embedded] for q, _ in embedded]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         query = ImageSet(query.images[:args.queries], query.labels[:args.queries])
     loaded = [load_pretrained(p) for p in args.models]
     table = cross_accuracies([m for m, _ in loaded], query, stream.gallery, mean=stream.mean, std=stream.std,
-                             templates=cfg["evaluation"]["mode"] == "templates")
+                             mode=cfg["evaluation"]["mode"])
     confidence = cfg["evaluation"]["confidence"]
     names = [model_name(spec) for _, spec in loaded]
     rows = []
