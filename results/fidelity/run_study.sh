@@ -7,7 +7,9 @@
 # EPOCHS="2 6" runs only those epochs per task (default: the scale's three).
 # INIT=shared gives every replacement model the same initialisation (replacement.pretrain.seed=0, the control of
 # README.md; folders end in -shared-init); by default each has its own seed.
-# PARALLEL=1 runs ER and d-Simplex-HOC side by side, one thread each (2 CPU cores without a GPU: two one-thread
+# STRATEGIES="dsimplex_fd bct_er" picks the strategies (default: er dsimplex_hoc); the replacement models of each
+# strategy's head family are pretrained first (cached, so only once per family).
+# PARALLEL=1 runs the strategies two at a time, one thread each (2 CPU cores without a GPU: two one-thread
 # processes train faster than one two-thread process).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,20 +28,34 @@ if [ "${INIT:-independent}" = shared ]; then
   common+=(--set replacement.pretrain.seed=0); suffix=-shared-init
 fi
 
-both() {  # both COMMAND...: the command for er and for dsimplex_hoc (the two head families)
+read -r -a strategies <<< "${STRATEGIES:-er dsimplex_hoc}"
+# one strategy per replacement family, so that no two processes pretrain the same models
+read -r -a pretrainers <<< "$(python -c '
+import sys
+from models import replacement_family
+from strategies import get_strategy
+first = {}
+for name in sys.argv[1:]:
+    first.setdefault(replacement_family(get_strategy(name).head), name)
+print(*first.values())' "${strategies[@]}")"
+
+each() {  # each "STRATEGY..." COMMAND...: the command once per strategy, two at a time with PARALLEL=1
+  local names
+  read -r -a names <<< "$1"; shift
   if [ "${PARALLEL:-0}" = 1 ]; then
     export OMP_NUM_THREADS=1
-    "$@" --strategy er & first=$!
-    "$@" --strategy dsimplex_hoc & second=$!
-    wait "$first"
-    wait "$second"
+    local i pids strategy pid
+    for ((i = 0; i < ${#names[@]}; i += 2)); do
+      pids=()
+      for strategy in "${names[@]:i:2}"; do "$@" --strategy "$strategy" & pids+=($!); done
+      for pid in "${pids[@]}"; do wait "$pid"; done
+    done
   else
-    "$@" --strategy er
-    "$@" --strategy dsimplex_hoc
+    for strategy in "${names[@]}"; do "$@" --strategy "$strategy"; done
   fi
 }
 
-both python runner.py pretrain "${common[@]}"
+each "${pretrainers[*]}" python runner.py pretrain "${common[@]}"
 for e in "${epochs[@]}"; do
-  both python runner.py run "${common[@]}" --epochs "$e" --resume --output "$OUT/$backbone-e$e$suffix"
+  each "${strategies[*]}" python runner.py run "${common[@]}" --epochs "$e" --resume --output "$OUT/$backbone-e$e$suffix"
 done
