@@ -5,6 +5,7 @@
 #   bash results/fidelity/run_study.sh resnet18   # ResNet-18 (the paper's backbone): replacements, 5 / 20 / 70 epochs
 # DATA (default data/) holds tiny-imagenet-200/ and cifar-10-batches-py/; OUT (default results/fidelity-runs).
 # EPOCHS="2 6" runs only those epochs per task (default: the scale's three).
+# SEEDS="1 2" runs those seeds of each strategy, one after another in its process (default: the configured seed, 42).
 # INIT=shared gives every replacement model the same initialisation (replacement.pretrain.seed=0, the control of
 # README.md; folders end in -shared-init); by default each has its own seed.
 # STRATEGIES="dsimplex_fd bct_er" picks the strategies (default: er dsimplex_hoc); the replacement models of each
@@ -23,6 +24,7 @@ case "$scale" in
 esac
 if [ -n "${EPOCHS:-}" ]; then read -r -a epochs <<< "$EPOCHS"; fi
 common=(--preset fidelity --data-root "$DATA" --no-progress --set "model.backbone=$backbone")
+if [ -n "${SEEDS:-}" ]; then read -r -a seeds <<< "$SEEDS"; common+=(--seeds "${seeds[@]}"); fi
 suffix=
 if [ "${INIT:-independent}" = shared ]; then
   common+=(--set replacement.pretrain.seed=0); suffix=-shared-init
