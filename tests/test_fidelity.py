@@ -129,3 +129,22 @@ def test_cross_model_table_has_own_accuracy_on_its_diagonal(tiny, tmp_path, caps
     assert cross_model.main(["--config", str(tiny), *map(str, paths), "--queries", "20"]) == 0
     out = capsys.readouterr().out
     assert "20 queries" in out and "3 cls, seed 3" in out and "6 cls, seed 4" in out
+
+
+def test_scale_summary_has_one_row_per_seed_from_its_metrics(tiny, tmp_path, capsys):
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import scale_summary
+
+    out = tmp_path / "study" / "tiny-e1"
+    assert runner.main(["run", "--config", str(tiny), "--strategy", "er", "--seeds", "1", "2",
+                        "--output", str(out)]) == 0
+    capsys.readouterr()
+    scale_summary.main(str(tmp_path / "study"))
+    lines = capsys.readouterr().out.splitlines()
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    assert [r[:6] for r in rows] == [["tiny-e1", "er", "small_cnn", "1", str(s), "independent"] for s in (1, 2)]
+    for seed, r in zip((1, 2), rows):
+        record = json.loads(next(out.rglob(f"seed{seed}/metrics.json")).read_text())
+        assert r[7] == f"{record['metrics']['AC']:.3f}" and r[-3] == f"{record['metrics']['AA']:.2f}"
+        assert r[-1] == str(record["noise"]["queries"])
