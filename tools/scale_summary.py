@@ -2,10 +2,10 @@
 
     python tools/scale_summary.py results/fidelity-runs > results/fidelity/summary.md
 
-Columns: backbone, epochs per task, the run's seed, whether the replacement models share one initialisation, their own accuracy
-(percent, at each replacement task), AC with its 95% interval over query resamples, AC outside noise / upper, pairs
-within noise, the same across replacements, AA, ACA and the number of queries (benchmarks/noise.py defines the
-noise columns).
+Columns: backbone, epochs per task, the run's seed, whether the replacement models share one initialisation,
+their own accuracy (percent, at each replacement task), AC with its 95% interval over query resamples, AC outside
+noise / upper, pairs within noise, the same across replacements, AA, ACA and the number of queries
+(benchmarks/noise.py defines the noise columns).
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from tabulate import tabulate  # noqa: E402
 
 from benchmarks.leaderboard import collect  # noqa: E402
 
-HEADERS = ["scale", "strategy", "backbone", "epochs/task", "seed", "replacement init", "replacements' own acc. (%)", "AC",
-           "AC 95% interval", "AC outside noise", "AC upper", "within noise", "across: outside noise", "across: upper",
-           "across: within noise", "AA (%)", "ACA (%)", "queries"]
+HEADERS = ["scale", "strategy", "backbone", "epochs/task", "seed", "replacement init", "replacements' own acc. (%)",
+           "AC", "AC 95% interval", "AC outside noise", "AC upper", "within noise", "across: outside noise",
+           "across: upper", "across: within noise", "AA (%)", "ACA (%)", "queries"]
 
 
 def row(scale: str, record: dict) -> list:
@@ -28,8 +28,8 @@ def row(scale: str, record: dict) -> list:
     own = " / ".join(f"{100 * r['own_accuracy']:.1f}" for r in record["replacement_models"] if "own_accuracy" in r)
     seeds = cfg["replacement"]["pretrain"]["seed"]
     init = "shared" if isinstance(seeds, int) or len(set(seeds)) == 1 else "independent"
-    return [scale, record.get("method", record["strategy"]), cfg["model"]["backbone"], cfg["training"]["epochs"], cfg["seed"],
-            init, own,
+    return [scale, record.get("method", record["strategy"]), cfg["model"]["backbone"], cfg["training"]["epochs"],
+            cfg["seed"], init, own,
             f"{m['AC']:.3f}", f"[{noise['AC_interval'][0]:.3f}, {noise['AC_interval'][1]:.3f}]",
             f"{noise['AC_outside_noise']:.3f}", f"{noise['AC_upper']:.3f}", f"{noise['within_noise']}/{noise['pairs']}",
             f"{noise['across']['AC_outside_noise']:.3f}", f"{noise['across']['AC_upper']:.3f}",

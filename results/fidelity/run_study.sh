@@ -59,5 +59,6 @@ each() {  # each "STRATEGY..." COMMAND...: the command once per strategy, two at
 
 each "${pretrainers[*]}" python runner.py pretrain "${common[@]}"
 for e in "${epochs[@]}"; do
-  each "${strategies[*]}" python runner.py run "${common[@]}" --epochs "$e" --resume --output "$OUT/$backbone-e$e$suffix"
+  each "${strategies[*]}" python runner.py run "${common[@]}" --epochs "$e" --resume \
+    --output "$OUT/$backbone-e$e$suffix"
 done
