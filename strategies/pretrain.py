@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from models import RetrievalModel, build_model, feature_extractor_state, forward_in_batches
+from models import RetrievalModel, build_model, feature_extractor_state, forward_in_batches, load_replacement
 from scenarios.datasets import DataSplits, ImageSet
 from scenarios.streams import first_per_class, relabel
 
@@ -201,6 +201,19 @@ def pretrained_replacement(data: DataSplits, classes: list[int], *, head: str, m
     path.with_suffix(".json").write_text(json.dumps({**spec, "training": training}, indent=1))
     partial.unlink(missing_ok=True)
     return path, False
+
+
+MODEL_SPEC_KEYS = ("backbone", "simplex_vertices_count", "small_width", "small_out_dim")
+
+
+def load_cached_model(path: str | Path) -> tuple[RetrievalModel, dict[str, Any]]:
+    """A model cached by :func:`pretrained_replacement` (in eval mode, without its classifier unless it was kept)
+    and its spec, rebuilt from the ``<model>.json`` beside it."""
+    spec = json.loads(Path(path).with_suffix(".json").read_text())
+    model = build_model(head=spec["head"], num_classes=len(spec["classes"]),
+                        **{key: spec[key] for key in MODEL_SPEC_KEYS})
+    load_replacement(model, path)
+    return model.eval(), spec
 
 
 def training_log(path: str | Path) -> dict[str, Any] | None:

@@ -6,6 +6,7 @@ import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
 
 # A 3-task IAM-CL2R run on generated data in a few seconds: replacements at tasks 0 and 2.
 TINY = {

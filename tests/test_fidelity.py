@@ -10,7 +10,7 @@ import yaml
 import runner
 from configuration import resolve
 from scenarios.datasets import DataNotice, make_synthetic
-from strategies.pretrain import PlateauProgress, PlateauSettings, pretrain_model
+from strategies.pretrain import PlateauProgress, PlateauSettings, load_cached_model, pretrain_model
 from strategies.trainer import TrainSettings
 from test_data import write_cifar10
 
@@ -110,15 +110,13 @@ def test_a_short_seed_list_is_a_usage_error(tiny, capsys):
 
 
 def test_cross_model_table_has_own_accuracy_on_its_diagonal(tiny, tmp_path, capsys):
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     import cross_model
     from benchmarks.retrieval import CompatibilityEvaluator
     from experiment import make_stream
 
     assert runner.main(["pretrain", "--config", str(tiny), "--set", "replacement.pretrain.seed=[3,4]"]) == 0
     paths = sorted((tmp_path / "cache").glob("*.pt"))
-    models = [cross_model.load_pretrained(p)[0] for p in paths]
+    models = [load_cached_model(p)[0] for p in paths]
     stream = make_stream(resolve([("tiny", yaml.safe_load(tiny.read_text()))]))
     table = cross_model.cross_accuracies(models + models[:1], stream.query, stream.gallery, mean=stream.mean,
                                          std=stream.std, mode="templates")
@@ -132,8 +130,6 @@ def test_cross_model_table_has_own_accuracy_on_its_diagonal(tiny, tmp_path, caps
 
 
 def test_scale_summary_has_one_row_per_seed_from_its_metrics(tiny, tmp_path, capsys):
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     import scale_summary
 
     out = tmp_path / "study" / "tiny-e1"

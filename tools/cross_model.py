@@ -13,7 +13,6 @@ compatible (results/fidelity/README.md).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,31 +24,21 @@ from tabulate import tabulate  # noqa: E402
 from benchmarks.noise import wilson_interval  # noqa: E402
 from benchmarks.retrieval import embed, gallery_accuracy  # noqa: E402
 from configuration import read_yaml, resolve  # noqa: E402
-from experiment import make_stream  # noqa: E402
-from models import build_model, load_replacement  # noqa: E402
+from experiment import make_stream, resolve_device, to_device  # noqa: E402
 from scenarios.datasets import ImageSet  # noqa: E402
+from strategies.pretrain import load_cached_model  # noqa: E402
 
 
 def model_name(spec: dict) -> str:
     return f"{spec['head']} {len(spec['classes'])} cls, seed {spec['seed']}"
 
 
-def load_pretrained(path: Path) -> tuple[torch.nn.Module, dict]:
-    """A cached pretrained model and its spec (``<model>.json``)."""
-    spec = json.loads(path.with_suffix(".json").read_text())
-    model = build_model(head=spec["head"], num_classes=len(spec["classes"]), backbone=spec["backbone"],
-                        simplex_vertices_count=spec["simplex_vertices_count"], small_width=spec["small_width"],
-                        small_out_dim=spec["small_out_dim"])
-    load_replacement(model, path)
-    return model.eval(), spec
-
-
 def cross_accuracies(models: list[torch.nn.Module], query: ImageSet, gallery: ImageSet, *, mean, std,
-                     mode: str) -> list[list[float]]:
+                     mode: str, amp: bool = False) -> list[list[float]]:
     """``A[i][j]``: top-1 accuracy of model i's queries against model j's gallery (``mode`` as
-    ``evaluation.mode``); each model embeds the query and the gallery once."""
-    embedded = [(embed(model, query, mean=mean, std=std, amp=False), embed(model, gallery, mean=mean, std=std,
-                                                                         amp=False)) for model in models]
+    ``evaluation.mode``); each model embeds the query and the gallery once, on its own device."""
+    embedded = [(embed(model, query, mean=mean, std=std, amp=amp), embed(model, gallery, mean=mean, std=std,
+                                                                       amp=amp)) for model in models]
     return [[gallery_accuracy(q, query.labels, g, gallery.labels, mode) for _, g in embedded] for q, _ in embedded]
 
 
@@ -65,12 +54,14 @@ def main(argv: list[str] | None = None) -> int:
         layer["data_root"] = args.data_root
     cfg = resolve([(args.config, layer)])
     stream = make_stream(cfg)
+    device = resolve_device(cfg["device"])
     query = stream.query
     if args.queries:
         query = ImageSet(query.images[:args.queries], query.labels[:args.queries])
-    loaded = [load_pretrained(p) for p in args.models]
-    table = cross_accuracies([m for m, _ in loaded], query, stream.gallery, mean=stream.mean, std=stream.std,
-                             mode=cfg["evaluation"]["mode"])
+    loaded = [load_cached_model(p) for p in args.models]
+    table = cross_accuracies([m.to(device) for m, _ in loaded], to_device(query, device),
+                             to_device(stream.gallery, device), mean=stream.mean, std=stream.std,
+                             mode=cfg["evaluation"]["mode"], amp=cfg["training"]["amp"])
     confidence = cfg["evaluation"]["confidence"]
     names = [model_name(spec) for _, spec in loaded]
     rows = []
