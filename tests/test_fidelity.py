@@ -144,3 +144,45 @@ def test_scale_summary_has_one_row_per_seed_from_its_metrics(tiny, tmp_path, cap
         record = json.loads(next(out.rglob(f"seed{seed}/metrics.json")).read_text())
         assert r[7] == f"{record['metrics']['AC']:.3f}" and r[-3] == f"{record['metrics']['AA']:.2f}"
         assert r[-1] == str(record["noise"]["queries"])
+
+
+def test_feature_geometry_measures_spread_and_pairing_by_hand():
+    from feature_geometry import mean_resultant_length, paired_cosine
+
+    assert mean_resultant_length(torch.tensor([[3.0, 0.0], [0.0, 0.5]])) == pytest.approx(0.5 ** 0.5)
+    assert mean_resultant_length(torch.tensor([[1.0, 1.0], [2.0, 2.0]])) == pytest.approx(1.0)
+    assert paired_cosine(torch.tensor([[1.0, 0.0], [1.0, 0.0]]),
+                         torch.tensor([[2.0, 0.0], [1.0, 1.0]])) == pytest.approx((1 + 0.5 ** 0.5) / 2)
+
+
+def test_a_common_shift_sends_every_query_to_one_class_and_removing_it_recovers_them():
+    from feature_geometry import pair_diagnosis
+
+    old = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    new = torch.nn.functional.normalize(old + torch.tensor([2.0, 0.0, 0.0]), dim=1)
+    labels = torch.tensor([0, 1])
+    # class 1's query moves to (2, 1, 0)/sqrt(5): nearer template 0 (cosine 0.894) than template 1 (0.447)
+    assert pair_diagnosis(new, old, labels, old, labels, "templates") == pytest.approx(
+        {"accuracy": 0.5, "top_class_share": 1.0, "accuracy_shift_removed": 1.0})
+    assert pair_diagnosis(old, old, labels, old, labels, "templates")["accuracy"] == 1.0
+
+
+def test_feature_geometry_reads_a_run_and_matches_its_matrix(tiny, tmp_path, capsys):
+    import feature_geometry
+
+    out = tmp_path / "runs"
+    assert runner.main(["run", "--config", str(tiny), "--strategy", "dsimplex_fd", "--output", str(out)]) == 0
+    run = next(out.rglob("seed*/metrics.json")).parent
+    matrix = json.loads((run / "metrics.json").read_text())["compatibility_matrix"]
+    capsys.readouterr()
+    assert feature_geometry.main([str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| ")]
+    models = [c for c in cells if c[0].isdigit()]
+    pairs = {c[0]: c for c in cells if c[0].startswith("(")}
+    assert [m[1] for m in models] == [f"{100 * matrix[t][t]:.1f}" for t in range(3)]
+    assert models[0][3] == "-" and all(0 < float(m[2]) <= 1 for m in models)
+    assert sorted(pairs) == ["(1,0)", "(2,0)", "(2,1)"]
+    assert all(pairs[f"({t},{k})"][1] == f"{100 * matrix[t][k]:.1f}" for t, k in ((1, 0), (2, 0), (2, 1)))
+    assert feature_geometry.main([str(tmp_path / "nowhere")]) == 2
+    assert "pass a run folder" in capsys.readouterr().err

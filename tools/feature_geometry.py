@@ -1,0 +1,121 @@
+"""Why does a pair lose its gallery? The geometry of a finished run's features on its query set.
+
+    python tools/feature_geometry.py RUN_DIR [--data-root DIR] [--query-stride N]
+
+RUN_DIR is one run's folder (``config.yaml`` and ``checkpoints/task<t>.pt``). Every task's model embeds the
+query set (every N-th query) and the gallery once. Two tables:
+
+* per model: its own accuracy; the **mean resultant length** ``||mean_i f_i||`` of its normalised query
+  features (0: spread over the sphere, 1: every image on one direction, so the classes live in a thin
+  residual); the mean cosine between its features and the previous model's on the same images;
+* per pair (t, k), t > k: the accuracy of model t's queries on model k's gallery, the share of queries that go
+  to the single most chosen gallery class, and the accuracy once the **common shift** is removed (the mean of
+  model t's query features minus the mean of model k's is subtracted from model t's queries before searching).
+  A pair that falls to one class and recovers without the shift has lost its gallery to a common translation
+  of the features, not to a scrambled space. The correction uses both models' query means: a diagnosis, not a
+  protocol (a deployed system has no old-model features of new queries).
+
+The fidelity study uses it on d-Simplex-FD's collapsing pair (results/fidelity/README.md).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from tabulate import tabulate  # noqa: E402
+
+from benchmarks.retrieval import class_templates, embed  # noqa: E402
+from configuration import read_yaml, resolve  # noqa: E402
+from experiment import make_stream, model_kwargs, resolve_device, to_device  # noqa: E402
+from models import build_model  # noqa: E402
+from scenarios.datasets import ImageSet  # noqa: E402
+from strategies import get_strategy  # noqa: E402
+
+
+def mean_resultant_length(features: torch.Tensor) -> float:
+    """``||mean of the L2-normalised rows||``: 0 for features spread evenly, 1 when all point one way."""
+    return float(F.normalize(features.float(), dim=1).mean(0).norm())
+
+
+def paired_cosine(features: torch.Tensor, other: torch.Tensor) -> float:
+    """Mean cosine between row i of ``features`` and row i of ``other`` (the same image, two models)."""
+    return float(F.cosine_similarity(features.float(), other.float(), dim=1).mean())
+
+
+def predicted_labels(queries: torch.Tensor, gallery: torch.Tensor, gallery_labels: torch.Tensor,
+                     mode: str) -> torch.Tensor:
+    """The label of each query's cosine-nearest gallery item (class templates in ``templates`` mode)."""
+    gallery = F.normalize(gallery.float(), dim=1)
+    if mode == "templates":
+        gallery, gallery_labels = class_templates(gallery, gallery_labels)
+    return gallery_labels[(F.normalize(queries.float(), dim=1) @ gallery.t()).argmax(1)]
+
+
+def pair_diagnosis(queries: torch.Tensor, old_queries: torch.Tensor, query_labels: torch.Tensor,
+                   old_gallery: torch.Tensor, gallery_labels: torch.Tensor, mode: str) -> dict[str, float]:
+    """For new-model ``queries`` against the old model's gallery: ``accuracy``, ``top_class_share`` (the
+    fraction of queries answered by the most chosen class) and ``accuracy_shift_removed`` (queries moved by
+    the difference of the two models' mean query features, see the module docstring)."""
+    predicted = predicted_labels(queries, old_gallery, gallery_labels, mode)
+    shift = F.normalize(queries.float(), dim=1).mean(0) - F.normalize(old_queries.float(), dim=1).mean(0)
+    recentred = predicted_labels(F.normalize(queries.float(), dim=1) - shift, old_gallery, gallery_labels, mode)
+    return {"accuracy": float((predicted == query_labels).float().mean()),
+            "top_class_share": float(torch.bincount(predicted).max()) / len(predicted),
+            "accuracy_shift_removed": float((recentred == query_labels).float().mean())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run", type=Path, help="a run folder with config.yaml and checkpoints/")
+    parser.add_argument("--data-root", help="override data_root of the run's config")
+    parser.add_argument("--query-stride", type=int, default=1, help="use every N-th query (default: all)")
+    args = parser.parse_args(argv)
+    config_path = args.run / "config.yaml"
+    if not config_path.is_file():
+        print(f"error: {config_path} does not exist; pass a run folder (it holds config.yaml)", file=sys.stderr)
+        return 2
+    layer = read_yaml(config_path)
+    if args.data_root:
+        layer["data_root"] = args.data_root
+    cfg = resolve([(str(config_path), layer)])
+    stream, device = make_stream(cfg), resolve_device(cfg["device"])
+    query = to_device(ImageSet(stream.query.images[::args.query_stride], stream.query.labels[::args.query_stride]),
+                      device)
+    gallery, mode = to_device(stream.gallery, device), cfg["evaluation"]["mode"]
+    head = get_strategy(cfg["strategy"]).head
+    embedded = []
+    for t, task in enumerate(stream.tasks):
+        checkpoint = args.run / "checkpoints" / f"task{t}.pt"
+        if not checkpoint.is_file():
+            break
+        model = build_model(head=head, num_classes=task.num_seen_classes, **model_kwargs(cfg))
+        model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True))
+        model.to(device)
+        embedded.append(tuple(embed(model, images, mean=stream.mean, std=stream.std, amp=cfg["training"]["amp"])
+                              for images in (query, gallery)))
+    labels = query.labels
+    models = [[t, f"{100 * pair_diagnosis(q, q, labels, g, gallery.labels, mode)['accuracy']:.1f}",
+               f"{mean_resultant_length(q):.3f}", f"{paired_cosine(q, embedded[t - 1][0]):.3f}" if t else "-"]
+              for t, (q, g) in enumerate(embedded)]
+    print(f"{len(labels)} queries, {len(embedded)} models of {args.run}\n")
+    print(tabulate(models, headers=["model", "own accuracy %", "mean resultant length", "cosine to model t-1"],
+                   tablefmt="github", disable_numparse=True))
+    pairs = []
+    for t, (queries, _) in enumerate(embedded):
+        for k in range(t):
+            d = pair_diagnosis(queries, embedded[k][0], labels, embedded[k][1], gallery.labels, mode)
+            pairs.append([f"({t},{k})", f"{100 * d['accuracy']:.1f}", f"{100 * d['top_class_share']:.1f}",
+                          f"{100 * d['accuracy_shift_removed']:.1f}"])
+    print()
+    print(tabulate(pairs, headers=["pair (query, gallery)", "accuracy %", "top class share %",
+                                   "accuracy, shift removed %"], tablefmt="github", disable_numparse=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
