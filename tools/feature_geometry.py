@@ -33,7 +33,7 @@ from benchmarks.retrieval import class_templates, embed  # noqa: E402
 from configuration import read_yaml, resolve  # noqa: E402
 from experiment import make_stream, model_kwargs, resolve_device, to_device  # noqa: E402
 from models import build_model  # noqa: E402
-from scenarios.datasets import ImageSet  # noqa: E402
+from scenarios.datasets import DataError, ImageSet  # noqa: E402
 from strategies import get_strategy  # noqa: E402
 
 
@@ -83,7 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.data_root:
         layer["data_root"] = args.data_root
     cfg = resolve([(str(config_path), layer)])
-    stream, device = make_stream(cfg), resolve_device(cfg["device"])
+    try:
+        stream = make_stream(cfg)
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    device = resolve_device(cfg["device"])
     query = to_device(ImageSet(stream.query.images[::args.query_stride], stream.query.labels[::args.query_stride]),
                       device)
     gallery, mode = to_device(stream.gallery, device), cfg["evaluation"]["mode"]
@@ -99,11 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         embedded.append(tuple(embed(model, images, mean=stream.mean, std=stream.std, amp=cfg["training"]["amp"])
                               for images in (query, gallery)))
     labels = query.labels
-    models = [[t, f"{100 * pair_diagnosis(q, q, labels, g, gallery.labels, mode)['accuracy']:.1f}",
+    model_rows = [[t, f"{100 * pair_diagnosis(q, q, labels, g, gallery.labels, mode)['accuracy']:.1f}",
                f"{mean_resultant_length(q):.3f}", f"{paired_cosine(q, embedded[t - 1][0]):.3f}" if t else "-"]
               for t, (q, g) in enumerate(embedded)]
     print(f"{len(labels)} queries, {len(embedded)} models of {args.run}\n")
-    print(tabulate(models, headers=["model", "own accuracy %", "mean resultant length", "cosine to model t-1"],
+    print(tabulate(model_rows, headers=["model", "own accuracy %", "mean resultant length", "cosine to model t-1"],
                    tablefmt="github", disable_numparse=True))
     pairs = []
     for t, (queries, _) in enumerate(embedded):
