@@ -114,6 +114,14 @@ def model_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
             "small_width": m["small_width"], "small_out_dim": m["small_out_dim"]}
 
 
+def load_task_model(cfg: dict[str, Any], run_dir: Path, t: int, stream: Stream) -> RetrievalModel:
+    """The model a run saved after task ``t`` (``run_dir/checkpoints/task<t>.pt``), rebuilt on the CPU."""
+    model = build_model(head=get_strategy(cfg["strategy"]).head, num_classes=stream.tasks[t].num_seen_classes,
+                        **model_kwargs(cfg))
+    model.load_state_dict(torch.load(run_dir / "checkpoints" / f"task{t}.pt", map_location="cpu", weights_only=True))
+    return model
+
+
 def synthetic_options(cfg: dict[str, Any]) -> dict[str, int]:
     """The ``data.synthetic_*`` settings, as keyword arguments of :func:`scenarios.datasets.load_dataset`."""
     return {k: v for k, v in cfg["data"].items() if k.startswith("synthetic_")}
@@ -252,11 +260,7 @@ class Run:
         return previous, teacher, self.stream.tasks[t - 1].num_seen_classes if wants_teacher else 0
 
     def _restore_model(self, t: int) -> RetrievalModel:
-        model = build_model(head=self.strategy.head, num_classes=self.stream.tasks[t].num_seen_classes,
-                            **model_kwargs(self.cfg))
-        model.load_state_dict(torch.load(self.dir / "checkpoints" / f"task{t}.pt", map_location="cpu",
-                                         weights_only=True))
-        return model.to(self.device)
+        return load_task_model(self.cfg, self.dir, t, self.stream).to(self.device)
 
     def execute(self) -> dict[str, Any]:
         started = time.perf_counter()

@@ -156,15 +156,16 @@ def test_feature_geometry_measures_spread_and_pairing_by_hand():
 
 
 def test_a_common_shift_sends_every_query_to_one_class_and_removing_it_recovers_them():
-    from feature_geometry import pair_diagnosis
+    from feature_geometry import pair_diagnosis, searchable_gallery
 
     old = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
     new = torch.nn.functional.normalize(old + torch.tensor([2.0, 0.0, 0.0]), dim=1)
     labels = torch.tensor([0, 1])
+    gallery = searchable_gallery(old, labels, "templates")
     # class 1's query moves to (2, 1, 0)/sqrt(5): nearer template 0 (cosine 0.894) than template 1 (0.447)
-    assert pair_diagnosis(new, old, labels, old, labels, "templates") == pytest.approx(
+    assert pair_diagnosis(new, old, labels, gallery) == pytest.approx(
         {"accuracy": 0.5, "top_class_share": 1.0, "accuracy_shift_removed": 1.0})
-    assert pair_diagnosis(old, old, labels, old, labels, "templates")["accuracy"] == 1.0
+    assert pair_diagnosis(old, old, labels, gallery)["accuracy"] == 1.0
 
 
 def test_feature_geometry_reads_a_run_and_matches_its_matrix(tiny, tmp_path, capsys):

@@ -31,10 +31,8 @@ from tabulate import tabulate  # noqa: E402
 
 from benchmarks.retrieval import class_templates, embed  # noqa: E402
 from configuration import read_yaml, resolve  # noqa: E402
-from experiment import make_stream, model_kwargs, resolve_device, to_device  # noqa: E402
-from models import build_model  # noqa: E402
+from experiment import load_task_model, make_stream, resolve_device, to_device  # noqa: E402
 from scenarios.datasets import DataError, ImageSet  # noqa: E402
-from strategies import get_strategy  # noqa: E402
 
 
 def mean_resultant_length(features: torch.Tensor) -> float:
@@ -47,23 +45,29 @@ def paired_cosine(features: torch.Tensor, other: torch.Tensor) -> float:
     return float(F.cosine_similarity(features.float(), other.float(), dim=1).mean())
 
 
-def predicted_labels(queries: torch.Tensor, gallery: torch.Tensor, gallery_labels: torch.Tensor,
-                     mode: str) -> torch.Tensor:
-    """The label of each query's cosine-nearest gallery item (class templates in ``templates`` mode)."""
+def searchable_gallery(gallery: torch.Tensor, labels: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(features, labels)`` searched for a gallery: normalised, and reduced to class templates in
+    ``templates`` mode (as ``benchmarks.retrieval.gallery_hits``)."""
     gallery = F.normalize(gallery.float(), dim=1)
-    if mode == "templates":
-        gallery, gallery_labels = class_templates(gallery, gallery_labels)
-    return gallery_labels[(F.normalize(queries.float(), dim=1) @ gallery.t()).argmax(1)]
+    return class_templates(gallery, labels) if mode == "templates" else (gallery, labels)
+
+
+def predicted_labels(queries: torch.Tensor, gallery: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The label of each query's cosine-nearest item of a :func:`searchable_gallery`."""
+    features, labels = gallery
+    return labels[(F.normalize(queries.float(), dim=1) @ features.t()).argmax(1)]
 
 
 def pair_diagnosis(queries: torch.Tensor, old_queries: torch.Tensor, query_labels: torch.Tensor,
-                   old_gallery: torch.Tensor, gallery_labels: torch.Tensor, mode: str) -> dict[str, float]:
-    """For new-model ``queries`` against the old model's gallery: ``accuracy``, ``top_class_share`` (the
-    fraction of queries answered by the most chosen class) and ``accuracy_shift_removed`` (queries moved by
-    the difference of the two models' mean query features, see the module docstring)."""
-    predicted = predicted_labels(queries, old_gallery, gallery_labels, mode)
-    shift = F.normalize(queries.float(), dim=1).mean(0) - F.normalize(old_queries.float(), dim=1).mean(0)
-    recentred = predicted_labels(F.normalize(queries.float(), dim=1) - shift, old_gallery, gallery_labels, mode)
+                   old_gallery: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
+    """For new-model ``queries`` against the old model's :func:`searchable_gallery`: ``accuracy``,
+    ``top_class_share`` (the fraction of queries answered by the most chosen class) and
+    ``accuracy_shift_removed`` (queries moved by the difference of the two models' mean query features, see the
+    module docstring)."""
+    queries = F.normalize(queries.float(), dim=1)
+    predicted = predicted_labels(queries, old_gallery)
+    shift = queries.mean(0) - F.normalize(old_queries.float(), dim=1).mean(0)
+    recentred = predicted_labels(queries - shift, old_gallery)
     return {"accuracy": float((predicted == query_labels).float().mean()),
             "top_class_share": float(torch.bincount(predicted).max()) / len(predicted),
             "accuracy_shift_removed": float((recentred == query_labels).float().mean())}
@@ -92,19 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     query = to_device(ImageSet(stream.query.images[::args.query_stride], stream.query.labels[::args.query_stride]),
                       device)
     gallery, mode = to_device(stream.gallery, device), cfg["evaluation"]["mode"]
-    head = get_strategy(cfg["strategy"]).head
     embedded = []
-    for t, task in enumerate(stream.tasks):
-        checkpoint = args.run / "checkpoints" / f"task{t}.pt"
-        if not checkpoint.is_file():
+    for t in range(len(stream.tasks)):
+        if not (args.run / "checkpoints" / f"task{t}.pt").is_file():
             break
-        model = build_model(head=head, num_classes=task.num_seen_classes, **model_kwargs(cfg))
-        model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True))
-        model.to(device)
-        embedded.append(tuple(embed(model, images, mean=stream.mean, std=stream.std, amp=cfg["training"]["amp"])
-                              for images in (query, gallery)))
+        model = load_task_model(cfg, args.run, t, stream).to(device)
+        features = [embed(model, images, mean=stream.mean, std=stream.std, amp=cfg["training"]["amp"])
+                    for images in (query, gallery)]
+        embedded.append((features[0], searchable_gallery(features[1], gallery.labels, mode)))
     labels = query.labels
-    model_rows = [[t, f"{100 * pair_diagnosis(q, q, labels, g, gallery.labels, mode)['accuracy']:.1f}",
+    model_rows = [[t, f"{100 * float((predicted_labels(q, g) == labels).float().mean()):.1f}",
                f"{mean_resultant_length(q):.3f}", f"{paired_cosine(q, embedded[t - 1][0]):.3f}" if t else "-"]
               for t, (q, g) in enumerate(embedded)]
     print(f"{len(labels)} queries, {len(embedded)} models of {args.run}\n")
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = []
     for t, (queries, _) in enumerate(embedded):
         for k in range(t):
-            d = pair_diagnosis(queries, embedded[k][0], labels, embedded[k][1], gallery.labels, mode)
+            d = pair_diagnosis(queries, embedded[k][0], labels, embedded[k][1])
             pairs.append([f"({t},{k})", f"{100 * d['accuracy']:.1f}", f"{100 * d['top_class_share']:.1f}",
                           f"{100 * d['accuracy_shift_removed']:.1f}"])
     print()
