@@ -274,7 +274,7 @@ class Run:
         evaluator = CompatibilityEvaluator(
             self.stream.query, self.stream.gallery, mean=self.stream.mean, std=self.stream.std,
             mode=self.cfg["evaluation"]["mode"], batch_size=self.cfg["evaluation"]["batch_size"],
-            amp=self.settings.amp, adapted=self.direction,
+            amp=self.settings.autocast, adapted=self.direction,
             adapter_factory=lambda: make_adapter(adapter_name(self.cfg), self.cfg["adapter_params"]))
         start = self.state["next_task"]
         memory, model = None, None
@@ -326,7 +326,7 @@ class Run:
             index=t, num_old_classes=task.num_seen_classes - len(task.new_classes),
             num_new_classes=len(task.new_classes), replacement=t in replacements, teacher_classes=teacher_classes,
             teacher=teacher, new_data=task.train, memory=memory, mean=self.stream.mean, std=self.stream.std,
-            amp=self.settings.amp))
+            amp=self.settings.autocast))
         tag = " (replacement)" if t in replacements else ""
         timing = train_task(model, self.strategy, task.train, memory, self.settings, mean=self.stream.mean,
                             std=self.stream.std, teacher=teacher, experience=task.experience,
@@ -358,7 +358,7 @@ class Run:
         data = new_data if memory is None else ImageSet(torch.cat([new_data.images, memory.images]),
                                                         torch.cat([new_data.labels, memory.labels]))
         pair = embed_pair(outgoing, incoming, data, num_classes=self.stream.tasks[t].num_seen_classes,
-                          mean=self.stream.mean, std=self.stream.std, amp=self.settings.amp)
+                          mean=self.stream.mean, std=self.stream.std, amp=self.settings.autocast)
         adapter = make_adapter(adapter_name(self.cfg), self.cfg["adapter_params"])
         log = fit_adapter(adapter, pair, task_seed(self.cfg["seed"], t))
         fit = {"task": t, "items": len(data), **log, "seconds": time.perf_counter() - started}

@@ -33,6 +33,7 @@ from scenarios.datasets import ImageSet, load_dataset
 from strategies.adapters import embed_pair, fit_adapter, make_adapter
 from strategies.adapters.base import normalized_features
 from strategies.pretrain import pretrained_replacement
+from strategies.trainer import TrainSettings
 
 HEADS = ("learnable", "dsimplex")
 
@@ -107,7 +108,7 @@ class ModelUpdateRun:
         train_seconds = time.perf_counter() - t0
         fit_data = to_device(ImageSet(torch.cat([t.train.images for t in stream.tasks]),
                                       torch.cat([t.train.labels for t in stream.tasks])), self.device)
-        amp = self.cfg["training"]["amp"]
+        amp = TrainSettings(**self.cfg["training"]).autocast
         t0 = time.perf_counter()
         fit_log: dict[str, float] = {}
         if self.adapter is not None:
@@ -151,7 +152,7 @@ class ModelUpdateRun:
 
     def _features(self, old: RetrievalModel, new: RetrievalModel, stream) -> TwoModelFeatures:
         query, gallery = to_device(stream.query, self.device), to_device(stream.gallery, self.device)
-        kw = {"mean": stream.mean, "std": stream.std, "amp": self.cfg["training"]["amp"]}
+        kw = {"mean": stream.mean, "std": stream.std, "amp": TrainSettings(**self.cfg["training"]).autocast}
         return TwoModelFeatures(
             query_old=normalized_features(old, query.images, **kw), query_new=normalized_features(new, query.images, **kw),
             gallery_old=normalized_features(old, gallery.images, **kw),

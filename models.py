@@ -179,19 +179,28 @@ class RetrievalModel(nn.Module):
         return self.head.targets(labels) if isinstance(self.head, DSimplexHead) else labels
 
 
+def autocast_dtype(amp: bool | str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of an ``amp`` argument on ``device``: None on the CPU or when ``amp`` is False; a
+    dtype name (``"float16"``, the authors' code, or ``"bfloat16"``); True means ``"bfloat16"``."""
+    if not amp or device.type != "cuda":
+        return None
+    return torch.bfloat16 if amp is True else getattr(torch, amp)
+
+
 @torch.no_grad()
 def forward_in_batches(model: RetrievalModel, images: torch.Tensor, *, mean: Sequence[float], std: Sequence[float],
-                       batch_size: int = 512, amp: bool = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                       batch_size: int = 512, amp: bool | str = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``(logits, features)`` in float32 for each batch of uint8 ``images``: eval mode, no augmentation, no
-    gradient, bf16 autocast on CUDA when ``amp``; the model's train/eval mode is restored afterwards. The one
-    place that runs a frozen model over a data set (gallery and query embedding, a teacher's class means)."""
+    gradient, autocast on CUDA as :func:`autocast_dtype` says; the model's train/eval mode is restored afterwards.
+    The one place that runs a frozen model over a data set (gallery and query embedding, a teacher's class means)."""
     device = next(model.parameters()).device
+    dtype = autocast_dtype(amp, device)
     was_training = model.training
     model.eval()
     try:
         for start in range(0, len(images), batch_size):
             batch = normalize(images[start:start + batch_size].to(device, non_blocking=True), mean, std)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
+            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
                 logits, features = model(batch)
             yield logits.float(), features.float()
     finally:

@@ -40,7 +40,7 @@ ADAPTED_DIRECTIONS = ("backward", "forward")
 
 
 def embed(model: torch.nn.Module, images: ImageSet, *, mean: Sequence[float], std: Sequence[float],
-          batch_size: int = 512, amp: bool = True) -> torch.Tensor:
+          batch_size: int = 512, amp: bool | str = True) -> torch.Tensor:
     """L2-normalised features (float32, on the model's device) of every image, no augmentation."""
     return torch.cat([F.normalize(features, dim=1) for _, features in
                       forward_in_batches(model, images.images, mean=mean, std=std, batch_size=batch_size, amp=amp)])
@@ -99,7 +99,7 @@ class CompatibilityEvaluator:
     """
 
     def __init__(self, query: ImageSet, gallery: ImageSet, *, mean: Sequence[float], std: Sequence[float],
-                 mode: str = "templates", batch_size: int = 512, amp: bool = True, adapted: str | None = None,
+                 mode: str = "templates", batch_size: int = 512, amp: bool | str = True, adapted: str | None = None,
                  adapter_factory: Callable[[], Any] | None = None) -> None:
         if mode not in GALLERY_MODES:
             raise ValueError(f"unknown gallery mode {mode!r}; choose from {list(GALLERY_MODES)}")

@@ -124,7 +124,7 @@ class TaskContext:
         teacher: the frozen teacher model (``RetrievalModel``), or None (see also ``has_teacher``).
         new_data: this task's training images (``ImageSet``: ``.images`` uint8, ``.labels``).
         memory: the replay memory (``ImageSet``) or None.
-        mean, std: the stream's normalisation statistics; amp: bf16 autocast on CUDA (for ``teacher_outputs``).
+        mean, std: the stream's normalisation statistics; amp: the autocast dtype name or False (for ``teacher_outputs``).
     """
 
     index: int
@@ -137,7 +137,7 @@ class TaskContext:
     memory: Any = None
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
-    amp: bool = True
+    amp: bool | str = "float16"
 
     @property
     def num_seen_classes(self) -> int:

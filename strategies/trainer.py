@@ -1,9 +1,14 @@
 """Training one task on Avalanche's ``SupervisedTemplate`` (METHODS.md §4).
 
 Per task, rebuilt from scratch: SGD (momentum 0.9, weight decay 5e-4 not applied to normalisation weights and
-biases), cosine schedule from ``lr`` to ``lr_min`` over the task's iterations, bf16 autocast on GPU. Batches
-come from :class:`DeviceBatches`: images live as uint8 on the device, are cropped / flipped / normalised there;
-from task 1 on each batch is 64 new samples (an epoch is a pass over them) + 64 replay samples drawn at random.
+biases), cosine schedule from ``lr`` to ``lr_min`` stepped once per epoch (``CosineAnnealingLR(T_max=epochs)`` of
+the authors' code; ``schedule_step: iteration`` steps it every iteration), fp16 autocast with gradient scaling on
+GPU as the authors' code (``amp_dtype: bfloat16`` without scaling). Batches come from :class:`DeviceBatches`:
+images live as uint8 on the device, are cropped / flipped / normalised there. The epoch length follows the
+authors' code (METHODS.md §4, ``epoch_length: reference``): a shuffled pass of ``N // 128`` batches without a
+memory; with one, ``(N_new + N_mem) // 128`` batches of 64 new + 64 replay samples, each half drawn without
+replacement inside the batch and independently across batches. ``epoch_length: full_pass`` is this suite's
+earlier rule: one pass over the new samples per epoch, replay drawn with replacement.
 
 The strategy only computes the loss (:class:`strategies.base.Strategy`); this module owns the loop, the
 teacher (frozen, eval mode, no gradient) and the replay memory (:func:`update_memory`).
@@ -21,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models import RetrievalModel
+from configuration import ConfigError
+from models import RetrievalModel, autocast_dtype
 from scenarios.datasets import ImageSet
 from scenarios.transforms import normalize, random_crop_flip
 
@@ -42,41 +48,88 @@ class TrainSettings:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     amp: bool = True
+    amp_dtype: str = "float16"
+    epoch_length: str = "reference"
+    schedule_step: str = "epoch"
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        for key, allowed in (("amp_dtype", AMP_DTYPES), ("epoch_length", EPOCH_LENGTHS),
+                             ("schedule_step", SCHEDULE_STEPS)):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"training.{key} must be one of {list(allowed)}, not {getattr(self, key)!r}")
+
+    @property
+    def autocast(self) -> str | bool:
+        """What ``amp`` arguments take: the autocast dtype's name, or False when mixed precision is off."""
+        return self.amp_dtype if self.amp else False
+
+
+AMP_DTYPES = ("float16", "bfloat16")
+EPOCH_LENGTHS = ("reference", "full_pass")
+SCHEDULE_STEPS = ("epoch", "iteration")
+
+
+def draw_indices(population: int, count: int, device: torch.device) -> torch.Tensor:
+    """``count`` random indices below ``population``: without replacement unless ``population <= count``
+    (the authors' ``np.random.choice(..., replace=len <= size)``)."""
+    if population <= count:
+        return torch.randint(0, population, (count,), device=device)
+    return torch.randperm(population, device=device)[:count]
 
 
 class DeviceBatches:
     """Mini-batches ``[images, labels, from_memory]`` drawn from device-resident uint8 images.
 
-    An epoch is one shuffled pass over ``new``; each batch adds ``memory_batch`` random replay samples
-    (independent draws) when a memory is given. A trailing batch of one sample is dropped (batch norm).
+    ``epoch_length="reference"`` (the authors' code, METHODS.md §4): without a memory an epoch is a shuffled
+    pass of ``N // new_batch`` batches (the last partial batch dropped; one batch of all samples when fewer);
+    with a memory it is ``(N_new + N_mem) // (new_batch + memory_batch)`` batches (at least 1), each made of
+    ``new_batch`` new and ``memory_batch`` replay samples drawn without replacement inside the batch and
+    independently across batches. ``"full_pass"``: one shuffled pass over ``new`` per epoch, each batch adding
+    ``memory_batch`` replay samples drawn with replacement; a trailing batch of one sample is dropped.
     """
 
     def __init__(self, new: ImageSet, memory: ImageSet | None, *, new_batch: int, memory_batch: int,
-                 mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+                 mean: tuple[float, ...], std: tuple[float, ...], epoch_length: str = "reference") -> None:
         self.new, self.memory = new, memory if memory is not None and len(memory) else None
         self.new_batch, self.memory_batch = new_batch, memory_batch
-        self.mean, self.std = mean, std
+        self.mean, self.std, self.epoch_length = mean, std, epoch_length
 
     def __len__(self) -> int:
         n = len(self.new)
-        return n // self.new_batch + (n % self.new_batch > 1)
+        if self.epoch_length == "full_pass":
+            return n // self.new_batch + (n % self.new_batch > 1)
+        if self.memory is None:
+            return max(1, n // self.new_batch)
+        return max(1, (n + len(self.memory)) // (self.new_batch + self.memory_batch))
 
     def _prepare(self, images: torch.Tensor) -> torch.Tensor:
         return normalize(random_crop_flip(images), self.mean, self.std)
 
-    def __iter__(self) -> Iterator[list[torch.Tensor]]:
-        device = self.new.images.device
-        order = torch.randperm(len(self.new), device=device)
+    def _batch_indices(self) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        """``(new indices, memory indices or None)`` of each batch of one epoch."""
+        device, n = self.new.images.device, len(self.new)
+        if self.memory is not None and self.epoch_length == "reference":
+            total = n + len(self.memory)
+            halves = (self.new_batch, self.memory_batch) if total >= self.new_batch + self.memory_batch \
+                else (total // 2, total // 2)
+            for _ in range(len(self)):
+                yield draw_indices(n, halves[0], device), draw_indices(len(self.memory), halves[1], device)
+            return
+        order = torch.randperm(n, device=device)
         for b in range(len(self)):
-            idx = order[b * self.new_batch:(b + 1) * self.new_batch]
+            pick = None if self.memory is None else torch.randint(0, len(self.memory), (self.memory_batch,),
+                                                                  device=device)
+            yield order[b * self.new_batch:(b + 1) * self.new_batch], pick
+
+    def __iter__(self) -> Iterator[list[torch.Tensor]]:
+        for idx, pick in self._batch_indices():
             images, labels = self.new.images[idx], self.new.labels[idx]
-            from_memory = torch.zeros(len(idx), dtype=torch.bool, device=device)
-            if self.memory is not None:
-                pick = torch.randint(0, len(self.memory), (self.memory_batch,), device=device)
+            from_memory = torch.zeros(len(idx), dtype=torch.bool, device=images.device)
+            if pick is not None:
                 images = torch.cat([images, self.memory.images[pick]])
                 labels = torch.cat([labels, self.memory.labels[pick]])
-                from_memory = torch.cat([from_memory, torch.ones(len(pick), dtype=torch.bool, device=device)])
+                from_memory = torch.cat([from_memory, torch.ones(len(pick), dtype=torch.bool, device=images.device)])
             yield [self._prepare(images), labels, from_memory]
 
 
@@ -110,6 +163,14 @@ def cosine_lr(step: int, total: int, lr: float, lr_min: float) -> float:
     return lr_min + 0.5 * (lr - lr_min) * (1 + math.cos(math.pi * min(step, total) / max(total, 1)))
 
 
+def scheduled_lr(iteration: int, iterations_per_epoch: int, settings: TrainSettings) -> float:
+    """The learning rate of an iteration: the cosine schedule at its epoch (``schedule_step: epoch``, as
+    ``CosineAnnealingLR(T_max=epochs)`` stepped after each epoch) or at the iteration itself."""
+    if settings.schedule_step == "epoch":
+        return cosine_lr(iteration // max(iterations_per_epoch, 1), settings.epochs, settings.lr, settings.lr_min)
+    return cosine_lr(iteration, settings.epochs * iterations_per_epoch, settings.lr, settings.lr_min)
+
+
 def _template_class():
     """The Avalanche template subclass, built on first use (importing Avalanche costs seconds)."""
     with warnings.catch_warnings():
@@ -126,6 +187,7 @@ def _template_class():
             self.compat_strategy, self.teacher, self.batches = strategy, teacher, batches
             self.epoch_hook = epoch_hook
             self.settings, self.amp_dtype, self.progress = settings, amp_dtype, progress
+            self.scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
             self.total_steps = settings.epochs * len(batches)
             self.step_count, self.images_seen, self.last_loss = 0, 0, float("nan")
 
@@ -158,12 +220,19 @@ def _template_class():
         def criterion(self):
             return self.compat_strategy.loss(self._step)
 
+        def backward(self) -> None:
+            (self.loss if self.scaler is None else self.scaler.scale(self.loss)).backward()
+
         def optimizer_step(self) -> None:
-            lr = self.epoch_hook.lr if self.epoch_hook is not None else cosine_lr(
-                self.step_count, self.total_steps, self.settings.lr, self.settings.lr_min)
+            lr = self.epoch_hook.lr if self.epoch_hook is not None else scheduled_lr(
+                self.step_count, len(self.batches), self.settings)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            self.optimizer.step()
+            if self.scaler is None:
+                self.optimizer.step()
+            else:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
             self.step_count += 1
 
         def _after_training_iteration(self, **kwargs) -> None:
@@ -200,10 +269,11 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     device = next(model.parameters()).device
     batches = DeviceBatches(new, memory if strategy.uses_memory else None,
                             new_batch=settings.new_batch_size if memory is not None and strategy.uses_memory
-                            else settings.batch_size, memory_batch=settings.memory_batch_size, mean=mean, std=std)
+                            else settings.batch_size, memory_batch=settings.memory_batch_size, mean=mean, std=std,
+                            epoch_length=settings.epoch_length)
     if teacher is not None:
         teacher.eval().requires_grad_(False)
-    amp_dtype = torch.bfloat16 if settings.amp and device.type == "cuda" else None
+    amp_dtype = autocast_dtype(settings.autocast, device)
     epochs = settings.epochs - (epoch_hook.epochs_done if epoch_hook is not None else 0)
     progress = tqdm(total=epochs * len(batches), desc=description, leave=False, mininterval=1.0,
                     disable=not settings.progress)

@@ -24,14 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models import build_model  # noqa: E402
 from scenarios.datasets import make_synthetic  # noqa: E402
 from strategies import get_strategy  # noqa: E402
-from strategies.trainer import DeviceBatches, TrainSettings, cosine_lr, make_optimizer, train_task  # noqa: E402
+from strategies.trainer import DeviceBatches, TrainSettings, make_optimizer, scheduled_lr, train_task  # noqa: E402
 
 
 def plain_loop(model, data, settings, mean, std) -> float:
     """The reference: a hand-written PyTorch loop doing the same work."""
-    batches = DeviceBatches(data, None, new_batch=settings.batch_size, memory_batch=0, mean=mean, std=std)
+    batches = DeviceBatches(data, None, new_batch=settings.batch_size, memory_batch=0, mean=mean, std=std,
+                            epoch_length=settings.epoch_length)
     optimizer = make_optimizer(model, settings)
-    total, step = settings.epochs * len(batches), 0
+    step = 0
     model.train()
     started = time.perf_counter()
     for _ in range(settings.epochs):
@@ -41,7 +42,7 @@ def plain_loop(model, data, settings, mean, std) -> float:
             loss = F.cross_entropy(logits, model.class_targets(labels))
             loss.backward()
             for group in optimizer.param_groups:
-                group["lr"] = cosine_lr(step, total, settings.lr, settings.lr_min)
+                group["lr"] = scheduled_lr(step, len(batches), settings)
             optimizer.step()
             step += 1
     if data.images.device.type == "cuda":

@@ -25,6 +25,7 @@ from benchmarks.noise import wilson_interval  # noqa: E402
 from benchmarks.retrieval import embed, gallery_accuracy  # noqa: E402
 from configuration import read_yaml, resolve  # noqa: E402
 from experiment import make_stream, resolve_device, to_device  # noqa: E402
+from strategies.trainer import TrainSettings  # noqa: E402
 from scenarios.datasets import ImageSet  # noqa: E402
 from strategies.pretrain import load_cached_model  # noqa: E402
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     loaded = [load_cached_model(p) for p in args.models]
     table = cross_accuracies([m.to(device) for m, _ in loaded], to_device(query, device),
                              to_device(stream.gallery, device), mean=stream.mean, std=stream.std,
-                             mode=cfg["evaluation"]["mode"], amp=cfg["training"]["amp"])
+                             mode=cfg["evaluation"]["mode"], amp=TrainSettings(**cfg["training"]).autocast)
     confidence = cfg["evaluation"]["confidence"]
     names = [model_name(spec) for _, spec in loaded]
     rows = []

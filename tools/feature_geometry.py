@@ -32,6 +32,7 @@ from tabulate import tabulate  # noqa: E402
 from benchmarks.retrieval import class_templates, embed  # noqa: E402
 from configuration import read_yaml, resolve  # noqa: E402
 from experiment import load_task_model, make_stream, resolve_device, to_device  # noqa: E402
+from strategies.trainer import TrainSettings  # noqa: E402
 from scenarios.datasets import DataError, ImageSet  # noqa: E402
 
 
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.run / "checkpoints" / f"task{t}.pt").is_file():
             break
         model = load_task_model(cfg, args.run, t, stream).to(device)
-        features = [embed(model, images, mean=stream.mean, std=stream.std, amp=cfg["training"]["amp"])
+        features = [embed(model, images, mean=stream.mean, std=stream.std, amp=TrainSettings(**cfg["training"]).autocast)
                     for images in (query, gallery)]
         embedded.append((features[0], searchable_gallery(features[1], gallery.labels, mode)))
     labels = query.labels

@@ -140,14 +140,14 @@ class Adapter(nn.Module):
         return self.to(device).eval()
 
 
-def normalized_features(model: nn.Module, images: torch.Tensor, *, mean, std, amp: bool) -> torch.Tensor:
+def normalized_features(model: nn.Module, images: torch.Tensor, *, mean, std, amp: bool | str) -> torch.Tensor:
     """L2-normalised retrieval features of every uint8 image (eval mode, no augmentation)."""
     return torch.cat([F.normalize(f, dim=1) for _, f in forward_in_batches(model, images, mean=mean, std=std,
                                                                           amp=amp)])
 
 
 def embed_pair(old_model: nn.Module, new_model: nn.Module, data: Any, *, num_classes: int, mean, std,
-               amp: bool) -> FeaturePair:
+               amp: bool | str) -> FeaturePair:
     """The :class:`FeaturePair` of the ``ImageSet`` ``data`` under both frozen models, with the new model's
     classifier rows for the classes ``0..num_classes-1``."""
     return FeaturePair(old=normalized_features(old_model, data.images, mean=mean, std=std, amp=amp),
