@@ -26,15 +26,15 @@ CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)
 
 _CIFAR = {
     "cifar100": {
-        "folder": "cifar-100-python", "train": ["train"], "test": ["test"], "label_key": b"fine_labels",
-        "meta": ("meta", b"fine_label_names"),
+        "folder": "cifar-100-python", "train": ["train"], "test": ["test"], "label_key": "fine_labels",
+        "meta": ("meta", "fine_label_names"),
         "url": "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz", "archive_md5": "eb9058c3a382ffc7106e4002c42a8d85",
         "md5": {"train": "16019d7e3df5f24257cddd939b257f8d", "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
                 "meta": "7973b15100ade9c7d40fb424638fde48"},
     },
     "cifar10": {
         "folder": "cifar-10-batches-py", "train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"],
-        "label_key": b"labels", "meta": ("batches.meta", b"label_names"),
+        "label_key": "labels", "meta": ("batches.meta", "label_names"),
         "url": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "archive_md5": "c58f30108f718f92721af3b95e74349a",
         "md5": {"data_batch_1": "c99cafc152244af753f735de768cd75f", "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
                 "data_batch_3": "54ebc095f3ab1f0389bbae665268c751", "data_batch_4": "634d18415352ddfa80567beed471001a",
@@ -117,10 +117,13 @@ def _download(url: str, root: Path, md5: str) -> None:
 
 
 def _unpickle(path: Path) -> dict:
+    """A CIFAR pickle with text keys: the official (Python 2) files give byte keys, copies written by Python 3
+    (torchvision's reader expects those) give text keys; both are read alike."""
     try:
         with open(path, "rb") as f:
-            return pickle.load(f, encoding="bytes")
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError) as exc:
+            content = pickle.load(f, encoding="bytes")
+            return {k.decode() if isinstance(k, bytes) else k: v for k, v in content.items()}
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError) as exc:
         raise DataError(f"{path} is not a readable CIFAR pickle ({exc}); delete it and pass --download") from None
 
 
@@ -156,11 +159,11 @@ def read_cifar(name: str, root: str | Path, *, download: bool = False, verify: s
 
     def split(parts: list[str]) -> ImageSet:
         batches = [_unpickle(folder / p) for p in parts]
-        data = np.concatenate([np.asarray(b[b"data"], dtype=np.uint8) for b in batches])
+        data = np.concatenate([np.asarray(b["data"], dtype=np.uint8) for b in batches])
         labels = np.concatenate([np.asarray(b[spec["label_key"]], dtype=np.int64) for b in batches])
         return ImageSet(torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()), torch.from_numpy(labels))
 
-    names = [n.decode() for n in _unpickle(folder / spec["meta"][0])[spec["meta"][1]]]
+    names = [n.decode() if isinstance(n, bytes) else n for n in _unpickle(folder / spec["meta"][0])[spec["meta"][1]]]
     return DataSplits(name, split(spec["train"]), split(spec["test"]), names)
 
 

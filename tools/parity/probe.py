@@ -48,7 +48,8 @@ def training_step(inputs: dict, method: str) -> dict:
     from iamcl2r.models import create_model
 
     fixed = method == "hoc"
-    args = reference_args(method, classes_at_task=[inputs["classes"]], new_data_ids_at_task=[list(range(inputs["classes"]))])
+    classes = inputs["classes"]
+    args = reference_args(method, classes_at_task=[classes], new_data_ids_at_task=[list(range(classes))])
     device = torch.device("cpu")
     net = create_model(args, device, resume_path=inputs[f"{method}_student"]).double()
     teacher = None
@@ -64,7 +65,8 @@ def training_step(inputs: dict, method: str) -> dict:
     target_transform = (lambda y: args.preallocated_classes - 1 - y) if fixed else None
     train.train_one_epoch(args, device, net, teacher, batch, scaler, optimizer, 0, torch.nn.CrossEntropyLoss(), 0,
                           HocLoss(mu_=args.mu_) if fixed else None, target_transform=target_transform)
-    return {"loss": captured["loss"], "grads": {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None},
+    grads = {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+    return {"loss": captured["loss"], "grads": grads,
             "state": {k: v.clone() for k, v in net.state_dict().items()}}
 
 
@@ -103,7 +105,8 @@ def optimizer_step(inputs: dict) -> dict:
     decay = [p for n, p in named if not exclude(n, p) and p.requires_grad]
     defaults = ExperimentParams()
     optimizer = torch.optim.SGD([{"params": no_decay, "weight_decay": 0.0},
-                                 {"params": decay, "weight_decay": defaults.weight_decay}], lr=defaults.lr, momentum=0.9)
+                                 {"params": decay, "weight_decay": defaults.weight_decay}],
+                                lr=defaults.lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=defaults.epochs, eta_min=defaults.min_lr)
     for _ in range(inputs["epoch"]):
         optimizer.step()  # no gradients yet: advances nothing but the schedule's bookkeeping
@@ -131,7 +134,8 @@ def sampler_counts(inputs: dict) -> dict:
     batches = list(sampler)
     from_memory = [int(sum(labels[i] < seen for i in b)) for b in batches]
     distinct = [len(set(b)) for b in batches]
-    task0 = len(torch.utils.data.DataLoader(range(inputs["task0_images"]), batch_size=128, shuffle=True, drop_last=True))
+    task0 = len(torch.utils.data.DataLoader(range(inputs["task0_images"]), batch_size=128, shuffle=True,
+                                            drop_last=True))
     return {"batches": len(sampler), "memory_per_batch": from_memory, "distinct_per_batch": distinct, "task0": task0}
 
 

@@ -87,7 +87,8 @@ def suite_step(models: dict, name: str, images: torch.Tensor, labels: torch.Tens
                 from_memory=torch.zeros_like(labels, dtype=torch.bool), teacher_features=teacher_features)
     loss = strategy.loss(step)
     loss.backward()
-    return {"loss": loss.item(), "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {"loss": loss.item(), "grads": grads}
 
 
 def explicit_true_mask(old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor, mu: float) -> float:
@@ -108,7 +109,8 @@ def evaluation_data(cifar10: str, work: Path) -> tuple[Path, ImageSet, ImageSet]
         raise ParityError(str(exc)) from None
     query = first_per_class(splits.train, QUERIES_PER_CLASS)
     root = work / "data"
-    write_cifar_pickles(root / "cifar-10-batches-py", query, splits.test, list(splits.class_names), "cifar-10-batches-py")
+    write_cifar_pickles(root / "cifar-10-batches-py", query, splits.test, list(splits.class_names),
+                        "cifar-10-batches-py")
     return root, query, splits.test
 
 
@@ -116,7 +118,8 @@ def run_probe(python: Path, refs: dict[str, Path], work: Path) -> dict:
     command = [str(python), str(Path(__file__).with_name("probe.py")), "--iamcl2r", str(refs["iamcl2r"]),
                "--cl2r", str(refs["cl2r"]), "--ml-fct", str(refs["ml_fct"]), "--work", str(work)]
     done = subprocess.run(command, capture_output=True, text=True,
-                          env={"WANDB_MODE": "disabled", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "PATH": "/usr/bin:/bin"})
+                          env={"WANDB_MODE": "disabled", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
+                               "PATH": "/usr/bin:/bin"})
     if done.returncode != 0:
         raise ParityError(f"the reference probe failed: {done.stderr.strip().splitlines()[-1:]}")
     return torch.load(work / "reference.pt", weights_only=False)
@@ -124,12 +127,13 @@ def run_probe(python: Path, refs: dict[str, Path], work: Path) -> dict:
 
 def compare(ref: dict, inputs: dict, ours: dict) -> list[dict]:
     """One row per step: the reference's value against the suite's."""
-    rows = [row("d-Simplex matrix (K = 1024)", float((ref["replacement"]["dsimplex"] - simplex_vertices(1024)).abs().max()),
+    simplex_diff = float((ref["replacement"]["dsimplex"] - simplex_vertices(1024)).abs().max())
+    rows = [row("d-Simplex matrix (K = 1024)", simplex_diff,
                 1e-6, "theirs in float32 with +1e-8 in the norm; ours in float64 rounded to float32")]
     rows.append(row("L_hoc value, mask zero (random batch of 64)", abs(ours["hoc_random"] - ref["hoc_loss"]["random"]),
                     1e-5, "ours accumulates in float32"))
-    rows.append(row("L_hoc worked example of METHODS.md (-4.069)", max(abs(ours["hoc_example"] + 4.069),
-                                                                          abs(ref["hoc_loss"]["worked_example"] + 4.069)),
+    example_diff = max(abs(ours["hoc_example"] + 4.069), abs(ref["hoc_loss"]["worked_example"] + 4.069))
+    rows.append(row("L_hoc worked example of METHODS.md (-4.069)", example_diff,
                     5e-4, f"theirs {ref['hoc_loss']['worked_example']:.4f}, ours {ours['hoc_example']:.4f}"))
     rows.append(row("L_hoc value, mask true", abs(ours["hoc_true"] - ours["hoc_true_loops"]), 1e-5,
                     "the authors' code has no true mask: compared with the formula of METHODS.md §6 by loops"))
@@ -144,13 +148,16 @@ def compare(ref: dict, inputs: dict, ours: dict) -> list[dict]:
         rows.append(row(f"{label}: gradient w.r.t. every trained parameter ({len(grads)} tensors)",
                         max_diff(theirs["grads"], grads) if not differing else float("inf"), 1e-4 * scale,
                         f"tolerance 1e-4 x the largest gradient ({scale:.3g}); names on one side only: {differing}"))
-    rows.append(row("d-Simplex-FD lambda_t (10 old, 15 new classes)", abs(ours["fd_lambda"] - ref["fd"]["lambda"]), 1e-12,
+    rows.append(row("d-Simplex-FD lambda_t (10 old, 15 new classes)", abs(ours["fd_lambda"] - ref["fd"]["lambda"]),
+                    1e-12,
                     f"{ours['fd_lambda']:.6f}"))
-    rows.append(row("d-Simplex-FD loss (CE + lambda_t (1 - cos) on the replay half)", abs(ours["fd_loss"] - ref["fd"]["loss"]),
+    rows.append(row("d-Simplex-FD loss (CE + lambda_t (1 - cos) on the replay half)",
+                    abs(ours["fd_loss"] - ref["fd"]["loss"]),
                     1e-5, "theirs: CL2R's update_criterion_weight and EmbeddingsSimilarity (replay half first)"))
     old_rows = ref["expansion"]["classifier"][:CLASSES].double()
     grown = ours["expansion"]
-    rows.append(row("learnable head expansion 10 -> 25: old rows copied", float((old_rows - grown[:CLASSES].double()).abs().max()),
+    rows.append(row("learnable head expansion 10 -> 25: old rows copied",
+                    float((old_rows - grown[:CLASSES].double()).abs().max()),
                     0.0))
     bound = 512 ** -0.5
     rows.append(row("learnable head expansion: new rows within nn.Linear's init bound 1/sqrt(512)",
@@ -196,7 +203,8 @@ def compare(ref: dict, inputs: dict, ours: dict) -> list[dict]:
                     "the same loss up to the constant factor 1/D, which Adam's update ignores"))
     rows.append(row("FCT transformation", float("inf"), 0.0,
                     "cannot agree: ml-fct's MLP_BN_SIDE_PROJECTION (1x1 convolutions with batch norm, a separate "
-                    f"side-information branch, inner width 2048: {ref['fct']['parameters']:,} parameters here) is not the "
+                    "side-information branch, inner width 2048: "
+                    f"{ref['fct']['parameters']:,} parameters here) is not the "
                     f"suite's plain MLP on [old, side] ({ours['fct_parameters']:,}); same inputs, outputs and loss"))
     return rows
 
@@ -247,7 +255,8 @@ def run(python: Path, refs: dict[str, Path], work: Path, cifar10: str) -> list[d
               "sampler": (4500, 200, 10), "task0_images": 3000, "epoch": EPOCH, "fd_old_classes": 10,
               "fd_new_classes": 15, "fd_labels": torch.randint(0, 25, (128,), generator=gen),
               "fd_logits": torch.randn(128, 25, generator=gen), "fd_new": torch.randn(128, 64, generator=gen),
-              "fd_old": torch.randn(128, 64, generator=gen), "data_root": str(data_root), "eval_images": torch.zeros(64),
+              "fd_old": torch.randn(128, 64, generator=gen), "data_root": str(data_root),
+              "eval_images": torch.zeros(64),
               "fct_old": torch.randn(32, 16, generator=gen), "fct_side": torch.randn(32, 8, generator=gen),
               "fct_new": torch.randn(32, 12, generator=gen), "fct_mapped": torch.randn(32, 12, generator=gen)}
     ours = suite_values(built, inputs, query, gallery)

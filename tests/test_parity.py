@@ -1,0 +1,104 @@
+"""The parity harness's own parts (tools/parity/): checkpoint names, data files, errors. No reference needed."""
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from models import build_model, feature_extractor_state
+from scenarios.datasets import ImageSet, read_cifar
+
+PARITY = pathlib.Path(__file__).resolve().parents[1] / "tools" / "parity"
+
+
+def load(name: str):
+    sys.path.insert(0, str(PARITY))
+    spec = importlib.util.spec_from_file_location(f"parity_{name}", PARITY / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+common = load("common")
+
+
+def test_reference_names_of_a_dsimplex_resnet_cover_every_weight():
+    """The authors load non-strictly, so every suite weight must get a name of their Incremental_ResNet."""
+    model = build_model(backbone="resnet18", head="dsimplex", num_classes=10)
+    state = common.to_reference_state(model.state_dict(), "dsimplex")
+    assert "fc1.weight" in state and state["fc1.weight"].shape == (1023, 512)
+    assert state["fc2.weight"].shape == (1024, 1023)
+    assert "backbone.conv1.weight" in state and "backbone.layer4.1.bn2.running_var" in state
+    assert not any(k.startswith(("backbone.net.", "head.")) for k in state)
+    assert len(state) == len(model.state_dict()) + 1
+
+
+def test_a_learnable_replacement_gets_a_placeholder_head_their_loader_deletes():
+    model = build_model(backbone="resnet18", head="learnable", num_classes=25)
+    state = common.to_reference_state(feature_extractor_state(model), "learnable", classes=25)
+    assert state["fc2.weight"].shape == (25, 512) and not bool(state["fc2.weight"].any())
+    full = common.to_reference_state(model.state_dict(), "learnable")
+    assert torch.equal(full["fc2.weight"], model.head.classifier.weight)
+
+
+def test_an_unknown_weight_has_no_reference_name():
+    with pytest.raises(KeyError):
+        common.reference_name("head.scale")
+
+
+def test_written_cifar_pickles_read_back_identically(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    train = ImageSet(torch.randint(0, 256, (12, 3, 32, 32), dtype=torch.uint8, generator=gen), torch.arange(12) % 3)
+    test = ImageSet(torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8, generator=gen), torch.arange(6) % 3)
+    common.write_cifar_pickles(tmp_path / "cifar-10-batches-py", train, test, ["a", "b", "c"], "cifar-10-batches-py")
+    splits = read_cifar("cifar10", tmp_path, verify="off")
+    assert torch.equal(splits.train.images, train.images) and torch.equal(splits.train.labels, train.labels)
+    assert torch.equal(splits.test.images, test.images)
+    common.write_cifar_pickles(tmp_path / "cifar-100-python", train, test, ["a", "b", "c"], "cifar-100-python")
+    splits = read_cifar("cifar100", tmp_path, verify="off")
+    assert torch.equal(splits.train.images, train.images) and splits.class_names == ["a", "b", "c"]
+
+
+def test_first_per_class_keeps_data_set_order():
+    images = ImageSet(torch.zeros(9, 3, 2, 2, dtype=torch.uint8), torch.tensor([0, 1, 0, 1, 0, 1, 2, 2, 2]))
+    kept = common.first_per_class(images, 2)
+    assert kept.labels.tolist() == [0, 1, 0, 1, 2, 2]
+
+
+@pytest.mark.parametrize("script", ["steps.py", "end_to_end.py"])
+def test_a_wrong_reference_path_is_a_one_line_error(script, tmp_path):
+    args = ["--iamcl2r", str(tmp_path / "nowhere"), "--data-root", str(tmp_path), "--work", str(tmp_path)] \
+        if script == "end_to_end.py" else ["--iamcl2r", str(tmp_path / "nowhere"), "--cl2r", "x", "--ml-fct", "y",
+                                           "--cifar10", str(tmp_path)]
+    done = subprocess.run([sys.executable, str(PARITY / script)] + args, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "not a checkout of miccunifi/iamcl2r" in done.stderr
+
+
+def test_the_protocol_table_reads_the_paper_preset():
+    rows = {r["setting"]: r for r in load("report").protocol()}
+    assert rows["epoch length, tasks 1-6"]["agree"] and "36 batches" in rows["epoch length, tasks 1-6"]["suite"]
+    assert rows["schedule"]["agree"] and rows["mixed precision"]["agree"]
+    assert not rows["AA"]["agree"]
+
+
+def test_a_reference_run_folder_is_parsed(tmp_path):
+    """Their comp-matrix.txt (numpy's print of the matrix) and log lines give the matrix and the timings."""
+    import numpy as np
+
+    out = tmp_path / "out" / "20261123" / "er-cifar-045701"
+    out.mkdir(parents=True)
+    matrix = np.array([[0.5, 0.0, 0.0], [0.25, 0.625, 0.0], [0.125, 0.375, 0.75]])
+    (out / "comp-matrix.txt").write_text(f"Compatibility Matrix ID:\n{matrix}\nAvg. Comp. = 0.33\nAM. Comp. = 43.750\n")
+    (out / "train-045701-gpuNone.log").write_text(
+        "23.11.2026 04:57:24       Utils[ 46]    INFO Task 1 Epoch [1]/[2]\t Training Loss: 4.0\t Training Accuracy: 2.0"
+        "\t Time: 2.50\n"
+        "23.11.2026 04:57:27       Utils[ 46]    INFO Task 1 Epoch [2]/[2]\t Training Loss: 3.9\t Training Accuracy: 2.8"
+        "\t Time: 3.25\n"
+        "23.11.2026 04:57:30 IAM-CL2R-Train[239]    INFO Starting Evaluation\n"
+        "23.11.2026 04:58:10        Eval[ 89]    INFO Avg. Comp. = 0.33\n")
+    parsed = load("end_to_end").parse_reference_run(tmp_path)
+    assert parsed["matrix"] == [[0.5], [0.25, 0.625], [0.125, 0.375, 0.75]]
+    assert parsed["train_s"] == pytest.approx(5.75) and parsed["eval_s"] == 40.0
