@@ -124,7 +124,8 @@ class TaskContext:
         teacher: the frozen teacher model (``RetrievalModel``), or None (see also ``has_teacher``).
         new_data: this task's training images (``ImageSet``: ``.images`` uint8, ``.labels``).
         memory: the replay memory (``ImageSet``) or None.
-        mean, std: the stream's normalisation statistics; amp: the autocast dtype name or False (for ``teacher_outputs``).
+        mean, std: the stream's normalisation statistics; amp: the autocast dtype name or False (for
+            ``teacher_outputs``).
     """
 
     index: int

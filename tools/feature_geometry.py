@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.run / "checkpoints" / f"task{t}.pt").is_file():
             break
         model = load_task_model(cfg, args.run, t, stream).to(device)
-        features = [embed(model, images, mean=stream.mean, std=stream.std, amp=TrainSettings(**cfg["training"]).autocast)
+        amp = TrainSettings(**cfg["training"]).autocast
+        features = [embed(model, images, mean=stream.mean, std=stream.std, amp=amp)
                     for images in (query, gallery)]
         embedded.append((features[0], searchable_gallery(features[1], gallery.labels, mode)))
     labels = query.labels
