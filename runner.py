@@ -114,6 +114,7 @@ def resolved_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
     from configuration import read_yaml, resolve
     from strategies import list_strategies, load_plugin
     from strategies.adapters import list_adapters
+    from strategies.trainer import TrainSettings
 
     layers = [(args.config, read_yaml(args.config))] if args.config else []
     layers.append(("command line", cli_layer(args)))
@@ -128,6 +129,7 @@ def resolved_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
     for strategy, adapter, seed in itertools.product(strategies, adapters, seeds):
         extra = {k: v for k, v in (("strategy", strategy), ("adapter", adapter), ("seed", seed)) if v is not None}
         configs.append(resolve(layers + ([("command line", extra)] if extra else [])))
+        TrainSettings(**configs[-1]["training"])  # allowed values of training.*: a ConfigError before any run
     return configs
 
 

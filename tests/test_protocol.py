@@ -78,3 +78,17 @@ def test_iteration_schedule_reaches_the_minimum_at_the_last_step():
 def test_unknown_protocol_values_are_config_errors(key, value):
     with pytest.raises(ConfigError, match=f"training.{key}"):
         TrainSettings(**{key: value})
+
+
+def test_the_runner_rejects_a_bad_protocol_value_before_any_run(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    runner = Path(__file__).resolve().parents[1] / "runner.py"
+    done = subprocess.run([sys.executable, str(runner), "--scenario", "model_update", "--dataset", "synthetic",
+                           "--preset", "quick", "--set", "training.epoch_length=pass", "--output", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "error: training.epoch_length must be one of ['reference', 'full_pass'], not 'pass'"
+    assert not any(tmp_path.iterdir())
