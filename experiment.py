@@ -20,6 +20,8 @@ Layout of ``<output>/<scenario>/<dataset>/<label>/seed<k>/`` (label: :func:`run_
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import shutil
 import time
 from pathlib import Path
@@ -198,6 +200,26 @@ def replacement_checkpoints(cfg: dict[str, Any], stream: Stream, head: str, devi
     return out
 
 
+def evaluation_fingerprint(stream: Stream, cfg: dict[str, Any], device: torch.device) -> str:
+    """What a model's retrieval accuracy depends on besides the model: the query and gallery images and labels,
+    the gallery mode, the device type and the autocast dtype."""
+    digest = hashlib.sha256()
+    for images in (stream.query, stream.gallery):
+        digest.update(images.images.cpu().numpy().tobytes())
+        digest.update(images.labels.cpu().numpy().tobytes())
+    digest.update(f"{cfg['evaluation']['mode']}|{device.type}|{TrainSettings(**cfg['training']).autocast}".encode())
+    return digest.hexdigest()
+
+
+def replacement_score_key(checkpoint: str | Path, evaluation: str) -> str:
+    """The cache key of a replacement model's own accuracy: its checkpoint's content and the evaluation."""
+    digest = hashlib.sha256(evaluation.encode())
+    with open(checkpoint, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:24]
+
+
 def _flat(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out = {}
     for k, v in cfg.items():
@@ -301,15 +323,25 @@ class Run:
 
     def _score_replacements(self, evaluator: CompatibilityEvaluator) -> None:
         """Each replacement model's own retrieval accuracy on the evaluation set, before any fine-tuning, with
-        its Wilson interval: IAM-CL2R presumes that they clearly improve (issue 5)."""
+        its Wilson interval: IAM-CL2R presumes that they clearly improve (issue 5). A score depends only on the
+        checkpoint and the evaluation, so it is cached (:func:`replacement_score_key`) and computed once per
+        study, not once per seed and strategy."""
         queries = len(self.stream.query)
-        for r in self.state["replacements"]:
-            if "own_accuracy" in r:
-                continue
-            classes = self.stream.tasks[r["task"]].num_seen_classes
-            model = build_model(head=self.strategy.head, num_classes=classes, **model_kwargs(self.cfg))
-            load_replacement(model, r["path"])
-            r["own_accuracy"] = evaluator.self_test(model.to(self.device))
+        pending = [r for r in self.state["replacements"] if "own_accuracy" not in r]
+        if not pending:
+            return
+        evaluation = evaluation_fingerprint(self.stream, self.cfg, self.device)
+        scores = Path(self.cfg["replacement"]["pretrain"]["cache_dir"]) / "scores"
+        for r in pending:
+            cached = scores / f"{replacement_score_key(r['path'], evaluation)}.json"
+            if cached.is_file():
+                r["own_accuracy"] = json.loads(cached.read_text())["own_accuracy"]
+            else:
+                classes = self.stream.tasks[r["task"]].num_seen_classes
+                model = build_model(head=self.strategy.head, num_classes=classes, **model_kwargs(self.cfg))
+                load_replacement(model, r["path"])
+                r["own_accuracy"] = evaluator.self_test(model.to(self.device))
+                atomic_write_json(cached, {"own_accuracy": r["own_accuracy"], "checkpoint": r["path"]})
             r["own_accuracy_interval"] = list(wilson_interval(r["own_accuracy"], queries,
                                                               self.cfg["evaluation"]["confidence"]))
             self.log(f"replacement model for task {r['task']}: own accuracy {r['own_accuracy']:.4f} "

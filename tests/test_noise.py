@@ -147,3 +147,21 @@ def test_metrics_command_adds_binomial_noise(tmp_path, capsys):
     assert decisions == {(1, 0): "within_noise", (2, 0): "incompatible", (2, 1): "incompatible"}
     assert noise["within_noise"] == 1 and noise["across"]["pairs"] == 2
     assert runner.main(["metrics", str(path), "--queries", "0"]) == 2
+
+
+def test_replacement_scores_are_computed_once_per_study(tiny, tmp_path, monkeypatch):
+    """Another seed with the same replacement models and evaluation set reads their own accuracy from the cache."""
+    import experiment
+
+    out = tmp_path / "out"
+    assert runner.main(["--config", str(tiny), "--strategy", "er", "--output", str(out)]) == 0
+    scores = sorted((tmp_path / "cache" / "scores").glob("*.json"))
+    assert len(scores) == 2
+    calls = []
+    monkeypatch.setattr(experiment.CompatibilityEvaluator, "self_test", lambda *a, **k: calls.append(1) or 0.0)
+    assert runner.main(["--config", str(tiny), "--strategy", "er", "--seed", "7", "--output", str(out)]) == 0
+    first, second = (json.loads((out / f"iamcl2r/synthetic/er/seed{s}/metrics.json").read_text())["replacement_models"]
+                     for s in (42, 7))
+    assert not calls
+    assert [r["own_accuracy"] for r in first] == [r["own_accuracy"] for r in second]
+    assert sorted((tmp_path / "cache" / "scores").glob("*.json")) == scores

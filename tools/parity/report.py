@@ -138,6 +138,10 @@ def summarise(end_to_end: dict) -> tuple[dict, list[str]]:
                   "wall_ratio": ref["wall_s"] / suite["wall_s"], "seed": int(seed),
                   "strategy": next(iter(end_to_end)), "queries": first["queries"],
                   "epochs": first["epochs"], "images_per_class": first["images_per_class"]}
+        if seed in first.get("suite_first_run", {}):
+            cold = first["suite_first_run"][seed]
+            timing |= {"suite_first_run_wall_s": cold["wall_s"], "suite_first_run_eval_s": cold["eval_s"],
+                       "first_run_wall_ratio": ref["wall_s"] / cold["wall_s"]}
     for strategy, entry in end_to_end.items():
         if entry["suite"] and entry["reference"]:
             table, beyond, noisy, total = entry_table(entry)
