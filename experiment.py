@@ -220,6 +220,15 @@ def replacement_score_key(checkpoint: str | Path, evaluation: str) -> str:
     return digest.hexdigest()[:24]
 
 
+def cached_score(path: Path) -> float | None:
+    """A cached own accuracy, or None when the file is absent or damaged (the score is then computed again)."""
+    try:
+        score = json.loads(path.read_text())["own_accuracy"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return float(score) if isinstance(score, (int, float)) and 0 <= score <= 1 else None
+
+
 def _flat(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out = {}
     for k, v in cfg.items():
@@ -333,13 +342,12 @@ class Run:
         evaluation = evaluation_fingerprint(self.stream, self.cfg, self.device)
         scores = Path(self.cfg["replacement"]["pretrain"]["cache_dir"]) / "scores"
         for r in pending:
+            classes = self.stream.tasks[r["task"]].num_seen_classes
+            model = build_model(head=self.strategy.head, num_classes=classes, **model_kwargs(self.cfg))
+            load_replacement(model, r["path"])
             cached = scores / f"{replacement_score_key(r['path'], evaluation)}.json"
-            if cached.is_file():
-                r["own_accuracy"] = json.loads(cached.read_text())["own_accuracy"]
-            else:
-                classes = self.stream.tasks[r["task"]].num_seen_classes
-                model = build_model(head=self.strategy.head, num_classes=classes, **model_kwargs(self.cfg))
-                load_replacement(model, r["path"])
+            r["own_accuracy"] = cached_score(cached)
+            if r["own_accuracy"] is None:
                 r["own_accuracy"] = evaluator.self_test(model.to(self.device))
                 atomic_write_json(cached, {"own_accuracy": r["own_accuracy"], "checkpoint": r["path"]})
             r["own_accuracy_interval"] = list(wilson_interval(r["own_accuracy"], queries,

@@ -165,3 +165,14 @@ def test_replacement_scores_are_computed_once_per_study(tiny, tmp_path, monkeypa
     assert not calls
     assert [r["own_accuracy"] for r in first] == [r["own_accuracy"] for r in second]
     assert sorted((tmp_path / "cache" / "scores").glob("*.json")) == scores
+
+
+def test_a_damaged_score_file_is_computed_again(tiny, tmp_path):
+    out = tmp_path / "out"
+    assert runner.main(["--config", str(tiny), "--strategy", "er", "--output", str(out)]) == 0
+    first = json.loads((out / "iamcl2r/synthetic/er/seed42/metrics.json").read_text())["replacement_models"]
+    for path in (tmp_path / "cache" / "scores").glob("*.json"):
+        path.write_text("{not json")
+    assert runner.main(["--config", str(tiny), "--strategy", "er", "--seed", "7", "--output", str(out)]) == 0
+    second = json.loads((out / "iamcl2r/synthetic/er/seed7/metrics.json").read_text())["replacement_models"]
+    assert [r["own_accuracy"] for r in second] == [r["own_accuracy"] for r in first]
