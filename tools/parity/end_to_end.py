@@ -56,8 +56,9 @@ main()
 
 
 def write_data(data_root: Path, work: Path, eval_per_class: int) -> Path:
-    """The stream and the evaluation set as official CIFAR pickles under ``work/data`` (written once)."""
-    root = work / "data"
+    """The stream and the evaluation set as official CIFAR pickles under ``work/data-eval<N>`` (written once per
+    evaluation size, so one work folder serves the parity runs and the timed pair with their replacement models)."""
+    root = work / f"data-eval{eval_per_class}"
     if (root / "cifar-10-batches-py" / "test_batch").is_file():
         return root
     try:
@@ -174,6 +175,9 @@ def main() -> None:
     parser.add_argument("--eval-per-class", type=int, default=200, help="CIFAR-10 queries and gallery per class")
     parser.add_argument("--pretrain-images", type=int, default=100, help="images per class of the replacements")
     parser.add_argument("--pretrain-epochs", type=int, default=3)
+    parser.add_argument("--suite-runs", type=int, choices=(1, 2), default=1,
+                        help="2: run the suite twice per seed, the first kept as 'suite_first_run' (a study's first "
+                             "run also scores its replacement models; later runs read the scores from the cache)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "parity" / "end_to_end.json")
     args = parser.parse_args()
     refs = {"iamcl2r": reference_checkout(args.iamcl2r, "src/iamcl2r/methods/hoc.py", "miccunifi/iamcl2r")}
@@ -185,19 +189,20 @@ def main() -> None:
     for strategy in args.strategies:
         entry = results.setdefault(strategy, {"epochs": args.epochs, "images_per_class": args.images_per_class,
                                               "queries": 10 * args.eval_per_class, "suite": {}, "reference": {}})
+        codes = ["reference"] + (["suite_first_run"] if args.suite_runs == 2 else []) + ["suite"]
         for seed in args.seeds:
-            for code in ("reference", "suite"):
-                if str(seed) in entry[code]:
+            for code in codes:
+                runs = entry.setdefault(code, {})
+                if str(seed) in runs:
                     continue
-                folder = args.work / f"{code}-{strategy}-seed{seed}"
+                folder = args.work / f"{code}-{strategy}-seed{seed}-eval{args.eval_per_class}"
                 print(f"{code} {strategy} seed {seed} ...", flush=True)
-                entry[code][str(seed)] = (reference_run(args, refs, python, data, strategy, seed, folder)
-                                          if code == "reference" else
-                                          suite_run(args, data, replacements, strategy, seed, folder))
+                runs[str(seed)] = (reference_run(args, refs, python, data, strategy, seed, folder)
+                                   if code == "reference" else
+                                   suite_run(args, data, replacements, strategy, seed, folder))
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(results, indent=1, allow_nan=False) + "\n")
-                print(f"  {entry[code][str(seed)]['wall_s']:.0f}s, M[6] = {entry[code][str(seed)]['matrix'][-1]}",
-                      flush=True)
+                print(f"  {runs[str(seed)]['wall_s']:.0f}s, M[-1] = {runs[str(seed)]['matrix'][-1]}", flush=True)
 
 
 if __name__ == "__main__":
