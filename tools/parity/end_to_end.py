@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -118,6 +119,7 @@ def reference_run(args, refs: dict, python: Path, data: Path, strategy: str, see
            "img_per_class": args.images_per_class, "seed": seed, "num_workers": 0, "eval_period": args.epochs,
            "learning_rate": 0.001, "momentum": 0.9,
            "pretrained_model_path": [str(args.work / "pretrained_models" / family / f"ckpt_{k}.pt") for k in range(3)]}
+    shutil.rmtree(folder / "out", ignore_errors=True)  # an earlier run's files would be parsed instead
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.yaml").write_text(yaml.safe_dump(cfg))
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(refs["iamcl2r"] / "src"), "WANDB_MODE": "disabled",
