@@ -1,4 +1,8 @@
-"""Leaderboards from result files: one row per (scenario, dataset, strategy), mean ± std over seeds.
+"""Leaderboards from result files: one row per experiment, mean ± std over seeds.
+
+An experiment is a scenario, data set and strategy (or adapter) with every setting that changes the protocol
+(:func:`experiment_settings`: the resolved config minus seed, paths and display settings); runs that differ only
+by seed are aggregated, others are separate rows whose labels carry the settings that tell them apart.
 
 Rows come from every complete ``metrics.json`` under a results folder; incomplete runs are listed apart so a
 partial result is never mistaken for a finished one. The std is the sample standard deviation (ddof = 1).
@@ -29,6 +33,8 @@ NOISE_HEADERS = ["scenario", "dataset", "strategy", "AC", "AC 95% interval", "AC
 REPLACEMENT_HEADERS = ["scenario", "dataset", "strategy", "replacement task", "classes", "own accuracy (%)",
                        "95% interval", "seeds"]
 TIMING_HEADERS = ["scenario", "dataset", "strategy", "train ms / iteration", "ratio to baseline", "seeds"]
+NOT_EXPERIMENT = {"seed", "output", "device", "data_root", "download", "plugins", "training.progress",
+                  "evaluation.plots", "replacement.pretrain.cache_dir"}
 
 
 def collect(results_dir: str | Path) -> tuple[list[dict[str, Any]], list[Path]]:
@@ -54,10 +60,47 @@ def _mean_std(values: list[float], digits: int) -> str:
     return f"{np.mean(values):.{digits}f} ± {std:.{digits}f}"
 
 
+def experiment_settings(record: dict[str, Any]) -> dict[str, Any]:
+    """What makes a run's experiment: its resolved config, flattened, without the seed, where results and data
+    are kept and how they are shown, and without the parameters of strategies and adapters it does not use."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    config = record.get("config") or {}
+    adapter = (config.get("adapter") or {}).get("name")
+    used = {f"strategy_params.{config.get('strategy')}.", f"adapter_params.{adapter}."}
+    walk(config, "")
+    return {k: v for k, v in flat.items() if k not in NOT_EXPERIMENT
+            and (not k.startswith(("strategy_params.", "adapter_params.")) or k.startswith(tuple(used)))}
+
+
+def _tag(settings: dict[str, Any], differing: list[str]) -> str:
+    shown = [f"{k}={value if isinstance(value, str) else json.dumps(value)}"
+             for k, value in ((k, settings.get(k)) for k in differing[:3])]
+    return " [" + "; ".join(shown) + ("; ..." if len(differing) > 3 else "") + "]"
+
+
 def _groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    """Runs grouped by experiment (:func:`experiment_settings`): runs that differ only by seed are one group;
+    when one name covers several experiments, each label gets a tag of the settings that tell them apart."""
+    experiments: dict[tuple[str, str, str], dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
-        groups[(r["scenario"], r["dataset"], r.get("method", r["strategy"]))].append(r)
+        identity = json.dumps(experiment_settings(r), sort_keys=True, default=str)
+        experiments[(r["scenario"], r["dataset"], r.get("method", r["strategy"]))][identity].append(r)
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for (scenario, dataset, name), by_identity in experiments.items():
+        settings = [json.loads(identity) for identity in by_identity]
+        keys = sorted(set().union(*settings))
+        differing = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in settings}) > 1]
+        for identity, runs in by_identity.items():
+            label = name + (_tag(json.loads(identity), differing) if len(by_identity) > 1 else "")
+            groups[(scenario, dataset, label)] = runs
     return dict(sorted(groups.items()))
 
 
@@ -131,7 +174,8 @@ def timing_rows(records: list[dict[str, Any]], baseline: str = "er") -> list[lis
     medians = {key: float(np.median(values)) for key, values in groups.items() if values}
     rows = []
     for (scenario, dataset, strategy), median in medians.items():
-        base = medians.get((scenario, dataset, baseline))
+        tag = strategy[strategy.index(" ["):] if " [" in strategy else ""
+        base = medians.get((scenario, dataset, baseline + tag), medians.get((scenario, dataset, baseline)))
         rows.append([scenario, dataset, strategy, f"{1000 * median:.1f}", f"{median / base:.2f}" if base else "-",
                      len(groups[(scenario, dataset, strategy)])])
     return rows

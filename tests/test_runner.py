@@ -1,4 +1,5 @@
 """End to end through the command line: results written and consistent, resume, metrics, leaderboard, errors."""
+import csv
 import json
 
 import numpy as np
@@ -163,3 +164,30 @@ def test_leaderboard_matrices_average_seeds(tmp_path, capsys):
     # across replacement 2: pairs (2, 0) and (2, 1) -> accuracies 10 and 30, neither above its diagonal
     across = [line for line in out.splitlines() if "20.00 ± 0.00" in line]
     assert len(across) == 1 and "0.000 ± 0.000" in across[0] and across[0].split("|")[-3].strip() == "2"
+
+
+def test_leaderboard_never_merges_different_experiments(tmp_path, capsys):
+    """A 7-task and a 31-task run of one strategy are two rows (tagged with what differs); seeds of one
+    experiment are one row; --matrices handles matrices of different sizes."""
+    def write(name: str, seed: int, tasks: int, ac: float) -> None:
+        folder = tmp_path / name / f"seed{seed}"
+        folder.mkdir(parents=True)
+        matrix = [[0.5] * (t + 1) + [None] * (tasks - t - 1) for t in range(tasks)]
+        config = {"seed": seed, "output": str(tmp_path / name), "strategy": "er", "adapter": {"name": "none"},
+                  "stream": {"num_tasks": tasks, "increment": 15 if tasks == 7 else 3},
+                  "training": {"progress": seed == 1},
+                  "strategy_params": {"er": {}, "bct": {"influence_weight": seed}}}
+        (folder / "metrics.json").write_text(json.dumps({
+            "complete": True, "scenario": "iamcl2r", "dataset": "synthetic", "strategy": "er", "seed": seed,
+            "num_tasks": tasks, "replacement_tasks": [0], "compatibility_matrix": matrix, "config": config,
+            "metrics": {"AC": ac, "AA": 50.0, "ACA": 50.0}}))
+
+    write("short", 1, 7, 0.25)
+    write("short", 2, 7, 0.75)
+    write("long", 1, 31, 0.0)
+    assert run_cli("leaderboard", "--results", tmp_path, "--format", "csv") == 0
+    rows = list(csv.reader(capsys.readouterr().out.strip().splitlines()))[1:3]
+    assert sorted((r[2], r[-1]) for r in rows) == [
+        ("er [stream.increment=15; stream.num_tasks=7]", "2"), ("er [stream.increment=3; stream.num_tasks=31]", "1")]
+    assert run_cli("leaderboard", "--results", tmp_path, "--matrices") == 0
+    assert "stream.num_tasks=31" in capsys.readouterr().out
