@@ -82,6 +82,14 @@ def merge(base: dict[str, Any], override: dict[str, Any], source: str, prefix: s
     return out
 
 
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"training": {"epochs": 5}}`` -> ``{"training.epochs": 5}``: one entry per setting."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        out.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
 def parse_assignment(text: str) -> dict[str, Any]:
     """``"training.epochs=5"`` -> ``{"training": {"epochs": 5}}`` (the value is parsed as YAML)."""
     if "=" not in text:

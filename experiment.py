@@ -35,7 +35,7 @@ from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
 from benchmarks.records import atomic_write_json, device_description, package_versions
 from benchmarks.retrieval import CompatibilityEvaluator
-from configuration import ConfigError
+from configuration import ConfigError, flatten
 from models import RetrievalModel, build_model, load_replacement, replacement_family
 from scenarios.datasets import ImageSet, load_dataset
 from scenarios.streams import Stream, build_stream
@@ -229,15 +229,8 @@ def cached_score(path: Path) -> float | None:
     return float(score) if isinstance(score, (int, float)) and 0 <= score <= 1 else None
 
 
-def _flat(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in cfg.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def check_resume_config(saved: dict[str, Any], cfg: dict[str, Any]) -> None:
-    a, b = _flat(saved), _flat(cfg)
+    a, b = flatten(saved), flatten(cfg)
     diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and not k.startswith(IGNORED_ON_RESUME))
     if diff:
         raise RunError(f"--resume: the settings differ from the interrupted run in {diff[:5]}; use the same "

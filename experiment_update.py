@@ -51,6 +51,7 @@ class ModelUpdateRun:
 
     def __init__(self, cfg: dict[str, Any], *, resume: bool = False, overwrite: bool = False, log=print) -> None:
         self.cfg, self.log = cfg, log
+        self.amp = TrainSettings(**cfg["training"]).autocast
         name = adapter_name(cfg)
         self.adapter = make_adapter(name, cfg["adapter_params"]) if name else None
         mu = cfg["model_update"]
@@ -108,11 +109,11 @@ class ModelUpdateRun:
         train_seconds = time.perf_counter() - t0
         fit_data = to_device(ImageSet(torch.cat([t.train.images for t in stream.tasks]),
                                       torch.cat([t.train.labels for t in stream.tasks])), self.device)
-        amp = TrainSettings(**self.cfg["training"]).autocast
         t0 = time.perf_counter()
         fit_log: dict[str, float] = {}
         if self.adapter is not None:
-            pair = embed_pair(old, new, fit_data, num_classes=sum(counts), mean=stream.mean, std=stream.std, amp=amp)
+            pair = embed_pair(old, new, fit_data, num_classes=sum(counts), mean=stream.mean, std=stream.std,
+                              amp=self.amp)
             fit_log = fit_adapter(self.adapter, pair, self.cfg["seed"])
             self.log(f"adapter {self.adapter.name} fitted on {len(fit_data)} items in {time.perf_counter() - t0:.1f}s "
                      + " ".join(f"{k}={v:.3g}" for k, v in fit_log.items()))
@@ -152,7 +153,7 @@ class ModelUpdateRun:
 
     def _features(self, old: RetrievalModel, new: RetrievalModel, stream) -> TwoModelFeatures:
         query, gallery = to_device(stream.query, self.device), to_device(stream.gallery, self.device)
-        kw = {"mean": stream.mean, "std": stream.std, "amp": TrainSettings(**self.cfg["training"]).autocast}
+        kw = {"mean": stream.mean, "std": stream.std, "amp": self.amp}
         return TwoModelFeatures(
             query_old=normalized_features(old, query.images, **kw), query_new=normalized_features(new, query.images, **kw),
             gallery_old=normalized_features(old, gallery.images, **kw),

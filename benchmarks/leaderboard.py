@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from configuration import flatten
+
 from .metrics import across_replacements, as_matrix
 
 FORMATS = ("github", "csv", "latex")
@@ -63,20 +65,10 @@ def _mean_std(values: list[float], digits: int) -> str:
 def experiment_settings(record: dict[str, Any]) -> dict[str, Any]:
     """What makes a run's experiment: its resolved config, flattened, without the seed, where results and data
     are kept and how they are shown, and without the parameters of strategies and adapters it does not use."""
-    flat: dict[str, Any] = {}
-
-    def walk(node: dict[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            if isinstance(value, dict):
-                walk(value, f"{prefix}{key}.")
-            else:
-                flat[f"{prefix}{key}"] = value
-
     config = record.get("config") or {}
     adapter = (config.get("adapter") or {}).get("name")
     used = {f"strategy_params.{config.get('strategy')}.", f"adapter_params.{adapter}."}
-    walk(config, "")
-    return {k: v for k, v in flat.items() if k not in NOT_EXPERIMENT
+    return {k: v for k, v in flatten(config).items() if k not in NOT_EXPERIMENT
             and (not k.startswith(("strategy_params.", "adapter_params.")) or k.startswith(tuple(used)))}
 
 
