@@ -125,7 +125,7 @@ def run_probe(python: Path, refs: dict[str, Path], work: Path) -> dict:
     return torch.load(work / "reference.pt", weights_only=False)
 
 
-def compare(ref: dict, inputs: dict, ours: dict) -> list[dict]:
+def compare(ref: dict, ours: dict) -> list[dict]:
     """One row per step: the reference's value against the suite's."""
     simplex_diff = float((ref["replacement"]["dsimplex"] - simplex_vertices(1024)).abs().max())
     rows = [row("d-Simplex matrix (K = 1024)", simplex_diff,
@@ -262,7 +262,7 @@ def run(python: Path, refs: dict[str, Path], work: Path, cifar10: str) -> list[d
     ours = suite_values(built, inputs, query, gallery)
     inputs["optimizer_grads"] = {reference_name(k): v for k, v in ours["hoc_step"]["grads"].items()}
     torch.save(inputs, work / "inputs.pt")
-    return compare(run_probe(python, refs, work), inputs, ours)
+    return compare(run_probe(python, refs, work), ours)
 
 
 def suite_values(built: dict, inputs: dict, query: ImageSet, gallery: ImageSet) -> dict:
