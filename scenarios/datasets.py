@@ -116,15 +116,57 @@ def _download(url: str, root: Path, md5: str) -> None:
                         f"extract it into {root}") from None
 
 
+def _latin1_bytes(text: str, encoding: str = "latin1") -> bytes:
+    """``_codecs.encode`` as Python 3 pickles (protocol <= 2) use it for bytes, restricted to that use."""
+    if encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError(f"encoding {encoding!r} is not used by CIFAR pickles")
+    return text.encode(encoding)
+
+
+def _empty_bytes() -> bytes:
+    """``bytes()``, as protocol 2 pickles an empty bytes object (the data of an empty array)."""
+    return b""
+
+
+def _numpy_globals() -> dict[tuple[str, str], object]:
+    from numpy._core import multiarray, numeric
+
+    allowed = {"ndarray": np.ndarray, "dtype": np.dtype}
+    for package in ("numpy.core", "numpy._core"):
+        allowed[(f"{package}.multiarray", "_reconstruct")] = multiarray._reconstruct
+        allowed[(f"{package}.multiarray", "scalar")] = multiarray.scalar
+        allowed[(f"{package}.numeric", "_frombuffer")] = numeric._frombuffer
+    return {("numpy", k) if isinstance(k, str) else k: v for k, v in allowed.items()}
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """An unpickler that builds only what CIFAR files hold (builtin containers, bytes, text, numbers and numpy
+    arrays): any other global, i.e. anything that could run code on loading, is refused. Used whatever
+    ``data.verify`` says, so a tampered copy cannot execute anything (issue 16)."""
+
+    ALLOWED = {("_codecs", "encode"): _latin1_bytes, ("__builtin__", "bytes"): _empty_bytes,
+               ("builtins", "bytes"): _empty_bytes}
+
+    def find_class(self, module: str, name: str) -> object:
+        allowed = {**self.ALLOWED, **_numpy_globals()}
+        if (module, name) not in allowed:
+            raise pickle.UnpicklingError(f"it refers to {module}.{name}, which CIFAR files never hold")
+        return allowed[(module, name)]
+
+
 def _unpickle(path: Path) -> dict:
-    """A CIFAR pickle with text keys: the official (Python 2) files give byte keys, copies written by Python 3
-    (torchvision's reader expects those) give text keys; both are read alike."""
+    """A CIFAR pickle with text keys, read by :class:`_CifarUnpickler`: the official (Python 2) files give byte
+    keys, copies written by Python 3 (torchvision's reader expects those) give text keys; both are read alike."""
     try:
         with open(path, "rb") as f:
-            content = pickle.load(f, encoding="bytes")
-            return {k.decode() if isinstance(k, bytes) else k: v for k, v in content.items()}
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError) as exc:
+            content = _CifarUnpickler(f, encoding="bytes").load()
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError, TypeError, IndexError,
+            RecursionError, MemoryError) as exc:
         raise DataError(f"{path} is not a readable CIFAR pickle ({exc}); delete it and pass --download") from None
+    if not isinstance(content, dict):
+        raise DataError(f"{path} is not a CIFAR pickle (it holds a {type(content).__name__}, not a dict); delete it "
+                        "and pass --download")
+    return {k.decode() if isinstance(k, bytes) else k: v for k, v in content.items()}
 
 
 def read_cifar(name: str, root: str | Path, *, download: bool = False, verify: str = "warn") -> DataSplits:
