@@ -23,6 +23,7 @@ setup(
         "tqdm",
         "matplotlib",
         "pillow",
+        "filelock>=4.2.1",
     ],
     extras_require={"test": ["pytest"]},
     entry_points={"console_scripts": ["cl2r-bench=runner:main"]},

@@ -23,14 +23,15 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from models import RetrievalModel, build_model, feature_extractor_state, forward_in_batches, load_replacement
+from benchmarks.records import atomic_write, atomic_write_text, exclusive
+from models import (CheckpointError, RetrievalModel, build_model, feature_extractor_state, forward_in_batches,
+                    load_replacement)
 from scenarios.datasets import DataSplits, ImageSet
 from scenarios.streams import first_per_class, relabel
 
@@ -110,10 +111,14 @@ class PlateauTraining:
         self.best_state = copy.deepcopy(model.state_dict())
         self.optimizer_state = None
         if partial.is_file():
-            saved = torch.load(partial, map_location="cpu", weights_only=True)
-            model.load_state_dict(saved["model"])
-            self.best_state, self.optimizer_state = saved["best_model"], saved["optimizer"]
-            self.progress = PlateauProgress(**saved["progress"])
+            try:
+                saved = torch.load(partial, map_location="cpu", weights_only=True)
+                model.load_state_dict(saved["model"])
+                self.best_state, self.optimizer_state = saved["best_model"], saved["optimizer"]
+                self.progress = PlateauProgress(**saved["progress"])
+            except Exception as exc:  # noqa: BLE001 - a damaged file fails in torch, pickle or the dataclass
+                raise CheckpointError(f"the pretraining progress file {partial} is damaged ({type(exc).__name__}); "
+                                      "delete it to pretrain this model from its first epoch") from None
             self.progress.finished = self.progress.should_stop(rule, settings.epochs)
             log(f"resuming pretraining from {partial} after epoch {self.progress.epochs_done}")
 
@@ -167,11 +172,9 @@ def pretrain_model(data: DataSplits, classes: list[int], *, head: str, model_kwa
 
 
 def save_state(state: dict[str, torch.Tensor], path: Path) -> None:
-    """``torch.save`` to a temporary file, then rename: a crash never leaves a half-written checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    """``torch.save`` atomically (:func:`benchmarks.records.atomic_write`): a crash never leaves a half-written
+    checkpoint."""
+    atomic_write(path, lambda f: torch.save(state, f))
 
 
 def pretrained_replacement(data: DataSplits, classes: list[int], *, head: str, model_kwargs: dict[str, Any],
@@ -193,13 +196,16 @@ def pretrained_replacement(data: DataSplits, classes: list[int], *, head: str, m
     path = cache_path(cache_dir, spec)
     if path.is_file():
         return path, True
-    partial = path.with_suffix(".partial.pt")
-    model, training = pretrain_model(data, classes, head=head, model_kwargs=model_kwargs, settings=settings,
-                                     images_per_class=images_per_class, device=device, seed=seed, plateau=plateau,
-                                     partial=partial, log=log)
-    save_state(model.state_dict() if keep_classifier else feature_extractor_state(model), path)
-    path.with_suffix(".json").write_text(json.dumps({**spec, "training": training}, indent=1))
-    partial.unlink(missing_ok=True)
+    with exclusive(path.with_suffix(".lock"), f"the pretraining of {path}", wait=log):
+        if path.is_file():
+            return path, True
+        partial = path.with_suffix(".partial.pt")
+        model, training = pretrain_model(data, classes, head=head, model_kwargs=model_kwargs, settings=settings,
+                                         images_per_class=images_per_class, device=device, seed=seed,
+                                         plateau=plateau, partial=partial, log=log)
+        atomic_write_text(path.with_suffix(".json"), json.dumps({**spec, "training": training}, indent=1))
+        save_state(model.state_dict() if keep_classifier else feature_extractor_state(model), path)
+        partial.unlink(missing_ok=True)
     return path, False
 
 
