@@ -4,15 +4,19 @@ An experiment is a scenario, data set and strategy (or adapter) with every setti
 (:func:`experiment_settings`: the resolved config minus seed, paths and display settings); runs that differ only
 by seed are aggregated, others are separate rows whose labels carry the settings that tell them apart.
 
-Rows come from every complete ``metrics.json`` under a results folder; incomplete runs are listed apart so a
-partial result is never mistaken for a finished one. The std is the sample standard deviation (ddof = 1).
+Rows come from every complete and well-formed ``metrics.json`` under a results folder; incomplete runs and
+malformed records are listed apart with their reason (:func:`record_problem`) so a partial or damaged result is
+never mistaken for a finished one. The std is the sample standard deviation (ddof = 1).
 """
 from __future__ import annotations
 
 import csv
 import io
 import json
+import math
+import reprlib
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,8 @@ import numpy as np
 
 from configuration import flatten
 
-from .metrics import across_replacements, as_matrix
+from .adapters import BACKFILL_ORDERS
+from .metrics import MatrixError, across_replacements, as_matrix, is_number
 
 FORMATS = ("github", "csv", "latex")
 COLUMNS = ("AC", "AA", "ACA")
@@ -37,22 +42,222 @@ REPLACEMENT_HEADERS = ["scenario", "dataset", "strategy", "replacement task", "c
 TIMING_HEADERS = ["scenario", "dataset", "strategy", "train ms / iteration", "ratio to baseline", "seeds"]
 NOT_EXPERIMENT = {"seed", "output", "device", "data_root", "download", "plugins", "training.progress",
                   "evaluation.plots", "replacement.pretrain.cache_dir"}
+NAME = "a non-empty string"
+FRACTION = "a fraction in [0, 1]"
+OPTIONAL_FRACTION = "null or a fraction in [0, 1]"
+INTERVAL = "[low, high], fractions in [0, 1]"
+
+Check = Callable[[Any], bool]
+RunMatrices = list[tuple[dict[str, Any], np.ndarray]]
 
 
-def collect(results_dir: str | Path) -> tuple[list[dict[str, Any]], list[Path]]:
-    """``(complete records, paths of incomplete or unreadable ones)`` under ``results_dir``."""
+def collect(results_dir: str | Path) -> tuple[list[dict[str, Any]], list[tuple[Path, str]]]:
+    """``(complete records, [(path, reason), ...])`` over every ``metrics.json`` under ``results_dir``.
+
+    Unreadable files, incomplete runs and records :func:`record_problem` rejects are left out with a one-line
+    reason, so that a partial or malformed result is neither averaged into a row nor crashes a table.
+    """
     complete, skipped = [], []
     for path in sorted(Path(results_dir).rglob("metrics.json")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            skipped.append(path)
-            continue
-        if isinstance(record, dict) and record.get("complete") and record.get("metrics"):
-            complete.append(record)
+        record, problem = _read(path)
+        problem = problem or record_problem(record)
+        if problem:
+            skipped.append((path, problem))
         else:
-            skipped.append(path)
+            complete.append(record)
     return complete, skipped
+
+
+def _read(path: Path) -> tuple[Any, str | None]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    except UnicodeDecodeError as exc:
+        return None, (f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at position {exc.start}); a metrics.json "
+                      "is UTF-8 JSON")
+    except RecursionError:
+        return None, "JSON nesting too deep; a metrics.json is an object a few levels deep"
+    except ValueError as exc:
+        return None, f"not valid JSON ({exc})"
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and value.strip() != ""
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> bool:
+    return _integer(value) and value >= 0
+
+
+def _object(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _within(low: float, high: float) -> Check:
+    return lambda value: is_number(value) and low <= value <= high
+
+
+def _optional(check: Check) -> Check:
+    return lambda value: value is None or check(value)
+
+
+def _interval(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(map(_within(0, 1), value))
+
+
+def _field(data: dict[str, Any], key: str, check: Check, expected: str, *, within: str = "",
+           required: bool = True) -> str | None:
+    """Why ``data[key]`` is unusable (``within`` prefixes its name in the message), or None when it is usable
+    or absent and not ``required``."""
+    if key not in data:
+        return f"'{within}{key}' is missing; it must be {expected}" if required else None
+    return None if check(data[key]) else f"'{within}{key}' is {reprlib.repr(data[key])}; it must be {expected}"
+
+
+def _first(problems: Iterable[str | None]) -> str | None:
+    return next((p for p in problems if p), None)
+
+
+def record_problem(record: Any) -> str | None:
+    """Why a parsed ``metrics.json`` cannot be a leaderboard row, or None when it can.
+
+    Every field the tables of this module read is checked for type and range (AC a fraction; AA and ACA
+    percent; the matrix as :func:`benchmarks.metrics.as_matrix` reads it; the noise, replacement-model, timing
+    and model-update fields where present), so that a hand-made or damaged file is named and left out instead
+    of crashing a table or being averaged. An incomplete run is reported as such.
+    """
+    if not isinstance(record, dict):
+        return f"holds {reprlib.repr(record)}, not a JSON object; a metrics.json is one object"
+    return (_field(record, "complete", lambda v: isinstance(v, bool), "true or false")
+            or _incomplete(record)
+            or _first(_field(record, key, _text, NAME) for key in ("scenario", "dataset", "strategy"))
+            or _field(record, "method", _text, NAME, required=False)
+            or _field(record, "seed", _integer, "an integer")
+            or _field(record, "num_tasks", _count, "a number of tasks", required=False)
+            or _field(record, "tasks_completed", _count, "a number of tasks", required=False)
+            or _tasks_problem(record)
+            or _field(record, "metrics", _object, "an object with AC, AA and ACA")
+            or _metrics_problem(record["metrics"])
+            or _matrix_problem(record)
+            or _field(record, "replacement_tasks", lambda v: isinstance(v, list) and all(map(_count, v)),
+                      "a list of task indices", required=False)
+            or _config_problem(record)
+            or _noise_problem(record.get("noise"))
+            or _replacement_models_problem(record)
+            or _timings_problem(record)
+            or (_update_problem(record) if record["scenario"] == "model_update" else None))
+
+
+def _incomplete(record: dict[str, Any]) -> str | None:
+    if record["complete"]:
+        return None
+    done, total = (record.get(k) if _count(record.get(k)) else "?" for k in ("tasks_completed", "num_tasks"))
+    return f"incomplete run ({done} of {total} tasks)"
+
+
+def _tasks_problem(record: dict[str, Any]) -> str | None:
+    done, total = record.get("tasks_completed"), record.get("num_tasks")
+    if done is None or total is None or done == total:
+        return None
+    return f"'complete' is true but tasks_completed is {done} of num_tasks {total}; rerun it or fix the record"
+
+
+def _metrics_problem(metrics: dict[str, Any]) -> str | None:
+    percent, points = _within(0, 100), _optional(_within(-100, 100))
+    return (_field(metrics, "AC", _within(0, 1), FRACTION, within="metrics.")
+            or _field(metrics, "AA", percent, "a percentage in [0, 100]", within="metrics.")
+            or _field(metrics, "ACA", _optional(percent), "a percentage in [0, 100] (null for one task)",
+                      within="metrics.")
+            or _first(_field(metrics, key, points, "null or percent points in [-100, 100]", within="metrics.",
+                             required=False) for key in ("BC", "FC")))
+
+
+def _matrix_problem(record: dict[str, Any]) -> str | None:
+    if "compatibility_matrix" not in record:
+        return None
+    try:
+        size = len(as_matrix(record["compatibility_matrix"]))
+    except MatrixError as exc:
+        return f"compatibility_matrix: {exc}"
+    tasks = record.get("num_tasks")
+    if tasks is not None and size != tasks:
+        return f"compatibility_matrix has {size} rows but num_tasks is {tasks}; a complete run has one row per task"
+    return None
+
+
+def _config_problem(record: dict[str, Any]) -> str | None:
+    problem = (_field(record, "config", _optional(_object), "an object (the resolved settings)", required=False)
+               or _field(record.get("config") or {}, "adapter", lambda v: not v or isinstance(v, dict),
+                         "an object with a 'name'", within="config.", required=False))
+    if problem:
+        return problem
+    try:
+        json.dumps(experiment_settings(record), sort_keys=True, default=str)
+    except RecursionError:
+        return "'config' is nested too deeply; it must be the resolved settings of configs/default.yaml"
+    return None
+
+
+def _noise_problem(noise: Any) -> str | None:
+    if not noise:
+        return None
+    if not isinstance(noise, dict):
+        return f"'noise' is {reprlib.repr(noise)}; it must be an object (benchmarks/noise.py)"
+    return (_field(noise, "AC_interval", _interval, INTERVAL, within="noise.")
+            or _noise_summary_problem(noise, "noise.")
+            or _field(noise, "across", _object, "an object (benchmarks/noise.py)", within="noise.")
+            or _noise_summary_problem(noise["across"], "noise.across.")
+            or _field(noise, "queries", lambda v: _count(v) and v > 0, "a positive number of queries",
+                      within="noise."))
+
+
+def _noise_summary_problem(summary: dict[str, Any], within: str) -> str | None:
+    return (_first(_field(summary, key, _optional(_within(0, 1)), OPTIONAL_FRACTION, within=within)
+                   for key in ("AC_outside_noise", "AC_upper"))
+            or _field(summary, "within_noise", _count, "a number of pairs", within=within))
+
+
+def _replacement_models_problem(record: dict[str, Any]) -> str | None:
+    problem = _field(record, "replacement_models", lambda v: isinstance(v, list) and all(map(_object, v)),
+                     "a list of objects", required=False)
+    return problem or _first(
+        _field(rep, "task", _count, "a task index", within=f"replacement_models[{i}].")
+        or _field(rep, "own_accuracy", _within(0, 1), FRACTION, within=f"replacement_models[{i}].")
+        or _field(rep, "own_accuracy_interval", _interval, INTERVAL,
+                  within=f"replacement_models[{i}].")
+        or _field(rep, "classes", _optional(_count), "a number of classes", within=f"replacement_models[{i}].",
+                  required=False)
+        for i, rep in enumerate(record.get("replacement_models", [])) if "own_accuracy" in rep)
+
+
+def _timings_problem(record: dict[str, Any]) -> str | None:
+    problem = (_field(record, "timings", _object, "an object", required=False)
+               or _field(record.get("timings", {}), "tasks", lambda v: isinstance(v, list) and all(map(_object, v)),
+                         "a list of objects", within="timings.", required=False))
+    return problem or _first(
+        _field(task, "iterations", _count, "a number of iterations", within=f"timings.tasks[{i}].")
+        or _field(task, "seconds", _within(0, math.inf), "a number of seconds", within=f"timings.tasks[{i}].")
+        for i, task in enumerate(record.get("timings", {}).get("tasks", [])))
+
+
+def _update_problem(record: dict[str, Any]) -> str | None:
+    problem = (_field(record, "cases", _object, "an object of retrieval accuracies")
+               or _first(_field(record["cases"], case, _optional(_within(0, 1)), OPTIONAL_FRACTION, within="cases.",
+                                required=False) for case in UPDATE_CASES)
+               or _field(record, "backfilling", lambda v: _object(v) and _object(v.get("area")),
+                         "an object with an 'area' object")
+               or _first(_field(record["backfilling"]["area"], order, _optional(_within(0, 1)), OPTIONAL_FRACTION,
+                                within="backfilling.area.", required=False) for order in BACKFILL_ORDERS))
+    if problem or not record.get("adapter"):
+        return problem
+    return (_field(record, "adapter", lambda v: _object(v) and _object(v.get("fit")),
+                   "null or an object with a 'fit' object")
+            or _field(record["adapter"]["fit"], "f_W", is_number, "a number", within="adapter.fit.", required=False))
 
 
 def _mean_std(values: list[float], digits: int) -> str:
@@ -141,10 +346,11 @@ def replacement_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
         for r in runs:
             for rep in r.get("replacement_models", []):
                 if "own_accuracy" in rep:
-                    scored[(rep["task"], rep.get("classes", "-"))].append(rep)
-        for (task, classes), reps in sorted(scored.items()):
+                    scored[(rep["task"], rep.get("classes"))].append(rep)
+        for (task, classes), reps in sorted(scored.items(), key=lambda item: (item[0][0], item[0][1] is None,
+                                                                             item[0][1] or 0)):
             low, high = (100 * np.mean([rep["own_accuracy_interval"][i] for rep in reps]) for i in (0, 1))
-            rows.append([scenario, dataset, strategy, task, classes,
+            rows.append([scenario, dataset, strategy, task, "-" if classes is None else classes,
                          f"{100 * np.mean([rep['own_accuracy'] for rep in reps]):.2f}", f"[{low:.2f}, {high:.2f}]",
                          len(reps)])
     return rows
@@ -173,13 +379,27 @@ def timing_rows(records: list[dict[str, Any]], baseline: str = "er") -> list[lis
     return rows
 
 
+def _matrix_groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], RunMatrices]:
+    """The runs of each :func:`_groups` group that carry a compatibility matrix, each with its matrix; a group
+    whose matrices differ in size (runs without a config to tell them apart) is split, labels tagged with it."""
+    out = {}
+    for (scenario, dataset, label), runs in _groups(records).items():
+        by_size: dict[int, RunMatrices] = defaultdict(list)
+        for r in runs:
+            if "compatibility_matrix" in r:
+                matrix = as_matrix(r["compatibility_matrix"])
+                by_size[len(matrix)].append((r, matrix))
+        for size, sized in sorted(by_size.items()):
+            out[(scenario, dataset, label + (f" [{size} tasks]" if len(by_size) > 1 else ""))] = sized
+    return out
+
+
 def across_rows(records: list[dict[str, Any]], tie_rule: str = "strict") -> list[list[Any]]:
     """Rows ``[scenario, dataset, strategy, AC across, ACA across, pairs, seeds]``: AC and ACA over the pairs
     separated by a replacement (:func:`benchmarks.metrics.across_replacements`), mean ± std over seeds."""
     rows = []
-    for (scenario, dataset, strategy), runs in _groups(records).items():
-        values = [across_replacements(as_matrix(r["compatibility_matrix"]), r.get("replacement_tasks", []),
-                                      tie_rule) for r in runs]
+    for (scenario, dataset, strategy), runs in _matrix_groups(records).items():
+        values = [across_replacements(matrix, r.get("replacement_tasks", []), tie_rule) for r, matrix in runs]
         if not values[0]["pairs_across"]:
             continue
         rows.append([scenario, dataset, strategy, _mean_std([v["AC_across"] for v in values], 3),
@@ -193,10 +413,10 @@ def mean_matrices(records: list[dict[str, Any]]) -> str:
     from tabulate import tabulate
 
     blocks = []
-    for (scenario, dataset, strategy), runs in _groups(records).items():
-        stack = np.stack([as_matrix(r["compatibility_matrix"]) for r in runs]) * 100
+    for (scenario, dataset, strategy), runs in _matrix_groups(records).items():
+        stack = np.stack([matrix for _, matrix in runs]) * 100
         mean, std = stack.mean(axis=0), stack.std(axis=0, ddof=1) if len(runs) > 1 else None
-        replaced = set(runs[0].get("replacement_tasks", []))
+        replaced = set(runs[0][0].get("replacement_tasks", []))
         labels = [f"{t}{'*' if t in replaced else ''}" for t in range(len(mean))]
         table = [[labels[t]] + [(f"{mean[t, k]:.1f}" + (f" ± {std[t, k]:.1f}" if std is not None else ""))
                                 if k <= t else "" for k in range(len(mean))] for t in range(len(mean))]
@@ -218,8 +438,7 @@ def update_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
             return _mean_std([100 * v for v in values], 2) if values else "-"
 
         cases = [column(lambda r, c=c: r["cases"].get(c)) for c in UPDATE_CASES]
-        areas = [column(lambda r, o=o: r["backfilling"]["area"].get(o))
-                 for o in ("random", "uncertainty", "class_mean_distance")]
+        areas = [column(lambda r, o=o: r["backfilling"]["area"].get(o)) for o in BACKFILL_ORDERS]
         gaps = [r["adapter"]["fit"]["f_W"] for r in runs if r.get("adapter") and "f_W" in r["adapter"]["fit"]]
         rows.append([dataset, method, *cases, *areas, _mean_std(gaps, 2) if gaps else "-", len(runs)])
     return rows

@@ -20,55 +20,88 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 TIE_RULES = ("strict", "inclusive")
+SCALES = {"auto": (100, "fractions in [0, 1] or percent in [0, 100]"), "fraction": (1, "fractions in [0, 1]"),
+          "percent": (100, "percent in [0, 100]")}
 
 
 class MatrixError(ValueError):
     """A compatibility matrix is malformed."""
 
 
-def as_matrix(rows: Any) -> np.ndarray:
-    """A square float matrix with NaN above the diagonal from a list of rows (ragged or with nulls).
+def is_number(value: Any) -> bool:
+    """An int (not a bool) or a finite float; huge JSON integers included, which ``math.isfinite`` cannot take."""
+    return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
 
-    Values in percent (any entry above 1) are divided by 100. Raises :class:`MatrixError` when an entry on or
-    below the diagonal is missing or not a number.
+
+def as_matrix(rows: Any, *, scale: str = "auto") -> np.ndarray:
+    """A square float matrix of fractions with NaN above the diagonal from a list of rows (ragged or with nulls).
+
+    ``scale`` says how entries are written: ``fraction`` (in [0, 1]), ``percent`` (in [0, 100], divided by 100)
+    or ``auto``: fractions when every entry is at most 1, percent when every nonzero entry is above 1. A matrix
+    that mixes the two is refused rather than guessed, since dividing it by 100 (or not) would silently
+    misreport some entries. Raises :class:`MatrixError` when an entry on or below the diagonal is missing, not a
+    number or out of range.
     """
+    if scale not in SCALES:
+        raise MatrixError(f"unknown scale {scale!r}; choose from {list(SCALES)}")
     if not isinstance(rows, (list, tuple)) or not rows or not all(isinstance(r, (list, tuple)) for r in rows):
         raise MatrixError("the matrix must be a non-empty list of rows (lists of numbers)")
     size = len(rows)
+    limit, unit = SCALES[scale]
     matrix = np.full((size, size), np.nan)
     for t, row in enumerate(rows):
         if len(row) < t + 1 or len(row) > size:
             raise MatrixError(f"row {t} has {len(row)} entries; a {size}-task matrix needs {t + 1} to {size}")
         for k in range(t + 1):
             value = row[k]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise MatrixError(f"entry [{t}][{k}] is {value!r}; entries on and below the diagonal must be numbers")
+            if not is_number(value):
+                raise MatrixError(f"entry [{t}][{k}] is {reprlib.repr(value)}; entries on and below the diagonal "
+                                  "must be numbers")
+            if not 0 <= value <= limit:
+                raise MatrixError(f"entry [{t}][{k}] is {reprlib.repr(value)}; accuracies must be {unit}")
             matrix[t, k] = float(value)
-    lower = matrix[np.tril_indices(size)]
-    if lower.min() < 0 or lower.max() > 100:
-        raise MatrixError("accuracies must lie in [0, 1] or in percent [0, 100]")
-    return matrix / 100.0 if lower.max() > 1.0 else matrix
+    if scale == "auto":
+        scale = _scale_of(matrix)
+    return matrix / 100.0 if scale == "percent" else matrix
 
 
-def load_matrix(path: str | Path) -> np.ndarray:
-    """Read a matrix from JSON: a list of rows, or an object with a ``compatibility_matrix`` key."""
+def _scale_of(matrix: np.ndarray) -> str:
+    """``fraction`` or ``percent`` for a matrix whose entries are all written in one of them (:func:`as_matrix`)."""
+    entries = [(t, k, matrix[t, k]) for t in range(len(matrix)) for k in range(t + 1)]
+    if all(v <= 1 for _, _, v in entries):
+        return "fraction"
+    fraction = next(((t, k, v) for t, k, v in entries if 0 < v <= 1), None)
+    if fraction is None:
+        return "percent"
+    percent = next((t, k, v) for t, k, v in entries if v > 1)
+    raise MatrixError(f"entry [{fraction[0]}][{fraction[1]}] = {fraction[2]:g} looks like a fraction but entry "
+                      f"[{percent[0]}][{percent[1]}] = {percent[2]:g} looks like a percent; pass --scale percent "
+                      "(or --scale fraction) or write all entries in one scale")
+
+
+def load_matrix(path: str | Path, *, scale: str = "auto") -> np.ndarray:
+    """Read a matrix from JSON: a list of rows, or an object with a ``compatibility_matrix`` key (``scale`` as in
+    :func:`as_matrix`)."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise MatrixError(f"{path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise MatrixError(f"{path}: JSON nesting too deep; a matrix is a list of rows of numbers") from None
+    except (OSError, ValueError) as exc:
         raise MatrixError(f"{path} is not readable JSON ({exc})") from None
     if isinstance(data, dict):
         if "compatibility_matrix" not in data:
             raise MatrixError(f"{path}: a JSON object must have a 'compatibility_matrix' key")
         data = data["compatibility_matrix"]
-    return as_matrix(data)
+    return as_matrix(data, scale=scale)
 
 
 def _check_tie_rule(tie_rule: str) -> None:

@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 
+import runner
 from benchmarks.metrics import (
     MatrixError,
     across_replacements,
@@ -187,3 +188,59 @@ def test_across_replacements_on_the_reference_matrices():
     assert er["AC_across"] == 0.0 and er["ACA_across"] == pytest.approx(np.mean(across_entries))
     assert across_replacements(as_matrix(ER_ROWS), [0]) == {"AC_across": None, "ACA_across": None,
                                                              "pairs_across": 0}
+
+
+MIXED_ROWS = [[50.0], [0.5, 60.0]]
+
+
+def test_auto_scale_refuses_a_matrix_mixing_fractions_and_percent():
+    with pytest.raises(MatrixError) as caught:
+        as_matrix(MIXED_ROWS)
+    message = str(caught.value)
+    assert "entry [1][0] = 0.5 looks like a fraction" in message and "entry [0][0] = 50 looks like a percent" in message
+    assert "--scale percent" in message and "\n" not in message
+
+
+def test_auto_scale_reads_pure_percent_and_pure_fractions():
+    np.testing.assert_allclose(as_matrix([[50.0], [0.0, 60.0]]), [[0.5, np.nan], [0.0, 0.6]])
+    np.testing.assert_array_equal(as_matrix([[1.0], [0.0, 1.0]]), [[1.0, np.nan], [0.0, 1.0]])
+    np.testing.assert_array_equal(as_matrix(HOC_ROWS, scale="auto"), as_matrix(HOC_ROWS, scale="percent"))
+
+
+def test_explicit_scales():
+    np.testing.assert_allclose(as_matrix(MIXED_ROWS, scale="percent"), [[0.5, np.nan], [0.005, 0.6]])
+    np.testing.assert_array_equal(as_matrix(TIE_ROWS, scale="fraction"), as_matrix(TIE_ROWS))
+    with pytest.raises(MatrixError, match=r"entry \[0\]\[0\] is 50.0; accuracies must be fractions in \[0, 1\]"):
+        as_matrix(MIXED_ROWS, scale="fraction")
+    with pytest.raises(MatrixError, match=r"entry \[1\]\[0\] is 100.5; accuracies must be percent in \[0, 100\]"):
+        as_matrix([[50.0], [100.5, 60.0]], scale="percent")
+    with pytest.raises(MatrixError, match="unknown scale 'percentage'"):
+        as_matrix(TIE_ROWS, scale="percentage")
+
+
+def test_load_matrix_passes_the_scale(tmp_path):
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps({"compatibility_matrix": MIXED_ROWS}))
+    with pytest.raises(MatrixError, match="looks like a percent"):
+        load_matrix(path)
+    assert load_matrix(path, scale="percent")[1, 0] == pytest.approx(0.005)
+
+
+def test_metrics_command_scale_option(tmp_path, capsys):
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps(MIXED_ROWS))
+    assert runner.main(["metrics", str(path), "--json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--scale percent" in err
+    assert runner.main(["metrics", str(path), "--json", "--scale", "percent"]) == 0
+    assert json.loads(capsys.readouterr().out)["AA"] == pytest.approx((50.0 + 0.5 + 60.0) / 3)
+
+
+def test_deeply_nested_json_is_one_line_exit_2(tmp_path, capsys):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100000)
+    with pytest.raises(MatrixError, match="nesting too deep"):
+        load_matrix(path)
+    assert runner.main(["metrics", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "nesting too deep" in err and "Traceback" not in err

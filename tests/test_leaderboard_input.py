@@ -1,0 +1,225 @@
+"""The leaderboard on hand-made result folders: a malformed, out-of-range or unreadable ``metrics.json`` is left
+out and named on stderr with its reason; it never crashes a table nor is averaged into a row."""
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+import runner
+from benchmarks.leaderboard import collect, record_problem
+from benchmarks.metrics import all_metrics, as_matrix
+from benchmarks.noise import noise_metrics
+
+MATRIX = [[0.5, None, None], [0.55, 0.6, None], [0.58, 0.62, 0.7]]
+
+
+def valid_record(seed: int = 1) -> dict:
+    """A complete IAM-CL2R record shaped as ``experiment.Run.record`` writes it."""
+    matrix = as_matrix(MATRIX)
+    return {
+        "scenario": "iamcl2r", "strategy": "er", "method": "er", "dataset": "synthetic", "seed": seed,
+        "num_tasks": 3, "tasks_completed": 3, "complete": True, "replacement_tasks": [0, 2],
+        "compatibility_matrix": MATRIX, "metrics": all_metrics(matrix),
+        "evaluation": {"queries": 144, "gallery_images": 36, "mode": "templates",
+                       "extractions": {"gallery": 3, "query": 3}},
+        "stream": {"classes_per_task": [4, 4, 4], "train_images_per_task": [96, 96, 96],
+                   "class_order": list(range(12))},
+        "replacement_models": [{"task": 0, "path": "r0.pt", "source": "pretrained", "classes": 3, "own_accuracy": 0.4,
+                                "own_accuracy_interval": [0.32, 0.48]},
+                               {"task": 2, "path": "r2.pt", "source": "pretrained", "classes": 6, "own_accuracy": 0.5,
+                                "own_accuracy_interval": [0.42, 0.58]}],
+        "adapter": None,
+        "config": {"seed": seed, "scenario": "iamcl2r", "dataset": "synthetic", "strategy": "er",
+                   "adapter": {"name": "none"}, "output": "results", "stream": {"num_tasks": 3, "increment": 4},
+                   "training": {"epochs": 1, "progress": False}, "strategy_params": {"er": {}}},
+        "versions": {"torch": "2.4"}, "device": {"type": "cpu"},
+        "timings": {"tasks": [{"seconds": 2.0, "iterations": 100, "eval_seconds": 0.1, "images": 960,
+                               "images_per_second": 480.0}] * 3,
+                    "pretrain_seconds": 1.0, "train_seconds": 6.0, "eval_seconds": 0.3},
+        "noise": noise_metrics(matrix, 144, replacement_tasks=[0, 2]),
+    }
+
+
+def update_record() -> dict:
+    """A complete model_update record shaped as ``experiment_update.ModelUpdateRun`` writes it."""
+    matrix = [[0.5, None], [0.45, 0.6]]
+    return {
+        "scenario": "model_update", "strategy": "model_update", "method": "lambda_orth", "dataset": "synthetic",
+        "seed": 1, "num_tasks": 2, "tasks_completed": 2, "complete": True, "replacement_tasks": [],
+        "compatibility_matrix": matrix, "metrics": all_metrics(as_matrix(matrix)),
+        "cases": {"old/old": 0.5, "new/new": 0.6, "new/old": 0.45, "B(new)/old": None, "new/F(old)": 0.52,
+                  "B(new)/B(new)": None, "full backfill": 0.6},
+        "backfilling": {"betas": [0.0, 0.5, 1.0], "curves": {"random": [0.45, 0.5, 0.6]},
+                        "area": {"random": 0.51, "uncertainty": None, "class_mean_distance": None}},
+        "adapter": {"name": "lambda_orth", "fit": {"f_W": 0.02}, "fit_items": 96},
+        "config": {"seed": 1, "scenario": "model_update", "adapter": {"name": "lambda_orth"}},
+        "timings": {"model_training_seconds": 3.0, "adapter_fit_seconds": 0.5, "evaluation_seconds": 0.2},
+    }
+
+
+DELETE = object()
+
+
+def changed(record: dict, path: str, value) -> dict:
+    """``record`` with the entry at a dotted ``path`` set to ``value`` (or deleted when ``value`` is ``DELETE``)."""
+    out = copy.deepcopy(record)
+    *parents, last = path.split(".")
+    target = out
+    for key in parents:
+        target = target[int(key)] if isinstance(target, list) else target[key]
+    if value is DELETE:
+        del target[last]
+    elif isinstance(target, list):
+        target[int(last)] = value
+    else:
+        target[last] = value
+    return out
+
+
+def write(folder: Path, name: str, content: dict | str | bytes) -> Path:
+    path = folder / name / "metrics.json"
+    path.parent.mkdir(parents=True)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif isinstance(content, str):
+        path.write_text(content)
+    else:
+        with path.open("w") as f:
+            json.dump(content, f)
+    return path
+
+
+BAD_FILES = {
+    "ac_above_one": (lambda: changed(valid_record(2), "metrics.AC", 1.7), "'metrics.AC' is 1.7"),
+    "string_seed": (lambda: changed(valid_record(3), "seed", "3"), "'seed' is '3'"),
+    "missing_metric": (lambda: changed(valid_record(4), "metrics.AA", DELETE), "'metrics.AA' is missing"),
+    "long_row": (lambda: changed(valid_record(5), "compatibility_matrix.0", [0.5, None, None, None]),
+                 "compatibility_matrix: row 0 has 4 entries"),
+    "deep": (lambda: "[" * 100000, "nesting too deep"),
+    "not_utf8": (lambda: b'{"scenario": "iamcl2r", "dataset": "synth\xe9tic"}', "not UTF-8"),
+}
+
+
+@pytest.fixture
+def results(tmp_path):
+    """A results folder with one valid record and every file of ``BAD_FILES``, in the valid record's group."""
+    write(tmp_path, "valid", valid_record())
+    bad = {name: write(tmp_path, name, make()) for name, (make, _) in BAD_FILES.items()}
+    return tmp_path, bad
+
+
+def test_leaderboard_skips_and_names_bad_files(results, capsys):
+    folder, bad = results
+    assert runner.main(["leaderboard", "--results", str(folder), "--format", "csv"]) == 0
+    out, err = capsys.readouterr()
+    metrics = valid_record()["metrics"]
+    lines = out.splitlines()
+    assert lines[:3] == [
+        "scenario,dataset,strategy,AC,AA (%),ACA (%),seeds",
+        f"iamcl2r,synthetic,er,{metrics['AC']:.3f} ± 0.000,{metrics['AA']:.2f} ± 0.00,{metrics['ACA']:.2f} ± 0.00,1",
+        ""]
+    assert "skipped" not in out and not any(str(path) in out for path in bad.values())
+    notes = err.strip().splitlines()
+    assert len(notes) == len(BAD_FILES)
+    for name, path in bad.items():
+        line = next(line for line in notes if line.startswith(f"skipped {path}: "))
+        assert BAD_FILES[name][1] in line, line
+
+
+def test_bad_values_are_never_averaged_into_any_table(results, capsys):
+    folder, _ = results
+    assert runner.main(["leaderboard", "--results", str(folder), "--format", "csv", "--timing", "--matrices"]) == 0
+    out = capsys.readouterr().out
+    assert "1.700" not in out and "#### iamcl2r / synthetic / er (1 seed)" in out
+    seeds = [line.rsplit(",", 1)[-1] for line in out.splitlines() if line.startswith("iamcl2r,synthetic,er,")]
+    assert seeds and set(seeds) == {"1"}
+
+
+def test_only_bad_files_is_a_usage_error(tmp_path, capsys):
+    write(tmp_path, "ac", changed(valid_record(), "metrics.AC", 1.7))
+    assert runner.main(["leaderboard", "--results", str(tmp_path), "--format", "csv"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "'metrics.AC' is 1.7" in err and "no complete metrics.json" in err
+
+
+def test_collect_pairs_each_skipped_path_with_its_reason(tmp_path):
+    valid = write(tmp_path, "valid", valid_record())
+    partial = write(tmp_path, "partial", {**valid_record(), "complete": False, "tasks_completed": 2})
+    broken = write(tmp_path, "broken", '{"complete": true,')
+    records, skipped = collect(tmp_path)
+    assert len(records) == 1 and records[0]["seed"] == 1 and valid not in dict(skipped)
+    reasons = dict(skipped)
+    assert reasons[partial] == "incomplete run (2 of 3 tasks)" and reasons[broken].startswith("not valid JSON")
+
+
+@pytest.mark.parametrize("record", [valid_record(), update_record(),
+                                    {"complete": True, "scenario": "cl2r", "dataset": "synthetic", "strategy": "er",
+                                     "seed": 0, "metrics": {"AC": 1.0, "AA": 50, "ACA": None}}])
+def test_well_formed_records_pass(record):
+    assert record_problem(record) is None
+
+
+@pytest.mark.parametrize("record, fragment", [
+    ([1, 2], "not a JSON object"),
+    ({"complete": "yes"}, "'complete' is 'yes'"),
+    ({"complete": False}, "incomplete run (? of ? tasks)"),
+    (changed(valid_record(), "scenario", ""), "'scenario' is ''"),
+    (changed(valid_record(), "method", None), "'method' is None"),
+    (changed(valid_record(), "seed", True), "'seed' is True"),
+    (changed(valid_record(), "num_tasks", 3.5), "'num_tasks' is 3.5"),
+    (changed(valid_record(), "tasks_completed", 2), "tasks_completed is 2 of num_tasks 3"),
+    (changed(valid_record(), "metrics", [0.5]), "'metrics' is [0.5]"),
+    (changed(valid_record(), "metrics.AC", float("nan")), "'metrics.AC' is nan"),
+    (changed(valid_record(), "metrics.AA", 101.0), "'metrics.AA' is 101.0"),
+    (changed(valid_record(), "metrics.ACA", "30"), "'metrics.ACA' is '30'"),
+    (changed(valid_record(), "metrics.BC", float("inf")), "'metrics.BC' is inf"),
+    (changed(valid_record(), "compatibility_matrix.2.0", 58.0), "looks like a percent"),
+    (changed(valid_record(), "compatibility_matrix", [[0.5, None], [0.55, 0.6]]), "2 rows but num_tasks is 3"),
+    (changed(valid_record(), "replacement_tasks", [0, "2"]), "'replacement_tasks' is [0, '2']"),
+    (changed(valid_record(), "config", "er"), "'config' is 'er'"),
+    (changed(valid_record(), "config.adapter", "none"), "'config.adapter' is 'none'"),
+    (changed(valid_record(), "noise", [0.5]), "'noise' is [0.5]"),
+    (changed(valid_record(), "noise.AC_interval", [0.2]), "'noise.AC_interval' is [0.2]"),
+    (changed(valid_record(), "noise.across", None), "'noise.across' is None"),
+    (changed(valid_record(), "noise.across.AC_upper", 2), "'noise.across.AC_upper' is 2"),
+    (changed(valid_record(), "noise.queries", DELETE), "'noise.queries' is missing"),
+    (changed(valid_record(), "replacement_models", None), "'replacement_models' is None"),
+    (changed(valid_record(), "replacement_models.1.own_accuracy", 45.0), "'replacement_models[1].own_accuracy'"),
+    (changed(valid_record(), "replacement_models.0.classes", [3]), "'replacement_models[0].classes' is [3]"),
+    (changed(valid_record(), "timings", None), "'timings' is None"),
+    (changed(valid_record(), "timings.tasks.1", {"seconds": 2.0, "iterations": "100"}),
+     "'timings.tasks[1].iterations' is '100'"),
+    (changed(update_record(), "cases.new/old", 45.0), "'cases.new/old' is 45.0"),
+    (changed(update_record(), "backfilling.area", None), "'backfilling' is"),
+    (changed(update_record(), "backfilling.area.random", -0.1), "'backfilling.area.random' is -0.1"),
+    (changed(update_record(), "adapter.fit", None), "'adapter' is"),
+    (changed(update_record(), "adapter.fit.f_W", "0.02"), "'adapter.fit.f_W' is '0.02'"),
+])
+def test_record_problem_names_the_field(record, fragment):
+    problem = record_problem(record)
+    assert problem is not None and fragment in problem and "\n" not in problem, problem
+
+
+def test_deeply_nested_config_is_a_problem_not_a_crash():
+    record = valid_record()
+    deep: dict = {}
+    for _ in range(2000):
+        deep = {"x": deep}
+    record["config"]["model"] = deep
+    assert "nested too deeply" in record_problem(record)
+
+
+def test_matrices_of_different_sizes_in_one_group_do_not_crash(tmp_path, capsys):
+    short = valid_record(2)
+    for key in ("config", "num_tasks", "tasks_completed", "noise", "replacement_models"):
+        del short[key]
+    short["compatibility_matrix"] = [[0.5, None], [0.55, 0.6]]
+    short["metrics"] = all_metrics(as_matrix(short["compatibility_matrix"]))
+    long = copy.deepcopy(short)
+    long["compatibility_matrix"], long["metrics"] = MATRIX, all_metrics(as_matrix(MATRIX))
+    write(tmp_path, "short", short)
+    write(tmp_path, "long", long)
+    assert runner.main(["leaderboard", "--results", str(tmp_path), "--matrices"]) == 0
+    out = capsys.readouterr().out
+    assert "#### iamcl2r / synthetic / er [2 tasks] (1 seed)" in out and "er [3 tasks] (1 seed)" in out
