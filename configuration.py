@@ -8,6 +8,7 @@ are checked by the strategy's or adapter's own config dataclass when the run sta
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,22 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # 1e-3: a string in YAML 1.1, a float here
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=,-]{0,99}")
+
+
 class ConfigError(ValueError):
     """A config file, key or value is invalid; the message says which and how to fix it."""
+
+
+def safe_name(name: object, setting: str) -> str:
+    """``name`` when it can be one path component (letters, digits and ``_ . + = , -``, not starting with a dot,
+    at most 100 characters), else a :class:`ConfigError`: no setting may lead a run to write or delete outside its
+    output folder (issue 16)."""
+    if not isinstance(name, str) or not SAFE_NAME.fullmatch(name) or ".." in name:
+        raise ConfigError(f"{setting} = {name!r} cannot name a results folder; use letters, digits and _ . + = , - "
+                          "(no /, no leading dot, no '..', at most 100 characters)")
+    return name
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -74,6 +89,8 @@ def merge(base: dict[str, Any], override: dict[str, Any], source: str, prefix: s
             if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
                 raise ConfigError(f"{source}: {dotted} must map names to mappings of parameters")
             out[key] = {**default, **{k: {**default.get(k, {}), **v} for k, v in value.items()}}
+        elif isinstance(default, float) and isinstance(value, str) and FLOAT_TEXT.fullmatch(value.strip()):
+            out[key] = float(value)
         elif not _type_ok(value, default, dotted):
             raise ConfigError(f"{source}: {dotted} = {value!r} has type {type(value).__name__}; expected "
                               f"{type(default).__name__} like the default {default!r}")
@@ -109,7 +126,8 @@ def parse_assignment(text: str) -> dict[str, Any]:
 def resolve(user_layers: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """The full config: defaults, then the dataset / scenario / preset profiles they name, then ``user_layers``.
 
-    ``user_layers`` are ``(source name, mapping)`` pairs, lowest priority first (config file, then CLI).
+    ``user_layers`` are ``(source name, mapping)`` pairs, lowest priority first (config file, then CLI). The result
+    is validated (:func:`validate`) before it is returned.
     """
     defaults = read_yaml(CONFIG_DIR / "default.yaml")
     names = defaults
@@ -123,4 +141,161 @@ def resolve(user_layers: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     config = defaults
     for source, layer in layers + user_layers:
         config = merge(config, layer, source)
+    validate(config)
     return config
+
+
+AT_LEAST_ONE = ("training.epochs", "training.batch_size", "training.new_batch_size", "training.memory_batch_size",
+                "training.memory_per_class", "evaluation.batch_size", "evaluation.resamples",
+                "evaluation.heldout_classes", "evaluation.queries_per_class", "stream.initial_classes",
+                "stream.increment", "stream.num_tasks", "stream.images_per_class", "data.image_size",
+                "data.synthetic_classes", "data.synthetic_train_per_class", "data.synthetic_test_per_class",
+                "replacement.pretrain.epochs", "replacement.pretrain.batch_size", "replacement.pretrain.patience",
+                "replacement.pretrain.images_per_class", "model.small_width", "model.small_out_dim",
+                "model_update.backfill_steps")
+AT_LEAST_ZERO = ("seed", "stream.order_seed", "replacement.pretrain.drops", "training.lr_min",
+                 "training.weight_decay", "replacement.pretrain.lr_min", "replacement.pretrain.min_delta")
+ABOVE_ZERO = ("training.lr", "replacement.pretrain.lr")
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def validate(config: dict[str, Any]) -> None:
+    """Check every setting of a resolved config before any data is read or model trained (issue 16): ranges,
+    allowed values, the strategy's and adapter's parameters, and the rules between settings. Each problem is a
+    one-line :class:`ConfigError` naming the setting and a value that works. The allowed values are those of the
+    modules that use them."""
+    flat = flatten(config)
+    _check_ranges(flat)
+    _check_choices(flat)
+    _check_replacements(config)
+    _check_class_budget(config)
+    _check_parts(config)
+
+
+def _check_ranges(flat: dict[str, Any]) -> None:
+    rules = ([(k, lambda v: v >= 1, "at least 1") for k in AT_LEAST_ONE]
+             + [(k, lambda v: v >= 0, "at least 0") for k in AT_LEAST_ZERO]
+             + [(k, lambda v: v > 0, "above 0") for k in ABOVE_ZERO]
+             + [("evaluation.confidence", lambda v: 0 < v < 1, "between 0 and 1 (e.g. 0.95)"),
+                ("training.momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
+                ("replacement.pretrain.decay", lambda v: 0 < v <= 1, "in (0, 1]"),
+                ("model.simplex_classes", lambda v: v >= 2, "at least 2")])
+    for key, ok, allowed in rules:
+        if flat[key] is not None and not ok(flat[key]):
+            raise ConfigError(f"{key} = {flat[key]!r} must be {allowed}")
+    for section in ("training", "replacement.pretrain"):
+        if flat[f"{section}.lr_min"] > flat[f"{section}.lr"]:
+            raise ConfigError(f"{section}.lr_min = {flat[f'{section}.lr_min']:g} is above {section}.lr = "
+                              f"{flat[f'{section}.lr']:g}; the cosine schedule goes down from lr to lr_min")
+
+
+def _check_choices(flat: dict[str, Any]) -> None:
+    from benchmarks.adapters import BACKFILL_ORDERS
+    from benchmarks.metrics import TIE_RULES
+    from benchmarks.retrieval import GALLERY_MODES
+    from experiment import ADAPTER_AT, ADAPTER_DIRECTIONS, PRETRAIN_SCHEDULES
+    from experiment_update import HEADS as UPDATE_HEADS
+    from models import BACKBONES
+    from scenarios.datasets import DATASETS, VERIFY_MODES
+    from scenarios.streams import CLASS_ORDERS, EVALUATION_SETS
+
+    choices = {"data.verify": VERIFY_MODES, "evaluation.dataset": EVALUATION_SETS, "evaluation.mode": GALLERY_MODES,
+               "evaluation.tie_rule": TIE_RULES, "model.backbone": BACKBONES, "model_update.head": UPDATE_HEADS,
+               "adapter.at": ADAPTER_AT, "adapter.direction": ADAPTER_DIRECTIONS,
+               "replacement.pretrain.schedule": PRETRAIN_SCHEDULES, "replacement.pretrain.dataset": DATASETS}
+    for key, allowed in choices.items():
+        if flat[key] not in allowed:
+            raise ConfigError(f"{key} = {flat[key]!r}; choose from {list(allowed)}")
+    if not DEVICE.fullmatch(str(flat["device"])):
+        raise ConfigError(f"device = {flat['device']!r}; use auto, cpu, cuda or cuda:N")
+    unknown = [o for o in flat["model_update.backfill_orders"] if o not in BACKFILL_ORDERS]
+    if unknown or not flat["model_update.backfill_orders"]:
+        raise ConfigError(f"model_update.backfill_orders = {flat['model_update.backfill_orders']!r}; give a list "
+                          f"from {list(BACKFILL_ORDERS)}")
+    order = flat["stream.class_order"]
+    if isinstance(order, str) and order not in CLASS_ORDERS or isinstance(order, list) and (
+            not _ints(order) or len(set(order)) != len(order) or min(order, default=0) < 0):
+        raise ConfigError(f"stream.class_order = {order!r}; use {' or '.join(CLASS_ORDERS)} or a list of distinct "
+                          "class ids (ints >= 0)")
+    if flat["adapter.label"]:
+        safe_name(flat["adapter.label"], "adapter.label")
+
+
+def _ints(values: Any) -> bool:
+    return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def _check_replacements(config: dict[str, Any]) -> None:
+    """Replacement tasks, their checkpoints or pretraining class counts and seeds (``model_update`` has no
+    replacement tasks and pretrains two models: the old and the new one)."""
+    rep, num_tasks = config["replacement"], config["stream"]["num_tasks"]
+    if config["scenario"] == "model_update":
+        seed = rep["pretrain"]["seed"]
+        if isinstance(seed, list) and (not _ints(seed) or len(seed) < 2):
+            raise ConfigError(f"replacement.pretrain.seed = {seed!r}: give one int, or a list of 2 ints (the old and "
+                              "the new model)")
+        return
+    tasks = rep["tasks"]
+    if not _ints(tasks) or len(set(tasks)) != len(tasks) or any(not 0 <= t < num_tasks for t in tasks):
+        raise ConfigError(f"replacement.tasks = {tasks!r} must list distinct task numbers in 0..{num_tasks - 1} "
+                          "(e.g. [0, 2, 4] for 7 tasks)")
+    if rep["checkpoints"]:
+        if not all(isinstance(p, str) for p in rep["checkpoints"]) or len(rep["checkpoints"]) != len(tasks):
+            raise ConfigError(f"replacement.checkpoints has {len(rep['checkpoints'])} entries for {len(tasks)} "
+                              f"replacement task(s) {tasks}; give one file path per task")
+        return
+    pre = rep["pretrain"]
+    counts, seed = pre["class_counts"], pre["seed"]
+    if tasks and (not _ints(counts) or len(counts) < len(tasks) or min(counts) < 1):
+        raise ConfigError(f"replacement.pretrain.class_counts = {counts!r}: give one positive class count per "
+                          f"replacement task ({len(tasks)})")
+    if isinstance(seed, list) and (not _ints(seed) or len(seed) < len(tasks)):
+        raise ConfigError(f"replacement.pretrain.seed = {seed!r}: give one int, or a list of {len(tasks)} ints "
+                          "(one per pretrained model)")
+
+
+def _check_class_budget(config: dict[str, Any]) -> None:
+    """The stream, the held-out evaluation classes and the replacement models' classes must fit the data set."""
+    from scenarios.datasets import class_count
+
+    s, e = config["stream"], config["evaluation"]
+    available = class_count(config["dataset"], config["data"]["synthetic_classes"])
+    stream = s["initial_classes"] + s["increment"] * (s["num_tasks"] - 1)
+    heldout = e["heldout_classes"] if e["dataset"] == "heldout" else 0
+    if config["scenario"] == "model_update" and s["num_tasks"] != 2:
+        raise ConfigError(f"model_update needs stream.num_tasks = 2 (old classes, then the new ones), not "
+                          f"{s['num_tasks']}")
+    if stream + heldout > available:
+        fits = (available - heldout - s["initial_classes"]) // s["increment"] + 1
+        fix = (f"--set stream.num_tasks={fits}" if fits >= 2 and config["scenario"] != "model_update" else
+               f"--set stream.initial_classes={max(1, (available - heldout) // 2)} --set stream.increment="
+               f"{max(1, (available - heldout) // 2)}")
+        raise ConfigError(f"the stream needs {stream} classes ({s['initial_classes']} + {s['increment']} x "
+                          f"{s['num_tasks'] - 1}){f' + {heldout} held out' if heldout else ''}; {config['dataset']} "
+                          f"has {available}; e.g. {fix}")
+    rep = config["replacement"]
+    if (config["scenario"] != "model_update" and rep["tasks"] and not rep["checkpoints"]
+            and rep["pretrain"]["dataset"] == config["dataset"]):
+        pool = available - stream - heldout
+        wanted = max(rep["pretrain"]["class_counts"][:len(rep["tasks"])])
+        if wanted > pool:
+            raise ConfigError(f"replacement.pretrain.class_counts asks up to {wanted} classes of {config['dataset']}; "
+                              f"only {pool} are outside the stream and evaluation classes; lower the counts or "
+                              "pretrain on another replacement.pretrain.dataset")
+
+
+def _check_parts(config: dict[str, Any]) -> None:
+    """The strategy, the adapter and the training settings, checked by the classes that use them."""
+    from experiment import adapted_direction
+    from strategies import get_strategy, load_plugin
+    from strategies.adapters import make_adapter
+    from strategies.trainer import TrainSettings
+
+    for path in config["plugins"]:
+        load_plugin(path)
+    get_strategy(config["strategy"]).from_params(config["strategy_params"].get(config["strategy"], {}))
+    TrainSettings(**config["training"])
+    if config["adapter"]["name"] != "none":
+        make_adapter(config["adapter"]["name"], config["adapter_params"])
+        if config["scenario"] != "model_update":
+            adapted_direction(config)

@@ -19,11 +19,13 @@ Layout of ``<output>/<scenario>/<dataset>/<label>/seed<k>/`` (label: :func:`run_
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +35,10 @@ import yaml
 
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
-from benchmarks.records import atomic_write_json, device_description, package_versions
+from benchmarks.records import atomic_write_json, atomic_write_text, device_description, exclusive, package_versions
 from benchmarks.retrieval import CompatibilityEvaluator
-from configuration import ConfigError, flatten
-from models import RetrievalModel, build_model, load_replacement, replacement_family
+from configuration import ConfigError, flatten, safe_name
+from models import NonFiniteError, RetrievalModel, build_model, load_replacement, replacement_family
 from scenarios.datasets import ImageSet, load_dataset
 from scenarios.streams import Stream, build_stream
 from strategies import Strategy, TaskContext, get_strategy, load_plugin
@@ -45,10 +47,19 @@ from strategies.pretrain import PlateauSettings, pretrained_replacement, save_st
 from strategies.trainer import TrainSettings, train_task, update_memory
 
 IGNORED_ON_RESUME = ("training.progress", "evaluation.plots", "device", "output")
+RUN_MARKER = ".cl2r-run"
+ADAPTER_AT = ("replacements", "every_task")
+ADAPTER_DIRECTIONS = ("auto", "backward", "forward")
+PRETRAIN_SCHEDULES = ("cosine", "plateau")
+STATE_KEYS = {"next_task", "timings", "replacements", "pretrain_seconds"}
 
 
 class RunError(RuntimeError):
-    """The run cannot start or continue as asked (e.g. results exist, resume mismatch)."""
+    """The run cannot start or continue as asked (e.g. results exist, resume mismatch, damaged run folder)."""
+
+
+class DivergedError(RunError):
+    """Training produced NaN or infinite values: the run stops, keeps its finished tasks and is never complete."""
 
 
 def to_device(images: ImageSet, device: torch.device) -> ImageSet:
@@ -83,7 +94,66 @@ def run_label(cfg: dict[str, Any]) -> str:
 
 
 def run_directory(cfg: dict[str, Any]) -> Path:
-    return Path(cfg["output"]) / cfg["scenario"] / cfg["dataset"] / run_label(cfg) / f"seed{cfg['seed']}"
+    """``<output>/<scenario>/<dataset>/<label>/seed<k>``; every name is checked (:func:`configuration.safe_name`)
+    before it becomes a path component, so no setting can point outside ``output``."""
+    names = [safe_name(cfg[key], key) for key in ("scenario", "dataset")]
+    label = safe_name(run_label(cfg), "adapter.label" if cfg["adapter"]["label"] else "strategy")
+    return Path(cfg["output"]).joinpath(*names, label, f"seed{int(cfg['seed'])}")
+
+
+class RunFolder:
+    """A run's folder (issue 16): what may be resumed or overwritten, and the lock held while a run writes.
+
+    ``finished`` is the file whose presence means results exist (``state.pt`` of a stream run, ``metrics.json``
+    of a model update). ``--overwrite`` deletes only a folder the suite made (a ``.cl2r-run`` marker, or the
+    ``config.yaml`` of a run made before the marker existed). The lock is ``<folder>.lock`` beside the folder,
+    so it survives the folder's deletion; a second process on the same folder is refused."""
+
+    def __init__(self, path: Path, finished: str, *, resume: bool, overwrite: bool) -> None:
+        if resume and overwrite:
+            raise RunError("--resume continues a run and --overwrite deletes it: pass one of them")
+        self.path, self.resume, self.overwrite = path, resume, overwrite
+        self.lock = path.with_name(path.name + ".lock")
+        exists = (path / finished).exists()
+        if exists and not (resume or overwrite):
+            raise RunError(f"{path} holds results of an earlier run; pass --resume to continue it or --overwrite to "
+                           "start over (or --output elsewhere)")
+        foreign = path.is_dir() and any(path.iterdir()) and not self.made_by_suite()
+        if foreign:
+            raise RunError(f"{path} holds files that this suite did not write, so it neither writes into it nor "
+                           "deletes it; move them away or pass another --output")
+
+    def made_by_suite(self) -> bool:
+        if (self.path / RUN_MARKER).is_file():
+            return True
+        try:
+            config = yaml.safe_load((self.path / "config.yaml").read_text())
+        except (OSError, yaml.YAMLError, UnicodeDecodeError):
+            return False
+        return isinstance(config, dict) and {"scenario", "dataset", "seed"} <= set(config)
+
+    def saved_config(self) -> dict[str, Any]:
+        """The resolved config of the run being resumed; a missing or damaged file is a :class:`RunError`."""
+        path = self.path / "config.yaml"
+        try:
+            config = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+            config = exc
+        if not isinstance(config, dict):
+            raise RunError(f"--resume: {path} is missing, empty or damaged, so the run's settings are unknown; "
+                           "start over with --overwrite")
+        return config
+
+    @contextlib.contextmanager
+    def writing(self, cfg: dict[str, Any]) -> Iterator[None]:
+        """Hold the folder's lock; delete an earlier run first with ``overwrite``; mark the folder and save
+        ``config.yaml``."""
+        with exclusive(self.lock, f"run folder {self.path}"):
+            if self.overwrite and self.path.exists():
+                shutil.rmtree(self.path)
+            atomic_write_text(self.path / RUN_MARKER, "a run folder of the cl2r benchmark suite\n")
+            atomic_write_text(self.path / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+            yield
 
 
 def adapted_direction(cfg: dict[str, Any]) -> str | None:
@@ -96,13 +166,13 @@ def adapted_direction(cfg: dict[str, Any]) -> str | None:
     direction = cfg["adapter"]["direction"]
     if direction == "auto":
         direction = "backward" if "backward" in adapter.directions else "forward"
-    if direction not in ("backward", "forward"):
-        raise ConfigError(f"adapter.direction must be auto, backward or forward, not {direction!r}")
+    if direction not in ADAPTER_DIRECTIONS:
+        raise ConfigError(f"adapter.direction must be one of {list(ADAPTER_DIRECTIONS)}, not {direction!r}")
     if direction not in adapter.directions or (direction == "forward" and not adapter.forward_into_new_space):
         raise AdapterError(f"adapter {name!r} cannot fill a {direction} matrix along a stream; use "
                            f"adapter.direction={adapter.directions[0]}")
-    if cfg["adapter"]["at"] not in ("replacements", "every_task"):
-        raise ConfigError(f"adapter.at must be replacements or every_task, not {cfg['adapter']['at']!r}")
+    if cfg["adapter"]["at"] not in ADAPTER_AT:
+        raise ConfigError(f"adapter.at must be one of {list(ADAPTER_AT)}, not {cfg['adapter']['at']!r}")
     return direction
 
 
@@ -145,8 +215,9 @@ def pretrain_options(cfg: dict[str, Any]) -> tuple[TrainSettings, PlateauSetting
     pre = cfg["replacement"]["pretrain"]
     settings = TrainSettings(**{**cfg["training"], "epochs": pre["epochs"], "batch_size": pre["batch_size"],
                                 "lr": pre["lr"], "lr_min": pre["lr_min"]})
-    if pre["schedule"] not in ("cosine", "plateau"):
-        raise ConfigError(f"replacement.pretrain.schedule must be cosine or plateau, not {pre['schedule']!r}")
+    if pre["schedule"] not in PRETRAIN_SCHEDULES:
+        raise ConfigError(f"replacement.pretrain.schedule must be one of {list(PRETRAIN_SCHEDULES)}, not "
+                          f"{pre['schedule']!r}")
     if pre["schedule"] == "cosine":
         return settings, None
     return settings, PlateauSettings(patience=pre["patience"], decay=pre["decay"], drops=pre["drops"],
@@ -167,14 +238,16 @@ def pretrain_seeds(cfg: dict[str, Any], count: int) -> list[int]:
 
 def replacement_checkpoints(cfg: dict[str, Any], stream: Stream, head: str, device: torch.device,
                             log=print) -> list[dict[str, Any]]:
-    """One ``{"task", "path", "source"}`` per replacement task: the user's files, or suite-pretrained models."""
+    """One ``{"task", "path", "source"}`` per replacement task: the user's files, or suite-pretrained models.
+    Paths are absolute, so a run resumed from another working directory finds them."""
     rep = cfg["replacement"]
     tasks = stream.replacement_tasks
     if rep["checkpoints"]:
         if len(rep["checkpoints"]) != len(tasks):
             raise ConfigError(f"replacement.checkpoints has {len(rep['checkpoints'])} file(s) for "
                               f"{len(tasks)} replacement task(s) {tasks}; give one per task")
-        return [{"task": t, "path": str(p), "source": "user"} for t, p in zip(tasks, rep["checkpoints"])]
+        return [{"task": t, "path": str(Path(p).resolve()), "source": "user"}
+                for t, p in zip(tasks, rep["checkpoints"])]
     pre = rep["pretrain"]
     if len(pre["class_counts"]) < len(tasks):
         raise ConfigError(f"replacement.pretrain.class_counts has {len(pre['class_counts'])} entries for "
@@ -195,7 +268,7 @@ def replacement_checkpoints(cfg: dict[str, Any], stream: Stream, head: str, devi
             images_per_class=pre["images_per_class"], device=device, seed=seed, cache_dir=pre["cache_dir"],
             plateau=plateau, log=log)
         log(f"replacement model for task {task}: {path} ({'cached' if cached else 'pretrained now'})")
-        out.append({"task": task, "path": str(path), "source": "cached" if cached else "pretrained",
+        out.append({"task": task, "path": str(path.resolve()), "source": "cached" if cached else "pretrained",
                     "classes": count})
     return out
 
@@ -248,19 +321,24 @@ class Run:
             cfg["strategy_params"].get(cfg["strategy"], {}))
         self.device = resolve_device(cfg["device"])
         self.dir = run_directory(cfg)
+        self.folder = RunFolder(self.dir, "state.pt", resume=resume, overwrite=overwrite)
         self.state_file = self.dir / "state.pt"
         self.direction = adapted_direction(cfg)
-        self.state: dict[str, Any] = {"next_task": 0, "timings": [], "replacements": [], "pretrain_seconds": 0.0,
-                                      "adapter_fits": []}
-        if self.state_file.exists() and not (resume or overwrite):
-            raise RunError(f"{self.dir} holds results of an earlier run; pass --resume to continue it or "
-                           "--overwrite to start over (or --output elsewhere)")
-        if overwrite and self.dir.exists():
-            shutil.rmtree(self.dir)
-        if self.state_file.exists() and resume:
-            check_resume_config(yaml.safe_load((self.dir / "config.yaml").read_text()), cfg)
-            self.state = torch.load(self.state_file, map_location="cpu", weights_only=True)
+        self.resume = resume and self.state_file.exists()
+        if self.resume:
+            check_resume_config(self.folder.saved_config(), cfg)
         self.settings = TrainSettings(**cfg["training"])
+
+    def _saved_state(self) -> dict[str, Any]:
+        """The state of the run being resumed; a damaged ``state.pt`` is a :class:`RunError`."""
+        try:
+            state = torch.load(self.state_file, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - a damaged file fails in torch's zip reader or its unpickler
+            state = exc
+        if not isinstance(state, dict) or not STATE_KEYS <= set(state):
+            raise RunError(f"--resume: {self.state_file} is damaged or not a run state of this suite; start over "
+                           "with --overwrite")
+        return state
 
     def _model_for_task(self, t: int, previous: RetrievalModel | None, replacements: dict[int, str]):
         """``(model, teacher, teacher_classes)`` for task t (see ``strategies/base.py`` on the teacher)."""
@@ -284,12 +362,21 @@ class Run:
         return previous, teacher, self.stream.tasks[t - 1].num_seen_classes if wants_teacher else 0
 
     def _restore_model(self, t: int) -> RetrievalModel:
-        return load_task_model(self.cfg, self.dir, t, self.stream).to(self.device)
+        try:
+            return load_task_model(self.cfg, self.dir, t, self.stream).to(self.device)
+        except Exception as exc:  # noqa: BLE001 - a truncated file fails in torch's zip reader or load_state_dict
+            raise RunError(f"--resume: {self.dir / 'checkpoints' / f'task{t}.pt'} is damaged "
+                           f"({type(exc).__name__}); start over with --overwrite") from None
 
     def execute(self) -> dict[str, Any]:
+        """Train and evaluate the remaining tasks while holding the run folder's lock; returns the record."""
+        with self.folder.writing(self.cfg):
+            return self._execute()
+
+    def _execute(self) -> dict[str, Any]:
         started = time.perf_counter()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.yaml").write_text(yaml.safe_dump(self.cfg, sort_keys=False))
+        self.state: dict[str, Any] = self._saved_state() if self.resume else {
+            "next_task": 0, "timings": [], "replacements": [], "pretrain_seconds": 0.0, "adapter_fits": []}
         self.stream = make_stream(self.cfg)
         for task in self.stream.tasks:
             task.train = to_device(task.train, self.device)
@@ -309,13 +396,28 @@ class Run:
             self.log(f"resuming {self.dir} at task {start}")
         if start < self.stream.num_tasks and not self.state["replacements"]:
             t0 = time.perf_counter()
-            self.state["replacements"] = replacement_checkpoints(self.cfg, self.stream, self.strategy.head,
-                                                                 self.device, self.log)
+            try:
+                self.state["replacements"] = replacement_checkpoints(self.cfg, self.stream, self.strategy.head,
+                                                                     self.device, self.log)
+            except NonFiniteError as exc:
+                raise DivergedError(f"pretraining a replacement model diverged: {exc}; lower "
+                                    f"replacement.pretrain.lr (now {self.cfg['replacement']['pretrain']['lr']:g})"
+                                    ) from None
             self.state["pretrain_seconds"] = time.perf_counter() - t0
-        self._score_replacements(evaluator)
+        try:
+            self._score_replacements(evaluator)
+        except NonFiniteError as exc:
+            raise RunError(f"a replacement model is broken: {exc}; check replacement.checkpoints or delete the "
+                           f"cached models in {self.cfg['replacement']['pretrain']['cache_dir']}") from None
         replacements = {r["task"]: r["path"] for r in self.state["replacements"]}
         for t in range(start, self.stream.num_tasks):
-            model, memory = self._run_task(t, model, memory, evaluator, replacements)
+            try:
+                model, memory = self._run_task(t, model, memory, evaluator, replacements)
+            except NonFiniteError as exc:
+                kept = f"tasks 0-{t - 1} are kept in {self.dir}" if t else "no task finished"
+                raise DivergedError(f"task {t} diverged: {exc}; {kept}, and the run is not complete; lower "
+                                    f"training.lr (now {self.settings.lr:g}) and start over with --overwrite"
+                                    ) from None
         record = self.record(evaluator, complete=True, seconds=time.perf_counter() - started)
         if self.cfg["evaluation"]["plots"]:
             from benchmarks.plots import save_plots

@@ -14,21 +14,19 @@ evaluation set (``benchmarks/adapters.py``): the retrieval cases and the partial
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from benchmarks.adapters import BACKFILL_ORDERS, TwoModelFeatures, adapted_cases, partial_backfilling
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.records import atomic_write_json, device_description, package_versions
 from configuration import ConfigError
-from experiment import (RunError, adapter_name, make_stream, model_kwargs, pretrain_options, pretrain_seeds,
-                        resolve_device, run_directory, run_label, synthetic_options, to_device)
-from models import RetrievalModel, build_model
+from experiment import (DivergedError, RunError, RunFolder, adapter_name, make_stream, model_kwargs, pretrain_options,
+                        pretrain_seeds, resolve_device, run_directory, run_label, synthetic_options, to_device)
+from models import NonFiniteError, RetrievalModel, build_model
 from scenarios.datasets import ImageSet, load_dataset
 from strategies.adapters import embed_pair, fit_adapter, make_adapter
 from strategies.adapters.base import normalized_features
@@ -63,15 +61,8 @@ class ModelUpdateRun:
                               "backfill_steps must be at least 1")
         self.device = resolve_device(cfg["device"])
         self.dir = run_directory(cfg)
-        if (self.dir / "metrics.json").exists() and not overwrite:
-            if resume:
-                self.done = True
-                return
-            raise RunError(f"{self.dir} holds results of an earlier run; pass --overwrite to start over (or --output "
-                           "elsewhere)")
-        self.done = False
-        if overwrite and self.dir.exists():
-            shutil.rmtree(self.dir)
+        self.folder = RunFolder(self.dir, "metrics.json", resume=resume, overwrite=overwrite)
+        self.done = resume and (self.dir / "metrics.json").exists()
 
     def _train(self, source, classes: list[int], images_per_class: int | None,
                seed: int) -> tuple[RetrievalModel, Path]:
@@ -88,11 +79,21 @@ class ModelUpdateRun:
         return model.to(self.device).eval(), path
 
     def execute(self) -> dict[str, Any]:
+        """The record of a finished run (``--resume``), or train, fit and measure while holding the folder's lock."""
         if self.done:
-            return json.loads((self.dir / "metrics.json").read_text())
+            try:
+                return json.loads((self.dir / "metrics.json").read_text())
+            except (OSError, ValueError, RecursionError):
+                raise RunError(f"--resume: {self.dir / 'metrics.json'} is damaged; start over with --overwrite") from None
+        with self.folder.writing(self.cfg):
+            try:
+                return self._execute()
+            except NonFiniteError as exc:
+                raise DivergedError(f"the model update diverged: {exc}; lower replacement.pretrain.lr (now "
+                                    f"{self.cfg['replacement']['pretrain']['lr']:g}) or the adapter's lr") from None
+
+    def _execute(self) -> dict[str, Any]:
         started = time.perf_counter()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.yaml").write_text(yaml.safe_dump(self.cfg, sort_keys=False))
         stream = make_stream({**self.cfg, "replacement": {**self.cfg["replacement"], "tasks": []}})
         if stream.num_tasks != 2:
             raise ConfigError(f"model_update needs stream.num_tasks = 2 (old classes, then the new ones), not "

@@ -45,6 +45,18 @@ class CheckpointError(ValueError):
     """A checkpoint file cannot be read or does not fit the model it is loaded into."""
 
 
+class NonFiniteError(ArithmeticError):
+    """Training or a model produced NaN or infinite values (a diverged run, issue 16): never a result."""
+
+
+def first_nonfinite_tensor(model: nn.Module) -> str | None:
+    """The name of the first parameter or buffer of ``model`` holding a NaN or infinity, or None (one sync)."""
+    tensors = [(n, t) for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_floating_point()]
+    if not tensors or bool(torch.stack([torch.isfinite(t).all() for _, t in tensors]).all()):
+        return None
+    return next(n for n, t in tensors if not bool(torch.isfinite(t).all()))
+
+
 def simplex_vertices(num_vertices: int) -> torch.Tensor:
     """The d-Simplex fixed classifier: ``K`` unit rows in ``K-1`` dims, pairwise cosine ``-1/(K-1)`` (§5).
 

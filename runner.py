@@ -6,7 +6,9 @@
     python runner.py --scenario model_update --dataset tinyimagenet --adapter all   # old vs new model + adapters
     python runner.py leaderboard [--results DIR] [--format github|csv|latex] [--timing] [--matrices]
 
-Usage errors print one line and exit with code 2; an interrupted run keeps every finished task (``--resume``).
+Usage errors print one line and exit with code 2; an interrupted run keeps every finished task (``--resume``); a
+diverged run (NaN or infinite loss, weights or features) prints one line, exits with code 3 and keeps the tasks
+finished before it, never marked complete.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 COMMANDS = ("run", "pretrain", "metrics", "leaderboard")
+EXIT_DIVERGED = 3
 
 
 class UsageError(Exception):
@@ -62,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     met.add_argument("file", help="JSON: a list of rows, or an object with 'compatibility_matrix'")
     met.add_argument("--json", action="store_true", help="print one JSON object keyed by metric name")
     met.add_argument("--tie-rule", default="strict", choices=["strict", "inclusive"])
+    met.add_argument("--scale", default="auto", choices=["auto", "fraction", "percent"],
+                     help="how entries are written: fraction in [0, 1], percent in [0, 100], or auto (either, "
+                     "refusing a matrix that mixes them)")
     met.add_argument("--queries", type=int, help="queries behind each entry: adds the noise analysis (binomial; "
                      "benchmarks/noise.py)")
     met.add_argument("--replacement-tasks", type=int, nargs="*", default=[],
@@ -110,18 +116,17 @@ def _deep_update(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolved_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One resolved config per (strategy, seed) the command asks for."""
+    """One resolved and validated config per (strategy, adapter, seed) the command asks for: every bad setting
+    is an error here, before any data is read or model trained."""
     from configuration import read_yaml, resolve
-    from strategies import list_strategies, load_plugin
+    from strategies import list_strategies
     from strategies.adapters import list_adapters
-    from strategies.trainer import TrainSettings
 
     layers = [(args.config, read_yaml(args.config))] if args.config else []
     layers.append(("command line", cli_layer(args)))
     if args.seeds and args.seed is not None:
         raise UsageError("give --seed or --seeds, not both")
-    for path in resolve(layers)["plugins"]:
-        load_plugin(path)
+    resolve(layers)  # loads the plugins, so that --strategy all lists their strategies
     strategies = list_strategies() if args.strategy == "all" else [None]
     adapters = [{"name": a} for a in ["none", *list_adapters()]] if args.adapter == "all" else [None]
     seeds = args.seeds or [None]
@@ -129,7 +134,6 @@ def resolved_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
     for strategy, adapter, seed in itertools.product(strategies, adapters, seeds):
         extra = {k: v for k, v in (("strategy", strategy), ("adapter", adapter), ("seed", seed)) if v is not None}
         configs.append(resolve(layers + ([("command line", extra)] if extra else [])))
-        TrainSettings(**configs[-1]["training"])  # allowed values of training.*: a ConfigError before any run
     return configs
 
 
@@ -188,7 +192,7 @@ def command_pretrain(args: argparse.Namespace) -> int:
 def command_metrics(args: argparse.Namespace) -> int:
     from benchmarks.metrics import all_metrics, load_matrix
 
-    matrix = load_matrix(args.file)
+    matrix = load_matrix(args.file, scale=args.scale)
     metrics = all_metrics(matrix, args.tie_rule)
     if args.queries is not None:
         if args.queries < 1:
@@ -223,8 +227,11 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     if not Path(args.results).is_dir():
         raise UsageError(f"results folder {args.results} does not exist; pass --results DIR")
     records, skipped = collect(args.results)
+    for path, reason in skipped:
+        print(f"skipped {path}: {reason}", file=sys.stderr)
     if not records:
-        raise UsageError(f"no complete metrics.json under {args.results}; run an experiment first")
+        raise UsageError(f"no complete metrics.json under {args.results}; run an experiment first"
+                         + (f" ({len(skipped)} file(s) skipped, reasons above)" if skipped else ""))
     print(tables(records, args.format))
     if args.timing:
         print()
@@ -234,8 +241,6 @@ def command_leaderboard(args: argparse.Namespace) -> int:
         print(render(across_rows(records), args.format, ACROSS_HEADERS))
         print()
         print(mean_matrices(records))
-    if skipped and args.format == "github":
-        print(f"\n({len(skipped)} incomplete or unreadable result file(s) left out, e.g. {skipped[0]})")
     return 0
 
 
@@ -268,19 +273,23 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().print_help()
         return 0
     from benchmarks.metrics import MatrixError
+    from benchmarks.records import FolderBusyError
     from configuration import ConfigError
     from models import CheckpointError
     from scenarios.datasets import DataError
     from strategies.base import StrategyError
 
     show_notices_as_one_line()
-    user_errors = (UsageError, ConfigError, DataError, CheckpointError, StrategyError, MatrixError)
+    user_errors = (UsageError, ConfigError, DataError, CheckpointError, StrategyError, MatrixError, FolderBusyError)
     try:
-        from experiment import RunError
+        from experiment import DivergedError, RunError
 
         handler = {"run": command_run, "pretrain": command_pretrain, "metrics": command_metrics,
                    "leaderboard": command_leaderboard}[args.command]
         return handler(args)
+    except DivergedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_DIVERGED
     except user_errors + (RunError,) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models import forward_in_batches
+from models import NonFiniteError, forward_in_batches
 from scenarios.datasets import ImageSet
 
 GALLERY_MODES = ("templates", "images")
@@ -41,9 +41,14 @@ ADAPTED_DIRECTIONS = ("backward", "forward")
 
 def embed(model: torch.nn.Module, images: ImageSet, *, mean: Sequence[float], std: Sequence[float],
           batch_size: int = 512, amp: bool | str = True) -> torch.Tensor:
-    """L2-normalised features (float32, on the model's device) of every image, no augmentation."""
-    return torch.cat([F.normalize(features, dim=1) for _, features in
-                      forward_in_batches(model, images.images, mean=mean, std=std, batch_size=batch_size, amp=amp)])
+    """L2-normalised features (float32, on the model's device) of every image, no augmentation; a model whose
+    features hold NaN or infinities (a diverged run) raises :class:`models.NonFiniteError`."""
+    features = torch.cat([F.normalize(features, dim=1) for _, features in
+                          forward_in_batches(model, images.images, mean=mean, std=std, batch_size=batch_size,
+                                             amp=amp)])
+    if not bool(torch.isfinite(features).all()):
+        raise NonFiniteError(f"the model gives NaN or infinite features for {len(images)} images")
+    return features
 
 
 def class_templates(features: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

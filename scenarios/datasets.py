@@ -44,6 +44,8 @@ _CIFAR = {
 }
 TINY_URL, TINY_MD5 = "http://cs231n.stanford.edu/tiny-imagenet-200.zip", "90528d7ca1a48142e341f4ef8d21d0de"
 DATASETS = ("cifar100", "cifar10", "tinyimagenet", "synthetic")
+CLASS_COUNTS = {"cifar100": 100, "cifar10": 10, "tinyimagenet": 200}
+VERIFY_MODES = ("warn", "strict", "off")
 
 
 class DataError(RuntimeError):
@@ -96,6 +98,11 @@ def load_dataset(name: str, root: str | Path, *, download: bool = False, image_s
         return make_synthetic(num_classes=synthetic_classes, train_per_class=synthetic_train_per_class,
                               test_per_class=synthetic_test_per_class, image_size=image_size)
     raise DataError(f"unknown data set {name!r}; choose from {list(DATASETS)}")
+
+
+def class_count(name: str, synthetic_classes: int) -> int:
+    """How many classes data set ``name`` has (``synthetic``: as configured), known before reading it."""
+    return synthetic_classes if name == "synthetic" else CLASS_COUNTS[name]
 
 
 def _md5(path: Path) -> str:
@@ -175,8 +182,8 @@ def read_cifar(name: str, root: str | Path, *, download: bool = False, verify: s
     ``verify``: ``"warn"`` (a notice when the md5 sums differ from the official release, e.g. a JPEG-decoded
     copy), ``"strict"`` (an error) or ``"off"``.
     """
-    if verify not in ("warn", "strict", "off"):
-        raise DataError(f"data.verify must be warn, strict or off, not {verify!r}")
+    if verify not in VERIFY_MODES:
+        raise DataError(f"data.verify must be one of {list(VERIFY_MODES)}, not {verify!r}")
     spec = _CIFAR[name]
     root = Path(root)
     folder = root / spec["folder"]

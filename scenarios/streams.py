@@ -26,6 +26,8 @@ import torch
 from .datasets import DataError, DataSplits, ImageSet, load_dataset
 
 SCENARIOS = ("cl2r", "iamcl2r", "model_update")
+CLASS_ORDERS = ("natural", "seeded")
+EVALUATION_SETS = ("cifar10", "heldout")
 
 
 @dataclass
@@ -68,7 +70,8 @@ def task_class_counts(initial: int, increment: int, num_tasks: int) -> list[int]
 
 
 def make_class_order(num_classes: int, order: str | list[int], seed: int) -> list[int]:
-    """``"natural"`` (0..n-1), ``"seeded"`` (permutation from ``seed``) or an explicit list of class ids."""
+    """``"natural"`` (0..n-1), ``"seeded"`` (permutation from ``seed``) or an explicit list of class ids
+    (:data:`CLASS_ORDERS`)."""
     if order == "natural":
         return list(range(num_classes))
     if order == "seeded":

@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from configuration import ConfigError, safe_name
 from models import HEADS, forward_in_batches
 
 REPLACEMENT_TEACHERS = ("incoming", "outgoing")
@@ -64,6 +65,10 @@ class Registry:
         """Class decorator: register ``cls`` under ``name`` and set ``cls.name`` (a duplicate is an error)."""
 
         def decorate(cls: type) -> type:
+            try:
+                safe_name(name, f"the {self.kind} name")
+            except ConfigError as exc:
+                raise self.error(str(exc)) from None
             if name in self.classes:
                 raise self.error(f"{self.kind} {name!r} is registered twice ({self.classes[name].__module__} and "
                                  f"{cls.__module__})")

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from configuration import ConfigError
-from models import RetrievalModel, autocast_dtype
+from models import NonFiniteError, RetrievalModel, autocast_dtype, first_nonfinite_tensor
 from scenarios.datasets import ImageSet
 from scenarios.transforms import normalize, random_crop_flip
 
@@ -190,6 +190,7 @@ def _template_class():
             self.scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
             self.total_steps = settings.epochs * len(batches)
             self.step_count, self.images_seen, self.last_loss = 0, 0, float("nan")
+            self.first_nonfinite = torch.tensor(-1, device=self.device)
 
         def make_train_dataloader(self, **kwargs) -> None:
             self.dataloader = self.batches
@@ -238,8 +239,14 @@ def _template_class():
         def _after_training_iteration(self, **kwargs) -> None:
             super()._after_training_iteration(**kwargs)
             self.images_seen += len(self.mb_y)
+            nonfinite = ~torch.isfinite(self.loss.detach()) & (self.first_nonfinite < 0)
+            self.first_nonfinite = torch.where(nonfinite, self.step_count, self.first_nonfinite)
             if self.step_count % 25 == 0 or self.step_count == self.total_steps:
                 self.last_loss = float(self.loss.detach())
+                if not math.isfinite(self.last_loss):
+                    raise NonFiniteError(f"the loss is {self.last_loss} at iteration {self.step_count} of "
+                                         f"{self.total_steps} (first non-finite at iteration "
+                                         f"{int(self.first_nonfinite)})")
                 self.progress.set_postfix(loss=f"{self.last_loss:.3f}", refresh=False)
             self.progress.update(1)
 
@@ -259,6 +266,9 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
                teacher: RetrievalModel | None = None, experience=None, description: str = "",
                epoch_hook: EpochHook | None = None) -> dict[str, float]:
     """Train ``model`` in place on one task; returns ``{"seconds", "iterations", "images", "final_loss"}``.
+
+    A non-finite loss (checked every 25 iterations, where the loss is read anyway; the first non-finite
+    iteration is tracked on the device) or non-finite weights at the end raise :class:`models.NonFiniteError`.
 
     ``epoch_hook`` replaces the cosine schedule by epoch-level control (:class:`EpochHook`)."""
     global _TEMPLATE
@@ -288,10 +298,15 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
                              train_epochs=epochs, device=device, evaluator=None)
     started = time.perf_counter()
     model.train()
-    template.train(experience if experience is not None else _StandaloneExperience(), eval_streams=[])
+    try:
+        template.train(experience if experience is not None else _StandaloneExperience(), eval_streams=[])
+    finally:
+        progress.close()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    progress.close()
+    broken = first_nonfinite_tensor(model)
+    if broken is not None:
+        raise NonFiniteError(f"{broken} holds NaN or infinite values after {template.step_count} iterations")
     return {"seconds": time.perf_counter() - started, "iterations": template.step_count,
             "images": template.images_seen, "final_loss": template.last_loss}
 

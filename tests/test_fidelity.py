@@ -52,7 +52,7 @@ def test_plateau_pretraining_resumes_from_its_last_epoch(tmp_path):
 def test_plateau_schedule_is_validated(tiny, tmp_path, capsys):
     code = runner.main(["--config", str(tiny), "--output", str(tmp_path / "o"), "--set",
                         "replacement.pretrain.schedule=step"])
-    assert code == 2 and "cosine or plateau" in capsys.readouterr().err
+    assert code == 2 and "['cosine', 'plateau']" in capsys.readouterr().err
 
 
 def test_fidelity_preset_is_the_issue_protocol():
