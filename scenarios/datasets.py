@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import warnings
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,10 +251,15 @@ def read_tiny_imagenet(root: str | Path, *, download: bool = False, image_size: 
                         "folder that holds tiny-imagenet-200/")
     cache = folder / f"cl2r-cache-{image_size}px.npz"
     if cache.is_file():
-        with np.load(cache) as z:
-            wnids = [str(w) for w in z["wnids"]]
-            return DataSplits("tinyimagenet", ImageSet(torch.from_numpy(z["train_x"]), torch.from_numpy(z["train_y"])),
-                              ImageSet(torch.from_numpy(z["val_x"]), torch.from_numpy(z["val_y"])), wnids)
+        try:
+            with np.load(cache) as z:
+                wnids = [str(w) for w in z["wnids"]]
+                return DataSplits("tinyimagenet",
+                                  ImageSet(torch.from_numpy(z["train_x"]), torch.from_numpy(z["train_y"])),
+                                  ImageSet(torch.from_numpy(z["val_x"]), torch.from_numpy(z["val_y"])), wnids)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise DataError(f"the decoded-image cache {cache} is damaged ({type(exc).__name__}); delete it and it is "
+                            "rebuilt from the JPEGs") from None
     wnids = sorted(w.strip() for w in (folder / "wnids.txt").read_text().split() if w.strip())
     label_of = {w: i for i, w in enumerate(wnids)}
     train_paths, train_y = [], []

@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 import pytest
+import torch
+import yaml
 
 import runner
 from benchmarks.records import atomic_write, atomic_write_json, exclusive
@@ -150,3 +152,114 @@ def test_a_second_run_on_a_folder_in_use_is_refused_and_a_stale_lock_is_taken_ov
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     run_dir.with_name("seed42.lock").write_text(f"{holder.stdout.strip()}\n{socket.gethostname()}\n")
     assert run_cli(*args) == 0 and not run_dir.with_name("seed42.lock").exists()
+
+
+@pytest.mark.parametrize("setting, fragment", [
+    ("evaluation.tie_rule=loose", "evaluation.tie_rule = 'loose'; choose from ['strict', 'inclusive']"),
+    ("evaluation.mode=pixels", "evaluation.mode = 'pixels'"),
+    ("model.backbone=vit", "model.backbone = 'vit'"),
+    ("device=gpu", "device = 'gpu'"),
+    ("evaluation.confidence=1.5", "evaluation.confidence = 1.5 must be between 0 and 1"),
+    ("training.batch_size=0", "training.batch_size = 0 must be at least 1"),
+    ("training.lr=0", "training.lr = 0.0 must be above 0"),
+    ("training.lr=-1e-3", "training.lr = -0.001 must be above 0"),
+    ("training.epochs=-2", "training.epochs = -2 must be at least 1"),
+    ("stream.num_tasks=0", "stream.num_tasks = 0 must be at least 1"),
+    ("stream.class_order=[3,3,1]", "stream.class_order = [3, 3, 1]"),
+    ("stream.class_order=[a,b]", "stream.class_order = ['a', 'b']"),
+    ("replacement.tasks=[0,5]", "replacement.tasks = [0, 5] must list distinct task numbers in 0..2"),
+    ("replacement.tasks=[x]", "replacement.tasks = ['x']"),
+    ("replacement.pretrain.class_counts=[3]", "one positive class count per replacement task (2)"),
+    ("stream.num_tasks=9", "the stream needs 36 classes (4 + 4 x 8) + 6 held out; synthetic has 24; e.g. "
+                           "--set stream.num_tasks=4"),
+    ("training.lr_min=0.5", "training.lr_min = 0.5 is above training.lr"),
+    ("adapter.at=sometimes", "adapter.at = 'sometimes'"),
+    ("data.verify=maybe", "data.verify = 'maybe'"),
+])
+def test_every_bad_setting_is_one_line_before_anything_runs(setting, fragment, tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run_cli("--config", tiny, "--scenario", "iamcl2r", "--strategy", "er", "--output", out,
+                   "--set", setting) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def test_scientific_notation_is_a_float_in_files_and_on_the_command_line(tmp_path):
+    from configuration import resolve
+
+    config = resolve([("file", yaml.safe_load("training: {lr: 1e-3, lr_min: 5E-6}")),
+                      ("command line", {"replacement": {"pretrain": {"lr": "2.5e-2"}}})])
+    assert (config["training"]["lr"], config["training"]["lr_min"]) == (0.001, 5e-6)
+    assert config["replacement"]["pretrain"]["lr"] == 0.025
+
+
+@pytest.fixture
+def finished_run(tiny, tmp_path):
+    """A finished 3-task CL2R run: ``(command-line arguments, run folder)``."""
+    args = ("--config", tiny, "--scenario", "cl2r", "--strategy", "er", "--output", tmp_path / "out")
+    assert run_cli(*args) == 0
+    return args, tmp_path / "out/cl2r/synthetic/er/seed42"
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    (lambda d: (d / "state.pt").write_bytes(b""), "state.pt is damaged"),
+    (lambda d: (d / "state.pt").write_bytes(pickle.dumps({"next_task": 1})), "state.pt is damaged"),
+    (lambda d: torch.save({"weights": torch.zeros(2)}, d / "state.pt"), "state.pt is damaged"),
+    (lambda d: (d / "config.yaml").unlink(), "config.yaml is missing, empty or damaged"),
+    (lambda d: (d / "config.yaml").write_text(""), "config.yaml is missing, empty or damaged"),
+    (lambda d: _truncate(d / "checkpoints/task1.pt"), "task1.pt is damaged"),
+])
+def test_a_damaged_run_folder_is_one_line_naming_the_file_and_the_fix(damage, fragment, finished_run, capsys):
+    args, run_dir = finished_run
+    state = torch.load(run_dir / "state.pt", weights_only=True)
+    state["next_task"] = 2  # resume after task 1, which reads checkpoints/task1.pt
+    torch.save(state, run_dir / "state.pt")
+    damage(run_dir)
+    capsys.readouterr()
+    assert run_cli(*args, "--resume") == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and "--overwrite" in err and len(err.splitlines()) == 1
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def test_a_damaged_plateau_progress_file_or_image_cache_is_one_line(tmp_path):
+    from models import CheckpointError, build_model
+    from scenarios.datasets import read_tiny_imagenet
+    from strategies.pretrain import PlateauSettings, PlateauTraining
+    from strategies.trainer import TrainSettings
+    from test_data import write_tiny_imagenet
+
+    partial = tmp_path / "model.partial.pt"
+    partial.write_bytes(b"PK\x03\x04 truncated")
+    model = build_model(head="learnable", num_classes=3, backbone="small_cnn", small_width=4, small_out_dim=8)
+    with pytest.raises(CheckpointError, match="model.partial.pt is damaged .*delete it"):
+        PlateauTraining(model, None, PlateauSettings(), TrainSettings(), partial, mean=(0,) * 3, std=(1,) * 3)
+    folder = write_tiny_imagenet(tmp_path)
+    (folder / "cl2r-cache-32px.npz").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(DataError, match="cl2r-cache-32px.npz is damaged .*delete it"):
+        read_tiny_imagenet(tmp_path)
+
+
+def test_resume_works_from_another_working_directory(tiny, tmp_path, monkeypatch):
+    from conftest import interrupt_run_at
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    config = yaml.safe_load(tiny.read_text())
+    config["replacement"]["pretrain"]["cache_dir"] = "relative-cache"
+    (work / "tiny.yaml").write_text(yaml.safe_dump(config))
+    args = ("--config", work / "tiny.yaml", "--strategy", "er", "--output", "out")
+    undo = interrupt_run_at(monkeypatch, 1)
+    assert run_cli(*args) == 130
+    undo()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert run_cli("--config", work / "tiny.yaml", "--strategy", "er", "--output", work / "out", "--resume") == 0
+    record = json.loads((work / "out/iamcl2r/synthetic/er/seed42/metrics.json").read_text())
+    assert record["complete"] and all(r["path"].startswith(str(work)) for r in record["replacement_models"])
