@@ -2,7 +2,7 @@
 
     python runner.py --scenario iamcl2r --strategy dsimplex_hoc [--dataset cifar100] [--preset paper|quick] ...
     python runner.py pretrain --dataset tinyimagenet --strategy er        # make (and cache) replacement models
-    python runner.py metrics FILE [--json] [--tie-rule strict|inclusive]  # metrics of any matrix in JSON
+    python runner.py metrics FILE [--json] [--tie-rule strict|inclusive] [--scale auto|fraction|percent]
     python runner.py --scenario model_update --dataset tinyimagenet --adapter all   # old vs new model + adapters
     python runner.py leaderboard [--results DIR] [--format github|csv|latex] [--timing] [--matrices]
 

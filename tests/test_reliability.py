@@ -7,6 +7,7 @@ import pickle
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -263,3 +264,17 @@ def test_resume_works_from_another_working_directory(tiny, tmp_path, monkeypatch
     assert run_cli("--config", work / "tiny.yaml", "--strategy", "er", "--output", work / "out", "--resume") == 0
     record = json.loads((work / "out/iamcl2r/synthetic/er/seed42/metrics.json").read_text())
     assert record["complete"] and all(r["path"].startswith(str(work)) for r in record["replacement_models"])
+
+
+def test_a_second_pretraining_of_the_same_model_waits_for_the_first(tmp_path):
+    lock = tmp_path / "model.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from filelock import SoftFileLock; "
+                               f"lock = SoftFileLock({str(lock)!r}, timeout=0); lock.acquire(); print('held', "
+                               "flush=True); time.sleep(1.5); lock.release()"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    said, started = [], time.monotonic()
+    with exclusive(lock, "the pretraining of model.pt", wait=said.append):
+        assert time.monotonic() - started > 1.0  # entered only after the holder let go
+    holder.wait()
+    assert said == [f"waiting for pid {holder.pid} on host {socket.gethostname()}, which holds the pretraining of "
+                    "model.pt"]
