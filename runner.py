@@ -202,7 +202,9 @@ def command_metrics(args: argparse.Namespace) -> int:
         metrics["noise"] = noise_metrics(matrix, args.queries, replacement_tasks=args.replacement_tasks,
                                          tie_rule=args.tie_rule)
     if args.json:
-        print(json.dumps(metrics))
+        from benchmarks.records import strict_json
+
+        print(json.dumps(strict_json(metrics), allow_nan=False))
         return 0
     from tabulate import tabulate
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.records import atomic_write, atomic_write_text, exclusive
+from benchmarks.records import atomic_write, atomic_write_json, exclusive
 from models import (CheckpointError, RetrievalModel, build_model, feature_extractor_state, forward_in_batches,
                     load_replacement)
 from scenarios.datasets import DataSplits, ImageSet
@@ -203,7 +203,7 @@ def pretrained_replacement(data: DataSplits, classes: list[int], *, head: str, m
         model, training = pretrain_model(data, classes, head=head, model_kwargs=model_kwargs, settings=settings,
                                          images_per_class=images_per_class, device=device, seed=seed,
                                          plateau=plateau, partial=partial, log=log)
-        atomic_write_text(path.with_suffix(".json"), json.dumps({**spec, "training": training}, indent=1))
+        atomic_write_json(path.with_suffix(".json"), {**spec, "training": training})
         save_state(model.state_dict() if keep_classifier else feature_extractor_state(model), path)
         partial.unlink(missing_ok=True)
     return path, False
