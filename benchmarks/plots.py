@@ -11,6 +11,13 @@ from typing import Any
 
 import numpy as np
 
+from .records import atomic_write
+
+
+def _save(fig, path: Path) -> None:
+    """Write a figure as PNG atomically, like every result file."""
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
+
 
 def save_plots(record: dict[str, Any], directory: str | Path) -> list[Path]:
     """Write ``compatibility_matrix.png`` and ``aa_per_task.png`` for a ``metrics.json`` record."""
@@ -61,7 +68,7 @@ def save_plots(record: dict[str, Any], directory: str | Path) -> list[Path]:
     ax.set_title(f"{title}\n{summary}", fontsize=7)
     fig.tight_layout()
     heatmap = directory / "compatibility_matrix.png"
-    fig.savefig(heatmap, dpi=120)
+    _save(fig, heatmap)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -74,7 +81,7 @@ def save_plots(record: dict[str, Any], directory: str | Path) -> list[Path]:
     ax.set_title(title, fontsize=8)
     fig.tight_layout()
     curve = directory / "aa_per_task.png"
-    fig.savefig(curve, dpi=120)
+    _save(fig, curve)
     plt.close(fig)
     return [heatmap, curve]
 
@@ -98,6 +105,6 @@ def save_backfilling_plot(record: dict[str, Any], directory: str | Path) -> Path
     ax.legend(fontsize=7)
     fig.tight_layout()
     path = Path(directory) / "backfilling.png"
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     plt.close(fig)
     return path
