@@ -243,7 +243,7 @@ def _template_class():
             self.first_nonfinite = torch.where(nonfinite, self.step_count, self.first_nonfinite)
             if self.step_count % 25 == 0 or self.step_count == self.total_steps:
                 self.last_loss = float(self.loss.detach())
-                if not math.isfinite(self.last_loss):
+                if not math.isfinite(self.last_loss) and (self.scaler is None or first_nonfinite_tensor(self.model)):
                     raise NonFiniteError(f"the loss is {self.last_loss} at iteration {self.step_count} of "
                                          f"{self.total_steps} (first non-finite at iteration "
                                          f"{int(self.first_nonfinite)})")
@@ -269,6 +269,8 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
 
     A non-finite loss (checked every 25 iterations, where the loss is read anyway; the first non-finite
     iteration is tracked on the device) or non-finite weights at the end raise :class:`models.NonFiniteError`.
+    With float16 gradient scaling a non-finite loss stops training only when the weights are non-finite too: the
+    scaler skips such a step, as in the authors' code, and a transient overflow is not a divergence.
 
     ``epoch_hook`` replaces the cosine schedule by epoch-level control (:class:`EpochHook`)."""
     global _TEMPLATE
