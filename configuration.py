@@ -1,7 +1,8 @@
 """One config schema, one override path (``configs/default.yaml`` is the schema and shows every default).
 
 Layers, later wins: ``default.yaml`` < ``datasets/<dataset>.yaml`` < ``scenarios/<scenario>.yaml`` <
-``presets/<preset>.yaml`` < ``--config FILE`` < command-line flags. Every value is checked against the type of
+``scenarios/per_dataset/<scenario>-<dataset>.yaml`` (a scenario's defaults adapted to a data set's class count,
+where one exists) < ``presets/<preset>.yaml`` < ``--config FILE`` < command-line flags. Every value is checked against the type of
 its default; unknown keys are errors that list the valid ones. ``strategy_params.<name>`` and ``adapter_params.<name>``
 are checked by the strategy's or adapter's own config dataclass when the run starts.
 """
@@ -138,6 +139,9 @@ def resolve(user_layers: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         if names[key] not in choices(kind):
             raise ConfigError(f"unknown {key} {names[key]!r}; choose from {choices(kind)}")
         layers.append((f"configs/{kind}/{names[key]}.yaml", read_yaml(CONFIG_DIR / kind / f"{names[key]}.yaml")))
+        adapted = CONFIG_DIR / "scenarios" / "per_dataset" / f"{names['scenario']}-{names['dataset']}.yaml"
+        if kind == "scenarios" and adapted.is_file():
+            layers.append((f"configs/scenarios/per_dataset/{adapted.name}", read_yaml(adapted)))
     config = defaults
     for source, layer in layers + user_layers:
         config = merge(config, layer, source)

@@ -465,7 +465,7 @@ class Run:
         tag = " (replacement)" if t in replacements else ""
         timing = train_task(model, self.strategy, task.train, memory, self.settings, mean=self.stream.mean,
                             std=self.stream.std, teacher=teacher, experience=task.experience,
-                            description=f"task {t + 1}/{self.stream.num_tasks}{tag}")
+                            description=f"task {t}/{self.stream.num_tasks - 1}{tag}")
         adapter = self._fit_adapter(t, outgoing, model, task.train, memory) if adapts else None
         if self.strategy.uses_memory:
             generator = torch.Generator().manual_seed(task_seed(self.cfg["seed"], t))

@@ -69,12 +69,12 @@ def test_a_diverged_task_stops_the_run_keeps_earlier_tasks_and_is_never_complete
 
     original = experiment.train_task
 
-    def lr_explodes_at_task_2(model, strategy, new, memory, settings, **kw):
-        if kw["description"].startswith("task 2/"):
+    def lr_explodes_at_task_1(model, strategy, new, memory, settings, **kw):
+        if kw["description"].startswith("task 1/"):
             settings = dataclasses.replace(settings, lr=1e9)
         return original(model, strategy, new, memory, settings, **kw)
 
-    monkeypatch.setattr(experiment, "train_task", lr_explodes_at_task_2)
+    monkeypatch.setattr(experiment, "train_task", lr_explodes_at_task_1)
     out = tmp_path / "out"
     assert run_cli("--config", tiny, "--scenario", "cl2r", "--strategy", "er", "--output", out) == runner.EXIT_DIVERGED
     err = capsys.readouterr().err.strip()

@@ -1,0 +1,57 @@
+"""Issue 19: every scenario, strategy and adapter the suite offers runs on the built-in data set, and each
+scenario's defaults fit it (or fail before anything runs with the --set that fixes them)."""
+import json
+
+import pytest
+import yaml
+
+import runner
+from configuration import ConfigError, resolve
+from scenarios.streams import SCENARIOS
+from strategies import list_strategies
+from strategies.adapters import list_adapters
+from test_adapters import FAST
+
+
+def run_cli(*args):
+    return runner.main([str(a) for a in args])
+
+
+def finished(out, scenario):
+    """``{label: record}`` of the complete runs under ``out/<scenario>/synthetic``."""
+    records = {p.parent.parent.name: json.loads(p.read_text())
+               for p in (out / scenario / "synthetic").rglob("metrics.json")}
+    return {label: r for label, r in records.items() if r["complete"]}
+
+
+@pytest.mark.parametrize("scenario", ["cl2r", "iamcl2r"])
+def test_every_strategy_runs_on_the_built_in_data(scenario, tiny, tmp_path):
+    out = tmp_path / "out"
+    assert run_cli("--config", tiny, "--scenario", scenario, "--strategy", "all", "--output", out) == 0
+    assert sorted(finished(out, scenario)) == sorted(list_strategies())
+
+
+def test_every_adapter_runs_along_a_stream_on_the_built_in_data(tiny, tmp_path):
+    config = yaml.safe_load(tiny.read_text()) | {"adapter_params": FAST}
+    (tmp_path / "adapters.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    assert run_cli("--config", tmp_path / "adapters.yaml", "--scenario", "iamcl2r", "--strategy", "er", "--adapter",
+                   "all", "--output", out) == 0
+    assert sorted(finished(out, "iamcl2r")) == sorted(["er", *(f"er+{a}" for a in list_adapters())])
+
+
+@pytest.mark.parametrize("preset", ["quick", "paper"])
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_scenario_fits_the_built_in_data_by_default(scenario, preset):
+    config = resolve([("command line", {"scenario": scenario, "dataset": "synthetic", "preset": preset})])
+    assert config["dataset"] == "synthetic"
+
+
+def test_the_fidelity_preset_is_tiny_imagenets_and_says_so_on_other_data():
+    with pytest.raises(ConfigError, match=r"synthetic has 80; e\.g\. --set stream\.num_tasks=5"):
+        resolve([("command line", {"scenario": "iamcl2r", "dataset": "synthetic", "preset": "fidelity"})])
+
+
+def test_a_stream_too_long_for_the_data_names_the_setting_that_fixes_it():
+    with pytest.raises(ConfigError, match=r"synthetic has 80; e\.g\. --set stream\.num_tasks=13"):
+        resolve([("command line", {"dataset": "synthetic", "stream": {"num_tasks": 20}})])
