@@ -9,6 +9,7 @@ are checked by the strategy's or adapter's own config dataclass when the run sta
 from __future__ import annotations
 
 import copy
+import itertools
 import re
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,15 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 def choices(kind: str) -> list[str]:
     """Names of the YAML profiles of one kind (``datasets``, ``scenarios``, ``presets``)."""
     return sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml"))
+
+
+def profile_summary(kind: str, name: str) -> str:
+    """The first sentence of the leading comment of ``configs/<kind>/<name>.yaml`` (at most 150 characters):
+    what the profile is, for ``runner.py list``."""
+    lines = (CONFIG_DIR / kind / f"{name}.yaml").read_text().splitlines()
+    comment = " ".join(line.lstrip("# ").strip() for line in itertools.takewhile(lambda text: text.startswith("#"), lines))
+    sentence = comment.split(". ")[0].rstrip(".") + "."
+    return sentence if len(sentence) <= 150 else sentence[:149] + "…"
 
 
 def _type_ok(value: Any, default: Any, dotted: str) -> bool:

@@ -4,7 +4,9 @@
     python runner.py pretrain --dataset tinyimagenet --strategy er        # make (and cache) replacement models
     python runner.py metrics FILE [--json] [--tie-rule strict|inclusive] [--scale auto|fraction|percent]
     python runner.py --scenario model_update --dataset tinyimagenet --adapter all   # old vs new model + adapters
-    python runner.py leaderboard [--results DIR] [--format github|csv|latex] [--timing] [--matrices]
+    python runner.py list                                                # what can be run, one line each
+    python runner.py leaderboard [--results DIR] [--format github|csv|latex] [--table NAME] [--timing] [--matrices]
+    python runner.py plot RESULTS_DIR [--out DIR]      # redraw each run's figures, compare experiments
 
 Usage errors print one line and exit with code 2; an interrupted run keeps every finished task (``--resume``); a
 diverged run (NaN or infinite loss, weights or features) prints one line, exits with code 3 and keeps the tasks
@@ -19,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("run", "pretrain", "metrics", "leaderboard")
+COMMANDS = ("run", "pretrain", "metrics", "leaderboard", "plot", "list")
 EXIT_DIVERGED = 3
 
 
@@ -59,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(run)
     run.add_argument("--resume", action="store_true", help="continue an interrupted run after its last task")
     run.add_argument("--overwrite", action="store_true", help="discard an earlier run in the same folder")
+    parser.epilog = ("The run options (the default command: `runner.py --scenario ...` is `runner.py run "
+                     "--scenario ...`):\n\n" + run.format_help().split("\n\n", 1)[1])
     pre = sub.add_parser("pretrain", help="pretrain (or find cached) replacement models for a configuration")
     _add_run_options(pre)
     met = sub.add_parser("metrics", help="AC / AA / ACA / BC / FC of a compatibility matrix in a JSON file")
@@ -72,14 +76,29 @@ def build_parser() -> argparse.ArgumentParser:
                      "benchmarks/noise.py)")
     met.add_argument("--replacement-tasks", type=int, nargs="*", default=[],
                      help="replacement tasks, for the noise analysis of the pairs across replacements")
-    board = sub.add_parser("leaderboard", help="one row per scenario / dataset / strategy, mean ± std over seeds")
+    board = sub.add_parser("leaderboard", help="one row per experiment, mean ± std over seeds",
+                           description="Tables of every complete metrics.json under --results. A csv output is "
+                           "always one table: --table NAME chooses it; without --table it is the table --timing "
+                           "or --matrices asks for, else main, and stderr names the other tables there are.")
     board.add_argument("--results", default="results", help="folder searched for metrics.json files")
-    board.add_argument("--format", default="github", choices=["github", "csv", "latex"])
+    board.add_argument("--format", default="github", choices=["github", "csv", "latex"],
+                       help="github: markdown (default); latex: booktabs tabulars, ready to paste; csv: one table, "
+                       "mean and std in columns NAME_mean, NAME_std, 12 significant digits")
+    board.add_argument("--table", metavar="NAME",
+                       help="print only this table: main, noise, replacements, model_update, timing, across or "
+                       "matrices (the mean matrices; in csv, rows scenario, dataset, strategy, t, k, mean, std, "
+                       "seeds)")
     board.add_argument("--timing", action="store_true",
                        help="also print each strategy's training time per iteration and its ratio to --baseline")
-    board.add_argument("--baseline", default="er", help="the strategy --timing compares with (default er)")
+    board.add_argument("--baseline", default="er", help="the strategy --timing compares with (default %(default)s)")
     board.add_argument("--matrices", action="store_true",
                        help="also print AC / ACA across replacements and every mean compatibility matrix")
+    plot = sub.add_parser("plot", help="redraw every complete run's figures from its metrics.json and draw "
+                          "comparison figures (AC_t / AA_t curves, AC / AA / ACA summary) per scenario and data set")
+    plot.add_argument("results_dir", help="folder searched for metrics.json files")
+    plot.add_argument("--out", help="folder of the comparison figures (default RESULTS_DIR/plots)")
+    sub.add_parser("list", help="what can be run: the scenarios, strategies, adapters, presets and data sets, one "
+                   "line each")
     return parser
 
 
@@ -167,7 +186,22 @@ def command_run(args: argparse.Namespace) -> int:
         records.append(record)
     print()
     print(tables(records))
+    print(what_next(runs, configs))
     return 0
+
+
+def what_next(runs: list[Any], configs: list[dict[str, Any]]) -> str:
+    """The closing lines of a run command: where the figures are, the next commands, and on the generated data
+    set what its numbers do and do not show."""
+    output = configs[0]["output"]
+    lines = ["", f"figures: {runs[-1].dir}/*.png" + (f" (and in the other {len(runs) - 1} run folders)"
+                                                     if len(runs) > 1 else ""),
+             f"next: python runner.py leaderboard --results {output}  (one row per experiment);  python runner.py "
+             f"plot {output}  (comparison figures)"]
+    if configs[0]["dataset"] == "synthetic":
+        lines.append("note: on the generated data these numbers show that the pipeline runs end to end, not the "
+                     "papers' results (README, 'What the demo's numbers show')")
+    return "\n".join(lines)
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -223,9 +257,18 @@ def command_metrics(args: argparse.Namespace) -> int:
 
 
 def command_leaderboard(args: argparse.Namespace) -> int:
-    from benchmarks.leaderboard import (ACROSS_HEADERS, TIMING_HEADERS, across_rows, collect, mean_matrices, render,
-                                        tables, timing_rows)
+    """Print the tables asked for in ``--format``; a csv output is one table (``--table``, else the one ``--timing``
+    or ``--matrices`` asks for, else main), the others there are named on stderr, so that a csv never mixes
+    tables."""
+    from benchmarks.leaderboard import SUMMARY, TABLES, build, collect, render
 
+    if args.table is not None and args.table not in TABLES:
+        raise UsageError(f"unknown table {args.table!r}; choose one of {', '.join(TABLES)}")
+    extra = [name for name, asked in (("timing", args.timing), ("across", args.matrices),
+                                      ("matrices", args.matrices)) if asked]
+    if args.format == "csv" and args.table is None and args.timing and args.matrices:
+        raise UsageError("--format csv prints one table but --timing and --matrices ask for several; choose one "
+                         "with --table timing, --table across or --table matrices")
     if not Path(args.results).is_dir():
         raise UsageError(f"results folder {args.results} does not exist; pass --results DIR")
     records, skipped = collect(args.results)
@@ -234,15 +277,71 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     if not records:
         raise UsageError(f"no complete metrics.json under {args.results}; run an experiment first"
                          + (f" ({len(skipped)} file(s) skipped, reasons above)" if skipped else ""))
-    print(tables(records, args.format))
-    if args.timing:
-        print()
-        print(render(timing_rows(records, args.baseline), args.format, TIMING_HEADERS))
-    if args.matrices:
-        print()
-        print(render(across_rows(records), args.format, ACROSS_HEADERS))
-        print()
-        print(mean_matrices(records))
+    built = build(records, args.format, baseline=args.baseline)
+    if args.table is None and args.format != "csv":
+        names = [name for name in (*SUMMARY, *extra) if name in built]
+        for name in extra:
+            if name not in built:
+                print(f"note: no table {name}: no run under {args.results} has data for it", file=sys.stderr)
+    else:
+        names = [args.table or next((name for name in extra if name != "across"), "main")]
+        if names[0] not in built:
+            raise UsageError(f"no run under {args.results} has data for table {names[0]}; tables with rows here: "
+                             f"{', '.join(built)}")
+        others = [name for name in built if name not in names]
+        if args.table is None and others:
+            print(f"note: --format csv prints one table ({names[0]}); also here: {', '.join(others)}; print one "
+                  "with --table NAME", file=sys.stderr)
+    print(render([table for name in names for table in built[name]], args.format))
+    return 0
+
+
+def command_plot(args: argparse.Namespace) -> int:
+    """Redraw each complete run's figures and draw comparisons (``benchmarks.plots.plot_results``) from the
+    records alone, so figures follow plotting fixes and compare experiments without retraining."""
+    from benchmarks.plots import plot_results
+
+    results = Path(args.results_dir)
+    if not results.is_dir():
+        raise UsageError(f"results folder {results} does not exist; pass a folder that holds metrics.json files")
+    out = Path(args.out) if args.out else results / "plots"
+    try:
+        run_figures, comparisons, skipped = plot_results(results, out)
+    except OSError as exc:
+        raise UsageError(f"cannot write {exc.filename or out}: {exc.strerror or exc}; pass a writable --out "
+                         "and check the run folders' permissions") from None
+    for path, reason in skipped:
+        print(f"skipped {path}: {reason}", file=sys.stderr)
+    if not comparisons:
+        raise UsageError(f"no complete metrics.json under {results} to plot; run an experiment first"
+                         + (f" ({len(skipped)} file(s) skipped, reasons above)" if skipped else ""))
+    print(f"redrew {len(run_figures)} run figure(s) next to their metrics.json")
+    for path in comparisons:
+        print(path)
+    return 0
+
+
+def command_list(args: argparse.Namespace) -> int:
+    """Print the registered scenarios, strategies, adapters, presets and data sets with one line each (the
+    profiles' first comment sentence, the strategies' and adapters' first docstring line)."""
+    from configuration import choices, profile_summary
+    from strategies import get_strategy, list_strategies
+    from strategies.adapters import get_adapter, list_adapters
+
+    def first_line(text: str | None) -> str:
+        return text.strip().splitlines()[0] if text and text.strip() else ""
+
+    sections = [("scenarios (--scenario)", [(n, profile_summary("scenarios", n)) for n in choices("scenarios")]),
+                ("strategies (--strategy)", [(n, first_line(sys.modules[get_strategy(n).__module__].__doc__))
+                                             for n in list_strategies()]),
+                ("adapters (--adapter)", [("none", "no adapter: the models' own features"),
+                                          *((n, first_line(get_adapter(n).__doc__).replace(" (module docstring)", ""))
+                                            for n in list_adapters())]),
+                ("presets (--preset)", [(n, profile_summary("presets", n)) for n in choices("presets")]),
+                ("data sets (--dataset)", [(n, profile_summary("datasets", n)) for n in choices("datasets")])]
+    for title, rows in sections:
+        print(f"{title}:")
+        print("\n".join(f"  {name:<14} {text}" for name, text in rows))
     return 0
 
 
@@ -287,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         from experiment import DivergedError, RunError
 
         handler = {"run": command_run, "pretrain": command_pretrain, "metrics": command_metrics,
-                   "leaderboard": command_leaderboard}[args.command]
+                   "leaderboard": command_leaderboard, "plot": command_plot, "list": command_list}[args.command]
         return handler(args)
     except DivergedError as exc:
         print(f"error: {exc}", file=sys.stderr)

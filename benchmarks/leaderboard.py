@@ -1,4 +1,4 @@
-"""Leaderboards from result files: one row per experiment, mean ± std over seeds.
+r"""Leaderboards from result files: one row per experiment, mean ± std over seeds.
 
 An experiment is a scenario, data set and strategy (or adapter) with every setting that changes the protocol
 (:func:`experiment_settings`: the resolved config minus seed, paths and display settings); runs that differ only
@@ -7,6 +7,21 @@ by seed are aggregated, others are separate rows whose labels carry the settings
 Rows come from every complete and well-formed ``metrics.json`` under a results folder; incomplete runs and
 malformed records are listed apart with their reason (:func:`record_problem`) so a partial or damaged result is
 never mistaken for a finished one. The std is the sample standard deviation (ddof = 1).
+
+The tables (:data:`TABLES`, built by :func:`build`): ``main`` (AC, AA, ACA, seeds), ``noise`` (the noise-aware
+AC), ``replacements`` (the replacement models' own accuracies), ``model_update`` (retrieval cases, backfilling,
+f(W)), ``timing`` (ms per training iteration), ``across`` (AC and ACA across replacements) and ``matrices`` (the
+mean compatibility matrices). :func:`render` writes them in three formats, each ready to use as it is:
+
+- ``github``: markdown, mean ± std in one cell; each matrix a grid under a ``####`` title.
+- ``latex``: one booktabs ``tabular`` per table and per matrix (a ``%`` comment with the matrix's title above
+  it), ``$\pm$``, text escaped (``_ % & # $ { } ~ ^ \``), numbers right-aligned.
+- ``csv``: exactly one table per output, so that a file is one table a csv reader or a data frame takes whole:
+  a mean ± std is two columns ``NAME_mean, NAME_std`` and an interval ``NAME_low, NAME_high``, numbers to 12
+  significant digits (rounding is for display), a missing value is an empty field; the matrices are long rows
+  ``scenario, dataset, strategy, t, k, mean, std, seeds`` (tasks 0-based, percent).
+
+Counts (seeds, pairs, queries, classes, task indices) are written as integers in every format.
 """
 from __future__ import annotations
 
@@ -17,6 +32,8 @@ import math
 import reprlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +45,80 @@ from .adapters import BACKFILL_ORDERS
 from .metrics import MatrixError, across_replacements, as_matrix, is_number
 
 FORMATS = ("github", "csv", "latex")
+TABLES = ("main", "noise", "replacements", "model_update", "timing", "across", "matrices")
+SUMMARY = TABLES[:4]
 COLUMNS = ("AC", "AA", "ACA")
-HEADERS = ["scenario", "dataset", "strategy", "AC", "AA (%)", "ACA (%)", "seeds"]
-ACROSS_HEADERS = ["scenario", "dataset", "strategy", "AC across replacements", "ACA across (%)", "pairs", "seeds"]
 UPDATE_CASES = ("old/old", "new/new", "new/old", "B(new)/old", "new/F(old)", "B(new)/B(new)")
-UPDATE_HEADERS = ["dataset", "adapter", *(f"{c} (%)" for c in UPDATE_CASES), "backfill area: random",
-                  "uncertainty", "class-mean dist.", "f(W)", "seeds"]
-NOISE_HEADERS = ["scenario", "dataset", "strategy", "AC", "AC 95% interval", "AC outside noise", "AC upper",
-                 "pairs within noise", "across: AC outside noise", "across: AC upper", "across: within noise",
-                 "queries", "seeds"]
-REPLACEMENT_HEADERS = ["scenario", "dataset", "strategy", "replacement task", "classes", "own accuracy (%)",
-                       "95% interval", "seeds"]
-TIMING_HEADERS = ["scenario", "dataset", "strategy", "train ms / iteration", "ratio to baseline", "seeds"]
+
+
+class Kind(Enum):
+    """What the cells of a column hold (:class:`Column`)."""
+    TEXT = "text"
+    INTEGER = "integer"
+    NUMBER = "number"
+    SPREAD = "spread"
+    INTERVAL = "interval"
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: ``title`` heads it in github and latex, ``name`` in csv, ``kind`` says what its cells hold
+    and ``digits`` how many decimals github and latex show (csv keeps 12 significant digits).
+
+    Cells by kind: TEXT a string; INTEGER an int, or a mean of ints over seeds, written without decimals when
+    whole; NUMBER a float; SPREAD ``(mean, std)`` (std None: not shown); INTERVAL ``(low, high)``. None is a
+    missing value ("-"; empty in csv); in github and latex a string in any column is written as it is (the blank
+    upper triangle of a matrix grid).
+    """
+    title: str
+    name: str
+    kind: Kind = Kind.NUMBER
+    digits: int = 2
+
+    def csv_names(self) -> list[str]:
+        """Its csv header: a spread is two columns ``NAME_mean, NAME_std``, an interval ``NAME_low, NAME_high``."""
+        suffixes = {Kind.SPREAD: ("mean", "std"), Kind.INTERVAL: ("low", "high")}.get(self.kind)
+        return [f"{self.name}_{suffix}" for suffix in suffixes] if suffixes else [self.name]
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows of values under ``columns``, with an optional ``title`` (a mean matrix's experiment): values, not
+    text, so that each format writes them its own way."""
+    columns: tuple[Column, ...]
+    rows: list[list[Any]]
+    title: str = ""
+
+
+IDENTITY = (Column("scenario", "scenario", Kind.TEXT), Column("dataset", "dataset", Kind.TEXT),
+            Column("strategy", "strategy", Kind.TEXT))
+SEEDS = Column("seeds", "seeds", Kind.INTEGER)
+MAIN_COLUMNS = (*IDENTITY, Column("AC", "AC", Kind.SPREAD, 3), Column("AA (%)", "AA", Kind.SPREAD),
+                Column("ACA (%)", "ACA", Kind.SPREAD), SEEDS)
+NOISE_COLUMNS = (*IDENTITY, Column("AC", "AC", digits=3),
+                 Column("AC 95% interval", "AC_interval", Kind.INTERVAL, 3),
+                 Column("AC outside noise", "AC_outside_noise", digits=3), Column("AC upper", "AC_upper", digits=3),
+                 Column("pairs within noise", "pairs_within_noise", Kind.INTEGER, 1),
+                 Column("across: AC outside noise", "across_AC_outside_noise", digits=3),
+                 Column("across: AC upper", "across_AC_upper", digits=3),
+                 Column("across: within noise", "across_pairs_within_noise", Kind.INTEGER, 1),
+                 Column("queries", "queries", Kind.INTEGER), SEEDS)
+REPLACEMENT_COLUMNS = (*IDENTITY, Column("replacement task", "replacement_task", Kind.INTEGER),
+                       Column("classes", "classes", Kind.INTEGER), Column("own accuracy (%)", "own_accuracy"),
+                       Column("95% interval", "own_accuracy_interval", Kind.INTERVAL), SEEDS)
+UPDATE_COLUMNS = (Column("dataset", "dataset", Kind.TEXT), Column("adapter", "adapter", Kind.TEXT),
+                  *(Column(f"{case} (%)", case, Kind.SPREAD) for case in UPDATE_CASES),
+                  *(Column(title, f"backfill_area_{order}", Kind.SPREAD) for title, order in
+                    zip(("backfill area: random", "uncertainty", "class-mean dist."), BACKFILL_ORDERS)),
+                  Column("f(W)", "f_W", Kind.SPREAD), SEEDS)
+TIMING_COLUMNS = (*IDENTITY, Column("train ms / iteration", "train_ms_per_iteration", digits=1),
+                  Column("ratio to baseline", "ratio_to_baseline"), SEEDS)
+ACROSS_COLUMNS = (*IDENTITY, Column("AC across replacements", "AC_across", Kind.SPREAD, 3),
+                  Column("ACA across (%)", "ACA_across", Kind.SPREAD), Column("pairs", "pairs", Kind.INTEGER), SEEDS)
+MATRIX_ROW_COLUMNS = (*IDENTITY, Column("query task", "t", Kind.INTEGER),
+                      Column("gallery task", "k", Kind.INTEGER),
+                      Column("mean (%)", "mean", digits=1), Column("std", "std", digits=1), SEEDS)
+
 NOT_EXPERIMENT = {"seed", "output", "device", "data_root", "download", "plugins", "training.progress",
                   "evaluation.plots", "replacement.pretrain.cache_dir"}
 NAME = "a non-empty string"
@@ -59,7 +138,7 @@ def collect(results_dir: str | Path) -> tuple[list[dict[str, Any]], list[tuple[P
     """
     complete, skipped = [], []
     for path in sorted(Path(results_dir).rglob("metrics.json")):
-        record, problem = _read(path)
+        record, problem = read_record(path)
         problem = problem or record_problem(record)
         if problem:
             skipped.append((path, problem))
@@ -68,7 +147,8 @@ def collect(results_dir: str | Path) -> tuple[list[dict[str, Any]], list[tuple[P
     return complete, skipped
 
 
-def _read(path: Path) -> tuple[Any, str | None]:
+def read_record(path: Path) -> tuple[Any, str | None]:
+    """``(parsed JSON, None)``, or ``(None, why the file cannot be read)`` in one line."""
     try:
         return json.loads(path.read_text(encoding="utf-8")), None
     except OSError as exc:
@@ -260,11 +340,11 @@ def _update_problem(record: dict[str, Any]) -> str | None:
             or _field(record["adapter"]["fit"], "f_W", is_number, "a number", within="adapter.fit.", required=False))
 
 
-def _mean_std(values: list[float], digits: int) -> str:
+def _spread(values: list[float]) -> tuple[float, float] | None:
+    """``(mean, sample std)`` of ``values`` (std 0 for one value), or None when there is none."""
     if not values:
-        return "-"
-    std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-    return f"{np.mean(values):.{digits}f} ± {std:.{digits}f}"
+        return None
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
 def experiment_settings(record: dict[str, Any]) -> dict[str, Any]:
@@ -283,7 +363,7 @@ def _tag(settings: dict[str, Any], differing: list[str]) -> str:
     return " [" + "; ".join(shown) + ("; ..." if len(differing) > 3 else "") + "]"
 
 
-def _groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
+def experiment_groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
     """Runs grouped by experiment (:func:`experiment_settings`): runs that differ only by seed are one group;
     when one name covers several experiments, each label gets a tag of the settings that tell them apart."""
     experiments: dict[tuple[str, str, str], dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
@@ -302,46 +382,44 @@ def _groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[di
 
 
 def leaderboard_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
-    """Rows ``[scenario, dataset, strategy, AC, AA, ACA, seeds]`` sorted by scenario, dataset, AC then AA."""
+    """Rows ``[scenario, dataset, strategy, AC, AA, ACA, seeds]`` (:data:`MAIN_COLUMNS`; the metrics as
+    ``(mean, std)`` over seeds) sorted by scenario, dataset, AC then AA."""
     rows = []
-    for (scenario, dataset, strategy), runs in _groups(records).items():
+    for (scenario, dataset, strategy), runs in experiment_groups(records).items():
         values = {c: [r["metrics"][c] for r in runs if r["metrics"].get(c) is not None] for c in COLUMNS}
-        rows.append([scenario, dataset, strategy, *(_mean_std(values[c], 3 if c == "AC" else 2) for c in COLUMNS),
-                     len(runs),
-                     float(np.mean(values["AC"]) if values["AC"] else 0), float(np.mean(values["AA"]))])
-    rows.sort(key=lambda r: (r[0], r[1], -r[-2], -r[-1]))
-    return [r[:-2] for r in rows]
+        rows.append([scenario, dataset, strategy, *(_spread(values[c]) for c in COLUMNS), len(runs)])
+    return sorted(rows, key=lambda r: (r[0], r[1], -r[3][0], -r[4][0]))
 
 
 def noise_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
-    """Rows of the noise-aware AC (``benchmarks/noise.py``) for the runs that carry a ``noise`` object: AC, its
-    interval over query resamples, the shares of pairs compatible beyond noise (lower bound) and not incompatible
-    beyond noise (upper bound), the number of pairs within noise, the same across replacements; means over seeds
-    (interval bounds averaged bound by bound)."""
+    """Rows of the noise-aware AC (``benchmarks/noise.py``; :data:`NOISE_COLUMNS`) for the runs that carry a
+    ``noise`` object: AC, its interval over query resamples, the shares of pairs compatible beyond noise (lower
+    bound) and not incompatible beyond noise (upper bound), the number of pairs within noise, the same across
+    replacements; means over seeds (interval bounds averaged bound by bound)."""
     rows = []
-    for (scenario, dataset, strategy), runs in _groups(records).items():
+    for (scenario, dataset, strategy), runs in experiment_groups(records).items():
         noisy = [r for r in runs if r.get("noise")]
         if not noisy:
             continue
-        def mean(get, digits: int) -> str:
+        def mean(get) -> float | None:
             values = [v for v in map(get, noisy) if v is not None]
-            return f"{np.mean(values):.{digits}f}" if values else "-"
+            return float(np.mean(values)) if values else None
 
-        low, high = (mean(lambda r, i=i: r["noise"]["AC_interval"][i], 3) for i in (0, 1))
-        rows.append([scenario, dataset, strategy, mean(lambda r: r["metrics"]["AC"], 3), f"[{low}, {high}]",
-                     mean(lambda r: r["noise"]["AC_outside_noise"], 3), mean(lambda r: r["noise"]["AC_upper"], 3),
-                     mean(lambda r: r["noise"]["within_noise"], 1),
-                     mean(lambda r: r["noise"]["across"]["AC_outside_noise"], 3),
-                     mean(lambda r: r["noise"]["across"]["AC_upper"], 3),
-                     mean(lambda r: r["noise"]["across"]["within_noise"], 1), noisy[0]["noise"]["queries"], len(noisy)])
+        rows.append([scenario, dataset, strategy, mean(lambda r: r["metrics"]["AC"]),
+                     tuple(mean(lambda r, i=i: r["noise"]["AC_interval"][i]) for i in (0, 1)),
+                     mean(lambda r: r["noise"]["AC_outside_noise"]), mean(lambda r: r["noise"]["AC_upper"]),
+                     mean(lambda r: r["noise"]["within_noise"]),
+                     mean(lambda r: r["noise"]["across"]["AC_outside_noise"]),
+                     mean(lambda r: r["noise"]["across"]["AC_upper"]),
+                     mean(lambda r: r["noise"]["across"]["within_noise"]), noisy[0]["noise"]["queries"], len(noisy)])
     return rows
 
 
 def replacement_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
     """Each replacement model's own retrieval accuracy on the evaluation set (percent, mean over seeds, with the
-    mean Wilson interval), for the runs that measured it."""
+    mean Wilson interval; :data:`REPLACEMENT_COLUMNS`), for the runs that measured it."""
     rows = []
-    for (scenario, dataset, strategy), runs in _groups(records).items():
+    for (scenario, dataset, strategy), runs in experiment_groups(records).items():
         scored: dict[tuple[int, Any], list[dict[str, Any]]] = defaultdict(list)
         for r in runs:
             for rep in r.get("replacement_models", []):
@@ -349,10 +427,9 @@ def replacement_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
                     scored[(rep["task"], rep.get("classes"))].append(rep)
         for (task, classes), reps in sorted(scored.items(), key=lambda item: (item[0][0], item[0][1] is None,
                                                                              item[0][1] or 0)):
-            low, high = (100 * np.mean([rep["own_accuracy_interval"][i] for rep in reps]) for i in (0, 1))
-            rows.append([scenario, dataset, strategy, task, "-" if classes is None else classes,
-                         f"{100 * np.mean([rep['own_accuracy'] for rep in reps]):.2f}", f"[{low:.2f}, {high:.2f}]",
-                         len(reps)])
+            interval = tuple(100 * float(np.mean([rep["own_accuracy_interval"][i] for rep in reps])) for i in (0, 1))
+            rows.append([scenario, dataset, strategy, task, classes,
+                         100 * float(np.mean([rep["own_accuracy"] for rep in reps])), interval, len(reps)])
     return rows
 
 
@@ -363,27 +440,27 @@ def seconds_per_iteration(record: dict[str, Any]) -> float | None:
     return float(np.median([t["seconds"] / t["iterations"] for t in tasks])) if tasks else None
 
 
-def timing_rows(records: list[dict[str, Any]], baseline: str = "er") -> list[list[Any]]:
-    """Rows ``[scenario, dataset, strategy, ms/iteration, ratio, seeds]``: the median over seeds of each run's
-    :func:`seconds_per_iteration`, and its ratio to ``baseline``'s in the same scenario and data set ("-" without
-    it). Iteration times include the teacher's forward pass and the strategy's loss."""
+def timing_rows(records: list[dict[str, Any]], baseline: str) -> list[list[Any]]:
+    """Rows ``[scenario, dataset, strategy, ms/iteration, ratio, seeds]`` (:data:`TIMING_COLUMNS`): the median
+    over seeds of each run's :func:`seconds_per_iteration`, and its ratio to ``baseline``'s in the same scenario
+    and data set (None without it). Iteration times include the teacher's forward pass and the strategy's loss."""
     groups = {key: [v for v in map(seconds_per_iteration, runs) if v is not None]
-              for key, runs in _groups(records).items()}
+              for key, runs in experiment_groups(records).items()}
     medians = {key: float(np.median(values)) for key, values in groups.items() if values}
     rows = []
     for (scenario, dataset, strategy), median in medians.items():
         tag = strategy[strategy.index(" ["):] if " [" in strategy else ""
         base = medians.get((scenario, dataset, baseline + tag), medians.get((scenario, dataset, baseline)))
-        rows.append([scenario, dataset, strategy, f"{1000 * median:.1f}", f"{median / base:.2f}" if base else "-",
+        rows.append([scenario, dataset, strategy, 1000 * median, median / base if base else None,
                      len(groups[(scenario, dataset, strategy)])])
     return rows
 
 
 def _matrix_groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], RunMatrices]:
-    """The runs of each :func:`_groups` group that carry a compatibility matrix, each with its matrix; a group
+    """The runs of each :func:`experiment_groups` group that carry a compatibility matrix, each with its matrix; a group
     whose matrices differ in size (runs without a config to tell them apart) is split, labels tagged with it."""
     out = {}
-    for (scenario, dataset, label), runs in _groups(records).items():
+    for (scenario, dataset, label), runs in experiment_groups(records).items():
         by_size: dict[int, RunMatrices] = defaultdict(list)
         for r in runs:
             if "compatibility_matrix" in r:
@@ -395,73 +472,177 @@ def _matrix_groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], 
 
 
 def across_rows(records: list[dict[str, Any]], tie_rule: str = "strict") -> list[list[Any]]:
-    """Rows ``[scenario, dataset, strategy, AC across, ACA across, pairs, seeds]``: AC and ACA over the pairs
-    separated by a replacement (:func:`benchmarks.metrics.across_replacements`), mean ± std over seeds."""
+    """Rows ``[scenario, dataset, strategy, AC across, ACA across, pairs, seeds]`` (:data:`ACROSS_COLUMNS`): AC
+    and ACA over the pairs separated by a replacement (:func:`benchmarks.metrics.across_replacements`),
+    ``(mean, std)`` over seeds."""
     rows = []
     for (scenario, dataset, strategy), runs in _matrix_groups(records).items():
         values = [across_replacements(matrix, r.get("replacement_tasks", []), tie_rule) for r, matrix in runs]
         if not values[0]["pairs_across"]:
             continue
-        rows.append([scenario, dataset, strategy, _mean_std([v["AC_across"] for v in values], 3),
-                     _mean_std([v["ACA_across"] for v in values], 2), values[0]["pairs_across"], len(runs)])
+        rows.append([scenario, dataset, strategy, _spread([v["AC_across"] for v in values]),
+                     _spread([v["ACA_across"] for v in values]), values[0]["pairs_across"], len(runs)])
     return rows
 
 
-def mean_matrices(records: list[dict[str, Any]]) -> str:
-    """Markdown: per (scenario, dataset, strategy), the compatibility matrix averaged over seeds, in percent
-    (``mean ± std`` when there are several seeds; replacement tasks marked with ``*``)."""
-    from tabulate import tabulate
-
-    blocks = []
-    for (scenario, dataset, strategy), runs in _matrix_groups(records).items():
-        stack = np.stack([matrix for _, matrix in runs]) * 100
-        mean, std = stack.mean(axis=0), stack.std(axis=0, ddof=1) if len(runs) > 1 else None
-        replaced = set(runs[0][0].get("replacement_tasks", []))
+def mean_matrices(records: list[dict[str, Any]]) -> list[Table]:
+    """Per (scenario, dataset, strategy), the compatibility matrix averaged over seeds, in percent, as a grid
+    titled with the experiment: query task t by gallery task k <= t, ``(mean, std)`` (std only when there are
+    several seeds), replacement tasks marked with ``*``."""
+    grids = []
+    for (scenario, dataset, strategy), (mean, std, replaced, seeds) in _mean_matrices(records).items():
         labels = [f"{t}{'*' if t in replaced else ''}" for t in range(len(mean))]
-        table = [[labels[t]] + [(f"{mean[t, k]:.1f}" + (f" ± {std[t, k]:.1f}" if std is not None else ""))
-                                if k <= t else "" for k in range(len(mean))] for t in range(len(mean))]
-        title = f"#### {scenario} / {dataset} / {strategy} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
-        blocks.append(title + "\n\n" + tabulate(table, headers=["query \\ gallery", *labels], tablefmt="github",
-                                                   disable_numparse=True))
-    return "\n\n".join(blocks)
+        columns = (Column("query \\ gallery", "t", Kind.TEXT),
+                   *(Column(label, label, Kind.SPREAD, 1) for label in labels))
+        rows = [[labels[t], *((mean[t, k], None if std is None else std[t, k]) if k <= t else ""
+                              for k in range(len(mean)))] for t in range(len(mean))]
+        grids.append(Table(columns, rows, f"{scenario} / {dataset} / {strategy} ({seeds} seed{'s' * (seeds > 1)})"))
+    return grids
+
+
+def matrix_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+    """The mean matrices of :func:`mean_matrices` as rows ``[scenario, dataset, strategy, t, k, mean, std,
+    seeds]`` (:data:`MATRIX_ROW_COLUMNS`), one per pair k <= t, tasks 0-based, percent (std None for one seed):
+    the long form that a csv file and a plotting script take."""
+    return [[scenario, dataset, strategy, t, k, float(mean[t, k]), None if std is None else float(std[t, k]), seeds]
+            for (scenario, dataset, strategy), (mean, std, _, seeds) in _mean_matrices(records).items()
+            for t in range(len(mean)) for k in range(t + 1)]
+
+
+def _mean_matrices(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray | None,
+                                                                                     set[int], int]]:
+    """Per experiment: the mean matrix in percent, its sample std (None for one seed), the replacement tasks and
+    the number of seeds."""
+    out = {}
+    for key, runs in _matrix_groups(records).items():
+        stack = np.stack([matrix for _, matrix in runs]) * 100
+        out[key] = (stack.mean(axis=0), stack.std(axis=0, ddof=1) if len(runs) > 1 else None,
+                    set(runs[0][0].get("replacement_tasks", [])), len(runs))
+    return out
 
 
 def update_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
-    """Rows of the ``model_update`` runs: each retrieval case and backfilling area (percent) and λ-orth's final
-    f(W), mean ± std over seeds; "-" where an adapter does not produce the case."""
+    """Rows of the ``model_update`` runs (:data:`UPDATE_COLUMNS`): each retrieval case and backfilling area
+    (percent) and λ-orth's final f(W), ``(mean, std)`` over seeds; None where an adapter does not produce it."""
     rows = []
-    for (scenario, dataset, method), runs in _groups(records).items():
+    for (scenario, dataset, method), runs in experiment_groups(records).items():
         if scenario != "model_update":
             continue
-        def column(get) -> str:
-            values = [v for v in map(get, runs) if v is not None]
-            return _mean_std([100 * v for v in values], 2) if values else "-"
+        def column(get) -> tuple[float, float] | None:
+            return _spread([100 * v for v in map(get, runs) if v is not None])
 
         cases = [column(lambda r, c=c: r["cases"].get(c)) for c in UPDATE_CASES]
         areas = [column(lambda r, o=o: r["backfilling"]["area"].get(o)) for o in BACKFILL_ORDERS]
         gaps = [r["adapter"]["fit"]["f_W"] for r in runs if r.get("adapter") and "f_W" in r["adapter"]["fit"]]
-        rows.append([dataset, method, *cases, *areas, _mean_std(gaps, 2) if gaps else "-", len(runs)])
+        rows.append([dataset, method, *cases, *areas, _spread(gaps), len(runs)])
     return rows
 
 
+def build(records: list[dict[str, Any]], fmt: str = "github", names: Iterable[str] = TABLES,
+          baseline: str = "er") -> dict[str, list[Table]]:
+    """The tables of :data:`TABLES` among ``names`` that have rows for ``records``, in that order: one table
+    each, except ``matrices``, one grid per experiment in github and latex but one long table (:func:`matrix_rows`)
+    in csv. ``baseline`` is the strategy the timing table compares with."""
+    builders: dict[str, Callable[[], list[Table]]] = {
+        "main": lambda: [Table(MAIN_COLUMNS, leaderboard_rows(records))],
+        "noise": lambda: [Table(NOISE_COLUMNS, noise_rows(records))],
+        "replacements": lambda: [Table(REPLACEMENT_COLUMNS, replacement_rows(records))],
+        "model_update": lambda: [Table(UPDATE_COLUMNS, update_rows(records))],
+        "timing": lambda: [Table(TIMING_COLUMNS, timing_rows(records, baseline))],
+        "across": lambda: [Table(ACROSS_COLUMNS, across_rows(records))],
+        "matrices": lambda: ([Table(MATRIX_ROW_COLUMNS, matrix_rows(records))] if fmt == "csv"
+                             else mean_matrices(records)),
+    }
+    wanted = set(names)
+    unknown = wanted - set(TABLES)
+    if unknown:
+        raise ValueError(f"unknown tables {sorted(unknown)}; choose from {list(TABLES)}")
+    built = {name: [t for t in builders[name]() if t.rows] for name in TABLES if name in wanted}
+    return {name: tables for name, tables in built.items() if tables}
+
+
 def tables(records: list[dict[str, Any]], fmt: str = "github") -> str:
-    """The leaderboard, then the noise-aware AC, the replacement models' own accuracies and the model_update
-    cases, each where some record carries them, separated by blank lines."""
-    parts = [(leaderboard_rows(records), HEADERS), (noise_rows(records), NOISE_HEADERS),
-             (replacement_rows(records), REPLACEMENT_HEADERS), (update_rows(records), UPDATE_HEADERS)]
-    return "\n\n".join(render(rows, fmt, headers) for rows, headers in parts if rows)
+    """The summary (:data:`SUMMARY`): the leaderboard, then the noise-aware AC, the replacement models' own
+    accuracies and the model_update cases, each where some record carries them, separated by blank lines; in csv,
+    which holds one table, the leaderboard alone."""
+    built = build(records, fmt, SUMMARY[:1] if fmt == "csv" else SUMMARY)
+    return render([table for group in built.values() for table in group], fmt)
 
 
-def render(rows: list[list[Any]], fmt: str = "github", headers: list[str] = HEADERS) -> str:
-    """The table in ``github`` markdown, ``csv`` or ``latex``; AC is a fraction of pairs, AA and ACA percent."""
-    if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(headers)
-        writer.writerows(rows)
-        return out.getvalue().rstrip("\n")
+def render(tables: list[Table], fmt: str = "github") -> str:
+    r"""``tables`` in ``github`` markdown (mean ± std in one cell, a ``####`` title over a titled table), ``latex``
+    (one booktabs ``tabular`` each, preceded by a ``%`` comment with its title: text escaped, $\pm$, numbers
+    right-aligned) or ``csv`` (exactly one table, so that a csv stream never mixes tables: a spread and an interval
+    are two columns each, numbers to 12 significant digits, a missing value empty); separated by blank lines."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {list(FORMATS)}")
+    if fmt == "csv":
+        if len(tables) != 1:
+            raise ValueError(f"csv holds one table, not {len(tables)}; render each table to its own output")
+        return _csv(tables[0])
+    return "\n\n".join(map(_latex if fmt == "latex" else _github, tables))
+
+
+def _github(table: Table) -> str:
     from tabulate import tabulate
 
-    return tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
+    text = tabulate(_cells(table), headers=[c.title for c in table.columns], tablefmt="github", disable_numparse=True)
+    return f"#### {table.title}\n\n{text}" if table.title else text
+
+
+def _latex(table: Table) -> str:
+    from tabulate import tabulate
+
+    text = tabulate(_cells(table), headers=[c.title for c in table.columns], tablefmt="latex_booktabs",
+                    disable_numparse=True,
+                    colalign=["left" if c.kind == Kind.TEXT else "right" for c in table.columns])
+    text = text.replace("±", r"$\pm$")
+    return f"% {table.title}\n{text}" if table.title else text
+
+
+def _cells(table: Table) -> list[list[str]]:
+    return [[_cell(value, column) for value, column in zip(row, table.columns)] for row in table.rows]
+
+
+def _cell(value: Any, column: Column) -> str:
+    """A value as github and latex show it (before latex escaping)."""
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    digits = column.digits
+    if column.kind == Kind.SPREAD:
+        mean, std = value
+        return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
+    if column.kind == Kind.INTERVAL:
+        return f"[{value[0]:.{digits}f}, {value[1]:.{digits}f}]"
+    if column.kind == Kind.INTEGER and float(value).is_integer():
+        return str(int(value))
+    return f"{value:.{digits}f}"
+
+
+def _csv(table: Table) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([name for column in table.columns for name in column.csv_names()])
+    writer.writerows([field for value, column in zip(row, table.columns) for field in _csv_fields(value, column)]
+                     for row in table.rows)
+    return out.getvalue().rstrip("\n")
+
+
+def _csv_fields(value: Any, column: Column) -> list[Any]:
+    """A value as csv fields: one per csv name of its column, empty where missing, integers without decimals."""
+    if value is None:
+        return [""] * len(column.csv_names())
+    if column.kind == Kind.TEXT:
+        return [value]
+    if column.kind in (Kind.SPREAD, Kind.INTERVAL):
+        return ["" if v is None else _plain(v) for v in value]
+    if column.kind == Kind.INTEGER and float(value).is_integer():
+        return [int(value)]
+    return [_plain(value)]
+
+
+def _plain(number: float) -> float:
+    """``number`` to 12 significant digits: all a measurement holds, without float noise (57.99999999999999 is 58)."""
+    return float(f"{number:.12g}")
