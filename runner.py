@@ -43,7 +43,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="one seed")
     p.add_argument("--seeds", type=int, nargs="+", help="several seeds, run one after the other")
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--epochs", type=int, help="epochs per task")
+    p.add_argument("--epochs", type=int, help="epochs per task (replacement pretraining has its own: --set "
+                   "replacement.pretrain.epochs=N)")
     p.add_argument("--output", help="results folder (default results/)")
     p.add_argument("--config", help="a YAML file of settings (same keys as configs/default.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
