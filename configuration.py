@@ -2,9 +2,11 @@
 
 Layers, later wins: ``default.yaml`` < ``datasets/<dataset>.yaml`` < ``scenarios/<scenario>.yaml`` <
 ``scenarios/per_dataset/<scenario>-<dataset>.yaml`` (a scenario's defaults adapted to a data set's class count,
-where one exists) < ``presets/<preset>.yaml`` < ``--config FILE`` < command-line flags. Every value is checked against the type of
-its default; unknown keys are errors that list the valid ones. ``strategy_params.<name>`` and ``adapter_params.<name>``
-are checked by the strategy's or adapter's own config dataclass when the run starts.
+where one exists) < ``presets/<preset>.yaml`` < ``--config FILE`` < command-line flags. Every value is checked
+against the type of its default; unknown keys are errors that list the valid ones. The resolved config is then
+validated as a whole (:func:`validate`: ranges, allowed values, rules between settings, and
+``strategy_params.<name>`` / ``adapter_params.<name>`` by the strategy's or adapter's own config dataclass), the
+one place where settings are checked, before any data is read.
 """
 from __future__ import annotations
 
@@ -69,7 +71,8 @@ def profile_summary(kind: str, name: str) -> str:
     """The first sentence of the leading comment of ``configs/<kind>/<name>.yaml`` (at most 150 characters):
     what the profile is, for ``runner.py list``."""
     lines = (CONFIG_DIR / kind / f"{name}.yaml").read_text().splitlines()
-    comment = " ".join(line.lstrip("# ").strip() for line in itertools.takewhile(lambda text: text.startswith("#"), lines))
+    leading = itertools.takewhile(lambda text: text.startswith("#"), lines)
+    comment = " ".join(line.lstrip("# ").strip() for line in leading)
     sentence = comment.split(". ")[0].rstrip(".") + "."
     return sentence if len(sentence) <= 150 else sentence[:149] + "…"
 
@@ -288,14 +291,15 @@ def _check_class_budget(config: dict[str, Any]) -> None:
                           f"{s['num_tasks'] - 1}){f' + {heldout} held out' if heldout else ''}; {config['dataset']} "
                           f"has {available}; e.g. {fix}")
     rep = config["replacement"]
-    if (config["scenario"] != "model_update" and rep["tasks"] and not rep["checkpoints"]
-            and rep["pretrain"]["dataset"] == config["dataset"]):
-        pool = available - stream - heldout
+    if config["scenario"] != "model_update" and rep["tasks"] and not rep["checkpoints"]:
+        source = rep["pretrain"]["dataset"]
+        pool = (available - stream - heldout if source == config["dataset"]
+                else class_count(source, config["data"]["synthetic_classes"]))
         wanted = max(rep["pretrain"]["class_counts"][:len(rep["tasks"])])
         if wanted > pool:
-            raise ConfigError(f"replacement.pretrain.class_counts asks up to {wanted} classes of {config['dataset']}; "
-                              f"only {pool} are outside the stream and evaluation classes; lower the counts or "
-                              "pretrain on another replacement.pretrain.dataset")
+            raise ConfigError(f"replacement.pretrain.class_counts asks up to {wanted} classes of {source}; only "
+                              f"{pool} are free for pretraining (outside the stream and its evaluation classes); "
+                              "lower the counts or pretrain on another replacement.pretrain.dataset")
 
 
 def _check_parts(config: dict[str, Any]) -> None:

@@ -166,13 +166,9 @@ def adapted_direction(cfg: dict[str, Any]) -> str | None:
     direction = cfg["adapter"]["direction"]
     if direction == "auto":
         direction = "backward" if "backward" in adapter.directions else "forward"
-    if direction not in ADAPTER_DIRECTIONS:
-        raise ConfigError(f"adapter.direction must be one of {list(ADAPTER_DIRECTIONS)}, not {direction!r}")
     if direction not in adapter.directions or (direction == "forward" and not adapter.forward_into_new_space):
         raise AdapterError(f"adapter {name!r} cannot fill a {direction} matrix along a stream; use "
                            f"adapter.direction={adapter.directions[0]}")
-    if cfg["adapter"]["at"] not in ADAPTER_AT:
-        raise ConfigError(f"adapter.at must be one of {list(ADAPTER_AT)}, not {cfg['adapter']['at']!r}")
     return direction
 
 
@@ -215,9 +211,6 @@ def pretrain_options(cfg: dict[str, Any]) -> tuple[TrainSettings, PlateauSetting
     pre = cfg["replacement"]["pretrain"]
     settings = TrainSettings(**{**cfg["training"], "epochs": pre["epochs"], "batch_size": pre["batch_size"],
                                 "lr": pre["lr"], "lr_min": pre["lr_min"]})
-    if pre["schedule"] not in PRETRAIN_SCHEDULES:
-        raise ConfigError(f"replacement.pretrain.schedule must be one of {list(PRETRAIN_SCHEDULES)}, not "
-                          f"{pre['schedule']!r}")
     if pre["schedule"] == "cosine":
         return settings, None
     return settings, PlateauSettings(patience=pre["patience"], decay=pre["decay"], drops=pre["drops"],
@@ -226,41 +219,29 @@ def pretrain_options(cfg: dict[str, Any]) -> tuple[TrainSettings, PlateauSetting
 
 def pretrain_seeds(cfg: dict[str, Any], count: int) -> list[int]:
     """The initialisation seed of each of ``count`` suite-pretrained models: ``replacement.pretrain.seed`` as one
-    int shared by all, or a list with one seed per model (independent initialisations)."""
+    int shared by all, or a list with one seed per model (independent initialisations; its length is checked by
+    :func:`configuration.validate`)."""
     seed = cfg["replacement"]["pretrain"]["seed"]
-    if isinstance(seed, int):
-        return [seed] * count
-    if len(seed) < count or not all(isinstance(s, int) and not isinstance(s, bool) for s in seed):
-        raise ConfigError(f"replacement.pretrain.seed = {seed!r}: give one int, or a list of {count} ints (one per "
-                          "pretrained model)")
-    return seed[:count]
+    return [seed] * count if isinstance(seed, int) else seed[:count]
 
 
 def replacement_checkpoints(cfg: dict[str, Any], stream: Stream, head: str, device: torch.device,
                             log=print) -> list[dict[str, Any]]:
     """One ``{"task", "path", "source"}`` per replacement task: the user's files, or suite-pretrained models.
-    Paths are absolute, so a run resumed from another working directory finds them."""
+    Paths are absolute, so a run resumed from another working directory finds them. The counts of checkpoints
+    and classes per replacement task are checked by :func:`configuration.validate`."""
     rep = cfg["replacement"]
     tasks = stream.replacement_tasks
     if rep["checkpoints"]:
-        if len(rep["checkpoints"]) != len(tasks):
-            raise ConfigError(f"replacement.checkpoints has {len(rep['checkpoints'])} file(s) for "
-                              f"{len(tasks)} replacement task(s) {tasks}; give one per task")
         return [{"task": t, "path": str(Path(p).resolve()), "source": "user"}
                 for t, p in zip(tasks, rep["checkpoints"])]
     pre = rep["pretrain"]
-    if len(pre["class_counts"]) < len(tasks):
-        raise ConfigError(f"replacement.pretrain.class_counts has {len(pre['class_counts'])} entries for "
-                          f"{len(tasks)} replacement tasks; give one class count per replacement task")
     source = load_dataset(pre["dataset"], cfg["data_root"], download=cfg["download"],
                           image_size=cfg["data"]["image_size"], verify=cfg["data"]["verify"], **synthetic_options(cfg))
     reserved = set(stream.reserved_classes) if pre["dataset"] == cfg["dataset"] else set()
     order = stream.class_order if pre["dataset"] == cfg["dataset"] else list(range(source.num_classes))
     pool = [c for c in order if c not in reserved]
     settings, plateau = pretrain_options(cfg)
-    if max(pre["class_counts"][:len(tasks)], default=0) > len(pool):
-        raise ConfigError(f"replacement.pretrain.class_counts asks up to {max(pre['class_counts'])} classes of "
-                          f"{pre['dataset']}; only {len(pool)} are disjoint from the stream and evaluation classes")
     out = []
     for task, count, seed in zip(tasks, pre["class_counts"], pretrain_seeds(cfg, len(tasks))):
         path, cached = pretrained_replacement(
@@ -437,12 +418,12 @@ class Run:
         evaluation = evaluation_fingerprint(self.stream, self.cfg, self.device)
         scores = Path(self.cfg["replacement"]["pretrain"]["cache_dir"]) / "scores"
         for r in pending:
-            classes = self.stream.tasks[r["task"]].num_seen_classes
-            model = build_model(head=self.strategy.head, num_classes=classes, **model_kwargs(self.cfg))
-            load_replacement(model, r["path"])
             cached = scores / f"{replacement_score_key(r['path'], evaluation)}.json"
             r["own_accuracy"] = cached_score(cached)
             if r["own_accuracy"] is None:
+                model = build_model(head=self.strategy.head, num_classes=self.stream.tasks[r["task"]].num_seen_classes,
+                                    **model_kwargs(self.cfg))
+                load_replacement(model, r["path"])
                 r["own_accuracy"] = evaluator.self_test(model.to(self.device))
                 atomic_write_json(cached, {"own_accuracy": r["own_accuracy"], "checkpoint": r["path"]})
             r["own_accuracy_interval"] = list(wilson_interval(r["own_accuracy"], queries,

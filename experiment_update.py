@@ -20,10 +20,9 @@ from typing import Any
 
 import torch
 
-from benchmarks.adapters import BACKFILL_ORDERS, TwoModelFeatures, adapted_cases, partial_backfilling
+from benchmarks.adapters import TwoModelFeatures, adapted_cases, partial_backfilling
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.records import atomic_write_json, device_description, package_versions
-from configuration import ConfigError
 from experiment import (DivergedError, RunError, RunFolder, adapter_name, make_stream, model_kwargs, pretrain_options,
                         pretrain_seeds, resolve_device, run_directory, run_label, synthetic_options, to_device)
 from models import NonFiniteError, RetrievalModel, build_model
@@ -52,13 +51,6 @@ class ModelUpdateRun:
         self.amp = TrainSettings(**cfg["training"]).autocast
         name = adapter_name(cfg)
         self.adapter = make_adapter(name, cfg["adapter_params"]) if name else None
-        mu = cfg["model_update"]
-        if mu["head"] not in HEADS:
-            raise ConfigError(f"model_update.head must be one of {list(HEADS)}, not {mu['head']!r}")
-        unknown = sorted(set(mu["backfill_orders"]) - set(BACKFILL_ORDERS))
-        if unknown or mu["backfill_steps"] < 1:
-            raise ConfigError(f"model_update.backfill_orders takes {list(BACKFILL_ORDERS)} (got {unknown}) and "
-                              "backfill_steps must be at least 1")
         self.device = resolve_device(cfg["device"])
         self.dir = run_directory(cfg)
         self.folder = RunFolder(self.dir, "metrics.json", resume=resume, overwrite=overwrite)
@@ -84,7 +76,8 @@ class ModelUpdateRun:
             try:
                 return json.loads((self.dir / "metrics.json").read_text())
             except (OSError, ValueError, RecursionError):
-                raise RunError(f"--resume: {self.dir / 'metrics.json'} is damaged; start over with --overwrite") from None
+                raise RunError(f"--resume: {self.dir / 'metrics.json'} is damaged; start over with --overwrite"
+                               ) from None
         with self.folder.writing(self.cfg):
             try:
                 return self._execute()
@@ -95,9 +88,6 @@ class ModelUpdateRun:
     def _execute(self) -> dict[str, Any]:
         started = time.perf_counter()
         stream = make_stream({**self.cfg, "replacement": {**self.cfg["replacement"], "tasks": []}})
-        if stream.num_tasks != 2:
-            raise ConfigError(f"model_update needs stream.num_tasks = 2 (old classes, then the new ones), not "
-                              f"{stream.num_tasks}")
         source = load_dataset(self.cfg["dataset"], self.cfg["data_root"], download=self.cfg["download"],
                               image_size=self.cfg["data"]["image_size"], verify=self.cfg["data"]["verify"],
                               **synthetic_options(self.cfg))

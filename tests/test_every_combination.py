@@ -44,7 +44,9 @@ def test_every_adapter_runs_along_a_stream_on_the_built_in_data(tiny, tmp_path):
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_scenario_fits_the_built_in_data_by_default(scenario, preset):
     config = resolve([("command line", {"scenario": scenario, "dataset": "synthetic", "preset": preset})])
-    assert config["dataset"] == "synthetic"
+    s, e = config["stream"], config["evaluation"]
+    stream = s["initial_classes"] + s["increment"] * (s["num_tasks"] - 1)
+    assert stream + (e["heldout_classes"] if e["dataset"] == "heldout" else 0) <= config["data"]["synthetic_classes"]
 
 
 def test_the_fidelity_preset_is_tiny_imagenets_and_says_so_on_other_data():
@@ -55,3 +57,9 @@ def test_the_fidelity_preset_is_tiny_imagenets_and_says_so_on_other_data():
 def test_a_stream_too_long_for_the_data_names_the_setting_that_fixes_it():
     with pytest.raises(ConfigError, match=r"synthetic has 80; e\.g\. --set stream\.num_tasks=13"):
         resolve([("command line", {"dataset": "synthetic", "stream": {"num_tasks": 20}})])
+
+
+def test_replacement_classes_must_fit_another_pretraining_data_set():
+    with pytest.raises(ConfigError, match=r"asks up to 30 classes of cifar10; only 10 are free for pretraining"):
+        resolve([("command line", {"dataset": "synthetic", "replacement": {"pretrain": {
+            "dataset": "cifar10", "class_counts": [10, 20, 30]}}})])
