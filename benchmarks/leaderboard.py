@@ -31,7 +31,7 @@ import json
 import math
 import reprlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -137,9 +137,7 @@ def collect(results_dir: str | Path) -> tuple[list[dict[str, Any]], list[tuple[P
     reason, so that a partial or malformed result is neither averaged into a row nor crashes a table.
     """
     complete, skipped = [], []
-    for path in sorted(Path(results_dir).rglob("metrics.json")):
-        record, problem = read_record(path)
-        problem = problem or record_problem(record)
+    for path, record, problem in checked_records(results_dir):
         if problem:
             skipped.append((path, problem))
         else:
@@ -147,7 +145,15 @@ def collect(results_dir: str | Path) -> tuple[list[dict[str, Any]], list[tuple[P
     return complete, skipped
 
 
-def read_record(path: Path) -> tuple[Any, str | None]:
+def checked_records(results_dir: str | Path) -> Iterator[tuple[Path, Any, str | None]]:
+    """``(path, parsed record, why it cannot be a row or None)`` for every ``metrics.json`` under ``results_dir``,
+    in path order: the one walk over a results folder (:func:`collect`, ``benchmarks.plots.plot_results``)."""
+    for path in sorted(Path(results_dir).rglob("metrics.json")):
+        record, problem = _read(path)
+        yield path, record, problem or record_problem(record)
+
+
+def _read(path: Path) -> tuple[Any, str | None]:
     """``(parsed JSON, None)``, or ``(None, why the file cannot be read)`` in one line."""
     try:
         return json.loads(path.read_text(encoding="utf-8")), None

@@ -339,12 +339,11 @@ def plot_results(results_dir: str | Path, out_dir: str | Path) -> tuple[list[Pat
 
     Records are read and checked as the leaderboard does (:func:`benchmarks.leaderboard.record_problem`), plus
     :func:`figure_problem`; a skipped file comes with its one-line reason. No training, no model is loaded."""
-    from .leaderboard import experiment_groups, read_record, record_problem
+    from .leaderboard import checked_records, experiment_groups
 
     records, run_figures, skipped = [], [], []
-    for path in sorted(Path(results_dir).rglob("metrics.json")):
-        record, problem = read_record(path)
-        problem = problem or record_problem(record) or figure_problem(record)
+    for path, record, problem in checked_records(results_dir):
+        problem = problem or figure_problem(record)
         if problem:
             skipped.append((path, problem))
             continue
