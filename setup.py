@@ -1,18 +1,16 @@
 """cl2r-bench: a benchmark suite for compatible representation learning (CL2R / IAM-CL2R)."""
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="cl2r-bench",
-    version="0.1.0",
+    version="0.2.0",
     description="Compatible representation learning benchmarks: CL2R and IAM-CL2R scenarios, strategies, "
                 "compatibility matrix and leaderboards",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["scenarios", "strategies", "strategies.adapters", "benchmarks"],
-    py_modules=["runner", "experiment", "experiment_update", "configuration", "models"],
-    include_package_data=True,
-    data_files=[],
+    packages=find_packages(include=["cl2r_bench", "cl2r_bench.*", "scenarios", "strategies", "benchmarks"]),
+    package_data={"cl2r_bench": ["configs/*.yaml", "configs/*/*.yaml", "configs/*/*/*.yaml"]},
     install_requires=[
         "torch>=2.14",
         "torchvision",
@@ -26,5 +24,5 @@ setup(
         "filelock>=4.2.1",
     ],
     extras_require={"test": ["pytest"]},
-    entry_points={"console_scripts": ["cl2r-bench=runner:main"]},
+    entry_points={"console_scripts": ["cl2r-bench=cl2r_bench.cli:main"]},
 )

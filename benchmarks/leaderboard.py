@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from configuration import flatten
+from cl2r_bench.config import flatten
 
 from .adapters import BACKFILL_ORDERS
 from .metrics import MatrixError, across_replacements, as_matrix, is_number

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models import NonFiniteError, forward_in_batches
+from cl2r_bench.models import NonFiniteError, forward_in_batches
 from scenarios.datasets import ImageSet
 
 GALLERY_MODES = ("templates", "images")

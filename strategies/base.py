@@ -42,8 +42,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from configuration import ConfigError, safe_name
-from models import HEADS, forward_in_batches
+from cl2r_bench.config import ConfigError, safe_name
+from cl2r_bench.models import HEADS, forward_in_batches
 
 REPLACEMENT_TEACHERS = ("incoming", "outgoing")
 

@@ -6,7 +6,6 @@ import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
 
 # A 3-task IAM-CL2R run on generated data in a few seconds: replacements at tasks 0 and 2.
 TINY = {
@@ -43,8 +42,7 @@ def tiny(tmp_path):
 
 def interrupt_run_at(monkeypatch, task: int):
     """Make every run stop with KeyboardInterrupt (Ctrl-C) when it reaches ``task``; returns the undo function."""
-    import experiment
-
+    from cl2r_bench import run as experiment
     original = experiment.Run._run_task
 
     def stop(self, t, *rest):

@@ -10,17 +10,17 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-import runner
+from cl2r_bench import cli as runner
 from benchmarks.adapters import (TwoModelFeatures, adapted_cases, area_under_curve, backfill_order,
                                  partial_backfilling)
 from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy
-from configuration import CONFIG_DIR
+from cl2r_bench.config import CONFIG_DIR
 from conftest import interrupt_run_at
 from scenarios.datasets import ImageSet
-from strategies.adapters import AdapterError, FeaturePair, fit_adapter, get_adapter, list_adapters, make_adapter
-from strategies.adapters.lambda_orth import (fit_dimension, lambda_orthogonality_penalty, orthogonality_gap,
+from cl2r_bench.adapters import AdapterError, FeaturePair, fit_adapter, get_adapter, list_adapters, make_adapter
+from cl2r_bench.adapters.lambda_orth import (fit_dimension, lambda_orthogonality_penalty, orthogonality_gap,
                                              supervised_contrastive)
-from strategies.adapters.translation import farthest_point_subset
+from cl2r_bench.adapters.translation import farthest_point_subset
 
 FAST = {"lambda_orth": {"epochs": 60, "batch_size": 256, "lr": 0.01}, "fct": {"epochs": 60, "hidden": 128},
         "fastfill": {"epochs": 60, "hidden": 128}}

@@ -5,11 +5,11 @@ import json
 import pytest
 import yaml
 
-import runner
-from configuration import ConfigError, resolve
+from cl2r_bench import cli as runner
+from cl2r_bench.config import ConfigError, resolve
 from scenarios.streams import SCENARIOS
 from strategies import list_strategies
-from strategies.adapters import list_adapters
+from cl2r_bench.adapters import list_adapters
 from test_adapters import FAST
 
 

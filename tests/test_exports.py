@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-import runner
+from cl2r_bench import cli as runner
 from benchmarks.leaderboard import TABLES, Column, Kind, Table, render
 from test_leaderboard_input import update_record, valid_record, write
 

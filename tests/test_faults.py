@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import runner
+from cl2r_bench import cli as runner
 from benchmarks import records
 from benchmarks.retrieval import CompatibilityEvaluator
-from strategies.trainer import DeviceBatches
+from cl2r_bench.training.engine import DeviceBatches
 
 RUN = Path("cl2r/synthetic/er/seed42")
 RESULTS = ("compatibility_matrix", "metrics", "noise", "tasks_completed", "complete")
@@ -76,7 +76,7 @@ def test_a_run_killed_anywhere_resumes_to_the_uninterrupted_metrics(phase, owner
 def test_a_run_killed_by_sigkill_at_a_random_moment_resumes_to_the_uninterrupted_metrics(tiny, tmp_path,
                                                                                          uninterrupted):
     out = tmp_path / "sigkill"
-    command = [sys.executable, str(Path(runner.__file__)), *run_args(tiny, out)]
+    command = [sys.executable, "-m", "cl2r_bench", *run_args(tiny, out)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     chance = random.Random()
     milestone = out / RUN / chance.choice(["config.yaml", "checkpoints/task0.pt", "checkpoints/task1.pt"])

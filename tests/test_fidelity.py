@@ -7,11 +7,11 @@ import pytest
 import torch
 import yaml
 
-import runner
-from configuration import resolve
+from cl2r_bench import cli as runner
+from cl2r_bench.config import resolve
 from scenarios.datasets import DataNotice, make_synthetic
-from strategies.pretrain import PlateauProgress, PlateauSettings, load_cached_model, pretrain_model
-from strategies.trainer import TrainSettings
+from cl2r_bench.training.pretrain import PlateauProgress, PlateauSettings, load_cached_model, pretrain_model
+from cl2r_bench.training.engine import TrainSettings
 from test_data import write_cifar10
 
 
@@ -110,9 +110,9 @@ def test_a_short_seed_list_is_a_usage_error(tiny, capsys):
 
 
 def test_cross_model_table_has_own_accuracy_on_its_diagonal(tiny, tmp_path, capsys):
-    import cross_model
+    from cl2r_bench.tools import cross_model
     from benchmarks.retrieval import CompatibilityEvaluator
-    from experiment import make_stream
+    from cl2r_bench.run import make_stream
 
     assert runner.main(["pretrain", "--config", str(tiny), "--set", "replacement.pretrain.seed=[3,4]"]) == 0
     paths = sorted((tmp_path / "cache").glob("*.pt"))
@@ -130,7 +130,7 @@ def test_cross_model_table_has_own_accuracy_on_its_diagonal(tiny, tmp_path, caps
 
 
 def test_scale_summary_has_one_row_per_seed_from_its_metrics(tiny, tmp_path, capsys):
-    import scale_summary
+    from cl2r_bench.tools import scale_summary
 
     out = tmp_path / "study" / "tiny-e1"
     assert runner.main(["run", "--config", str(tiny), "--strategy", "er", "--seeds", "1", "2",
@@ -147,7 +147,7 @@ def test_scale_summary_has_one_row_per_seed_from_its_metrics(tiny, tmp_path, cap
 
 
 def test_feature_geometry_measures_spread_and_pairing_by_hand():
-    from feature_geometry import mean_resultant_length, paired_cosine
+    from cl2r_bench.tools.feature_geometry import mean_resultant_length, paired_cosine
 
     assert mean_resultant_length(torch.tensor([[3.0, 0.0], [0.0, 0.5]])) == pytest.approx(0.5 ** 0.5)
     assert mean_resultant_length(torch.tensor([[1.0, 1.0], [2.0, 2.0]])) == pytest.approx(1.0)
@@ -156,7 +156,7 @@ def test_feature_geometry_measures_spread_and_pairing_by_hand():
 
 
 def test_a_common_shift_sends_every_query_to_one_class_and_removing_it_recovers_them():
-    from feature_geometry import pair_diagnosis, searchable_gallery
+    from cl2r_bench.tools.feature_geometry import pair_diagnosis, searchable_gallery
 
     old = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
     new = torch.nn.functional.normalize(old + torch.tensor([2.0, 0.0, 0.0]), dim=1)
@@ -169,7 +169,7 @@ def test_a_common_shift_sends_every_query_to_one_class_and_removing_it_recovers_
 
 
 def test_feature_geometry_reads_a_run_and_matches_its_matrix(tiny, tmp_path, capsys):
-    import feature_geometry
+    from cl2r_bench.tools import feature_geometry
 
     out = tmp_path / "runs"
     assert runner.main(["run", "--config", str(tiny), "--strategy", "dsimplex_fd", "--output", str(out)]) == 0

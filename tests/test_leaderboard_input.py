@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import runner
+from cl2r_bench import cli as runner
 from benchmarks.leaderboard import TABLES, collect, record_problem
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics

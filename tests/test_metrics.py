@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-import runner
+from cl2r_bench import cli as runner
 from benchmarks.metrics import (
     MatrixError,
     across_replacements,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from models import (
+from cl2r_bench.models import (
     CheckpointError,
     DSimplexHead,
     LearnableHead,

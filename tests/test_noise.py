@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-import runner
+from cl2r_bench import cli as runner
 from benchmarks.noise import (bootstrap_accuracies, entry_index, noise_metrics, wilson_interval)
 from benchmarks.retrieval import CompatibilityEvaluator
 from scenarios.datasets import ImageSet
@@ -151,8 +151,7 @@ def test_metrics_command_adds_binomial_noise(tmp_path, capsys):
 
 def test_replacement_scores_are_computed_once_per_study(tiny, tmp_path, monkeypatch):
     """Another seed with the same replacement models and evaluation set reads their own accuracy from the cache."""
-    import experiment
-
+    from cl2r_bench import run as experiment
     out = tmp_path / "out"
     assert runner.main(["--config", str(tiny), "--strategy", "er", "--output", str(out)]) == 0
     scores = sorted((tmp_path / "cache" / "scores").glob("*.json"))

@@ -1,24 +1,18 @@
-"""The parity harness's own parts (tools/parity/): checkpoint names, data files, errors. No reference needed."""
-import importlib.util
-import pathlib
+"""The parity harness's own parts (cl2r_bench/tools/parity/): checkpoint names, data files, errors. No reference needed."""
+import importlib
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from models import build_model, feature_extractor_state
+from cl2r_bench.models import build_model, feature_extractor_state
 from scenarios.datasets import ImageSet, read_cifar
 
-PARITY = pathlib.Path(__file__).resolve().parents[1] / "tools" / "parity"
 
 
 def load(name: str):
-    sys.path.insert(0, str(PARITY))
-    spec = importlib.util.spec_from_file_location(f"parity_{name}", PARITY / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"cl2r_bench.tools.parity.{name}")
 
 
 common = load("common")
@@ -67,12 +61,12 @@ def test_first_per_class_keeps_data_set_order():
     assert kept.labels.tolist() == [0, 1, 0, 1, 2, 2]
 
 
-@pytest.mark.parametrize("script", ["steps.py", "end_to_end.py"])
+@pytest.mark.parametrize("script", ["steps", "end_to_end"])
 def test_a_wrong_reference_path_is_a_one_line_error(script, tmp_path):
     args = ["--iamcl2r", str(tmp_path / "nowhere"), "--data-root", str(tmp_path), "--work", str(tmp_path)] \
-        if script == "end_to_end.py" else ["--iamcl2r", str(tmp_path / "nowhere"), "--cl2r", "x", "--ml-fct", "y",
+        if script == "end_to_end" else ["--iamcl2r", str(tmp_path / "nowhere"), "--cl2r", "x", "--ml-fct", "y",
                                            "--cifar10", str(tmp_path)]
-    done = subprocess.run([sys.executable, str(PARITY / script)] + args, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", f"cl2r_bench.tools.parity.{script}"] + args, capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "not a checkout of miccunifi/iamcl2r" in done.stderr
 

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-import runner
+from cl2r_bench import cli as runner
 from benchmarks import plots
 from benchmarks.leaderboard import experiment_groups
 from benchmarks.metrics import all_metrics, as_matrix

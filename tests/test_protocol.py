@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from configuration import ConfigError
+from cl2r_bench.config import ConfigError
 from scenarios.datasets import ImageSet
-from strategies.trainer import DeviceBatches, TrainSettings, scheduled_lr
+from cl2r_bench.training.engine import DeviceBatches, TrainSettings, scheduled_lr
 
 
 def image_set(n: int, label_offset: int = 0) -> ImageSet:

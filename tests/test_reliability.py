@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-import runner
+from cl2r_bench import cli as runner
 from benchmarks.records import atomic_write, atomic_write_json, exclusive
 from scenarios.datasets import DataError, read_cifar
 from test_data import write_cifar10
@@ -65,8 +65,7 @@ def strict_load(path):
 
 def test_a_diverged_task_stops_the_run_keeps_earlier_tasks_and_is_never_complete(tiny, tmp_path, capsys,
                                                                                     monkeypatch):
-    import experiment
-
+    from cl2r_bench import run as experiment
     original = experiment.train_task
 
     def lr_explodes_at_task_1(model, strategy, new, memory, settings, **kw):
@@ -187,7 +186,7 @@ def test_every_bad_setting_is_one_line_before_anything_runs(setting, fragment, t
 
 
 def test_scientific_notation_is_a_float_in_files_and_on_the_command_line(tmp_path):
-    from configuration import resolve
+    from cl2r_bench.config import resolve
 
     config = resolve([("file", yaml.safe_load("training: {lr: 1e-3, lr_min: 5E-6}")),
                       ("command line", {"replacement": {"pretrain": {"lr": "2.5e-2"}}})])
@@ -228,10 +227,10 @@ def _truncate(path):
 
 
 def test_a_damaged_plateau_progress_file_or_image_cache_is_one_line(tmp_path):
-    from models import CheckpointError, build_model
+    from cl2r_bench.models import CheckpointError, build_model
     from scenarios.datasets import read_tiny_imagenet
-    from strategies.pretrain import PlateauSettings, PlateauTraining
-    from strategies.trainer import TrainSettings
+    from cl2r_bench.training.pretrain import PlateauSettings, PlateauTraining
+    from cl2r_bench.training.engine import TrainSettings
     from test_data import write_tiny_imagenet
 
     partial = tmp_path / "model.partial.pt"

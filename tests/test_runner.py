@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-import runner
+from cl2r_bench import cli as runner
 from benchmarks.metrics import all_metrics, as_matrix
 from conftest import HOC_REFERENCE_ROWS as HOC_ROWS
 from conftest import interrupt_run_at
@@ -103,7 +103,7 @@ def test_malformed_matrix_file_is_rejected(tmp_path, capsys):
 
 
 def test_mismatched_replacement_checkpoint_is_rejected(tiny, tmp_path, capsys):
-    from models import build_model
+    from cl2r_bench.models import build_model
 
     wrong = tmp_path / "wrong.pt"
     torch.save(build_model(backbone="small_cnn", head="dsimplex", num_classes=4, small_width=4).state_dict(), wrong)
@@ -178,7 +178,7 @@ def test_leaderboard_never_merges_different_experiments(tmp_path, capsys):
 
 def test_help_and_list_show_what_can_be_run(capsys):
     from strategies import list_strategies
-    from strategies.adapters import list_adapters
+    from cl2r_bench.adapters import list_adapters
 
     with pytest.raises(SystemExit):
         run_cli("--help")

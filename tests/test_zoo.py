@@ -10,16 +10,16 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-import runner
-from configuration import CONFIG_DIR
-from models import build_model, simplex_vertices
+from cl2r_bench import cli as runner
+from cl2r_bench.config import CONFIG_DIR
+from cl2r_bench.models import build_model, simplex_vertices
 from scenarios.datasets import ImageSet
 from strategies import Step, StrategyError, TaskContext, get_strategy, list_strategies
 from strategies.bct import influence_loss, old_classifier
 from strategies.cvs import nearest_negative_triplet_loss, prototype_loss
 from strategies.fd import distillation_weight, feature_distillation_loss
 from strategies.lwf import distillation_loss
-from strategies.trainer import TrainSettings, train_task
+from cl2r_bench.training.engine import TrainSettings, train_task
 
 ZOO = ["bct", "bct_er", "cores", "cvs", "dsimplex_fd", "dsimplex_hoc", "er", "fd", "lwf"]
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -366,7 +366,7 @@ def test_plugin_errors_are_one_line(tiny, tmp_path, capsys):
 
 
 def test_readme_strategy_example_runs_as_a_plugin(tiny, tmp_path):
-    readme = (CONFIG_DIR.parent / "README.md").read_text()
+    readme = (CONFIG_DIR.parents[1] / "README.md").read_text()
     section = readme[readme.index("### Adding a strategy"):]
     code = section[section.index("```python") + len("```python"):section.index("```", section.index("```python") + 3)]
     plugin = tmp_path / "smooth_er.py"

@@ -6,7 +6,7 @@ the memory, 128 new samples otherwise) from the same starting model, with its fr
 data. Strategies are run interleaved, ``--repeats`` times; the figure per strategy is the median seconds per
 iteration and its ratio to ER's median.
 
-    python tools/bench_strategies.py [--backbone small_cnn] [--images 1920] [--epochs 2] [--repeats 3]
+    python -m cl2r_bench.tools.bench_strategies [--backbone small_cnn] [--images 1920] [--epochs 2] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -19,12 +19,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models import build_model  # noqa: E402
+from cl2r_bench.models import build_model  # noqa: E402
 from scenarios.datasets import ImageSet, make_synthetic  # noqa: E402
 from strategies import TaskContext, get_strategy, list_strategies  # noqa: E402
-from strategies.trainer import TrainSettings, train_task, update_memory  # noqa: E402
+from cl2r_bench.training.engine import TrainSettings, train_task, update_memory  # noqa: E402
 
 OLD_CLASSES, NEW_CLASSES = 10, 15
 

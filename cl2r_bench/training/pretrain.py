@@ -30,14 +30,14 @@ from typing import Any
 import torch
 
 from benchmarks.records import atomic_write, atomic_write_json, exclusive
-from models import (CheckpointError, RetrievalModel, build_model, feature_extractor_state, forward_in_batches,
+from cl2r_bench.models import (CheckpointError, RetrievalModel, build_model, feature_extractor_state, forward_in_batches,
                     load_replacement)
 from scenarios.datasets import DataSplits, ImageSet
 from scenarios.streams import first_per_class, relabel
 
-from .base import Strategy
-from .er import ExperienceReplay
-from .trainer import TrainSettings, train_task
+from strategies.base import Strategy
+from strategies.er import ExperienceReplay
+from cl2r_bench.training.engine import TrainSettings, train_task
 
 
 def cache_path(cache_dir: str | Path, spec: dict[str, Any]) -> Path:

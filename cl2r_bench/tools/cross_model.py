@@ -1,6 +1,6 @@
 """Out-of-the-box compatibility of suite-pretrained models: query with one model, search another's gallery.
 
-    python tools/cross_model.py --config CONFIG.yaml MODEL.pt [MODEL.pt ...] [--data-root DIR] [--queries N]
+    python -m cl2r_bench.tools.cross_model --config CONFIG.yaml MODEL.pt [MODEL.pt ...] [--data-root DIR] [--queries N]
 
 CONFIG is any run's ``config.yaml`` (its evaluation set is used: query and gallery as in METHODS.md §3, gallery
 as class templates when ``evaluation.mode`` is templates). Each MODEL is a cache file of ``runner.py pretrain``
@@ -16,18 +16,17 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 from benchmarks.noise import wilson_interval  # noqa: E402
 from benchmarks.retrieval import embed, gallery_accuracy  # noqa: E402
-from configuration import read_yaml, resolve  # noqa: E402
-from experiment import make_stream, resolve_device, to_device  # noqa: E402
-from strategies.trainer import TrainSettings  # noqa: E402
+from cl2r_bench.config import read_yaml, resolve  # noqa: E402
+from cl2r_bench.run import make_stream, resolve_device, to_device  # noqa: E402
+from cl2r_bench.training.engine import TrainSettings  # noqa: E402
 from scenarios.datasets import ImageSet  # noqa: E402
-from strategies.pretrain import load_cached_model  # noqa: E402
+from cl2r_bench.training.pretrain import load_cached_model  # noqa: E402
 
 
 def model_name(spec: dict) -> str:

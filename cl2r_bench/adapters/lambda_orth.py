@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..base import check_choice
+from strategies.base import check_choice
 from .base import Adapter, FeaturePair, register_adapter
 
 CONSTRAINTS = ("lambda", "strict", "none")

@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from configuration import ConfigError
-from models import NonFiniteError, RetrievalModel, autocast_dtype, first_nonfinite_tensor
+from cl2r_bench.config import ConfigError
+from cl2r_bench.models import NonFiniteError, RetrievalModel, autocast_dtype, first_nonfinite_tensor
 from scenarios.datasets import ImageSet
 from scenarios.transforms import normalize, random_crop_flip
 
-from .base import Step, Strategy
+from strategies.base import Step, Strategy
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The reference side of the step-level parity check (issue 15): run under the authors' own Python environment.
 
-    <reference venv>/bin/python tools/parity/probe.py --iamcl2r PATH --cl2r PATH --ml-fct PATH --work DIR
+    <reference venv>/bin/python -m cl2r_bench.tools.parity.probe --iamcl2r PATH --cl2r PATH --ml-fct PATH --work DIR
 
-``DIR/inputs.pt`` (written by ``tools/parity/steps.py``) holds the tensors and checkpoint paths; this script calls
+``DIR/inputs.pt`` (written by ``cl2r_bench/tools/parity/steps.py``) holds the tensors and checkpoint paths; this script calls
 the authors' functions on them (``create_model``, ``train_one_epoch``, ``HocLoss``, ``BalancedBatchSampler``,
 ``load_cifar_identification``, ``evaluate``, CL2R's ``update_criterion_weight`` / ``EmbeddingsSimilarity``, ml-fct's
 ``MLP_BN_SIDE_PROJECTION``) and writes what they return to ``DIR/reference.pt``. It imports nothing of the suite and
@@ -177,7 +177,7 @@ def cl2r_fd(inputs: dict) -> dict:
 
 
 def ml_fct(inputs: dict) -> dict:
-    from models.transformations import MLP_BN_SIDE_PROJECTION
+    from cl2r_bench.models.transformations import MLP_BN_SIDE_PROJECTION
 
     old, side = inputs["fct_old"], inputs["fct_side"]
     net = MLP_BN_SIDE_PROJECTION(old.shape[1], inputs["fct_new"].shape[1], side.shape[1])

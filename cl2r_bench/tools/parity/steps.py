@@ -1,6 +1,6 @@
 """Step-level parity with the authors' code on identical tensors (issue 15; results/parity/README.md).
 
-    python tools/parity/steps.py --iamcl2r REF/iamcl2r --cl2r REF/CompatibleLifelongRepresentation \\
+    python -m cl2r_bench.tools.parity.steps --iamcl2r REF/iamcl2r --cl2r REF/CompatibleLifelongRepresentation \\
         --ml-fct REF/ml-fct --cifar10 data [--reference-python REF/venv/bin/python] [--out results/parity/steps.json]
 
 The same weights (suite models converted to the authors' checkpoint format), the same batch and float64 where it
@@ -20,17 +20,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from common import (ROOT, ParityError, first_per_class, reference_checkout, reference_name,  # noqa: I001
+from cl2r_bench.tools.parity.common import (ROOT, ParityError, first_per_class, reference_checkout, reference_name,  # noqa: I001
                     reference_python, save_reference_checkpoint, to_reference_state, write_cifar_pickles)
 from benchmarks.retrieval import CompatibilityEvaluator
-from models import build_model, load_replacement, simplex_vertices
+from cl2r_bench.models import build_model, load_replacement, simplex_vertices
 from scenarios.datasets import CIFAR100_MEAN, CIFAR100_STD, DataError, ImageSet, read_cifar
 from scenarios.transforms import normalize
 from strategies import Step, TaskContext, get_strategy
-from strategies.adapters import make_adapter
+from cl2r_bench.adapters import make_adapter
 from strategies.dsimplex_hoc import hoc_loss
 from strategies.fd import distillation_weight
-from strategies.trainer import DeviceBatches, TrainSettings, make_optimizer, scheduled_lr
+from cl2r_bench.training.engine import DeviceBatches, TrainSettings, make_optimizer, scheduled_lr
 
 CLASSES = 10
 EPOCH = 10

@@ -210,9 +210,9 @@ def _check_choices(flat: dict[str, Any]) -> None:
     from benchmarks.adapters import BACKFILL_ORDERS
     from benchmarks.metrics import TIE_RULES
     from benchmarks.retrieval import GALLERY_MODES
-    from experiment import ADAPTER_AT, ADAPTER_DIRECTIONS, PRETRAIN_SCHEDULES
-    from experiment_update import HEADS as UPDATE_HEADS
-    from models import BACKBONES
+    from cl2r_bench.run import ADAPTER_AT, ADAPTER_DIRECTIONS, PRETRAIN_SCHEDULES
+    from cl2r_bench.model_update_run import HEADS as UPDATE_HEADS
+    from cl2r_bench.models import BACKBONES
     from scenarios.datasets import DATASETS, VERIFY_MODES
     from scenarios.streams import CLASS_ORDERS, EVALUATION_SETS
 
@@ -304,10 +304,10 @@ def _check_class_budget(config: dict[str, Any]) -> None:
 
 def _check_parts(config: dict[str, Any]) -> None:
     """The strategy, the adapter and the training settings, checked by the classes that use them."""
-    from experiment import adapted_direction
+    from cl2r_bench.run import adapted_direction
     from strategies import get_strategy, load_plugin
-    from strategies.adapters import make_adapter
-    from strategies.trainer import TrainSettings
+    from cl2r_bench.adapters import make_adapter
+    from cl2r_bench.training.engine import TrainSettings
 
     for path in config["plugins"]:
         load_plugin(path)

@@ -37,14 +37,14 @@ from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
 from benchmarks.records import atomic_write_json, atomic_write_text, device_description, exclusive, package_versions
 from benchmarks.retrieval import CompatibilityEvaluator
-from configuration import ConfigError, flatten, safe_name
-from models import NonFiniteError, RetrievalModel, build_model, load_replacement, replacement_family
+from cl2r_bench.config import ConfigError, flatten, safe_name
+from cl2r_bench.models import NonFiniteError, RetrievalModel, build_model, load_replacement, replacement_family
 from scenarios.datasets import ImageSet, load_dataset
 from scenarios.streams import Stream, build_stream
 from strategies import Strategy, TaskContext, get_strategy, load_plugin
-from strategies.adapters import AdapterError, embed_pair, fit_adapter, make_adapter
-from strategies.pretrain import PlateauSettings, pretrained_replacement, save_state
-from strategies.trainer import TrainSettings, train_task, update_memory
+from cl2r_bench.adapters import AdapterError, embed_pair, fit_adapter, make_adapter
+from cl2r_bench.training.pretrain import PlateauSettings, pretrained_replacement, save_state
+from cl2r_bench.training.engine import TrainSettings, train_task, update_memory
 
 IGNORED_ON_RESUME = ("training.progress", "evaluation.plots", "device", "output")
 RUN_MARKER = ".cl2r-run"

@@ -6,7 +6,7 @@ prints the wall time with its parts from ``metrics.json``: replacement pretraini
 the rest (interpreter start, imports, data generation, plots). Measure on idle cores: another heavy process
 slows it sharply.
 
-    python tools/bench_quickstart.py [--repeats 2]
+    python -m cl2r_bench.tools.bench_quickstart [--repeats 2]
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def quickstart_command() -> list[str]:

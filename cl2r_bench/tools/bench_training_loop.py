@@ -5,7 +5,7 @@ the same batches (``DeviceBatches``), optimizer and schedule; the suite's loop a
 strategy indirection and the progress bar. Runs are interleaved and repeated; the figure is the ratio of the
 median times (target <= 1.10).
 
-    python tools/bench_training_loop.py [--backbone small_cnn] [--images 2048] [--epochs 2] [--repeats 3]
+    python -m cl2r_bench.tools.bench_training_loop [--backbone small_cnn] [--images 2048] [--epochs 2] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -19,12 +19,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models import build_model  # noqa: E402
+from cl2r_bench.models import build_model  # noqa: E402
 from scenarios.datasets import make_synthetic  # noqa: E402
 from strategies import get_strategy  # noqa: E402
-from strategies.trainer import DeviceBatches, TrainSettings, make_optimizer, scheduled_lr, train_task  # noqa: E402
+from cl2r_bench.training.engine import DeviceBatches, TrainSettings, make_optimizer, scheduled_lr, train_task  # noqa: E402
 
 
 def plain_loop(model, data, settings, mean, std) -> float:

@@ -1,6 +1,6 @@
 """End-to-end parity: the authors' IAM-CL2R code and the suite on the same data and replacement models (issue 15).
 
-    python tools/parity/end_to_end.py --iamcl2r REF/iamcl2r --data-root data --work /tmp/parity-e2e \\
+    python -m cl2r_bench.tools.parity.end_to_end --iamcl2r REF/iamcl2r --data-root data --work /tmp/parity-e2e \\
         [--reference-python REF/venv/bin/python] [--strategies er hoc] [--seeds 1 2 3] [--epochs 3] \\
         [--images-per-class 50] [--eval-per-class 200] [--out results/parity/end_to_end.json]
 
@@ -32,14 +32,14 @@ from pathlib import Path
 import torch
 import yaml
 
-from common import (ROOT, ParityError, first_per_class, reference_checkout, reference_python,  # noqa: I001
+from cl2r_bench.tools.parity.common import (ROOT, ParityError, first_per_class, reference_checkout, reference_python,  # noqa: I001
                     save_reference_checkpoint, to_reference_state, write_cifar_pickles)
-from experiment import model_kwargs
-from configuration import resolve
-from models import replacement_family
+from cl2r_bench.run import model_kwargs
+from cl2r_bench.config import resolve
+from cl2r_bench.models import replacement_family
 from scenarios.datasets import DataError, read_cifar, read_tiny_imagenet
-from strategies.pretrain import pretrained_replacement
-from strategies.trainer import TrainSettings
+from cl2r_bench.training.pretrain import pretrained_replacement
+from cl2r_bench.training.engine import TrainSettings
 
 STREAM_CLASSES = 100
 PRETRAIN_COUNTS = (25, 50, 100)

@@ -1,6 +1,6 @@
 """Why does a pair lose its gallery? The geometry of a finished run's features on its query set.
 
-    python tools/feature_geometry.py RUN_DIR [--data-root DIR] [--query-stride N]
+    python -m cl2r_bench.tools.feature_geometry RUN_DIR [--data-root DIR] [--query-stride N]
 
 RUN_DIR is one run's folder (``config.yaml`` and ``checkpoints/task<t>.pt``). Every task's model embeds the
 query set (every N-th query) and the gallery once. Two tables:
@@ -23,16 +23,15 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 from benchmarks.retrieval import class_templates, embed  # noqa: E402
-from configuration import read_yaml, resolve  # noqa: E402
-from experiment import load_task_model, make_stream, resolve_device, to_device  # noqa: E402
-from strategies.trainer import TrainSettings  # noqa: E402
+from cl2r_bench.config import read_yaml, resolve  # noqa: E402
+from cl2r_bench.run import load_task_model, make_stream, resolve_device, to_device  # noqa: E402
+from cl2r_bench.training.engine import TrainSettings  # noqa: E402
 from scenarios.datasets import DataError, ImageSet  # noqa: E402
 
 

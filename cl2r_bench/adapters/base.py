@@ -16,7 +16,7 @@ An adapter is one file in ``strategies/adapters/`` plus its name on the import l
 
     from dataclasses import dataclass
     import torch
-    from strategies.adapters.base import Adapter, FeaturePair, register_adapter
+    from cl2r_bench.adapters.base import Adapter, FeaturePair, register_adapter
 
     @dataclass(frozen=True)
     class ScaleConfig:
@@ -50,9 +50,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models import classifier_rows, forward_in_batches
+from cl2r_bench.models import classifier_rows, forward_in_batches
 
-from ..base import NoParams, Registry, StrategyError, config_from_params
+from strategies.base import NoParams, Registry, StrategyError, config_from_params
 
 DIRECTIONS = ("backward", "forward")
 

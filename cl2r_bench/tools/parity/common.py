@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from cl2r_bench.models import simplex_vertices
+from scenarios.datasets import ImageSet
 
-from models import simplex_vertices  # noqa: E402
-from scenarios.datasets import ImageSet  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class ParityError(SystemExit):

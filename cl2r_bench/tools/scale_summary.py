@@ -1,6 +1,6 @@
 """One table over the runs of a scale study: a row per (run folder, strategy), read from each metrics.json.
 
-    python tools/scale_summary.py results/fidelity-runs > results/fidelity/summary.md
+    python -m cl2r_bench.tools.scale_summary results/fidelity-runs > results/fidelity/summary.md
 
 Columns: backbone, epochs per task, the run's seed, whether the replacement models share one initialisation,
 their own accuracy (percent, at each replacement task), AC with its 95% interval over query resamples, AC outside
@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tabulate import tabulate  # noqa: E402
 

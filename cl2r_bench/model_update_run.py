@@ -23,14 +23,14 @@ import torch
 from benchmarks.adapters import TwoModelFeatures, adapted_cases, partial_backfilling
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.records import atomic_write_json, device_description, package_versions
-from experiment import (DivergedError, RunError, RunFolder, adapter_name, make_stream, model_kwargs, pretrain_options,
+from cl2r_bench.run import (DivergedError, RunError, RunFolder, adapter_name, make_stream, model_kwargs, pretrain_options,
                         pretrain_seeds, resolve_device, run_directory, run_label, synthetic_options, to_device)
-from models import NonFiniteError, RetrievalModel, build_model
+from cl2r_bench.models import NonFiniteError, RetrievalModel, build_model
 from scenarios.datasets import ImageSet, load_dataset
-from strategies.adapters import embed_pair, fit_adapter, make_adapter
-from strategies.adapters.base import normalized_features
-from strategies.pretrain import pretrained_replacement
-from strategies.trainer import TrainSettings
+from cl2r_bench.adapters import embed_pair, fit_adapter, make_adapter
+from cl2r_bench.adapters.base import normalized_features
+from cl2r_bench.training.pretrain import pretrained_replacement
+from cl2r_bench.training.engine import TrainSettings
 
 HEADS = ("learnable", "dsimplex")
 

@@ -1,0 +1,401 @@
+"""Command line of the suite.
+
+    python runner.py --scenario iamcl2r --strategy dsimplex_hoc [--dataset cifar100] [--preset paper|quick] ...
+    python runner.py pretrain --dataset tinyimagenet --strategy er        # make (and cache) replacement models
+    python runner.py metrics FILE [--json] [--tie-rule strict|inclusive] [--scale auto|fraction|percent]
+    python runner.py --scenario model_update --dataset tinyimagenet --adapter all   # old vs new model + adapters
+    python runner.py list                                                # what can be run, one line each
+    python runner.py leaderboard [--results DIR] [--format github|csv|latex] [--table NAME] [--timing] [--matrices]
+    python runner.py plot RESULTS_DIR [--out DIR]      # redraw each run's figures, compare experiments
+
+Usage errors print one line and exit with code 2; an interrupted run keeps every finished task (``--resume``); a
+diverged run (NaN or infinite loss, weights or features) prints one line, exits with code 3 and keeps the tasks
+finished before it, never marked complete.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+COMMANDS = ("run", "pretrain", "metrics", "leaderboard", "plot", "list")
+EXIT_DIVERGED = 3
+
+
+class UsageError(Exception):
+    """Bad command-line input."""
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", help="cl2r | iamcl2r | model_update (default from configs/default.yaml: iamcl2r)")
+    p.add_argument("--strategy", help="a registered strategy, or 'all'")
+    p.add_argument("--adapter", help="a post-hoc adapter between model updates (strategies/adapters/), 'none', or "
+                   "'all' (none and every adapter, one run each)")
+    p.add_argument("--dataset", help="training stream: cifar100 | tinyimagenet | synthetic")
+    p.add_argument("--eval-dataset", help="open-set evaluation: cifar10 (query = its 50,000 train images, gallery = "
+                   "templates of its test images) | heldout (classes after the stream's)")
+    p.add_argument("--data-root", help="folder with cifar-100-python/, cifar-10-batches-py/, tiny-imagenet-200/")
+    p.add_argument("--download", action="store_true", default=None, help="download missing data sets")
+    p.add_argument("--preset", help="paper (published protocol) | quick (minutes on a CPU)")
+    p.add_argument("--seed", type=int, help="one seed")
+    p.add_argument("--seeds", type=int, nargs="+", help="several seeds, run one after the other")
+    p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--epochs", type=int, help="epochs per task (replacement pretraining has its own: --set "
+                   "replacement.pretrain.epochs=N)")
+    p.add_argument("--output", help="results folder (default results/)")
+    p.add_argument("--config", help="a YAML file of settings (same keys as configs/default.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any setting, e.g. --set stream.num_tasks=31 --set replacement.tasks=[0,10,20]")
+    p.add_argument("--plugin", action="append", metavar="FILE",
+                   help="a Python file that registers a strategy (repeatable; see strategies/base.py)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="runner.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="train and evaluate (the default command)")
+    _add_run_options(run)
+    run.add_argument("--resume", action="store_true", help="continue an interrupted run after its last task")
+    run.add_argument("--overwrite", action="store_true", help="discard an earlier run in the same folder")
+    parser.epilog = ("The run options (the default command: `runner.py --scenario ...` is `runner.py run "
+                     "--scenario ...`):\n\n" + run.format_help().split("\n\n", 1)[1])
+    pre = sub.add_parser("pretrain", help="pretrain (or find cached) replacement models for a configuration")
+    _add_run_options(pre)
+    met = sub.add_parser("metrics", help="AC / AA / ACA / BC / FC of a compatibility matrix in a JSON file")
+    met.add_argument("file", help="JSON: a list of rows, or an object with 'compatibility_matrix'")
+    met.add_argument("--json", action="store_true", help="print one JSON object keyed by metric name")
+    met.add_argument("--tie-rule", default="strict", choices=["strict", "inclusive"])
+    met.add_argument("--scale", default="auto", choices=["auto", "fraction", "percent"],
+                     help="how entries are written: fraction in [0, 1], percent in [0, 100], or auto (either, "
+                     "refusing a matrix that mixes them)")
+    met.add_argument("--queries", type=int, help="queries behind each entry: adds the noise analysis (binomial; "
+                     "benchmarks/noise.py)")
+    met.add_argument("--replacement-tasks", type=int, nargs="*", default=[],
+                     help="replacement tasks, for the noise analysis of the pairs across replacements")
+    board = sub.add_parser("leaderboard", help="one row per experiment, mean ± std over seeds",
+                           description="Tables of every complete metrics.json under --results. A csv output is "
+                           "always one table: --table NAME chooses it; without --table it is the table --timing "
+                           "or --matrices asks for, else main, and stderr names the other tables there are.")
+    board.add_argument("--results", default="results", help="folder searched for metrics.json files")
+    board.add_argument("--format", default="github", choices=["github", "csv", "latex"],
+                       help="github: markdown (default); latex: booktabs tabulars, ready to paste; csv: one table, "
+                       "mean and std in columns NAME_mean, NAME_std, 12 significant digits")
+    board.add_argument("--table", metavar="NAME",
+                       help="print only this table: main, noise, replacements, model_update, timing, across or "
+                       "matrices (the mean matrices; in csv, rows scenario, dataset, strategy, t, k, mean, std, "
+                       "seeds)")
+    board.add_argument("--timing", action="store_true",
+                       help="also print each strategy's training time per iteration and its ratio to --baseline")
+    board.add_argument("--baseline", default="er", help="the strategy --timing compares with (default %(default)s)")
+    board.add_argument("--matrices", action="store_true",
+                       help="also print AC / ACA across replacements and every mean compatibility matrix")
+    plot = sub.add_parser("plot", help="redraw every complete run's figures from its metrics.json and draw "
+                          "comparison figures (AC_t / AA_t curves, AC / AA / ACA summary) per scenario and data set")
+    plot.add_argument("results_dir", help="folder searched for metrics.json files")
+    plot.add_argument("--out", help="folder of the comparison figures (default RESULTS_DIR/plots)")
+    sub.add_parser("list", help="what can be run: the scenarios, strategies, adapters, presets and data sets, one "
+                   "line each")
+    return parser
+
+
+def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
+    """The config overrides given on the command line."""
+    from cl2r_bench.config import parse_assignment
+
+    flat = {"scenario": args.scenario, "dataset": args.dataset, "data_root": args.data_root,
+            "download": args.download, "preset": args.preset, "seed": args.seed, "device": args.device,
+            "output": args.output}
+    layer: dict[str, Any] = {k: v for k, v in flat.items() if v is not None}
+    if args.strategy and args.strategy != "all":
+        layer["strategy"] = args.strategy
+    if args.plugin:
+        layer["plugins"] = args.plugin
+    if args.adapter and args.adapter != "all":
+        layer["adapter"] = {"name": args.adapter}
+    if args.eval_dataset is not None:
+        layer.setdefault("evaluation", {})["dataset"] = args.eval_dataset
+    if args.epochs is not None:
+        layer.setdefault("training", {})["epochs"] = args.epochs
+    if args.no_progress:
+        layer.setdefault("training", {})["progress"] = False
+    for assignment in args.set:
+        layer = _deep_update(layer, parse_assignment(assignment))
+    return layer
+
+
+def _deep_update(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _deep_update(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def resolved_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One resolved and validated config per (strategy, adapter, seed) the command asks for: every bad setting
+    is an error here, before any data is read or model trained."""
+    from cl2r_bench.config import read_yaml, resolve
+    from strategies import list_strategies
+    from cl2r_bench.adapters import list_adapters
+
+    layers = [(args.config, read_yaml(args.config))] if args.config else []
+    layers.append(("command line", cli_layer(args)))
+    if args.seeds and args.seed is not None:
+        raise UsageError("give --seed or --seeds, not both")
+    resolve(layers)  # loads the plugins, so that --strategy all lists their strategies
+    strategies = list_strategies() if args.strategy == "all" else [None]
+    adapters = [{"name": a} for a in ["none", *list_adapters()]] if args.adapter == "all" else [None]
+    seeds = args.seeds or [None]
+    configs = []
+    for strategy, adapter, seed in itertools.product(strategies, adapters, seeds):
+        extra = {k: v for k, v in (("strategy", strategy), ("adapter", adapter), ("seed", seed)) if v is not None}
+        configs.append(resolve(layers + ([("command line", extra)] if extra else [])))
+    return configs
+
+
+def command_run(args: argparse.Namespace) -> int:
+    from benchmarks.leaderboard import tables
+    from cl2r_bench.run import Run, run_directory, run_label
+    from cl2r_bench.model_update_run import ModelUpdateRun
+
+    configs = resolved_configs(args)
+    runs = [(ModelUpdateRun if cfg["scenario"] == "model_update" else Run)(cfg, resume=args.resume,
+                                                                           overwrite=args.overwrite)
+            for cfg in configs]
+    records = []
+    for run, cfg in zip(runs, configs):
+        print(f"== {cfg['scenario']} / {cfg['dataset']} / {run_label(cfg)} / seed {cfg['seed']} "
+              f"(preset {cfg['preset']}, device {run.device}) -> {run_directory(cfg)}")
+        try:
+            record = run.execute()
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: finished tasks are saved in {run.dir}; continue with the same command and "
+                  "--resume", file=sys.stderr)
+            return 130
+        m, noise = record["metrics"], record.get("noise")
+        print(f"   AC {m['AC']:.3f}  AA {m['AA']:.2f}  ACA {_fmt(m['ACA'])}  BC {_fmt(m['BC'])}  FC {_fmt(m['FC'])}"
+              f"  -> {run.dir / 'metrics.json'}")
+        if noise:
+            low, high = noise["AC_interval"]
+            print(f"   AC {noise['confidence']:.0%} interval [{low:.3f}, {high:.3f}], outside noise "
+                  f"{_fmt(noise['AC_outside_noise'], 3)} ({noise['within_noise']} of {noise['pairs']} pairs within "
+                  f"noise, {noise['queries']} queries)")
+        records.append(record)
+    print()
+    print(tables(records))
+    print(what_next(runs, configs))
+    return 0
+
+
+def what_next(runs: list[Any], configs: list[dict[str, Any]]) -> str:
+    """The closing lines of a run command: where the figures are, the next commands, and on the generated data
+    set what its numbers do and do not show."""
+    output = configs[0]["output"]
+    lines = ["", f"figures: {runs[-1].dir}/*.png" + (f" (and in the other {len(runs) - 1} run folders)"
+                                                     if len(runs) > 1 else ""),
+             f"next: python runner.py leaderboard --results {output}  (one row per experiment);  python runner.py "
+             f"plot {output}  (comparison figures)"]
+    if configs[0]["dataset"] == "synthetic":
+        lines.append("note: on the generated data these numbers show that the pipeline runs end to end, not the "
+                     "papers' results (README, 'What the demo's numbers show')")
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def command_pretrain(args: argparse.Namespace) -> int:
+    from cl2r_bench.run import make_stream, replacement_checkpoints, resolve_device
+    from cl2r_bench.models import replacement_family
+    from strategies import get_strategy
+
+    done = set()
+    for cfg in resolved_configs(args):
+        head = get_strategy(cfg["strategy"]).head
+        key = (replacement_family(head), cfg["dataset"], cfg["replacement"]["pretrain"]["dataset"])
+        if key not in done:
+            done.add(key)
+            replacement_checkpoints(cfg, make_stream(cfg), head, resolve_device(cfg["device"]))
+    return 0
+
+
+def command_metrics(args: argparse.Namespace) -> int:
+    from benchmarks.metrics import all_metrics, load_matrix
+
+    matrix = load_matrix(args.file, scale=args.scale)
+    metrics = all_metrics(matrix, args.tie_rule)
+    if args.queries is not None:
+        if args.queries < 1:
+            raise UsageError(f"--queries must be a positive number of queries, not {args.queries}")
+        from benchmarks.noise import noise_metrics
+
+        metrics["noise"] = noise_metrics(matrix, args.queries, replacement_tasks=args.replacement_tasks,
+                                         tie_rule=args.tie_rule)
+    if args.json:
+        from benchmarks.records import strict_json
+
+        print(json.dumps(strict_json(metrics), allow_nan=False))
+        return 0
+    from tabulate import tabulate
+
+    rows = [[k, v if not isinstance(v, float) else round(v, 4)] for k, v in metrics.items()
+            if k not in ("violations", "ACA_definition", "noise")]
+    noise = metrics.get("noise")
+    if noise:
+        interval = [round(v, 4) for v in noise["AC_interval"]]
+        rows += [[f"AC {noise['confidence']:.0%} interval ({noise['method']})", interval],
+                 ["AC outside noise / upper", f"{_fmt(noise['AC_outside_noise'], 4)} / {_fmt(noise['AC_upper'], 4)}"],
+                 ["pairs within noise", f"{noise['within_noise']} of {noise['pairs']}"]]
+    rows.append(["violations (t, k)", metrics["violations"]])
+    print(tabulate(rows, headers=["metric", "value"]))
+    print(f"ACA = {metrics['ACA_definition']}")
+    return 0
+
+
+def command_leaderboard(args: argparse.Namespace) -> int:
+    """Print the tables asked for in ``--format``; a csv output is one table (``--table``, else the one ``--timing``
+    or ``--matrices`` asks for, else main), the others there are named on stderr, so that a csv never mixes
+    tables."""
+    from benchmarks.leaderboard import SUMMARY, TABLES, build, collect, render
+
+    if args.table is not None and args.table not in TABLES:
+        raise UsageError(f"unknown table {args.table!r}; choose one of {', '.join(TABLES)}")
+    extra = [name for name, asked in (("timing", args.timing), ("across", args.matrices),
+                                      ("matrices", args.matrices)) if asked]
+    if args.format == "csv" and args.table is None and args.timing and args.matrices:
+        raise UsageError("--format csv prints one table but --timing and --matrices ask for several; choose one "
+                         "with --table timing, --table across or --table matrices")
+    if not Path(args.results).is_dir():
+        raise UsageError(f"results folder {args.results} does not exist; pass --results DIR")
+    records, skipped = collect(args.results)
+    for path, reason in skipped:
+        print(f"skipped {path}: {reason}", file=sys.stderr)
+    if not records:
+        raise UsageError(f"no complete metrics.json under {args.results}; run an experiment first"
+                         + (f" ({len(skipped)} file(s) skipped, reasons above)" if skipped else ""))
+    built = build(records, args.format, baseline=args.baseline)
+    if args.table is None and args.format != "csv":
+        names = [name for name in (*SUMMARY, *extra) if name in built]
+        for name in extra:
+            if name not in built:
+                print(f"note: no table {name}: no run under {args.results} has data for it", file=sys.stderr)
+    else:
+        names = [args.table or next((name for name in extra if name != "across"), "main")]
+        if names[0] not in built:
+            raise UsageError(f"no run under {args.results} has data for table {names[0]}; tables with rows here: "
+                             f"{', '.join(built)}")
+        others = [name for name in built if name not in names]
+        if args.table is None and others:
+            print(f"note: --format csv prints one table ({names[0]}); also here: {', '.join(others)}; print one "
+                  "with --table NAME", file=sys.stderr)
+    print(render([table for name in names for table in built[name]], args.format))
+    return 0
+
+
+def command_plot(args: argparse.Namespace) -> int:
+    """Redraw each complete run's figures and draw comparisons (``benchmarks.plots.plot_results``) from the
+    records alone, so figures follow plotting fixes and compare experiments without retraining."""
+    from benchmarks.plots import plot_results
+
+    results = Path(args.results_dir)
+    if not results.is_dir():
+        raise UsageError(f"results folder {results} does not exist; pass a folder that holds metrics.json files")
+    out = Path(args.out) if args.out else results / "plots"
+    try:
+        run_figures, comparisons, skipped = plot_results(results, out)
+    except OSError as exc:
+        raise UsageError(f"cannot write {exc.filename or out}: {exc.strerror or exc}; pass a writable --out "
+                         "and check the run folders' permissions") from None
+    for path, reason in skipped:
+        print(f"skipped {path}: {reason}", file=sys.stderr)
+    if not comparisons:
+        raise UsageError(f"no complete metrics.json under {results} to plot; run an experiment first"
+                         + (f" ({len(skipped)} file(s) skipped, reasons above)" if skipped else ""))
+    print(f"redrew {len(run_figures)} run figure(s) next to their metrics.json")
+    for path in comparisons:
+        print(path)
+    return 0
+
+
+def command_list(args: argparse.Namespace) -> int:
+    """Print the registered scenarios, strategies, adapters, presets and data sets with one line each (the
+    profiles' first comment sentence, the strategies' and adapters' first docstring line)."""
+    from cl2r_bench.config import choices, profile_summary
+    from strategies import get_strategy, list_strategies
+    from cl2r_bench.adapters import get_adapter, list_adapters
+
+    def first_line(text: str | None) -> str:
+        return text.strip().splitlines()[0] if text and text.strip() else ""
+
+    sections = [("scenarios (--scenario)", [(n, profile_summary("scenarios", n)) for n in choices("scenarios")]),
+                ("strategies (--strategy)", [(n, first_line(sys.modules[get_strategy(n).__module__].__doc__))
+                                             for n in list_strategies()]),
+                ("adapters (--adapter)", [("none", "no adapter: the models' own features"),
+                                          *((n, first_line(get_adapter(n).__doc__).replace(" (module docstring)", ""))
+                                            for n in list_adapters())]),
+                ("presets (--preset)", [(n, profile_summary("presets", n)) for n in choices("presets")]),
+                ("data sets (--dataset)", [(n, profile_summary("datasets", n)) for n in choices("datasets")])]
+    for title, rows in sections:
+        print(f"{title}:")
+        print("\n".join(f"  {name:<14} {text}" for name, text in rows))
+    return 0
+
+
+def show_notices_as_one_line() -> None:
+    """Print data notices (:class:`scenarios.datasets.DataNotice`) as ``notice: ...`` lines, once each."""
+    import warnings
+
+    from scenarios.datasets import DataNotice
+
+    default = warnings.formatwarning
+    if getattr(default, "prints_notices", False):
+        return
+
+    def formatted(message, category, *args, **kwargs) -> str:
+        if issubclass(category, DataNotice):
+            return f"notice: {message}\n"
+        return default(message, category, *args, **kwargs)
+
+    formatted.prints_notices = True
+    warnings.formatwarning = formatted
+    warnings.simplefilter("once", DataNotice)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS + ("-h", "--help"):
+        argv = ["run"] + argv
+    args = build_parser().parse_args(argv)
+    if args.command is None:
+        build_parser().print_help()
+        return 0
+    from benchmarks.metrics import MatrixError
+    from benchmarks.records import FolderBusyError
+    from cl2r_bench.config import ConfigError
+    from cl2r_bench.models import CheckpointError
+    from scenarios.datasets import DataError
+    from strategies.base import StrategyError
+
+    show_notices_as_one_line()
+    user_errors = (UsageError, ConfigError, DataError, CheckpointError, StrategyError, MatrixError, FolderBusyError)
+    try:
+        from cl2r_bench.run import DivergedError, RunError
+
+        handler = {"run": command_run, "pretrain": command_pretrain, "metrics": command_metrics,
+                   "leaderboard": command_leaderboard, "plot": command_plot, "list": command_list}[args.command]
+        return handler(args)
+    except DivergedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_DIVERGED
+    except user_errors + (RunError,) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
