@@ -24,6 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cl2r_bench.models import class_means
+
 from .retrieval import gallery_accuracy
 
 BACKFILL_ORDERS = ("random", "uncertainty", "class_mean_distance")
@@ -74,9 +76,7 @@ def backfill_order(kind: str, *, gallery_old: torch.Tensor, gallery_labels: torc
         return None if score is None else torch.argsort(score, descending=True)
     if kind == "class_mean_distance":
         classes, index = gallery_labels.unique(return_inverse=True)
-        sums = torch.zeros(len(classes), gallery_old.shape[1], device=gallery_old.device).index_add_(
-            0, index, gallery_old)
-        means = sums / torch.bincount(index, minlength=len(classes))[:, None].float()
+        means, _ = class_means(gallery_old, index, len(classes))
         return torch.argsort((gallery_old - means[index]).norm(dim=1), descending=True)
     raise ValueError(f"unknown backfilling order {kind!r}; choose from {list(BACKFILL_ORDERS)}")
 

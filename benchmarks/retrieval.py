@@ -25,38 +25,26 @@ that ``benchmarks/noise.py`` can resample queries consistently across entries.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.models import NonFiniteError, forward_in_batches
+from cl2r_bench.models import DEFAULT_AMP, class_means, embed
 from scenarios.datasets import ImageSet
 
 GALLERY_MODES = ("templates", "images")
 ADAPTED_DIRECTIONS = ("backward", "forward")
 
 
-def embed(model: torch.nn.Module, images: ImageSet, *, mean: Sequence[float], std: Sequence[float],
-          batch_size: int = 512, amp: bool | str = True) -> torch.Tensor:
-    """L2-normalised features (float32, on the model's device) of every image, no augmentation; a model whose
-    features hold NaN or infinities (a diverged run) raises :class:`models.NonFiniteError`."""
-    features = torch.cat([F.normalize(features, dim=1) for _, features in
-                          forward_in_batches(model, images.images, mean=mean, std=std, batch_size=batch_size,
-                                             amp=amp)])
-    if not bool(torch.isfinite(features).all()):
-        raise NonFiniteError(f"the model gives NaN or infinite features for {len(images)} images")
-    return features
-
-
 def class_templates(features: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(templates, template_labels)``: per class, the normalised mean of its (normalised) features."""
-    classes = labels.unique(sorted=True)
-    onehot = (labels[:, None] == classes[None, :].to(labels.device)).float()
-    sums = onehot.t() @ features
-    return F.normalize(sums, dim=1), classes
+    """``(templates, template_labels)``: per class present in ``labels`` (ascending), the L2-normalised mean of its
+    (normalised) features (METHODS.md §3), from :func:`cl2r_bench.models.class_means`."""
+    means, present = class_means(features, labels, int(labels.max()) + 1)
+    classes = present.nonzero().flatten()
+    return F.normalize(means[classes], dim=1), classes
 
 
 def nearest_neighbour_hits(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
@@ -97,21 +85,21 @@ class CompatibilityEvaluator:
 
     Usage::
 
-        evaluator = CompatibilityEvaluator(query, gallery, mean=..., std=...)
+        evaluator = CompatibilityEvaluator(query, gallery, amp=settings.autocast)
         for t, model in enumerate(models):
             row = evaluator.deploy(model)          # M[t][0..t]
         evaluator.matrix                           # rows, None above the diagonal
     """
 
-    def __init__(self, query: ImageSet, gallery: ImageSet, *, mean: Sequence[float], std: Sequence[float],
-                 mode: str = "templates", batch_size: int = 512, amp: bool | str = True, adapted: str | None = None,
+    def __init__(self, query: ImageSet, gallery: ImageSet, *, mode: str = "templates", batch_size: int = 512,
+                 amp: bool | str = DEFAULT_AMP, adapted: str | None = None,
                  adapter_factory: Callable[[], Any] | None = None) -> None:
         if mode not in GALLERY_MODES:
             raise ValueError(f"unknown gallery mode {mode!r}; choose from {list(GALLERY_MODES)}")
         if adapted not in (None,) + ADAPTED_DIRECTIONS:
             raise ValueError(f"unknown adapted direction {adapted!r}; choose from {list(ADAPTED_DIRECTIONS)}")
         self.query, self.gallery = query, gallery
-        self.mean, self.std, self.mode, self.batch_size, self.amp = mean, std, mode, batch_size, amp
+        self.mode, self.batch_size, self.amp = mode, batch_size, amp
         self.adapted, self.adapter_factory = adapted, adapter_factory
         self.galleries: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.rows: list[list[float]] = []
@@ -126,7 +114,7 @@ class CompatibilityEvaluator:
         """Features of ``images``; counted as a ``kind`` extraction unless ``kind`` is None."""
         if kind is not None:
             self.extractions[kind] += 1
-        return embed(model, images, mean=self.mean, std=self.std, batch_size=self.batch_size, amp=self.amp)
+        return embed(model, images.images, batch_size=self.batch_size, amp=self.amp)
 
     def _searchable(self, gallery: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(items, labels)`` searched for a gallery's features: class templates or every image."""

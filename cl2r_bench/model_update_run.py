@@ -24,11 +24,12 @@ from benchmarks.adapters import TwoModelFeatures, adapted_cases, partial_backfil
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.records import atomic_write_json, device_description, package_versions
 from cl2r_bench.run import (DivergedError, RunError, RunFolder, adapter_name, make_stream, model_kwargs, pretrain_options,
-                        pretrain_seeds, resolve_device, run_directory, run_label, synthetic_options, to_device)
-from cl2r_bench.models import NonFiniteError, RetrievalModel, build_model
+                        pretrain_seeds, resolve_device, run_directory, run_label, stream_preprocessing,
+                        synthetic_options, to_device)
+from cl2r_bench.models import NonFiniteError, RetrievalModel, build_model, embed
 from scenarios.datasets import ImageSet, load_dataset
+from scenarios.streams import Stream
 from cl2r_bench.adapters import embed_pair, fit_adapter, make_adapter
-from cl2r_bench.adapters.base import normalized_features
 from cl2r_bench.training.pretrain import pretrained_replacement
 from cl2r_bench.training.engine import TrainSettings
 
@@ -56,8 +57,10 @@ class ModelUpdateRun:
         self.folder = RunFolder(self.dir, "metrics.json", resume=resume, overwrite=overwrite)
         self.done = resume and (self.dir / "metrics.json").exists()
 
-    def _train(self, source, classes: list[int], images_per_class: int | None,
+    def _train(self, source, stream: Stream, classes: list[int], images_per_class: int | None,
                seed: int) -> tuple[RetrievalModel, Path]:
+        """The cached model trained on ``classes`` of ``source`` (pretrained first when absent), built to embed
+        ``stream``'s images (its statistics; METHODS.md §7)."""
         pre = self.cfg["replacement"]["pretrain"]
         settings, plateau = pretrain_options(self.cfg)
         head = self.cfg["model_update"]["head"]
@@ -66,7 +69,8 @@ class ModelUpdateRun:
             images_per_class=images_per_class, device=self.device, seed=seed, cache_dir=pre["cache_dir"],
             keep_classifier=True, plateau=plateau, log=self.log)
         self.log(f"model on {len(classes)} classes: {path} ({'cached' if cached else 'trained now'})")
-        model = build_model(head=head, num_classes=len(classes), **model_kwargs(self.cfg))
+        model = build_model(head=head, num_classes=len(classes), **model_kwargs(self.cfg),
+                            **stream_preprocessing(stream))
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         return model.to(self.device).eval(), path
 
@@ -95,16 +99,15 @@ class ModelUpdateRun:
         per_class = self.cfg["stream"]["images_per_class"]
         t0 = time.perf_counter()
         old_seed, new_seed = pretrain_seeds(self.cfg, 2)
-        old, old_path = self._train(source, stream.class_order[:counts[0]], per_class, old_seed)
-        new, new_path = self._train(source, stream.class_order[:sum(counts)], per_class, new_seed)
+        old, old_path = self._train(source, stream, stream.class_order[:counts[0]], per_class, old_seed)
+        new, new_path = self._train(source, stream, stream.class_order[:sum(counts)], per_class, new_seed)
         train_seconds = time.perf_counter() - t0
         fit_data = to_device(ImageSet(torch.cat([t.train.images for t in stream.tasks]),
                                       torch.cat([t.train.labels for t in stream.tasks])), self.device)
         t0 = time.perf_counter()
         fit_log: dict[str, float] = {}
         if self.adapter is not None:
-            pair = embed_pair(old, new, fit_data, num_classes=sum(counts), mean=stream.mean, std=stream.std,
-                              amp=self.amp)
+            pair = embed_pair(old, new, fit_data, num_classes=sum(counts), amp=self.amp)
             fit_log = fit_adapter(self.adapter, pair, self.cfg["seed"])
             self.log(f"adapter {self.adapter.name} fitted on {len(fit_data)} items in {time.perf_counter() - t0:.1f}s "
                      + " ".join(f"{k}={v:.3g}" for k, v in fit_log.items()))
@@ -142,11 +145,9 @@ class ModelUpdateRun:
             save_backfilling_plot(record, self.dir)
         return record
 
-    def _features(self, old: RetrievalModel, new: RetrievalModel, stream) -> TwoModelFeatures:
+    def _features(self, old: RetrievalModel, new: RetrievalModel, stream: Stream) -> TwoModelFeatures:
         query, gallery = to_device(stream.query, self.device), to_device(stream.gallery, self.device)
-        kw = {"mean": stream.mean, "std": stream.std, "amp": self.amp}
         return TwoModelFeatures(
-            query_old=normalized_features(old, query.images, **kw), query_new=normalized_features(new, query.images, **kw),
-            gallery_old=normalized_features(old, gallery.images, **kw),
-            gallery_new=normalized_features(new, gallery.images, **kw),
+            query_old=embed(old, query.images, amp=self.amp), query_new=embed(new, query.images, amp=self.amp),
+            gallery_old=embed(old, gallery.images, amp=self.amp), gallery_new=embed(new, gallery.images, amp=self.amp),
             query_labels=query.labels, gallery_labels=gallery.labels)

@@ -1,10 +1,14 @@
 """Model definitions shared by every part of the suite (METHODS.md §4-§5).
 
-A :class:`RetrievalModel` is a backbone plus a head. Every model answers the same two calls, so retrieval never
-special-cases an architecture:
+A :class:`RetrievalModel` is its input preprocessing, a backbone and a head. It owns the normalisation of its
+inputs (the data set's per-channel ``mean`` / ``std``, METHODS.md §4), so every caller hands it images as stored
+(uint8, 0..255) and no normalisation statistics travel through the suite. Every model answers the same calls, so
+retrieval never special-cases an architecture:
 
 * ``model(x) -> (logits, features)``: training output; ``features`` are the un-normalised retrieval features.
-* ``model.embed(x) -> features``: L2-normalised retrieval features (METHODS.md §1).
+* :func:`embed` ``(model, images) -> features``: L2-normalised retrieval features of a whole image set, the one
+  function that embeds images (METHODS.md §1, §3); :func:`forward_in_batches` gives logits and raw features.
+* :func:`class_means`: per-class mean features (class templates of the evaluation, BCT's rows, CVS's prototypes).
 
 Heads:
 
@@ -17,12 +21,16 @@ Heads:
 
 Checkpoints are plain state dicts (``torch.save(model.state_dict())``), loadable with ``weights_only=True``.
 The classifier weights of a learnable or cosine head are dropped when a replacement model is loaded (§4); the
-simplex is a non-persistent buffer, regenerated identically, so it is never stored.
+simplex and the normalisation statistics are non-persistent buffers, set when the model is built, so they are never
+stored and every checkpoint loads into a model built with any statistics.
+
+This module imports nothing of the suite (only torch, torchvision and the standard library).
 
 Usage::
 
-    model = build_model(backbone="resnet18", head="dsimplex", num_classes=10)
-    logits, feats = model(images)
+    model = build_model(backbone="resnet18", head="dsimplex", num_classes=10, mean=data.mean, std=data.std)
+    logits, feats = model(uint8_images)
+    features = embed(model, gallery.images, amp="float16")
 """
 from __future__ import annotations
 
@@ -34,11 +42,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scenarios.transforms import normalize
-
 BACKBONES = ("resnet18", "resnet18_cifar", "small_cnn")
 HEADS = ("learnable", "cosine", "dsimplex")
 CLASSIFIER_PREFIX = "head.classifier."
+IDENTITY_MEAN: tuple[float, float, float] = (0.0, 0.0, 0.0)
+IDENTITY_STD: tuple[float, float, float] = (1.0, 1.0, 1.0)
+DEFAULT_AMP = "float16"
+"""The autocast setting of every embedding and training default: the authors' fp16 (METHODS.md §4)."""
 
 
 class CheckpointError(ValueError):
@@ -55,6 +65,20 @@ def first_nonfinite_tensor(model: nn.Module) -> str | None:
     if not tensors or bool(torch.stack([torch.isfinite(t).all() for _, t in tensors]).all()):
         return None
     return next(n for n, t in tensors if not bool(torch.isfinite(t).all()))
+
+
+def normalize(images: torch.Tensor, mean: Sequence[float] | torch.Tensor,
+              std: Sequence[float] | torch.Tensor) -> torch.Tensor:
+    """Images ``N x 3 x H x W`` standardised per channel, ``(x - mean) / std`` (METHODS.md §4).
+
+    uint8 images (0..255) are first scaled to [0, 1] in float32; floating images are taken as already in [0, 1]
+    and keep their dtype (a float64 parity check stays float64). ``mean`` and ``std`` are sequences or tensors (a
+    model's float32 buffers hold the same values as a sequence of Python floats, so both give identical bits).
+    Elementwise operations are not autocast, so this runs in float32 even inside ``torch.autocast``."""
+    scaled = images if images.is_floating_point() else images.float() / 255.0
+    mean_t = torch.as_tensor(mean, device=images.device).view(1, -1, 1, 1)
+    std_t = torch.as_tensor(std, device=images.device).view(1, -1, 1, 1)
+    return (scaled - mean_t) / std_t
 
 
 def simplex_vertices(num_vertices: int) -> torch.Tensor:
@@ -147,7 +171,7 @@ class DSimplexHead(nn.Module):
     """Trainable lift ``in_dim -> K-1`` then the frozen d-Simplex classifier; class y is vertex ``K-1-y``.
 
     The logits are ``lift(x) @ vertices.T`` over all K vertices, with no scale; the retrieval feature is the
-    lifted vector (normalised by :meth:`RetrievalModel.embed`).
+    lifted vector (L2-normalised by :func:`embed`).
     """
 
     def __init__(self, in_dim: int, num_vertices: int = 1024) -> None:
@@ -173,18 +197,30 @@ class DSimplexHead(nn.Module):
 
 
 class RetrievalModel(nn.Module):
-    """Backbone + head with a uniform training and retrieval interface."""
+    """Input normalisation + backbone + head with a uniform training and retrieval interface.
 
-    def __init__(self, backbone: nn.Module, head: nn.Module) -> None:
+    The model normalises its own inputs with the statistics it was built with (``input_mean`` / ``input_std``,
+    non-persistent buffers: state dicts and checkpoints never hold them). ``input_size`` is the side of the square
+    images it was built for; it is recorded, not enforced (the backbones pool globally).
+    """
+
+    def __init__(self, backbone: nn.Module, head: nn.Module, *, mean: Sequence[float] = IDENTITY_MEAN,
+                 std: Sequence[float] = IDENTITY_STD, input_size: int = 32) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = head
+        self.input_size = input_size
+        self.register_buffer("input_mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1),
+                             persistent=False)
+        self.register_buffer("input_std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1),
+                             persistent=False)
+
+    def preprocess(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 images (0..255) or floating images in [0, 1] -> the backbone's normalised input (:func:`normalize`)."""
+        return normalize(x, self.input_mean, self.input_std)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.head(self.backbone(x))
-
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        return F.normalize(self.forward(x)[1].float(), dim=1)
+        return self.head(self.backbone(self.preprocess(x)))
 
     def class_targets(self, labels: torch.Tensor) -> torch.Tensor:
         """Logit index of each label: identity for a learnable head, the vertex for the d-Simplex head."""
@@ -193,30 +229,57 @@ class RetrievalModel(nn.Module):
 
 def autocast_dtype(amp: bool | str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype of an ``amp`` argument on ``device``: None on the CPU or when ``amp`` is False; a
-    dtype name (``"float16"``, the authors' code, or ``"bfloat16"``); True means ``"bfloat16"``."""
+    dtype name (``"float16"``, the authors' code and :data:`DEFAULT_AMP`, or ``"bfloat16"``); True means
+    ``"bfloat16"``."""
     if not amp or device.type != "cuda":
         return None
     return torch.bfloat16 if amp is True else getattr(torch, amp)
 
 
 @torch.no_grad()
-def forward_in_batches(model: RetrievalModel, images: torch.Tensor, *, mean: Sequence[float], std: Sequence[float],
-                       batch_size: int = 512, amp: bool | str = True) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def forward_in_batches(model: nn.Module, images: torch.Tensor, *, batch_size: int = 512,
+                       amp: bool | str = DEFAULT_AMP) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``(logits, features)`` in float32 for each batch of uint8 ``images``: eval mode, no augmentation, no
-    gradient, autocast on CUDA as :func:`autocast_dtype` says; the model's train/eval mode is restored afterwards.
-    The one place that runs a frozen model over a data set (gallery and query embedding, a teacher's class means)."""
+    gradient, autocast on CUDA as :func:`autocast_dtype` says; the model normalises the images itself and its
+    train/eval mode is restored afterwards. The one place that runs a frozen model over a data set (gallery and
+    query embedding, a teacher's outputs, a validation accuracy)."""
     device = next(model.parameters()).device
     dtype = autocast_dtype(amp, device)
     was_training = model.training
     model.eval()
     try:
         for start in range(0, len(images), batch_size):
-            batch = normalize(images[start:start + batch_size].to(device, non_blocking=True), mean, std)
+            batch = images[start:start + batch_size].to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
                 logits, features = model(batch)
             yield logits.float(), features.float()
     finally:
         model.train(was_training)
+
+
+def embed(model: nn.Module, images: torch.Tensor, *, batch_size: int = 512,
+          amp: bool | str = DEFAULT_AMP) -> torch.Tensor:
+    """L2-normalised retrieval features (float32, on the model's device) of every image, as
+    :func:`forward_in_batches` runs the model (METHODS.md §1, §3): the one function that embeds images, for the
+    evaluation's galleries and queries and an adapter's fitting pairs. A model whose features hold NaN or
+    infinities (a diverged run) raises :class:`NonFiniteError` instead of giving a result."""
+    features = torch.cat([F.normalize(f, dim=1) for _, f in forward_in_batches(model, images, batch_size=batch_size,
+                                                                              amp=amp)])
+    if not bool(torch.isfinite(features).all()):
+        raise NonFiniteError(f"the model gives NaN or infinite features for {len(images)} images")
+    return features
+
+
+def class_means(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(means, present)``: the mean float32 feature of each label ``0..num_classes-1`` (zeros where absent) and
+    a boolean mask of the labels that have at least one sample; labels ``>= num_classes`` are ignored. The one
+    class-mean computation: evaluation templates (METHODS.md §3), BCT's rows for unseen classes and CVS's
+    prototypes (§6), the class-mean-distance backfilling order (§7)."""
+    keep = labels < num_classes
+    features, labels = features[keep].float(), labels[keep]
+    sums = torch.zeros(num_classes, features.shape[1], device=features.device).index_add_(0, labels, features)
+    counts = torch.bincount(labels, minlength=num_classes).to(features.device)
+    return sums / counts.clamp(min=1)[:, None].float(), counts > 0
 
 
 def classifier_rows(model: RetrievalModel, num_classes: int) -> torch.Tensor:
@@ -239,15 +302,23 @@ def build_backbone(name: str, *, width: int = 32, out_dim: int = 128) -> nn.Modu
 
 
 def build_model(*, backbone: str, head: str, num_classes: int, simplex_vertices_count: int = 1024,
-                small_width: int = 32, small_out_dim: int = 128) -> RetrievalModel:
-    """A fresh model: ``head`` is ``"learnable"`` or ``"cosine"`` (sized to ``num_classes``) or ``"dsimplex"``."""
+                small_width: int = 32, small_out_dim: int = 128, mean: Sequence[float] = IDENTITY_MEAN,
+                std: Sequence[float] = IDENTITY_STD, input_size: int = 32) -> RetrievalModel:
+    """A fresh model: ``head`` is ``"learnable"`` or ``"cosine"`` (sized to ``num_classes``) or ``"dsimplex"``.
+
+    ``mean`` / ``std`` are the per-channel statistics of the data the model will see (a stream's, or a
+    pretraining source's while it pretrains); the model normalises its inputs with them. The default is the
+    identity standardisation (mean 0, std 1: uint8 images are only scaled to [0, 1], floating ones pass
+    unchanged), for models whose inputs are prepared elsewhere (tests, parity checks). ``input_size`` is the side
+    of the square images the model is built for (recorded, not enforced)."""
     net = build_backbone(backbone, width=small_width, out_dim=small_out_dim)
+    preprocessing = {"mean": mean, "std": std, "input_size": input_size}
     if head == "learnable":
-        return RetrievalModel(net, LearnableHead(net.out_dim, num_classes))
+        return RetrievalModel(net, LearnableHead(net.out_dim, num_classes), **preprocessing)
     if head == "cosine":
-        return RetrievalModel(net, CosineHead(net.out_dim, num_classes))
+        return RetrievalModel(net, CosineHead(net.out_dim, num_classes), **preprocessing)
     if head == "dsimplex":
-        return RetrievalModel(net, DSimplexHead(net.out_dim, simplex_vertices_count))
+        return RetrievalModel(net, DSimplexHead(net.out_dim, simplex_vertices_count), **preprocessing)
     raise ValueError(f"unknown head {head!r}; choose from {list(HEADS)}")
 
 

@@ -182,10 +182,16 @@ def model_kwargs(cfg: dict[str, Any]) -> dict[str, Any]:
             "small_width": m["small_width"], "small_out_dim": m["small_out_dim"]}
 
 
+def stream_preprocessing(stream: Stream) -> dict[str, Any]:
+    """The preprocessing keyword arguments of :func:`cl2r_bench.models.build_model` for every model a stream run
+    trains or evaluates: the stream's normalisation statistics and image size (METHODS.md §4)."""
+    return {"mean": stream.mean, "std": stream.std, "input_size": int(stream.query.images.shape[-1])}
+
+
 def load_task_model(cfg: dict[str, Any], run_dir: Path, t: int, stream: Stream) -> RetrievalModel:
     """The model a run saved after task ``t`` (``run_dir/checkpoints/task<t>.pt``), rebuilt on the CPU."""
     model = build_model(head=get_strategy(cfg["strategy"]).head, num_classes=stream.tasks[t].num_seen_classes,
-                        **model_kwargs(cfg))
+                        **model_kwargs(cfg), **stream_preprocessing(stream))
     model.load_state_dict(torch.load(run_dir / "checkpoints" / f"task{t}.pt", map_location="cpu", weights_only=True))
     return model
 
@@ -327,7 +333,7 @@ class Run:
         wants_teacher = self.strategy.needs_teacher
         if t in replacements:
             model = build_model(head=self.strategy.head, num_classes=task.num_seen_classes,
-                                **model_kwargs(self.cfg))
+                                **model_kwargs(self.cfg), **stream_preprocessing(self.stream))
             load_replacement(model, replacements[t])
             model = model.to(self.device)
             if not wants_teacher:
@@ -337,7 +343,7 @@ class Run:
             return model, copy.deepcopy(model), 0
         if previous is None:
             return build_model(head=self.strategy.head, num_classes=task.num_seen_classes,
-                               **model_kwargs(self.cfg)).to(self.device), None, 0
+                               **model_kwargs(self.cfg), **stream_preprocessing(self.stream)).to(self.device), None, 0
         teacher = copy.deepcopy(previous) if wants_teacher else None
         previous.head.grow(task.num_seen_classes)
         return previous, teacher, self.stream.tasks[t - 1].num_seen_classes if wants_teacher else 0
@@ -364,9 +370,8 @@ class Run:
         self.stream.query, self.stream.gallery = (to_device(s, self.device) for s in (self.stream.query,
                                                                                       self.stream.gallery))
         evaluator = CompatibilityEvaluator(
-            self.stream.query, self.stream.gallery, mean=self.stream.mean, std=self.stream.std,
-            mode=self.cfg["evaluation"]["mode"], batch_size=self.cfg["evaluation"]["batch_size"],
-            amp=self.settings.autocast, adapted=self.direction,
+            self.stream.query, self.stream.gallery, mode=self.cfg["evaluation"]["mode"],
+            batch_size=self.cfg["evaluation"]["batch_size"], amp=self.settings.autocast, adapted=self.direction,
             adapter_factory=lambda: make_adapter(adapter_name(self.cfg), self.cfg["adapter_params"]))
         start = self.state["next_task"]
         memory, model = None, None
@@ -422,7 +427,7 @@ class Run:
             r["own_accuracy"] = cached_score(cached)
             if r["own_accuracy"] is None:
                 model = build_model(head=self.strategy.head, num_classes=self.stream.tasks[r["task"]].num_seen_classes,
-                                    **model_kwargs(self.cfg))
+                                    **model_kwargs(self.cfg), **stream_preprocessing(self.stream))
                 load_replacement(model, r["path"])
                 r["own_accuracy"] = evaluator.self_test(model.to(self.device))
                 atomic_write_json(cached, {"own_accuracy": r["own_accuracy"], "checkpoint": r["path"]})
@@ -441,12 +446,10 @@ class Run:
         self.strategy.before_task(TaskContext(
             index=t, num_old_classes=task.num_seen_classes - len(task.new_classes),
             num_new_classes=len(task.new_classes), replacement=t in replacements, teacher_classes=teacher_classes,
-            teacher=teacher, new_data=task.train, memory=memory, mean=self.stream.mean, std=self.stream.std,
-            amp=self.settings.autocast))
+            teacher=teacher, new_data=task.train, memory=memory, amp=self.settings.autocast))
         tag = " (replacement)" if t in replacements else ""
-        timing = train_task(model, self.strategy, task.train, memory, self.settings, mean=self.stream.mean,
-                            std=self.stream.std, teacher=teacher, experience=task.experience,
-                            description=f"task {t}/{self.stream.num_tasks - 1}{tag}")
+        timing = train_task(model, self.strategy, task.train, memory, self.settings, teacher=teacher,
+                            experience=task.experience, description=f"task {t}/{self.stream.num_tasks - 1}{tag}")
         adapter = self._fit_adapter(t, outgoing, model, task.train, memory) if adapts else None
         if self.strategy.uses_memory:
             generator = torch.Generator().manual_seed(task_seed(self.cfg["seed"], t))
@@ -474,7 +477,7 @@ class Run:
         data = new_data if memory is None else ImageSet(torch.cat([new_data.images, memory.images]),
                                                         torch.cat([new_data.labels, memory.labels]))
         pair = embed_pair(outgoing, incoming, data, num_classes=self.stream.tasks[t].num_seen_classes,
-                          mean=self.stream.mean, std=self.stream.std, amp=self.settings.autocast)
+                          amp=self.settings.autocast)
         adapter = make_adapter(adapter_name(self.cfg), self.cfg["adapter_params"])
         log = fit_adapter(adapter, pair, task_seed(self.cfg["seed"], t))
         fit = {"task": t, "items": len(data), **log, "seconds": time.perf_counter() - started}

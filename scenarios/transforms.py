@@ -1,21 +1,13 @@
-"""Batched image transforms on whatever device the images live on (METHODS.md §4: crop 32 pad 4, flip, normalise).
+"""Batched training augmentation on whatever device the images live on (METHODS.md §4: crop 32 pad 4, flip).
 
-Images stay uint8 on the device (the GPU when there is one); each mini-batch is augmented and normalised there,
-so no per-image CPU work sits on the training path.
+Images stay uint8 on the device (the GPU when there is one); each mini-batch is augmented there, so no per-image
+CPU work sits on the training path. Normalisation is not an augmentation: the model owns it
+(:func:`cl2r_bench.models.normalize`, applied by :class:`cl2r_bench.models.RetrievalModel`).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import torch.nn.functional as F
-
-
-def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """uint8 ``N x 3 x H x W`` -> float, scaled to [0, 1] then standardised per channel."""
-    mean_t = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
-    std_t = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
-    return (images.float() / 255.0 - mean_t) / std_t
 
 
 def random_crop_flip(images: torch.Tensor, padding: int = 4) -> torch.Tensor:

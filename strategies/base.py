@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 import torch
 
 from cl2r_bench.config import ConfigError, safe_name
-from cl2r_bench.models import HEADS, forward_in_batches
+from cl2r_bench.models import DEFAULT_AMP, HEADS, forward_in_batches
 
 REPLACEMENT_TEACHERS = ("incoming", "outgoing")
 
@@ -129,8 +129,8 @@ class TaskContext:
         teacher: the frozen teacher model (``RetrievalModel``), or None (see also ``has_teacher``).
         new_data: this task's training images (``ImageSet``: ``.images`` uint8, ``.labels``).
         memory: the replay memory (``ImageSet``) or None.
-        mean, std: the stream's normalisation statistics; amp: the autocast dtype name or False (for
-            ``teacher_outputs``).
+        amp: the training autocast setting (dtype name or False) with which ``teacher_outputs`` runs the teacher;
+            the teacher normalises its images itself (``cl2r_bench.models``).
     """
 
     index: int
@@ -141,9 +141,7 @@ class TaskContext:
     teacher: Any = None
     new_data: Any = None
     memory: Any = None
-    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
-    std: tuple[float, ...] = (1.0, 1.0, 1.0)
-    amp: bool | str = "float16"
+    amp: bool | str = DEFAULT_AMP
 
     @property
     def num_seen_classes(self) -> int:
@@ -156,7 +154,7 @@ class TaskContext:
     def teacher_outputs(self, data: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(logits, features, labels)`` of the teacher on every image of the ``ImageSet`` ``data``: no
         augmentation, no gradient, ``features`` un-normalised (e.g. for class means)."""
-        outputs = list(forward_in_batches(self.teacher, data.images, mean=self.mean, std=self.std, amp=self.amp))
+        outputs = list(forward_in_batches(self.teacher, data.images, amp=self.amp))
         logits, features = (torch.cat(parts) for parts in zip(*outputs))
         return logits, features, data.labels.to(features.device)
 
@@ -234,16 +232,6 @@ def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
     ``strategy_params.<name>.<key> ...``) when ``value`` is not one of ``choices``."""
     if value not in choices:
         raise ValueError(f"{key} must be one of {list(choices)}, not {value!r}")
-
-
-def class_means(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(means, present)``: the mean feature of each label ``0..num_classes-1`` (zeros where absent) and a
-    boolean mask of the labels that have at least one sample. Labels ``>= num_classes`` are ignored."""
-    keep = labels < num_classes
-    features, labels = features[keep].float(), labels[keep]
-    sums = torch.zeros(num_classes, features.shape[1], device=features.device).index_add_(0, labels, features)
-    counts = torch.bincount(labels, minlength=num_classes).to(features.device)
-    return sums / counts.clamp(min=1)[:, None].float(), counts > 0
 
 
 def load_plugin(path: str) -> None:

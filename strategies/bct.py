@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from cl2r_bench.models import class_means
 from scenarios.datasets import ImageSet
 
-from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, check_choice, class_means, register_strategy
+from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, check_choice, register_strategy
 
 NEW_CLASS_ROWS = ("match_norm", "raw")
 

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, check_choice, class_means, register_strategy
+from cl2r_bench.models import class_means
+
+from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, check_choice, register_strategy
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from benchmarks.adapters import (TwoModelFeatures, adapted_cases, area_under_cur
                                  partial_backfilling)
 from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy
 from cl2r_bench.config import CONFIG_DIR
+from cl2r_bench.models import normalize
 from conftest import interrupt_run_at
 from scenarios.datasets import ImageSet
 from cl2r_bench.adapters import AdapterError, FeaturePair, fit_adapter, get_adapter, list_adapters, make_adapter
@@ -242,14 +243,14 @@ def test_class_mean_distance_order_puts_outliers_first():
 
 
 class LinearFeatures(nn.Module):
-    """A frozen 'model' whose features are a fixed linear map of the pixels (for exact adapter checks)."""
+    """A frozen 'model' whose features are a fixed linear map of the normalised pixels (for exact adapter checks)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
 
     def forward(self, x):
-        features = x.flatten(1) @ self.weight
+        features = normalize(x, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)).flatten(1) @ self.weight
         return torch.zeros(len(x), 1), features
 
 
@@ -261,7 +262,7 @@ def test_adapted_matrix_along_a_stream_follows_the_adapter_chain():
     base = torch.randn(12, 6)
     rotations = [torch.linalg.qr(torch.randn(6, 6))[0] for _ in range(2)]
     models = [LinearFeatures(base), LinearFeatures(base @ rotations[0]), LinearFeatures(base @ rotations[0] @ rotations[1])]
-    kw = {"mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25), "amp": False}
+    kw = {"amp": False}
     results = {}
     for direction in ("backward", "forward"):
         evaluator = CompatibilityEvaluator(data, data, adapted=direction, adapter_factory=lambda: make_adapter(
@@ -269,8 +270,7 @@ def test_adapted_matrix_along_a_stream_follows_the_adapter_chain():
         evaluator.deploy(models[0])
         for t in (1, 2):
             adapter = make_adapter("procrustes", {})
-            pair = FeaturePair(*(F.normalize(models[i](
-                (data.images.float() / 255 - 0.5) / 0.25)[1], dim=1) for i in (t - 1, t)), labels)
+            pair = FeaturePair(*(F.normalize(models[i](data.images)[1], dim=1) for i in (t - 1, t)), labels)
             fit_adapter(adapter, pair, seed=0)
             evaluator.deploy(models[t], adapter if t == 2 else None)
         results[direction] = evaluator

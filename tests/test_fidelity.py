@@ -116,11 +116,10 @@ def test_cross_model_table_has_own_accuracy_on_its_diagonal(tiny, tmp_path, caps
 
     assert runner.main(["pretrain", "--config", str(tiny), "--set", "replacement.pretrain.seed=[3,4]"]) == 0
     paths = sorted((tmp_path / "cache").glob("*.pt"))
-    models = [load_cached_model(p)[0] for p in paths]
     stream = make_stream(resolve([("tiny", yaml.safe_load(tiny.read_text()))]))
-    table = cross_model.cross_accuracies(models + models[:1], stream.query, stream.gallery, mean=stream.mean,
-                                         std=stream.std, mode="templates")
-    evaluator = CompatibilityEvaluator(stream.query, stream.gallery, mean=stream.mean, std=stream.std, amp=False)
+    models = [load_cached_model(p, mean=stream.mean, std=stream.std)[0] for p in paths]
+    table = cross_model.cross_accuracies(models + models[:1], stream.query, stream.gallery, mode="templates")
+    evaluator = CompatibilityEvaluator(stream.query, stream.gallery, amp=False)
     assert [table[i][i] for i in range(2)] == [evaluator.self_test(m) for m in models]
     assert table[2] == table[0] and [row[2] for row in table] == [row[0] for row in table]
     capsys.readouterr()

@@ -5,11 +5,18 @@ from cl2r_bench.models import (
     CheckpointError,
     DSimplexHead,
     LearnableHead,
+    NonFiniteError,
     build_model,
+    class_means,
+    embed,
     feature_extractor_state,
+    forward_in_batches,
     load_replacement,
+    normalize,
     simplex_vertices,
 )
+
+MEAN, STD = (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)
 
 
 class NotATensor:
@@ -86,8 +93,64 @@ def test_learnable_head_grow_smaller_is_noop():
 
 @pytest.mark.parametrize("head", ["learnable", "dsimplex"])
 def test_embed_returns_unit_rows(head):
-    embedded = small_model(head).embed(images(6))
+    embedded = embed(small_model(head), images(6), batch_size=4)
+    assert embedded.shape[0] == 6
     assert torch.allclose(embedded.norm(dim=1), torch.ones(6), atol=1e-5)
+
+
+def test_embed_refuses_non_finite_features():
+    model = small_model("learnable")
+    with torch.no_grad():
+        model.backbone.proj.weight.fill_(float("nan"))
+    with pytest.raises(NonFiniteError):
+        embed(model, images(2))
+
+
+def uint8_images(n=4, seed=1):
+    return torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def test_model_normalises_uint8_images_as_the_data_transform_did():
+    torch.manual_seed(0)
+    model = build_model(backbone="small_cnn", head="dsimplex", num_classes=5, small_width=8, small_out_dim=16,
+                        mean=MEAN, std=STD).eval()
+    x = uint8_images()
+    expected = (x.float() / 255.0 - torch.tensor(MEAN).view(1, -1, 1, 1)) / torch.tensor(STD).view(1, -1, 1, 1)
+    assert torch.equal(model.preprocess(x), expected)
+    assert torch.equal(normalize(x, MEAN, STD), expected)
+    assert torch.equal(model.preprocess(x.float() / 255.0), expected)
+    with torch.no_grad():
+        logits, features = model(x)
+        reference = model.head(model.backbone(expected))
+    assert torch.equal(logits, reference[0]) and torch.equal(features, reference[1])
+    assert model.input_size == 32
+
+
+def test_normalisation_statistics_are_not_stored(tmp_path):
+    source = build_model(backbone="small_cnn", head="learnable", num_classes=3, small_width=8, small_out_dim=16,
+                         mean=MEAN, std=STD)
+    assert not any(key.startswith("input_") for key in source.state_dict())
+    path = tmp_path / "ckpt.pt"
+    torch.save(source.state_dict(), path)
+    target = build_model(backbone="small_cnn", head="learnable", num_classes=3, small_width=8, small_out_dim=16)
+    target.load_state_dict(torch.load(path, weights_only=True))
+    load_replacement(target, path)
+    assert torch.equal(target.input_mean.flatten(), torch.zeros(3)) and torch.equal(target.input_std.flatten(),
+                                                                                     torch.ones(3))
+
+
+def test_forward_in_batches_restores_the_training_mode():
+    model = small_model("learnable").train()
+    outputs = list(forward_in_batches(model, uint8_images(5), batch_size=2, amp=False))
+    assert [len(logits) for logits, _ in outputs] == [2, 2, 1]
+    assert model.training
+
+
+def test_class_means_ignores_labels_beyond_the_count_and_marks_absent_classes():
+    features = torch.tensor([[1.0, 0.0], [3.0, 2.0], [0.0, 4.0], [9.0, 9.0]])
+    means, present = class_means(features, torch.tensor([0, 0, 2, 3]), 3)
+    assert torch.equal(means, torch.tensor([[2.0, 1.0], [0.0, 0.0], [0.0, 4.0]]))
+    assert present.tolist() == [True, False, True]
 
 
 def test_learnable_model_returns_backbone_features():
@@ -112,10 +175,10 @@ def test_load_replacement_across_class_counts(tmp_path):
     torch.save(source.state_dict(), path)
     target = small_model("learnable", num_classes=4, seed=123)
     x = images()
-    assert not torch.allclose(target.embed(x), source.embed(x))
+    assert not torch.allclose(embed(target, x), embed(source, x))
     load_replacement(target, path)
     assert target.head.classifier.out_features == 4
-    assert torch.allclose(target.embed(x), source.embed(x), atol=1e-6)
+    assert torch.allclose(embed(target, x), embed(source, x), atol=1e-6)
 
 
 def test_load_replacement_dsimplex_round_trip(tmp_path):
@@ -125,7 +188,7 @@ def test_load_replacement_dsimplex_round_trip(tmp_path):
     target = small_model("dsimplex", seed=7)
     load_replacement(target, path)
     x = images()
-    assert torch.allclose(target.embed(x), source.embed(x), atol=1e-6)
+    assert torch.allclose(embed(target, x), embed(source, x), atol=1e-6)
 
 
 def test_load_replacement_missing_key_is_named(tmp_path):

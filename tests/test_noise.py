@@ -9,6 +9,7 @@ import torch
 from cl2r_bench import cli as runner
 from benchmarks.noise import (bootstrap_accuracies, entry_index, noise_metrics, wilson_interval)
 from benchmarks.retrieval import CompatibilityEvaluator
+from cl2r_bench.models import normalize
 from scenarios.datasets import ImageSet
 
 
@@ -102,13 +103,13 @@ def test_evaluator_hits_reproduce_the_matrix_and_survive_a_state_round_trip():
             self.net = net
 
         def forward(self, x):
-            features = self.net(x)
+            features = self.net(normalize(x, (0.5,) * 3, (0.25,) * 3))
             return features, features
 
-    evaluator = CompatibilityEvaluator(query, gallery, mean=(0.5,) * 3, std=(0.25,) * 3, amp=False)
+    evaluator = CompatibilityEvaluator(query, gallery, amp=False)
     for m in models[:2]:
         evaluator.deploy(Wrapped(m))
-    restored = CompatibilityEvaluator(query, gallery, mean=(0.5,) * 3, std=(0.25,) * 3, amp=False)
+    restored = CompatibilityEvaluator(query, gallery, amp=False)
     restored.load_state_dict(evaluator.state_dict())
     for e in (evaluator, restored):
         e.deploy(Wrapped(models[2]))

@@ -15,7 +15,7 @@ def image_set(n: int, label_offset: int = 0) -> ImageSet:
 
 def batches(new: int, memory: int, epoch_length: str = "reference") -> DeviceBatches:
     return DeviceBatches(image_set(new), image_set(memory, 10_000) if memory else None, new_batch=64 if memory else 128,
-                         memory_batch=64, mean=(0.0,) * 3, std=(1.0,) * 3, epoch_length=epoch_length)
+                         memory_batch=64, epoch_length=epoch_length)
 
 
 def test_reference_epoch_length_of_the_7_task_split():

@@ -237,7 +237,7 @@ def test_a_damaged_plateau_progress_file_or_image_cache_is_one_line(tmp_path):
     partial.write_bytes(b"PK\x03\x04 truncated")
     model = build_model(head="learnable", num_classes=3, backbone="small_cnn", small_width=4, small_out_dim=8)
     with pytest.raises(CheckpointError, match="model.partial.pt is damaged .*delete it"):
-        PlateauTraining(model, None, PlateauSettings(), TrainSettings(), partial, mean=(0,) * 3, std=(1,) * 3)
+        PlateauTraining(model, None, PlateauSettings(), TrainSettings(), partial)
     folder = write_tiny_imagenet(tmp_path)
     (folder / "cl2r-cache-32px.npz").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(DataError, match="cl2r-cache-32px.npz is damaged .*delete it"):

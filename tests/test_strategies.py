@@ -244,7 +244,8 @@ def test_update_memory_deterministic_for_seed():
 
 def test_train_task_keeps_teacher_frozen():
     torch.manual_seed(0)
-    model = build_model(backbone="small_cnn", head="dsimplex", num_classes=4, small_width=8, small_out_dim=16)
+    model = build_model(backbone="small_cnn", head="dsimplex", num_classes=4, small_width=8, small_out_dim=16,
+                        mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
     teacher = copy.deepcopy(model)
     teacher_before = {k: v.clone() for k, v in teacher.state_dict().items()}
     model_before = {k: v.clone() for k, v in model.named_parameters()}
@@ -252,8 +253,7 @@ def test_train_task_keeps_teacher_frozen():
     data = ImageSet(torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=gen),
                     torch.arange(64) % 4)
     settings = TrainSettings(epochs=1, batch_size=16, progress=False, lr=0.01)
-    result = train_task(model, get_strategy("dsimplex_hoc").from_params({}), data, None, settings,
-                        mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), teacher=teacher)
+    result = train_task(model, get_strategy("dsimplex_hoc").from_params({}), data, None, settings, teacher=teacher)
     assert all(torch.equal(teacher_before[k], v) for k, v in teacher.state_dict().items())
     assert all(not p.requires_grad for p in teacher.parameters())
     assert not teacher.training

@@ -41,15 +41,16 @@ def step(labels, logits, features, from_memory=None, teacher_features=None, teac
 
 def context(num_old, num_new, teacher_classes=0, teacher=None, memory=None, new_data=None, index=1):
     return TaskContext(index=index, num_old_classes=num_old, num_new_classes=num_new,
-                       teacher_classes=teacher_classes, teacher=teacher, new_data=new_data, memory=memory,
-                       mean=MEAN, std=STD)
+                       teacher_classes=teacher_classes, teacher=teacher, new_data=new_data, memory=memory)
 
 
 def teacher_features(teacher, data):
-    """Reference features: the teacher's un-normalised outputs, one plain forward in eval mode."""
+    """Reference features: the teacher's un-normalised outputs, one plain forward in eval mode of its backbone and
+    head on images normalised here with MEAN / STD (the statistics the teacher was built with)."""
     with torch.no_grad():
-        return teacher.eval()((data.images.float() / 255 - torch.tensor(MEAN).view(1, 3, 1, 1))
-                              / torch.tensor(STD).view(1, 3, 1, 1))[1]
+        teacher.eval()
+        return teacher.head(teacher.backbone((data.images.float() / 255 - torch.tensor(MEAN).view(1, 3, 1, 1))
+                                             / torch.tensor(STD).view(1, 3, 1, 1)))[1]
 
 
 def test_zoo_is_registered_with_the_documented_heads_and_memory():
@@ -153,7 +154,8 @@ def test_bct_loss_by_hand():
 
 def small_model(head, classes=4):
     torch.manual_seed(0)
-    return build_model(backbone="small_cnn", head=head, num_classes=classes, small_width=8, small_out_dim=16)
+    return build_model(backbone="small_cnn", head=head, num_classes=classes, small_width=8, small_out_dim=16,
+                       mean=MEAN, std=STD)
 
 
 def images(n, labels, seed=0):
@@ -283,7 +285,7 @@ def test_training_leaves_teacher_and_fixed_parts_unchanged(name):
     before = {k: v.clone() for k, v in model.named_parameters()}
     settings = TrainSettings(epochs=2, batch_size=16, new_batch_size=8, memory_batch_size=8, lr=0.05,
                              progress=False)
-    train_task(model, strategy, new_data, memory, settings, mean=MEAN, std=STD, teacher=teacher)
+    train_task(model, strategy, new_data, memory, settings, teacher=teacher)
     assert all(torch.equal(teacher_before[k], v) for k, v in teacher.state_dict().items())
     assert all(p.grad is None for p in teacher.parameters())
     assert any(not torch.equal(before[k], p) for k, p in model.named_parameters())

@@ -47,10 +47,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from cl2r_bench.models import classifier_rows, forward_in_batches
+from cl2r_bench.models import classifier_rows, embed
 
 from strategies.base import NoParams, Registry, StrategyError, config_from_params
 
@@ -140,18 +139,12 @@ class Adapter(nn.Module):
         return self.to(device).eval()
 
 
-def normalized_features(model: nn.Module, images: torch.Tensor, *, mean, std, amp: bool | str) -> torch.Tensor:
-    """L2-normalised retrieval features of every uint8 image (eval mode, no augmentation)."""
-    return torch.cat([F.normalize(f, dim=1) for _, f in forward_in_batches(model, images, mean=mean, std=std,
-                                                                          amp=amp)])
-
-
-def embed_pair(old_model: nn.Module, new_model: nn.Module, data: Any, *, num_classes: int, mean, std,
+def embed_pair(old_model: nn.Module, new_model: nn.Module, data: Any, *, num_classes: int,
                amp: bool | str) -> FeaturePair:
-    """The :class:`FeaturePair` of the ``ImageSet`` ``data`` under both frozen models, with the new model's
-    classifier rows for the classes ``0..num_classes-1``."""
-    return FeaturePair(old=normalized_features(old_model, data.images, mean=mean, std=std, amp=amp),
-                       new=normalized_features(new_model, data.images, mean=mean, std=std, amp=amp),
+    """The :class:`FeaturePair` of the ``ImageSet`` ``data`` under both frozen models (each embeds with
+    :func:`cl2r_bench.models.embed`, normalising the images itself), with the new model's classifier rows for the
+    classes ``0..num_classes-1``."""
+    return FeaturePair(old=embed(old_model, data.images, amp=amp), new=embed(new_model, data.images, amp=amp),
                        labels=data.labels, new_classifier=classifier_rows(new_model, num_classes))
 
 

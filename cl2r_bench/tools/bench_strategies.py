@@ -29,7 +29,7 @@ OLD_CLASSES, NEW_CLASSES = 10, 15
 
 
 def one_task(name: str, start: dict, new: ImageSet, memory: ImageSet, settings: TrainSettings,
-             mean, std, model_options: dict) -> float:
+             model_options: dict) -> float:
     """Seconds per iteration of one fine-tuning task of strategy ``name`` (set-up included)."""
     cls = get_strategy(name)
     model = build_model(head=cls.head, num_classes=OLD_CLASSES, **model_options).to(new.images.device)
@@ -41,8 +41,8 @@ def one_task(name: str, start: dict, new: ImageSet, memory: ImageSet, settings: 
     model.head.grow(OLD_CLASSES + NEW_CLASSES)
     strategy.before_task(TaskContext(index=1, num_old_classes=OLD_CLASSES, num_new_classes=NEW_CLASSES,
                                      teacher_classes=OLD_CLASSES if teacher is not None else 0, teacher=teacher,
-                                     new_data=new, memory=replay, mean=mean, std=std))
-    result = train_task(model, strategy, new, replay, settings, mean=mean, std=std, teacher=teacher)
+                                     new_data=new, memory=replay, amp=settings.autocast))
+    result = train_task(model, strategy, new, replay, settings, teacher=teacher)
     return (time.perf_counter() - started) / result["iterations"]
 
 
@@ -68,16 +68,16 @@ def main() -> None:
     new.images, new.labels = new.images.to(device), new.labels.to(device)
     memory.images, memory.labels = memory.images.to(device), memory.labels.to(device)
     settings = TrainSettings(epochs=args.epochs, lr=0.01, progress=False)
-    model_options = {"backbone": args.backbone}
+    model_options = {"backbone": args.backbone, "mean": source.mean, "std": source.std}
     torch.manual_seed(0)
     start = {head: build_model(head=head, num_classes=OLD_CLASSES, **model_options).state_dict()
              for head in ("learnable", "cosine", "dsimplex")}
-    one_task("er", start, new, memory, settings, source.mean, source.std, model_options)  # warm-up
+    one_task("er", start, new, memory, settings, model_options)  # warm-up
     times: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(args.repeats):
         for name in names:
             torch.manual_seed(1)
-            times[name].append(one_task(name, start, new, memory, settings, source.mean, source.std, model_options))
+            times[name].append(one_task(name, start, new, memory, settings, model_options))
     print(f"device {device}, backbone {args.backbone}, {len(new)} new + {len(memory)} replay images, "
           f"{args.epochs} epochs, batch 128, {args.repeats} interleaved repeats, torch threads "
           f"{torch.get_num_threads()}")

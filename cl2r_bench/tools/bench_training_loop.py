@@ -26,9 +26,9 @@ from strategies import get_strategy  # noqa: E402
 from cl2r_bench.training.engine import DeviceBatches, TrainSettings, make_optimizer, scheduled_lr, train_task  # noqa: E402
 
 
-def plain_loop(model, data, settings, mean, std) -> float:
-    """The reference: a hand-written PyTorch loop doing the same work."""
-    batches = DeviceBatches(data, None, new_batch=settings.batch_size, memory_batch=0, mean=mean, std=std,
+def plain_loop(model, data, settings) -> float:
+    """The reference: a hand-written PyTorch loop doing the same work (the model normalises its uint8 batches)."""
+    batches = DeviceBatches(data, None, new_batch=settings.batch_size, memory_batch=0,
                             epoch_length=settings.epoch_length)
     optimizer = make_optimizer(model, settings)
     step = 0
@@ -49,8 +49,8 @@ def plain_loop(model, data, settings, mean, std) -> float:
     return time.perf_counter() - started
 
 
-def suite_loop(model, data, settings, mean, std) -> float:
-    return train_task(model, get_strategy("er").from_params({}), data, None, settings, mean=mean, std=std)["seconds"]
+def suite_loop(model, data, settings) -> float:
+    return train_task(model, get_strategy("er").from_params({}), data, None, settings)["seconds"]
 
 
 def main() -> None:
@@ -68,14 +68,15 @@ def main() -> None:
     data.images, data.labels = data.images.to(device), data.labels.to(device)
     settings = TrainSettings(epochs=args.epochs, batch_size=args.batch_size, lr=0.01, amp=False, progress=True)
     torch.manual_seed(0)
-    initial = build_model(backbone=args.backbone, head="learnable", num_classes=20).to(device)
+    initial = build_model(backbone=args.backbone, head="learnable", num_classes=20, mean=source.mean,
+                          std=source.std).to(device)
     loops = {"plain": plain_loop, "suite": suite_loop}
-    suite_loop(copy.deepcopy(initial), data, settings, source.mean, source.std)  # warm-up (imports, allocator)
+    suite_loop(copy.deepcopy(initial), data, settings)  # warm-up (imports, allocator)
     times: dict[str, list[float]] = {name: [] for name in loops}
     for _ in range(args.repeats):
         for name, loop in loops.items():
             torch.manual_seed(1)
-            times[name].append(loop(copy.deepcopy(initial), data, settings, source.mean, source.std))
+            times[name].append(loop(copy.deepcopy(initial), data, settings))
     images = args.epochs * args.images
     print(f"device {device}, backbone {args.backbone}, {args.images} images x {args.epochs} epochs, "
           f"batch {args.batch_size}, {args.repeats} interleaved repeats, torch threads {torch.get_num_threads()}")

@@ -21,8 +21,9 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 from benchmarks.noise import wilson_interval  # noqa: E402
-from benchmarks.retrieval import embed, gallery_accuracy  # noqa: E402
+from benchmarks.retrieval import gallery_accuracy  # noqa: E402
 from cl2r_bench.config import read_yaml, resolve  # noqa: E402
+from cl2r_bench.models import DEFAULT_AMP, embed  # noqa: E402
 from cl2r_bench.run import make_stream, resolve_device, to_device  # noqa: E402
 from cl2r_bench.training.engine import TrainSettings  # noqa: E402
 from scenarios.datasets import ImageSet  # noqa: E402
@@ -33,12 +34,12 @@ def model_name(spec: dict) -> str:
     return f"{spec['head']} {len(spec['classes'])} cls, seed {spec['seed']}"
 
 
-def cross_accuracies(models: list[torch.nn.Module], query: ImageSet, gallery: ImageSet, *, mean, std,
-                     mode: str, amp: bool = False) -> list[list[float]]:
+def cross_accuracies(models: list[torch.nn.Module], query: ImageSet, gallery: ImageSet, *, mode: str,
+                     amp: bool | str = DEFAULT_AMP) -> list[list[float]]:
     """``A[i][j]``: top-1 accuracy of model i's queries against model j's gallery (``mode`` as
-    ``evaluation.mode``); each model embeds the query and the gallery once, on its own device."""
-    embedded = [(embed(model, query, mean=mean, std=std, amp=amp), embed(model, gallery, mean=mean, std=std,
-                                                                       amp=amp)) for model in models]
+    ``evaluation.mode``); each model embeds the query and the gallery once, on its own device, with its own
+    normalisation."""
+    embedded = [(embed(model, query.images, amp=amp), embed(model, gallery.images, amp=amp)) for model in models]
     return [[gallery_accuracy(q, query.labels, g, gallery.labels, mode) for _, g in embedded] for q, _ in embedded]
 
 
@@ -58,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     query = stream.query
     if args.queries:
         query = ImageSet(query.images[:args.queries], query.labels[:args.queries])
-    loaded = [load_cached_model(p) for p in args.models]
+    loaded = [load_cached_model(p, mean=stream.mean, std=stream.std) for p in args.models]
     table = cross_accuracies([m.to(device) for m, _ in loaded], to_device(query, device),
-                             to_device(stream.gallery, device), mean=stream.mean, std=stream.std,
-                             mode=cfg["evaluation"]["mode"], amp=TrainSettings(**cfg["training"]).autocast)
+                             to_device(stream.gallery, device), mode=cfg["evaluation"]["mode"],
+                             amp=TrainSettings(**cfg["training"]).autocast)
     confidence = cfg["evaluation"]["confidence"]
     names = [model_name(spec) for _, spec in loaded]
     rows = []

@@ -28,8 +28,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from benchmarks.retrieval import class_templates, embed  # noqa: E402
+from benchmarks.retrieval import class_templates  # noqa: E402
 from cl2r_bench.config import read_yaml, resolve  # noqa: E402
+from cl2r_bench.models import embed  # noqa: E402
 from cl2r_bench.run import load_task_model, make_stream, resolve_device, to_device  # noqa: E402
 from cl2r_bench.training.engine import TrainSettings  # noqa: E402
 from scenarios.datasets import DataError, ImageSet  # noqa: E402
@@ -102,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         model = load_task_model(cfg, args.run, t, stream).to(device)
         amp = TrainSettings(**cfg["training"]).autocast
-        features = [embed(model, images, mean=stream.mean, std=stream.std, amp=amp)
-                    for images in (query, gallery)]
+        features = [embed(model, images.images, amp=amp) for images in (query, gallery)]
         embedded.append((features[0], searchable_gallery(features[1], gallery.labels, mode)))
     labels = query.labels
     model_rows = [[t, f"{100 * float((predicted_labels(q, g) == labels).float().mean()):.1f}",

@@ -4,11 +4,13 @@ Per task, rebuilt from scratch: SGD (momentum 0.9, weight decay 5e-4 not applied
 biases), cosine schedule from ``lr`` to ``lr_min`` stepped once per epoch (``CosineAnnealingLR(T_max=epochs)`` of
 the authors' code; ``schedule_step: iteration`` steps it every iteration), fp16 autocast with gradient scaling on
 GPU as the authors' code (``amp_dtype: bfloat16`` without scaling). Batches come from :class:`DeviceBatches`:
-images live as uint8 on the device, are cropped / flipped / normalised there. The epoch length follows the
-authors' code (METHODS.md §4, ``epoch_length: reference``): a shuffled pass of ``N // 128`` batches without a
-memory; with one, ``(N_new + N_mem) // 128`` batches of 64 new + 64 replay samples, each half drawn without
-replacement inside the batch and independently across batches. ``epoch_length: full_pass`` is this suite's
-earlier rule: one pass over the new samples per epoch, replay drawn with replacement.
+images live as uint8 on the device and are cropped / flipped there; the model normalises them itself
+(:class:`cl2r_bench.models.RetrievalModel`), so neither the loop nor the teacher needs the data's statistics.
+The epoch length follows the authors' code (METHODS.md §4, ``epoch_length: reference``): a shuffled pass of
+``N // 128`` batches without a memory; with one, ``(N_new + N_mem) // 128`` batches of 64 new + 64 replay
+samples, each half drawn without replacement inside the batch and independently across batches.
+``epoch_length: full_pass`` is this suite's earlier rule: one pass over the new samples per epoch, replay drawn
+with replacement.
 
 The strategy only computes the loss (:class:`strategies.base.Strategy`); this module owns the loop, the
 teacher (frozen, eval mode, no gradient) and the replay memory (:func:`update_memory`).
@@ -27,9 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from cl2r_bench.config import ConfigError
-from cl2r_bench.models import NonFiniteError, RetrievalModel, autocast_dtype, first_nonfinite_tensor
+from cl2r_bench.models import DEFAULT_AMP, NonFiniteError, RetrievalModel, autocast_dtype, first_nonfinite_tensor
 from scenarios.datasets import ImageSet
-from scenarios.transforms import normalize, random_crop_flip
+from scenarios.transforms import random_crop_flip
 
 from strategies.base import Step, Strategy
 
@@ -48,7 +50,7 @@ class TrainSettings:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     amp: bool = True
-    amp_dtype: str = "float16"
+    amp_dtype: str = DEFAULT_AMP
     epoch_length: str = "reference"
     schedule_step: str = "epoch"
     progress: bool = True
@@ -79,7 +81,8 @@ def draw_indices(population: int, count: int, device: torch.device) -> torch.Ten
 
 
 class DeviceBatches:
-    """Mini-batches ``[images, labels, from_memory]`` drawn from device-resident uint8 images.
+    """Mini-batches ``[images, labels, from_memory]`` drawn from device-resident uint8 images, randomly cropped and
+    flipped (still uint8: the model normalises them).
 
     ``epoch_length="reference"`` (the authors' code, METHODS.md §4): without a memory an epoch is a shuffled
     pass of ``N // new_batch`` batches (the last partial batch dropped; one batch of all samples when fewer);
@@ -90,10 +93,10 @@ class DeviceBatches:
     """
 
     def __init__(self, new: ImageSet, memory: ImageSet | None, *, new_batch: int, memory_batch: int,
-                 mean: tuple[float, ...], std: tuple[float, ...], epoch_length: str = "reference") -> None:
+                 epoch_length: str = "reference") -> None:
         self.new, self.memory = new, memory if memory is not None and len(memory) else None
         self.new_batch, self.memory_batch = new_batch, memory_batch
-        self.mean, self.std, self.epoch_length = mean, std, epoch_length
+        self.epoch_length = epoch_length
 
     def __len__(self) -> int:
         n = len(self.new)
@@ -102,9 +105,6 @@ class DeviceBatches:
         if self.memory is None:
             return max(1, n // self.new_batch)
         return max(1, (n + len(self.memory)) // (self.new_batch + self.memory_batch))
-
-    def _prepare(self, images: torch.Tensor) -> torch.Tensor:
-        return normalize(random_crop_flip(images), self.mean, self.std)
 
     def _batch_indices(self) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
         """``(new indices, memory indices or None)`` of each batch of one epoch."""
@@ -130,7 +130,7 @@ class DeviceBatches:
                 images = torch.cat([images, self.memory.images[pick]])
                 labels = torch.cat([labels, self.memory.labels[pick]])
                 from_memory = torch.cat([from_memory, torch.ones(len(pick), dtype=torch.bool, device=images.device)])
-            yield [self._prepare(images), labels, from_memory]
+            yield [random_crop_flip(images), labels, from_memory]
 
 
 class EpochHook(Protocol):
@@ -262,9 +262,8 @@ _TEMPLATE = None
 
 
 def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory: ImageSet | None,
-               settings: TrainSettings, *, mean: tuple[float, ...], std: tuple[float, ...],
-               teacher: RetrievalModel | None = None, experience=None, description: str = "",
-               epoch_hook: EpochHook | None = None) -> dict[str, float]:
+               settings: TrainSettings, *, teacher: RetrievalModel | None = None, experience=None,
+               description: str = "", epoch_hook: EpochHook | None = None) -> dict[str, float]:
     """Train ``model`` in place on one task; returns ``{"seconds", "iterations", "images", "final_loss"}``.
 
     A non-finite loss (checked every 25 iterations, where the loss is read anyway; the first non-finite
@@ -281,7 +280,7 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     device = next(model.parameters()).device
     batches = DeviceBatches(new, memory if strategy.uses_memory else None,
                             new_batch=settings.new_batch_size if memory is not None and strategy.uses_memory
-                            else settings.batch_size, memory_batch=settings.memory_batch_size, mean=mean, std=std,
+                            else settings.batch_size, memory_batch=settings.memory_batch_size,
                             epoch_length=settings.epoch_length)
     if teacher is not None:
         teacher.eval().requires_grad_(False)

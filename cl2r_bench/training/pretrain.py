@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,24 +90,26 @@ class PlateauProgress:
         return self.epochs_done >= max_epochs or (self.drops >= rule.drops and self.since_best >= rule.patience)
 
 
-def classification_accuracy(model: RetrievalModel, images: ImageSet, *, mean, std) -> float:
-    """Top-1 accuracy of the model's own classifier on ``images`` (labels relabelled like training)."""
+def classification_accuracy(model: RetrievalModel, images: ImageSet, *, amp: bool | str) -> float:
+    """Top-1 accuracy of the model's own classifier on ``images`` (labels relabelled like training), run with
+    the autocast setting ``amp`` (the training's)."""
     correct = 0
     targets = model.class_targets(images.labels.to(next(model.parameters()).device))
     start = 0
-    for logits, _ in forward_in_batches(model, images.images, mean=mean, std=std):
+    for logits, _ in forward_in_batches(model, images.images, amp=amp):
         correct += int((logits.argmax(dim=1) == targets[start:start + len(logits)]).sum())
         start += len(logits)
     return correct / max(len(images), 1)
 
 
 class PlateauTraining:
-    """The :class:`strategies.trainer.EpochHook` of the ``plateau`` schedule, saving progress to ``partial``."""
+    """The :class:`cl2r_bench.training.engine.EpochHook` of the ``plateau`` schedule, saving progress to
+    ``partial``; the validation runs with the training's autocast setting."""
 
     def __init__(self, model: RetrievalModel, validation: ImageSet, rule: PlateauSettings, settings: TrainSettings,
-                 partial: Path, *, mean, std, log=print) -> None:
+                 partial: Path, *, log=print) -> None:
         self.validation, self.rule, self.settings = validation, rule, settings
-        self.partial, self.mean, self.std, self.log = partial, mean, std, log
+        self.partial, self.log = partial, log
         self.progress = PlateauProgress(lr=settings.lr)
         self.best_state = copy.deepcopy(model.state_dict())
         self.optimizer_state = None
@@ -135,7 +138,7 @@ class PlateauTraining:
             optimizer.load_state_dict(self.optimizer_state)
 
     def after_epoch(self, model: RetrievalModel, optimizer: torch.optim.Optimizer) -> bool:
-        accuracy = classification_accuracy(model, self.validation, mean=self.mean, std=self.std)
+        accuracy = classification_accuracy(model, self.validation, amp=self.settings.autocast)
         lr = self.progress.lr
         if self.progress.update(accuracy, self.rule, self.settings.epochs):
             self.best_state = copy.deepcopy(model.state_dict())
@@ -151,22 +154,24 @@ def pretrain_model(data: DataSplits, classes: list[int], *, head: str, model_kwa
                    seed: int, plateau: PlateauSettings | None = None, partial: Path | None = None,
                    log=print) -> tuple[RetrievalModel, dict[str, Any]]:
     """Train a fresh model with cross-entropy on ``classes`` of ``data`` (relabelled 0..n-1); returns the
-    model and a training log (the per-epoch validation history under the ``plateau`` schedule)."""
+    model and a training log (the per-epoch validation history under the ``plateau`` schedule). The model
+    normalises with ``data``'s statistics while it pretrains; a run that loads it builds its own model with the
+    stream's (the statistics are not part of the checkpoint)."""
     torch.manual_seed(seed)
     subset = relabel(first_per_class(data.train, classes, images_per_class), classes)
     subset.images, subset.labels = subset.images.to(device), subset.labels.to(device)
-    model = build_model(head=head, num_classes=len(classes), **model_kwargs).to(device)
+    model = build_model(head=head, num_classes=len(classes), **model_kwargs, mean=data.mean, std=data.std,
+                        input_size=int(data.train.images.shape[-1])).to(device)
     strategy: Strategy = ExperienceReplay(None)
     description = f"pretrain {head} on {len(classes)} classes"
     if plateau is None:
-        train_task(model, strategy, subset, None, settings, mean=data.mean, std=data.std, description=description)
+        train_task(model, strategy, subset, None, settings, description=description)
         return model, {"schedule": "cosine", "epochs": settings.epochs}
     validation = relabel(first_per_class(data.test, classes, None), classes)
-    hook = PlateauTraining(model, validation, plateau, settings, partial, mean=data.mean, std=data.std, log=log)
+    hook = PlateauTraining(model, validation, plateau, settings, partial, log=log)
     if not hook.progress.finished:
         torch.manual_seed(seed + hook.epochs_done)
-        train_task(model, strategy, subset, None, settings, mean=data.mean, std=data.std, description=description,
-                   epoch_hook=hook)
+        train_task(model, strategy, subset, None, settings, description=description, epoch_hook=hook)
     model.load_state_dict(hook.best_state)
     return model, {"schedule": "plateau", **asdict(hook.progress), "validation_images": len(validation)}
 
@@ -212,12 +217,15 @@ def pretrained_replacement(data: DataSplits, classes: list[int], *, head: str, m
 MODEL_SPEC_KEYS = ("backbone", "simplex_vertices_count", "small_width", "small_out_dim")
 
 
-def load_cached_model(path: str | Path) -> tuple[RetrievalModel, dict[str, Any]]:
+def load_cached_model(path: str | Path, *, mean: Sequence[float], std: Sequence[float]
+                      ) -> tuple[RetrievalModel, dict[str, Any]]:
     """A model cached by :func:`pretrained_replacement` (in eval mode, without its classifier unless it was kept)
-    and its spec, rebuilt from the ``<model>.json`` beside it."""
+    and its spec, rebuilt from the ``<model>.json`` beside it, normalising with the statistics ``mean`` / ``std``
+    of the data it will embed (as :func:`cl2r_bench.models.build_model`)."""
     spec = json.loads(Path(path).with_suffix(".json").read_text())
     model = build_model(head=spec["head"], num_classes=len(spec["classes"]),
-                        **{key: spec[key] for key in MODEL_SPEC_KEYS})
+                        **{key: spec[key] for key in MODEL_SPEC_KEYS}, mean=mean, std=std,
+                        input_size=spec.get("image_size", 32))
     load_replacement(model, path)
     return model.eval(), spec
 

@@ -23,9 +23,8 @@ import torch.nn.functional as F
 from cl2r_bench.tools.parity.common import (ROOT, ParityError, first_per_class, reference_checkout, reference_name,  # noqa: I001
                     reference_python, save_reference_checkpoint, to_reference_state, write_cifar_pickles)
 from benchmarks.retrieval import CompatibilityEvaluator
-from cl2r_bench.models import build_model, load_replacement, simplex_vertices
+from cl2r_bench.models import build_model, load_replacement, normalize, simplex_vertices
 from scenarios.datasets import CIFAR100_MEAN, CIFAR100_STD, DataError, ImageSet, read_cifar
-from scenarios.transforms import normalize
 from strategies import Step, TaskContext, get_strategy
 from cl2r_bench.adapters import make_adapter
 from strategies.dsimplex_hoc import hoc_loss
@@ -50,7 +49,8 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 def suite_models(work: Path) -> dict:
     """Suite ResNet-18s (d-Simplex student / teacher / replacement, learnable student / task model) in float64,
-    saved in the authors' format; returns the models and the checkpoint paths the probe reads."""
+    saved in the authors' format; returns the models and the checkpoint paths the probe reads. They are built with
+    the identity normalisation, so the step's float64 batch reaches both codes' backbones unchanged."""
     torch.manual_seed(1)
     models = {"hoc_student": build_model(backbone="resnet18", head="dsimplex", num_classes=CLASSES),
               "hoc_teacher": build_model(backbone="resnet18", head="dsimplex", num_classes=CLASSES),
@@ -281,9 +281,10 @@ def suite_values(built: dict, inputs: dict, query: ImageSet, gallery: ImageSet) 
     ours["expansion"] = grown_classifier(built["paths"]["er_task_checkpoint"])
     ours["sampler"] = sampler_counts()
     ours["transform"] = normalize(gallery.images[:len(inputs["eval_images"])], CIFAR100_MEAN, CIFAR100_STD)
-    evaluator = CompatibilityEvaluator(query, gallery, mean=CIFAR100_MEAN, std=CIFAR100_STD, amp=False)
+    evaluator = CompatibilityEvaluator(query, gallery, amp=False)
     for name in ("hoc_teacher", "hoc_student"):
-        model = build_model(backbone="resnet18", head="dsimplex", num_classes=CLASSES)
+        model = build_model(backbone="resnet18", head="dsimplex", num_classes=CLASSES, mean=CIFAR100_MEAN,
+                            std=CIFAR100_STD)
         model.load_state_dict({k: v.float() for k, v in built["initial"][name].items()})
         evaluator.deploy(model.eval())
     ours["matrix"] = torch.tensor([[evaluator.matrix[0][0], 0.0], evaluator.matrix[1]], dtype=torch.float64)
@@ -325,13 +326,12 @@ def sampler_counts() -> dict:
     def fake(n: int, offset: int) -> ImageSet:
         return ImageSet(torch.zeros(n, 3, 2, 2, dtype=torch.uint8), torch.arange(n) + offset)
 
-    batches = DeviceBatches(fake(4500, 0), fake(200, 10_000), new_batch=64, memory_batch=64, mean=(0.0,) * 3,
-                            std=(1.0,) * 3)
+    batches = DeviceBatches(fake(4500, 0), fake(200, 10_000), new_batch=64, memory_batch=64)
     worst = 0
     for _, labels, from_memory in batches:
         worst = max(worst, abs(int(from_memory.sum()) - 64),
                     128 - len(labels[from_memory].unique()) - len(labels[~from_memory].unique()))
-    task0 = DeviceBatches(fake(3000, 0), None, new_batch=128, memory_batch=64, mean=(0.0,) * 3, std=(1.0,) * 3)
+    task0 = DeviceBatches(fake(3000, 0), None, new_batch=128, memory_batch=64)
     return {"batches": len(batches), "worst": worst, "task0": len(task0)}
 
 
