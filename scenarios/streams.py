@@ -1,8 +1,15 @@
 """Class-incremental streams (Avalanche) and the retrieval evaluation sets of CL2R / IAM-CL2R (METHODS.md §3-§4).
 
 The stream is an Avalanche ``class_incremental_benchmark`` with explicit per-experience class counts (never
-``num_experiences=``, which silently drops classes). Its items are sample indices: Avalanche decides which
-samples form each experience, and the pixels stay in one uint8 tensor, on the GPU when there is one.
+``num_experiences=``, which silently drops classes), kept as :attr:`Stream.benchmark`. Its experiences carry the
+data: items are ``(uint8 image 3 x H x W, label, task label 0)``, with two transform groups, ``train`` (random crop
+with zero padding 4 and horizontal flip, METHODS.md §4, on the uint8 image) and ``eval`` (none). The models
+normalise their own input, so an Avalanche strategy trains on ``experience.dataset`` as it is
+(``strategies/avalanche.py``).
+
+Each :class:`Task` keeps its experience and an :class:`ImageSet` read back from that experience's ``eval`` view in
+Avalanche's sample order: the suite's own trainer draws its batches from it on the device (no per-image work on the
+training path), so both trainers see the same samples per task.
 
 Labels are remapped to stream positions: the i-th class of the class order gets label i, so a learnable
 head indexes classes in arrival order and the d-Simplex head puts class i on vertex K-1-i.
@@ -16,12 +23,15 @@ Evaluation (open set, never trained on):
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .datasets import DataError, DataSplits, ImageSet, load_dataset
 
@@ -32,7 +42,8 @@ EVALUATION_SETS = ("cifar10", "heldout")
 
 @dataclass
 class Task:
-    """One experience: its new classes (stream labels), the number of classes seen so far and its images."""
+    """One experience: its new classes (stream labels), the number of classes seen so far, its images (read from
+    ``experience``, the Avalanche experience that carries them) and the experience itself."""
 
     index: int
     new_classes: list[int]
@@ -43,9 +54,10 @@ class Task:
 
 @dataclass
 class Stream:
-    """A built scenario: tasks, replacement schedule, evaluation sets and bookkeeping."""
+    """A built scenario: tasks, replacement schedule, evaluation sets and bookkeeping; ``benchmark`` is the
+    Avalanche benchmark the tasks come from (``benchmark.train_stream`` / ``test_stream``)."""
 
-    scenario: str
+    scenario: str | None
     dataset: str
     tasks: list[Task]
     replacement_tasks: list[int]
@@ -55,6 +67,7 @@ class Stream:
     std: tuple[float, float, float]
     class_order: list[int]
     reserved_classes: list[int]
+    benchmark: Any = field(repr=False, default=None)
 
     @property
     def num_tasks(self) -> int:
@@ -98,39 +111,92 @@ def relabel(images: ImageSet, class_order: list[int]) -> ImageSet:
     return ImageSet(images.images, lookup[images.labels])
 
 
-class _IndexDataset(torch.utils.data.Dataset):
-    """Items ``(index, label)``: Avalanche assigns indices to experiences; pixels stay in one tensor."""
-
-    def __init__(self, labels: torch.Tensor) -> None:
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return torch.tensor(i), int(self.labels[i])
-
-
-def avalanche_stream(labels_train: torch.Tensor, labels_test: torch.Tensor, class_counts: list[int]):
-    """An Avalanche class-incremental benchmark over index items, classes in label order 0..n-1."""
+@contextlib.contextmanager
+def avalanche_warnings_filtered() -> Iterator[None]:
+    """Silence Avalanche 0.6's known warnings on this stack, and only those: qpsolvers' and JAXopt's at import, an
+    evaluator without loggers, the replay buffers' deprecated ``update`` (Replay, ER_ACE, MIR: once per
+    experience), and NumPy 2 / PyTorch indexing deprecations inside EWC, MAS and SynapticIntelligence. Any other
+    warning still shows."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*QP solver.*")
-        from avalanche.benchmarks import class_incremental_benchmark
+        warnings.filterwarnings("ignore", message="JAXopt is no longer maintained", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message="No loggers specified")
+        warnings.filterwarnings("ignore", message="Call to deprecated function update", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message="__array_wrap__ must accept context", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message="Using a non-tuple sequence for multidimensional indexing",
+                                category=UserWarning)
+        yield
+
+
+class CropFlip:
+    """Random crop (zero padding ``padding``) and horizontal flip with probability 1/2 of one uint8 ``3 x H x W``
+    image: the per-sample form of :func:`scenarios.transforms.random_crop_flip` (the same distribution, METHODS.md
+    §4), the stream's ``train`` transform. Plain slicing, so it costs microseconds per image."""
+
+    def __init__(self, padding: int = 4) -> None:
+        self.padding = padding
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        p = self.padding
+        h, w = image.shape[-2:]
+        top, left = torch.randint(0, 2 * p + 1, (2,)).tolist()
+        crop = F.pad(image, (p, p, p, p))[..., top:top + h, left:left + w]
+        return crop.flip(-1) if bool(torch.rand(()) < 0.5) else crop.contiguous()
+
+    def __repr__(self) -> str:
+        return f"CropFlip(padding={self.padding})"
+
+
+class ImageSetDataset(torch.utils.data.Dataset):
+    """The items ``(uint8 image 3 x H x W, int label)`` of an :class:`ImageSet` (a view, nothing is copied)."""
+
+    def __init__(self, images: ImageSet) -> None:
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.images.images[i], int(self.images.labels[i])
+
+
+def classification_dataset(images: ImageSet, *, padding: int = 4) -> Any:
+    """``images`` as an Avalanche classification dataset with ``targets``, task labels (all 0: a class-incremental
+    stream, as Avalanche's own; strategies such as LwF and EWC read them) and the ``train`` (:class:`CropFlip`)
+    and ``eval`` (identity) transform groups. Items are ``(uint8 image, label, 0)``."""
+    with avalanche_warnings_filtered():
         from avalanche.benchmarks.utils import DataAttribute
-        from avalanche.benchmarks.utils.classification_dataset import ClassificationDataset
+        from avalanche.benchmarks.utils.classification_dataset import TaskAwareSupervisedClassificationDataset
+        from avalanche.benchmarks.utils.transform_groups import TransformGroups
 
-    def wrap(labels: torch.Tensor) -> ClassificationDataset:
-        return ClassificationDataset([_IndexDataset(labels)],
-                                     data_attributes=[DataAttribute(labels.tolist(), "targets")])
+    return TaskAwareSupervisedClassificationDataset(
+        [ImageSetDataset(images)],
+        data_attributes=[DataAttribute(images.labels.tolist(), "targets"),
+                         DataAttribute([0] * len(images), "targets_task_labels", use_in_getitem=True)],
+        transform_groups=TransformGroups({"train": CropFlip(padding), "eval": None}))
 
-    return class_incremental_benchmark({"train": wrap(labels_train), "test": wrap(labels_test)},
-                                       class_order=list(range(sum(class_counts))), num_classes_per_exp=class_counts)
+
+def avalanche_benchmark(train: ImageSet, test: ImageSet, class_counts: list[int]) -> Any:
+    """The Avalanche class-incremental benchmark over ``train`` / ``test`` (labels already in stream order):
+    experience i holds classes ``sum(class_counts[:i]) .. sum(class_counts[:i+1]) - 1``, task label 0
+    (``experience.task_label``)."""
+    with avalanche_warnings_filtered():
+        from avalanche.benchmarks import class_incremental_benchmark
+        from avalanche.benchmarks.scenarios.task_aware import with_task_labels
+
+    return with_task_labels(class_incremental_benchmark(
+        {"train": classification_dataset(train), "test": classification_dataset(test)},
+        class_order=list(range(sum(class_counts))), num_classes_per_exp=class_counts))
 
 
-def experience_indices(experience: Any) -> torch.Tensor:
-    """Indices of the samples in an Avalanche experience built by :func:`avalanche_stream`."""
-    loader = torch.utils.data.DataLoader(experience.dataset.eval(), batch_size=len(experience.dataset))
-    return next(iter(loader))[0]
+def experience_images(experience: Any) -> ImageSet:
+    """The images and labels an experience carries, untransformed (its ``eval`` view), in Avalanche's order
+    (Avalanche's ``load_all_dataset``: one batch of the whole experience)."""
+    with avalanche_warnings_filtered():
+        from avalanche.training.utils import load_all_dataset
+
+    images, labels = load_all_dataset(experience.dataset.eval())[:2]
+    return ImageSet(images, labels.long())
 
 
 def evaluation_sets(data: DataSplits, class_order: list[int], num_stream: int, *, eval_dataset: str,
@@ -158,13 +224,14 @@ def evaluation_sets(data: DataSplits, class_order: list[int], num_stream: int, *
     return query, other.test, stream_ids
 
 
-def build_stream(*, scenario: str, dataset: str, data_root: str, download: bool = False, verify: str = "warn",
+def build_stream(*, scenario: str | None = None, dataset: str, data_root: str, download: bool = False, verify: str = "warn",
                  image_size: int = 32, initial_classes: int, increment: int, num_tasks: int,
                  images_per_class: int | None, class_order: str | list[int] = "natural", order_seed: int = 0,
                  replacement_tasks: list[int], eval_dataset: str, heldout_classes: int = 20,
                  queries_per_class: int | None = None, synthetic: dict[str, int] | None = None) -> Stream:
-    """Build the stream of ``scenario`` on ``dataset`` with its evaluation sets (see the module docstring)."""
-    if scenario not in SCENARIOS:
+    """Build the stream on ``dataset`` with its evaluation sets (see the module docstring); ``scenario``, when
+    given, is checked against :data:`SCENARIOS` and recorded."""
+    if scenario is not None and scenario not in SCENARIOS:
         raise DataError(f"unknown scenario {scenario!r}; choose from {list(SCENARIOS)}")
     counts = task_class_counts(initial_classes, increment, num_tasks)
     bad = [t for t in replacement_tasks if not 0 <= t < num_tasks]
@@ -179,15 +246,12 @@ def build_stream(*, scenario: str, dataset: str, data_root: str, download: bool 
     stream_ids = order[: sum(counts)]
     train = relabel(first_per_class(data.train, stream_ids, images_per_class), stream_ids)
     test = relabel(first_per_class(data.test, stream_ids, None), stream_ids)
-    benchmark = avalanche_stream(train.labels, test.labels, counts)
-    tasks = []
-    for t, exp in enumerate(benchmark.train_stream):
-        idx = experience_indices(exp)
-        new = sorted(int(c) for c in exp.classes_in_this_experience)
-        tasks.append(Task(t, new, len(exp.classes_seen_so_far), train.select(idx), exp))
+    benchmark = avalanche_benchmark(train, test, counts)
+    tasks = [Task(t, sorted(int(c) for c in exp.classes_in_this_experience), len(exp.classes_seen_so_far),
+                  experience_images(exp), exp) for t, exp in enumerate(benchmark.train_stream)]
     query, gallery, reserved = evaluation_sets(
         data, order, sum(counts), eval_dataset=eval_dataset, heldout_classes=heldout_classes,
         queries_per_class=queries_per_class, data_root=data_root, download=download, verify=verify,
         image_size=image_size)
     return Stream(scenario, dataset, tasks, sorted(set(replacement_tasks)), query, gallery, data.mean, data.std,
-                  order, reserved)
+                  order, reserved, benchmark)
