@@ -4,9 +4,10 @@ An experiment is a scenario, data set and strategy (or adapter) with every setti
 (:func:`experiment_settings`: the resolved config minus seed, paths and display settings); runs that differ only
 by seed are aggregated, others are separate rows whose labels carry the settings that tell them apart.
 
-Rows come from every complete and well-formed ``metrics.json`` under a results folder; incomplete runs and
-malformed records are listed apart with their reason (:func:`record_problem`) so a partial or damaged result is
-never mistaken for a finished one. The std is the sample standard deviation (ddof = 1).
+Rows come from every complete and well-formed ``metrics.json`` under a results folder, read as
+:class:`benchmarks.record.RunRecord` (the record's fields and units); incomplete runs and malformed records are
+listed apart with their reason (:func:`benchmarks.record.record_problem`, also importable from here) so a partial
+or damaged result is never mistaken for a finished one. The std is the sample standard deviation (ddof = 1).
 
 The tables (:data:`TABLES`, built by :func:`build`): ``main`` (AC, AA, ACA, seeds), ``noise`` (the noise-aware
 AC), ``replacements`` (the replacement models' own accuracies), ``model_update`` (retrieval cases, backfilling,
@@ -28,10 +29,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
-import reprlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -42,13 +41,14 @@ import numpy as np
 from cl2r_bench.config import flatten
 
 from .adapters import BACKFILL_ORDERS
-from .metrics import MatrixError, across_replacements, as_matrix, is_number
+from .metrics import across_replacements, as_matrix
+from .record import UPDATE_CASES, ReplacementModel, RunRecord, checked_records, update_fit
+from .record import record_problem as record_problem  # re-exported: the leaderboard's check, defined with the schema
 
 FORMATS = ("github", "csv", "latex")
 TABLES = ("main", "noise", "replacements", "model_update", "timing", "across", "matrices")
 SUMMARY = TABLES[:4]
 COLUMNS = ("AC", "AA", "ACA")
-UPDATE_CASES = ("old/old", "new/new", "new/old", "B(new)/old", "new/F(old)", "B(new)/B(new)")
 
 
 class Kind(Enum):
@@ -121,20 +121,15 @@ MATRIX_ROW_COLUMNS = (*IDENTITY, Column("query task", "t", Kind.INTEGER),
 
 NOT_EXPERIMENT = {"seed", "output", "device", "data_root", "download", "plugins", "training.progress",
                   "evaluation.plots", "replacement.pretrain.cache_dir"}
-NAME = "a non-empty string"
-FRACTION = "a fraction in [0, 1]"
-OPTIONAL_FRACTION = "null or a fraction in [0, 1]"
-INTERVAL = "[low, high], fractions in [0, 1]"
-
-Check = Callable[[Any], bool]
-RunMatrices = list[tuple[dict[str, Any], np.ndarray]]
+RunMatrices = list[tuple[RunRecord, np.ndarray]]
 
 
-def collect(results_dir: str | Path) -> tuple[list[dict[str, Any]], list[tuple[Path, str]]]:
+def collect(results_dir: str | Path) -> tuple[list[RunRecord], list[tuple[Path, str]]]:
     """``(complete records, [(path, reason), ...])`` over every ``metrics.json`` under ``results_dir``.
 
     Unreadable files, incomplete runs and records :func:`record_problem` rejects are left out with a one-line
-    reason, so that a partial or malformed result is neither averaged into a row nor crashes a table.
+    reason (:func:`benchmarks.record.checked_records`), so that a partial or malformed result is neither averaged
+    into a row nor crashes a table.
     """
     complete, skipped = [], []
     for path, record, problem in checked_records(results_dir):
@@ -145,207 +140,6 @@ def collect(results_dir: str | Path) -> tuple[list[dict[str, Any]], list[tuple[P
     return complete, skipped
 
 
-def checked_records(results_dir: str | Path) -> Iterator[tuple[Path, Any, str | None]]:
-    """``(path, parsed record, why it cannot be a row or None)`` for every ``metrics.json`` under ``results_dir``,
-    in path order: the one walk over a results folder (:func:`collect`, ``benchmarks.plots.plot_results``)."""
-    for path in sorted(Path(results_dir).rglob("metrics.json")):
-        record, problem = _read(path)
-        yield path, record, problem or record_problem(record)
-
-
-def _read(path: Path) -> tuple[Any, str | None]:
-    """``(parsed JSON, None)``, or ``(None, why the file cannot be read)`` in one line."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8")), None
-    except OSError as exc:
-        return None, f"unreadable ({exc.strerror or exc})"
-    except UnicodeDecodeError as exc:
-        return None, (f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at position {exc.start}); a metrics.json "
-                      "is UTF-8 JSON")
-    except RecursionError:
-        return None, "JSON nesting too deep; a metrics.json is an object a few levels deep"
-    except ValueError as exc:
-        return None, f"not valid JSON ({exc})"
-
-
-def _text(value: Any) -> bool:
-    return isinstance(value, str) and value.strip() != ""
-
-
-def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _count(value: Any) -> bool:
-    return _integer(value) and value >= 0
-
-
-def _object(value: Any) -> bool:
-    return isinstance(value, dict)
-
-
-def _within(low: float, high: float) -> Check:
-    return lambda value: is_number(value) and low <= value <= high
-
-
-def _optional(check: Check) -> Check:
-    return lambda value: value is None or check(value)
-
-
-def _interval(value: Any) -> bool:
-    return isinstance(value, list) and len(value) == 2 and all(map(_within(0, 1), value))
-
-
-def _field(data: dict[str, Any], key: str, check: Check, expected: str, *, within: str = "",
-           required: bool = True) -> str | None:
-    """Why ``data[key]`` is unusable (``within`` prefixes its name in the message), or None when it is usable
-    or absent and not ``required``."""
-    if key not in data:
-        return f"'{within}{key}' is missing; it must be {expected}" if required else None
-    return None if check(data[key]) else f"'{within}{key}' is {reprlib.repr(data[key])}; it must be {expected}"
-
-
-def _first(problems: Iterable[str | None]) -> str | None:
-    return next((p for p in problems if p), None)
-
-
-def record_problem(record: Any) -> str | None:
-    """Why a parsed ``metrics.json`` cannot be a leaderboard row, or None when it can.
-
-    Every field the tables of this module read is checked for type and range (AC a fraction; AA and ACA
-    percent; the matrix as :func:`benchmarks.metrics.as_matrix` reads it; the noise, replacement-model, timing
-    and model-update fields where present), so that a hand-made or damaged file is named and left out instead
-    of crashing a table or being averaged. An incomplete run is reported as such.
-    """
-    if not isinstance(record, dict):
-        return f"holds {reprlib.repr(record)}, not a JSON object; a metrics.json is one object"
-    return (_field(record, "complete", lambda v: isinstance(v, bool), "true or false")
-            or _incomplete(record)
-            or _first(_field(record, key, _text, NAME) for key in ("scenario", "dataset", "strategy"))
-            or _field(record, "method", _text, NAME, required=False)
-            or _field(record, "seed", _integer, "an integer")
-            or _field(record, "num_tasks", _count, "a number of tasks", required=False)
-            or _field(record, "tasks_completed", _count, "a number of tasks", required=False)
-            or _tasks_problem(record)
-            or _field(record, "metrics", _object, "an object with AC, AA and ACA")
-            or _metrics_problem(record["metrics"])
-            or _matrix_problem(record)
-            or _field(record, "replacement_tasks", lambda v: isinstance(v, list) and all(map(_count, v)),
-                      "a list of task indices", required=False)
-            or _config_problem(record)
-            or _noise_problem(record.get("noise"))
-            or _replacement_models_problem(record)
-            or _timings_problem(record)
-            or (_update_problem(record) if record["scenario"] == "model_update" else None))
-
-
-def _incomplete(record: dict[str, Any]) -> str | None:
-    if record["complete"]:
-        return None
-    done, total = (record.get(k) if _count(record.get(k)) else "?" for k in ("tasks_completed", "num_tasks"))
-    return f"incomplete run ({done} of {total} tasks)"
-
-
-def _tasks_problem(record: dict[str, Any]) -> str | None:
-    done, total = record.get("tasks_completed"), record.get("num_tasks")
-    if done is None or total is None or done == total:
-        return None
-    return f"'complete' is true but tasks_completed is {done} of num_tasks {total}; rerun it or fix the record"
-
-
-def _metrics_problem(metrics: dict[str, Any]) -> str | None:
-    percent, points = _within(0, 100), _optional(_within(-100, 100))
-    return (_field(metrics, "AC", _within(0, 1), FRACTION, within="metrics.")
-            or _field(metrics, "AA", percent, "a percentage in [0, 100]", within="metrics.")
-            or _field(metrics, "ACA", _optional(percent), "a percentage in [0, 100] (null for one task)",
-                      within="metrics.")
-            or _first(_field(metrics, key, points, "null or percent points in [-100, 100]", within="metrics.",
-                             required=False) for key in ("BC", "FC")))
-
-
-def _matrix_problem(record: dict[str, Any]) -> str | None:
-    if "compatibility_matrix" not in record:
-        return None
-    try:
-        size = len(as_matrix(record["compatibility_matrix"]))
-    except MatrixError as exc:
-        return f"compatibility_matrix: {exc}"
-    tasks = record.get("num_tasks")
-    if tasks is not None and size != tasks:
-        return f"compatibility_matrix has {size} rows but num_tasks is {tasks}; a complete run has one row per task"
-    return None
-
-
-def _config_problem(record: dict[str, Any]) -> str | None:
-    problem = (_field(record, "config", _optional(_object), "an object (the resolved settings)", required=False)
-               or _field(record.get("config") or {}, "adapter", lambda v: not v or isinstance(v, dict),
-                         "an object with a 'name'", within="config.", required=False))
-    if problem:
-        return problem
-    try:
-        json.dumps(experiment_settings(record), sort_keys=True, default=str)
-    except RecursionError:
-        return "'config' is nested too deeply; it must be the resolved settings of configs/default.yaml"
-    return None
-
-
-def _noise_problem(noise: Any) -> str | None:
-    if not noise:
-        return None
-    if not isinstance(noise, dict):
-        return f"'noise' is {reprlib.repr(noise)}; it must be an object (benchmarks/noise.py)"
-    return (_field(noise, "AC_interval", _interval, INTERVAL, within="noise.")
-            or _noise_summary_problem(noise, "noise.")
-            or _field(noise, "across", _object, "an object (benchmarks/noise.py)", within="noise.")
-            or _noise_summary_problem(noise["across"], "noise.across.")
-            or _field(noise, "queries", lambda v: _count(v) and v > 0, "a positive number of queries",
-                      within="noise."))
-
-
-def _noise_summary_problem(summary: dict[str, Any], within: str) -> str | None:
-    return (_first(_field(summary, key, _optional(_within(0, 1)), OPTIONAL_FRACTION, within=within)
-                   for key in ("AC_outside_noise", "AC_upper"))
-            or _field(summary, "within_noise", _count, "a number of pairs", within=within))
-
-
-def _replacement_models_problem(record: dict[str, Any]) -> str | None:
-    problem = _field(record, "replacement_models", lambda v: isinstance(v, list) and all(map(_object, v)),
-                     "a list of objects", required=False)
-    return problem or _first(
-        _field(rep, "task", _count, "a task index", within=f"replacement_models[{i}].")
-        or _field(rep, "own_accuracy", _within(0, 1), FRACTION, within=f"replacement_models[{i}].")
-        or _field(rep, "own_accuracy_interval", _interval, INTERVAL,
-                  within=f"replacement_models[{i}].")
-        or _field(rep, "classes", _optional(_count), "a number of classes", within=f"replacement_models[{i}].",
-                  required=False)
-        for i, rep in enumerate(record.get("replacement_models", [])) if "own_accuracy" in rep)
-
-
-def _timings_problem(record: dict[str, Any]) -> str | None:
-    problem = (_field(record, "timings", _object, "an object", required=False)
-               or _field(record.get("timings", {}), "tasks", lambda v: isinstance(v, list) and all(map(_object, v)),
-                         "a list of objects", within="timings.", required=False))
-    return problem or _first(
-        _field(task, "iterations", _count, "a number of iterations", within=f"timings.tasks[{i}].")
-        or _field(task, "seconds", _within(0, math.inf), "a number of seconds", within=f"timings.tasks[{i}].")
-        for i, task in enumerate(record.get("timings", {}).get("tasks", [])))
-
-
-def _update_problem(record: dict[str, Any]) -> str | None:
-    problem = (_field(record, "cases", _object, "an object of retrieval accuracies")
-               or _first(_field(record["cases"], case, _optional(_within(0, 1)), OPTIONAL_FRACTION, within="cases.",
-                                required=False) for case in UPDATE_CASES)
-               or _field(record, "backfilling", lambda v: _object(v) and _object(v.get("area")),
-                         "an object with an 'area' object")
-               or _first(_field(record["backfilling"]["area"], order, _optional(_within(0, 1)), OPTIONAL_FRACTION,
-                                within="backfilling.area.", required=False) for order in BACKFILL_ORDERS))
-    if problem or not record.get("adapter"):
-        return problem
-    return (_field(record, "adapter", lambda v: _object(v) and _object(v.get("fit")),
-                   "null or an object with a 'fit' object")
-            or _field(record["adapter"]["fit"], "f_W", is_number, "a number", within="adapter.fit.", required=False))
-
-
 def _spread(values: list[float]) -> tuple[float, float] | None:
     """``(mean, sample std)`` of ``values`` (std 0 for one value), or None when there is none."""
     if not values:
@@ -353,7 +147,7 @@ def _spread(values: list[float]) -> tuple[float, float] | None:
     return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
-def experiment_settings(record: dict[str, Any]) -> dict[str, Any]:
+def experiment_settings(record: RunRecord) -> dict[str, Any]:
     """What makes a run's experiment: its resolved config, flattened, without the seed, where results and data
     are kept and how they are shown, and without the parameters of strategies and adapters it does not use."""
     config = record.get("config") or {}
@@ -369,14 +163,14 @@ def _tag(settings: dict[str, Any], differing: list[str]) -> str:
     return " [" + "; ".join(shown) + ("; ..." if len(differing) > 3 else "") + "]"
 
 
-def experiment_groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
+def experiment_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
     """Runs grouped by experiment (:func:`experiment_settings`): runs that differ only by seed are one group;
     when one name covers several experiments, each label gets a tag of the settings that tell them apart."""
-    experiments: dict[tuple[str, str, str], dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    experiments: dict[tuple[str, str, str], dict[str, list[RunRecord]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
         identity = json.dumps(experiment_settings(r), sort_keys=True, default=str)
         experiments[(r["scenario"], r["dataset"], r.get("method", r["strategy"]))][identity].append(r)
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str], list[RunRecord]] = {}
     for (scenario, dataset, name), by_identity in experiments.items():
         settings = [json.loads(identity) for identity in by_identity]
         keys = sorted(set().union(*settings))
@@ -387,7 +181,7 @@ def experiment_groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str
     return dict(sorted(groups.items()))
 
 
-def leaderboard_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+def leaderboard_rows(records: list[RunRecord]) -> list[list[Any]]:
     """Rows ``[scenario, dataset, strategy, AC, AA, ACA, seeds]`` (:data:`MAIN_COLUMNS`; the metrics as
     ``(mean, std)`` over seeds) sorted by scenario, dataset, AC then AA."""
     rows = []
@@ -397,7 +191,7 @@ def leaderboard_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
     return sorted(rows, key=lambda r: (r[0], r[1], -r[3][0], -r[4][0]))
 
 
-def noise_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+def noise_rows(records: list[RunRecord]) -> list[list[Any]]:
     """Rows of the noise-aware AC (``benchmarks/noise.py``; :data:`NOISE_COLUMNS`) for the runs that carry a
     ``noise`` object: AC, its interval over query resamples, the shares of pairs compatible beyond noise (lower
     bound) and not incompatible beyond noise (upper bound), the number of pairs within noise, the same across
@@ -421,12 +215,12 @@ def noise_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
     return rows
 
 
-def replacement_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+def replacement_rows(records: list[RunRecord]) -> list[list[Any]]:
     """Each replacement model's own retrieval accuracy on the evaluation set (percent, mean over seeds, with the
     mean Wilson interval; :data:`REPLACEMENT_COLUMNS`), for the runs that measured it."""
     rows = []
     for (scenario, dataset, strategy), runs in experiment_groups(records).items():
-        scored: dict[tuple[int, Any], list[dict[str, Any]]] = defaultdict(list)
+        scored: dict[tuple[int, Any], list[ReplacementModel]] = defaultdict(list)
         for r in runs:
             for rep in r.get("replacement_models", []):
                 if "own_accuracy" in rep:
@@ -439,14 +233,14 @@ def replacement_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
     return rows
 
 
-def seconds_per_iteration(record: dict[str, Any]) -> float | None:
+def seconds_per_iteration(record: RunRecord) -> float | None:
     """Median over the run's tasks of training seconds per iteration (robust to one task slowed by another
     process), or None when it recorded no iteration."""
     tasks = [t for t in record.get("timings", {}).get("tasks", []) if t["iterations"]]
     return float(np.median([t["seconds"] / t["iterations"] for t in tasks])) if tasks else None
 
 
-def timing_rows(records: list[dict[str, Any]], baseline: str) -> list[list[Any]]:
+def timing_rows(records: list[RunRecord], baseline: str) -> list[list[Any]]:
     """Rows ``[scenario, dataset, strategy, ms/iteration, ratio, seeds]`` (:data:`TIMING_COLUMNS`): the median
     over seeds of each run's :func:`seconds_per_iteration`, and its ratio to ``baseline``'s in the same scenario
     and data set (None without it). Iteration times include the teacher's forward pass and the strategy's loss."""
@@ -462,7 +256,7 @@ def timing_rows(records: list[dict[str, Any]], baseline: str) -> list[list[Any]]
     return rows
 
 
-def _matrix_groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], RunMatrices]:
+def _matrix_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], RunMatrices]:
     """The runs of each :func:`experiment_groups` group that carry a compatibility matrix, each with its matrix; a group
     whose matrices differ in size (runs without a config to tell them apart) is split, labels tagged with it."""
     out = {}
@@ -477,7 +271,7 @@ def _matrix_groups(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], 
     return out
 
 
-def across_rows(records: list[dict[str, Any]], tie_rule: str = "strict") -> list[list[Any]]:
+def across_rows(records: list[RunRecord], tie_rule: str = "strict") -> list[list[Any]]:
     """Rows ``[scenario, dataset, strategy, AC across, ACA across, pairs, seeds]`` (:data:`ACROSS_COLUMNS`): AC
     and ACA over the pairs separated by a replacement (:func:`benchmarks.metrics.across_replacements`),
     ``(mean, std)`` over seeds."""
@@ -491,7 +285,7 @@ def across_rows(records: list[dict[str, Any]], tie_rule: str = "strict") -> list
     return rows
 
 
-def mean_matrices(records: list[dict[str, Any]]) -> list[Table]:
+def mean_matrices(records: list[RunRecord]) -> list[Table]:
     """Per (scenario, dataset, strategy), the compatibility matrix averaged over seeds, in percent, as a grid
     titled with the experiment: query task t by gallery task k <= t, ``(mean, std)`` (std only when there are
     several seeds), replacement tasks marked with ``*``."""
@@ -506,7 +300,7 @@ def mean_matrices(records: list[dict[str, Any]]) -> list[Table]:
     return grids
 
 
-def matrix_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+def matrix_rows(records: list[RunRecord]) -> list[list[Any]]:
     """The mean matrices of :func:`mean_matrices` as rows ``[scenario, dataset, strategy, t, k, mean, std,
     seeds]`` (:data:`MATRIX_ROW_COLUMNS`), one per pair k <= t, tasks 0-based, percent (std None for one seed):
     the long form that a csv file and a plotting script take."""
@@ -515,7 +309,7 @@ def matrix_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
             for t in range(len(mean)) for k in range(t + 1)]
 
 
-def _mean_matrices(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray | None,
+def _mean_matrices(records: list[RunRecord]) -> dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray | None,
                                                                                      set[int], int]]:
     """Per experiment: the mean matrix in percent, its sample std (None for one seed), the replacement tasks and
     the number of seeds."""
@@ -527,7 +321,7 @@ def _mean_matrices(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], 
     return out
 
 
-def update_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
+def update_rows(records: list[RunRecord]) -> list[list[Any]]:
     """Rows of the ``model_update`` runs (:data:`UPDATE_COLUMNS`): each retrieval case and backfilling area
     (percent) and λ-orth's final f(W), ``(mean, std)`` over seeds; None where an adapter does not produce it."""
     rows = []
@@ -539,12 +333,12 @@ def update_rows(records: list[dict[str, Any]]) -> list[list[Any]]:
 
         cases = [column(lambda r, c=c: r["cases"].get(c)) for c in UPDATE_CASES]
         areas = [column(lambda r, o=o: r["backfilling"]["area"].get(o)) for o in BACKFILL_ORDERS]
-        gaps = [r["adapter"]["fit"]["f_W"] for r in runs if r.get("adapter") and "f_W" in r["adapter"]["fit"]]
+        gaps = [update_fit(r)["f_W"] for r in runs if "f_W" in update_fit(r)]
         rows.append([dataset, method, *cases, *areas, _spread(gaps), len(runs)])
     return rows
 
 
-def build(records: list[dict[str, Any]], fmt: str = "github", names: Iterable[str] = TABLES,
+def build(records: list[RunRecord], fmt: str = "github", names: Iterable[str] = TABLES,
           baseline: str = "er") -> dict[str, list[Table]]:
     """The tables of :data:`TABLES` among ``names`` that have rows for ``records``, in that order: one table
     each, except ``matrices``, one grid per experiment in github and latex but one long table (:func:`matrix_rows`)
@@ -567,7 +361,7 @@ def build(records: list[dict[str, Any]], fmt: str = "github", names: Iterable[st
     return {name: tables for name, tables in built.items() if tables}
 
 
-def tables(records: list[dict[str, Any]], fmt: str = "github") -> str:
+def tables(records: list[RunRecord], fmt: str = "github") -> str:
     """The summary (:data:`SUMMARY`): the leaderboard, then the noise-aware AC, the replacement models' own
     accuracies and the model_update cases, each where some record carries them, separated by blank lines; in csv,
     which holds one table, the leaderboard alone."""

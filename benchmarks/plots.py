@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .metrics import is_number
+from .record import RunRecord, checked_records
 from .records import atomic_write
 
 ANNOTATED_TASKS = 16
@@ -33,7 +34,7 @@ SUMMARY_METRICS = (("AC", "AC", 1.0, 3), ("AA", "AA (%)", 100.0, 2), ("ACA", "AC
 class Series(NamedTuple):
     """The runs of one experiment (seeds of the same settings, task count and replacement tasks)."""
     label: str
-    runs: list[dict[str, Any]]
+    runs: list[RunRecord]
     replacement_tasks: tuple[int, ...]
 
 
@@ -51,7 +52,7 @@ def _save(fig, path: Path) -> None:
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
 
 
-def _run_title(record: dict[str, Any]) -> str:
+def _run_title(record: RunRecord) -> str:
     name = record.get("method", record["strategy"])
     return f"{name} · {record['scenario']} · {record['dataset']} · seed {record['seed']}"
 
@@ -67,8 +68,11 @@ def _task_axis(ax, size: int) -> None:
     ax.set_xlim(-0.5, size - 0.5)
 
 
-def save_plots(record: dict[str, Any], directory: str | Path) -> list[Path]:
-    """Write ``compatibility_matrix.png`` and ``aa_per_task.png`` for a ``metrics.json`` record."""
+def save_plots(record: RunRecord, directory: str | Path) -> list[Path]:
+    """Write a run's figures next to its ``metrics.json``: ``compatibility_matrix.png`` and ``aa_per_task.png``,
+    or for a ``model_update`` run ``backfilling.png``."""
+    if record["scenario"] == "model_update":
+        return [save_backfilling_plot(record, directory)]
     plt = _pyplot()
     directory = Path(directory)
     heatmap, curve = directory / "compatibility_matrix.png", directory / "aa_per_task.png"
@@ -81,7 +85,7 @@ def save_plots(record: dict[str, Any], directory: str | Path) -> list[Path]:
     return [heatmap, curve]
 
 
-def _heatmap(plt, record: dict[str, Any]):
+def _heatmap(plt, record: RunRecord):
     """The heatmap figure (module docstring): values and intervals only where they fit, marks everywhere; red
     text is a lighter red on the dark end of the colour map, where plain red is hard to read."""
     matrix = np.array([[np.nan if v is None else 100 * v for v in row] for row in record["compatibility_matrix"]])
@@ -142,7 +146,7 @@ def _heatmap(plt, record: dict[str, Any]):
     return fig
 
 
-def _aa_curve(plt, record: dict[str, Any]):
+def _aa_curve(plt, record: RunRecord):
     aa = record["metrics"]["AA_per_task"]
     fig, ax = plt.subplots(figsize=(max(5.0, 2 + 0.2 * len(aa)), 3.2))
     ax.plot(range(len(aa)), aa, marker="o", markersize=5 if len(aa) <= 16 else 3)
@@ -156,7 +160,7 @@ def _aa_curve(plt, record: dict[str, Any]):
     return fig
 
 
-def save_backfilling_plot(record: dict[str, Any], directory: str | Path) -> Path:
+def save_backfilling_plot(record: RunRecord, directory: str | Path) -> Path:
     """Write ``backfilling.png``: accuracy against the backfilled fraction β for each order of a model_update run."""
     plt = _pyplot()
     fill = record["backfilling"]
@@ -185,8 +189,8 @@ def _index_pair(value: Any, size: int) -> bool:
             and 0 <= value[1] < value[0] < size)
 
 
-def figure_problem(record: dict[str, Any]) -> str | None:
-    """Why a record that :func:`benchmarks.leaderboard.record_problem` accepts cannot be drawn, or None.
+def figure_problem(record: RunRecord) -> str | None:
+    """Why a record that :func:`benchmarks.record.record_problem` accepts cannot be drawn, or None.
 
     The figures read fields the leaderboard does not (the per-task curves, violations, noise intervals and
     decisions, backfilling curves); a hand-made or older record lacking them is named instead of crashing."""
@@ -229,12 +233,12 @@ def _noise_figure_problem(noise: Any, size: int) -> str | None:
     return None
 
 
-def _series(groups: dict[tuple[str, str, str], list[dict[str, Any]]]) -> dict[tuple[str, str], list[Series]]:
+def _series(groups: dict[tuple[str, str, str], list[RunRecord]]) -> dict[tuple[str, str], list[Series]]:
     """The experiments of each (scenario, data set). A leaderboard group whose runs differ in task count or
     replacement tasks (records without a config to tell them apart) is split, so they are never averaged."""
     out: dict[tuple[str, str], list[Series]] = defaultdict(list)
     for (scenario, dataset, label), runs in groups.items():
-        shapes: dict[tuple[int, tuple[int, ...]], list[dict[str, Any]]] = defaultdict(list)
+        shapes: dict[tuple[int, tuple[int, ...]], list[RunRecord]] = defaultdict(list)
         for r in runs:
             shapes[(len(r["metrics"]["AC_per_task"]), tuple(sorted(set(r.get("replacement_tasks", [])))))].append(r)
         for (size, replaced), same in sorted(shapes.items()):
@@ -316,7 +320,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
 
 
-def save_comparison_plots(groups: dict[tuple[str, str, str], list[dict[str, Any]]],
+def save_comparison_plots(groups: dict[tuple[str, str, str], list[RunRecord]],
                           directory: str | Path) -> list[Path]:
     """For each (scenario, data set) of ``groups`` (:func:`benchmarks.leaderboard.experiment_groups`, one entry per
     experiment, so runs of different settings are separate series and never averaged), write
@@ -337,9 +341,9 @@ def plot_results(results_dir: str | Path, out_dir: str | Path) -> tuple[list[Pat
     """Redraw each complete run's figures next to its ``metrics.json`` and write the comparison figures of
     :func:`save_comparison_plots` to ``out_dir``; returns ``(run figures, comparison figures, skipped)``.
 
-    Records are read and checked as the leaderboard does (:func:`benchmarks.leaderboard.record_problem`), plus
+    Records are read and checked as the leaderboard does (:func:`benchmarks.record.checked_records`), plus
     :func:`figure_problem`; a skipped file comes with its one-line reason. No training, no model is loaded."""
-    from .leaderboard import checked_records, experiment_groups
+    from .leaderboard import experiment_groups
 
     records, run_figures, skipped = [], [], []
     for path, record, problem in checked_records(results_dir):
@@ -348,9 +352,6 @@ def plot_results(results_dir: str | Path, out_dir: str | Path) -> tuple[list[Pat
             skipped.append((path, problem))
             continue
         records.append(record)
-        if record["scenario"] == "model_update":
-            run_figures.append(save_backfilling_plot(record, path.parent))
-        else:
-            run_figures += save_plots(record, path.parent)
+        run_figures += save_plots(record, path.parent)
     comparisons = save_comparison_plots(experiment_groups(records), out_dir) if records else []
     return run_figures, comparisons, skipped

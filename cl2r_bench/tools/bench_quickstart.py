@@ -11,7 +11,6 @@ slows it sharply.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import subprocess
@@ -19,6 +18,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.record import RECORD_FILE, read_record
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +36,7 @@ def timed_run(command: list[str], folder: Path) -> dict[str, float]:
     subprocess.run([*command, "--output", str(folder / "results"), "--no-progress", "--set",
                     f"replacement.pretrain.cache_dir={folder / 'cache'}"], check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - started
-    record = json.loads(next((folder / "results").rglob("metrics.json")).read_text())
+    record = read_record(next((folder / "results").rglob(RECORD_FILE)))
     t = record["timings"]
     parts = {"pretrain": t["pretrain_seconds"], "train": t["train_seconds"], "eval": t["eval_seconds"]}
     return {"wall": wall, **parts, "other": wall - sum(parts.values())}

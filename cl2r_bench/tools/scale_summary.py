@@ -13,16 +13,17 @@ import sys
 from pathlib import Path
 
 
-from tabulate import tabulate  # noqa: E402
+from tabulate import tabulate
 
-from benchmarks.leaderboard import collect  # noqa: E402
+from benchmarks.leaderboard import collect
+from benchmarks.record import RunRecord
 
 HEADERS = ["scale", "strategy", "backbone", "epochs/task", "seed", "replacement init", "replacements' own acc. (%)",
            "AC", "AC 95% interval", "AC outside noise", "AC upper", "within noise", "across: outside noise",
            "across: upper", "across: within noise", "AA (%)", "ACA (%)", "queries"]
 
 
-def row(scale: str, record: dict) -> list:
+def row(scale: str, record: RunRecord) -> list:
     noise, m, cfg = record["noise"], record["metrics"], record["config"]
     own = " / ".join(f"{100 * r['own_accuracy']:.1f}" for r in record["replacement_models"] if "own_accuracy" in r)
     seeds = cfg["replacement"]["pretrain"]["seed"]

@@ -1,0 +1,525 @@
+"""The run record: what a run's ``metrics.json`` holds, written once for its writer and its readers (issue 17).
+
+:class:`RunRecord` and the ``TypedDict`` s it nests name every field the run loop (``cl2r_bench/run.py``,
+``Run.record``) writes, with its unit; the leaderboard, the figures and the tools read records as these types.
+:func:`record_problem` is the schema's runtime check and :func:`read_record` the one way to read a file, so a
+hand-made, damaged or partial ``metrics.json`` is named in one line instead of crashing a reader or being averaged.
+
+Conventions of every field:
+
+* **Tasks are 0-based**: task t is row t of the compatibility matrix, ``replacement_tasks`` and every ``task``
+  field count from 0.
+* **Accuracies are fractions in [0, 1]**: matrix entries, ``own_accuracy``, retrieval ``cases``, backfilling
+  curves and areas, noise intervals, AC and its noise-aware variants. **AA and ACA are percent** in [0, 100]
+  and **BC and FC percent points** in [-100, 100], as the papers report them (``benchmarks/metrics.py``).
+* **Seconds** for every duration; ``null`` where a value does not exist (the matrix above its diagonal, ACA of
+  one task, a case an adapter cannot produce), never 0.
+
+What :func:`record_problem` guarantees (what the leaderboard's tables read): a complete run with its identity
+(``scenario``, ``dataset``, ``strategy``, ``seed``), AC / AA / ACA in range, a well-formed matrix of
+``num_tasks`` rows, and, where present, the replacement tasks, config, noise summary, replacement models' own
+accuracies, task timings and the ``model_update`` cases and backfilling areas. The other fields are as the writer
+wrote them; a hand-made record may lack them, so a reader that needs them checks first (as
+:func:`benchmarks.plots.figure_problem` does for the per-task curves, violations and noise intervals).
+"""
+import json
+import math
+import reprlib
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal, TypedDict
+
+from .adapters import BACKFILL_ORDERS
+from .metrics import MatrixError, as_matrix, is_number
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired
+else:
+    from typing_extensions import NotRequired
+
+RECORD_FILE = "metrics.json"
+UPDATE_CASES = ("old/old", "new/new", "new/old", "B(new)/old", "new/F(old)", "B(new)/B(new)")
+
+NAME = "a non-empty string"
+FRACTION = "a fraction in [0, 1]"
+OPTIONAL_FRACTION = "null or a fraction in [0, 1]"
+INTERVAL = "[low, high], fractions in [0, 1]"
+
+Check = Callable[[Any], bool]
+
+
+class Metrics(TypedDict):
+    """The compatibility metrics of a matrix (``benchmarks.metrics.all_metrics``; METHODS.md §2).
+
+    ``AC``: share of pairs t > k with ``M[t][k] > M[k][k]`` (a fraction; 1.0 for one task). ``AA``: mean of the
+    lower triangle with the diagonal, percent. ``ACA``: mean of the strictly lower entries, percent (None for one
+    task). ``AC_per_task`` / ``AA_per_task``: AC (fractions) and AA (percent) of each top-left (t+1)x(t+1) block,
+    one per task. ``BC``: mean over k < T-1 of ``M[T-1][k] - M[k][k]``; ``FC``: mean over t >= 1 of
+    ``M[t][t-1] - M[t][t]``; both percent points, None for one task. ``violations``: the pairs ``[t, k]``, t > k,
+    that are not compatible. ``tie_rule``: ``strict`` (a tie is a violation) or ``inclusive``.
+    ``ACA_definition``: ACA's definition in words (the suite's own; none is published)."""
+    AC: float
+    AA: float
+    ACA: float | None
+    AC_per_task: list[float]
+    AA_per_task: list[float]
+    BC: float | None
+    FC: float | None
+    violations: list[list[int]]
+    tie_rule: Literal["strict", "inclusive"]
+    ACA_definition: str
+
+
+class NoiseSummary(TypedDict):
+    """Noise-aware AC over a set of pairs (``benchmarks/noise.py``). ``AC_outside_noise``: share of the pairs
+    compatible beyond noise, a lower bound; ``AC_upper``: share not incompatible beyond noise, an upper bound; both
+    fractions, None without pairs. ``pairs``: how many pairs; ``within_noise``: how many are neither."""
+    AC_outside_noise: float | None
+    AC_upper: float | None
+    pairs: int
+    within_noise: int
+
+
+class PairDecision(TypedDict):
+    """One pair (t, k), t > k. ``difference``: ``M[t][k] - M[k][k]`` (fraction); ``interval``: its ``[low, high]``
+    at the record's confidence; ``decision``: ``compatible`` / ``incompatible`` beyond noise or ``within_noise``;
+    ``across``: whether a replacement task r has k < r <= t."""
+    pair: list[int]
+    difference: float
+    interval: list[float]
+    decision: Literal["compatible", "incompatible", "within_noise"]
+    across: bool
+
+
+class Noise(NoiseSummary):
+    """How much of the matrix is query-sampling noise (``benchmarks/noise.py``; METHODS.md §8), with the summary
+    over all pairs t > k at the top level.
+
+    ``method``: ``paired_bootstrap`` (per-query hits resampled together) or ``binomial`` (entries drawn
+    independently). ``confidence``: the intervals' level (0.95). ``queries``: the n of every entry.
+    ``resamples`` / ``seed``: the draws. ``entry_intervals``: the Wilson interval ``[low, high]`` of each entry,
+    rows as the matrix, None above the diagonal. ``AC_interval``: AC's percentile interval over the resamples.
+    ``across``: the summary over the pairs separated by a replacement. ``pair_decisions``: one per pair, row
+    order."""
+    method: Literal["paired_bootstrap", "binomial"]
+    confidence: float
+    queries: int
+    resamples: int
+    seed: int
+    entry_intervals: list[list[list[float] | None]]
+    AC_interval: list[float]
+    across: NoiseSummary
+    pair_decisions: list[PairDecision]
+
+
+class ReplacementModel(TypedDict):
+    """A model a task starts from (a replacement of IAM-CL2R; the old and the new model of ``model_update``).
+
+    ``task``: the task it starts. ``path``: its checkpoint, absolute. ``source``: ``user``
+    (``replacement.checkpoints``), ``pretrained`` (by this run) or ``cached`` (by an earlier one). ``classes``: how
+    many classes it was pretrained on (absent for the user's files). ``own_accuracy``: its retrieval accuracy on
+    the evaluation set before any fine-tuning (a fraction) and ``own_accuracy_interval`` its Wilson interval;
+    absent where the scenario does not score its starting models."""
+    task: int
+    path: str
+    source: Literal["user", "pretrained", "cached"]
+    classes: NotRequired[int]
+    own_accuracy: NotRequired[float]
+    own_accuracy_interval: NotRequired[list[float]]
+
+
+class AdapterFit(TypedDict):
+    """One fit of the adapter: ``task`` (the incoming model's), ``items`` (images it was fitted on), ``seconds``
+    (embedding both models and fitting), beside the adapter's own fit log (e.g. λ-orthogonal's final ``f_W``)."""
+    task: int
+    items: int
+    seconds: float
+
+
+class Adapter(TypedDict):
+    """The adapter between successive models (METHODS.md §7); the record's ``adapter`` is None without one.
+
+    ``name``: the adapter. ``direction``: ``backward`` (new queries mapped into old galleries) or ``forward``
+    (kept galleries mapped into the new space), the matrix the record reports. ``at``: ``replacements`` or
+    ``every_task``. ``fits``: one per fit, task order. Records of the former ``model_update`` writer carry instead
+    ``fit`` (the single fit's log, where the leaderboard reads ``f_W``) and ``fit_items``."""
+    name: str
+    direction: NotRequired[Literal["backward", "forward"]]
+    at: NotRequired[Literal["replacements", "every_task"]]
+    fits: NotRequired[list[AdapterFit]]
+    fit: NotRequired[dict[str, float]]
+    fit_items: NotRequired[int]
+
+
+class TaskTiming(TypedDict):
+    """One task's cost. ``seconds``: training (0 where the scenario does not train); ``iterations``: optimiser
+    steps; ``images``: training images seen, each epoch counted; ``final_loss``: the last batch's loss (None
+    without training); ``eval_seconds``: deploying the model (embedding and scoring); ``images_per_second``:
+    ``images / seconds``."""
+    seconds: float
+    iterations: int
+    images: int
+    final_loss: float | None
+    eval_seconds: float
+    images_per_second: float
+
+
+class Timings(TypedDict):
+    """The run's cost in seconds. ``tasks``: one :class:`TaskTiming` per finished task; ``pretrain_seconds``:
+    finding or pretraining the starting models; ``train_seconds`` / ``eval_seconds``: the tasks' sums;
+    ``wall_seconds_this_invocation``: the whole invocation that completed the run (absent before it completes;
+    a resumed run's covers the resumed part only). Records of the former ``model_update`` writer carry
+    ``model_training_seconds``, ``adapter_fit_seconds`` and ``evaluation_seconds`` instead of the first four."""
+    tasks: list[TaskTiming]
+    pretrain_seconds: float
+    train_seconds: float
+    eval_seconds: float
+    wall_seconds_this_invocation: NotRequired[float]
+    model_training_seconds: NotRequired[float]
+    adapter_fit_seconds: NotRequired[float]
+    evaluation_seconds: NotRequired[float]
+
+
+class Extractions(TypedDict):
+    """How many times a model embedded the whole gallery and the query set: one of each per deployed model."""
+    gallery: int
+    query: int
+
+
+class Evaluation(TypedDict):
+    """The evaluation set. ``queries``: query images (the n of every accuracy); ``gallery_images``: gallery images;
+    ``mode``: ``templates`` (one normalised mean feature per class) or ``images`` (every gallery image);
+    ``extractions``: :class:`Extractions` (absent in records of the former ``model_update`` writer)."""
+    queries: int
+    gallery_images: int
+    mode: Literal["templates", "images"]
+    extractions: NotRequired[Extractions]
+
+
+class Stream(TypedDict):
+    """The task stream. ``classes_per_task``: new classes of each task; ``train_images_per_task``: training images
+    of each task; ``class_order``: the stream's classes in the order they arrive (dataset class indices)."""
+    classes_per_task: list[int]
+    train_images_per_task: list[int]
+    class_order: list[int]
+
+
+UpdateCases = TypedDict("UpdateCases", {
+    "old/old": float | None, "new/new": float | None, "new/old": float | None, "B(new)/old": float | None,
+    "new/F(old)": float | None, "B(new)/B(new)": float | None, "full backfill": float | None})
+UpdateCases.__doc__ = """The ``model_update`` retrieval cases (``benchmarks/adapters.py``), top-1 accuracies
+(fractions) named "query features / gallery features": ``old/old`` and ``new/new`` (each model alone), ``new/old``
+(untransformed), ``B(new)/old`` (backward-adapted queries, no backfilling), ``new/F(old)`` (forward-adapted
+gallery), ``B(new)/B(new)`` (adapted on both sides) and ``full backfill``; None where the adapter cannot
+produce a case."""
+
+
+class Backfilling(TypedDict):
+    """Partial backfilling of a ``model_update`` run (``benchmarks/adapters.py``). ``betas``: the backfilled shares
+    of the gallery, 0 to 1; ``curves``: per order (``random``, ``uncertainty``, ``class_mean_distance``) the
+    accuracy (fraction) at each beta, None where the adapter cannot rank the gallery; ``area``: the area under
+    each curve over beta in [0, 1] (a mean accuracy, fraction), None likewise."""
+    betas: list[float]
+    curves: dict[str, list[float] | None]
+    area: dict[str, float | None]
+
+
+class Device(TypedDict):
+    """Where the run computed: ``type`` (``cpu`` / ``cuda``), ``cpu`` (processor), ``cpu_threads`` (torch's
+    threads) and, on a GPU, ``gpu`` (its name)."""
+    type: str
+    cpu: str
+    cpu_threads: int
+    gpu: NotRequired[str]
+
+
+class RunRecord(TypedDict):
+    """A run's ``metrics.json``: one scenario, data set, strategy (or adapter) and seed.
+
+    Identity: ``scenario`` (``cl2r``, ``iamcl2r``, ``model_update``), ``strategy`` (the training method; the
+    scenario's name where no strategy trains), ``method`` (the run's label in folders and tables: the strategy,
+    ``+<adapter>`` when one is used, the adapter alone in ``model_update``, or ``adapter.label``), ``dataset``,
+    ``seed``.
+
+    Progress: ``num_tasks``, ``tasks_completed`` (rows of the matrix so far), ``complete`` (every task finished;
+    a partial record is written after each task and is never a result).
+
+    Results: ``replacement_tasks`` (tasks that start from a replacement model, 0-based); ``compatibility_matrix``
+    (``M[t][k]``: queries embedded by model t against the gallery embedded by model k, fractions, None above the
+    diagonal; with an adapter along a stream, the adapted matrix); ``metrics`` (:class:`Metrics` of that matrix);
+    ``noise`` (:class:`Noise`); ``unadapted_matrix`` / ``unadapted_metrics`` (the plain matrix and its metrics,
+    with an adapter only); ``cases`` and ``backfilling`` (``model_update`` only).
+
+    Provenance: ``evaluation``, ``stream``, ``replacement_models`` (:class:`ReplacementModel`, task order),
+    ``adapter`` (None without one), ``config`` (the resolved settings, as ``config.yaml``), ``versions`` (package
+    versions, None where not installed), ``device``, ``timings``; ``non_finite_values``: the dotted path of each
+    value written as null because it was NaN or infinite, with what it was (absent when there is none).
+    Records of the former ``model_update`` writer also carry ``models`` (the old and new checkpoints)."""
+    scenario: str
+    strategy: str
+    method: str
+    dataset: str
+    seed: int
+    num_tasks: int
+    tasks_completed: int
+    complete: bool
+    replacement_tasks: list[int]
+    compatibility_matrix: list[list[float | None]]
+    metrics: Metrics
+    evaluation: Evaluation
+    stream: NotRequired[Stream]
+    replacement_models: list[ReplacementModel]
+    adapter: Adapter | None
+    config: dict[str, Any]
+    versions: dict[str, str | None]
+    device: Device
+    timings: Timings
+    noise: NotRequired[Noise]
+    unadapted_matrix: NotRequired[list[list[float | None]]]
+    unadapted_metrics: NotRequired[Metrics]
+    cases: NotRequired[UpdateCases]
+    backfilling: NotRequired[Backfilling]
+    models: NotRequired[dict[str, dict[str, Any]]]
+    non_finite_values: NotRequired[dict[str, str]]
+
+
+class RecordError(ValueError):
+    """A ``metrics.json`` that cannot be read as a complete run: ``path`` names the file, ``problem`` says why in
+    one line (the message is both)."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path, self.problem = path, problem
+
+
+def read_record(path: str | Path) -> RunRecord:
+    """The complete run record in ``path``, checked by :func:`record_problem`.
+
+    Raises :class:`RecordError` naming the file and the one-line problem: unreadable, not UTF-8, not JSON, JSON
+    nested too deeply, or a record that :func:`record_problem` rejects (an incomplete run included)."""
+    path = Path(path)
+    record, problem = _parse(path)
+    problem = problem or record_problem(record)
+    if problem:
+        raise RecordError(path, problem)
+    return record
+
+
+def checked_records(results_dir: str | Path) -> Iterator[tuple[Path, RunRecord | None, str | None]]:
+    """``(path, record, None)`` for every :data:`RECORD_FILE` under ``results_dir`` that :func:`read_record`
+    accepts and ``(path, None, why not)`` for the others, in path order: the one walk over a results folder
+    (``benchmarks.leaderboard.collect``, ``benchmarks.plots.plot_results``)."""
+    for path in sorted(Path(results_dir).rglob(RECORD_FILE)):
+        try:
+            yield path, read_record(path), None
+        except RecordError as exc:
+            yield path, None, exc.problem
+
+
+def _parse(path: Path) -> tuple[Any, str | None]:
+    """``(parsed JSON, None)``, or ``(None, why the file cannot be read)`` in one line."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    except UnicodeDecodeError as exc:
+        return None, (f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at position {exc.start}); a metrics.json "
+                      "is UTF-8 JSON")
+    except RecursionError:
+        return None, "JSON nesting too deep; a metrics.json is an object a few levels deep"
+    except ValueError as exc:
+        return None, f"not valid JSON ({exc})"
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and value.strip() != ""
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> bool:
+    return _integer(value) and value >= 0
+
+
+def _object(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _within(low: float, high: float) -> Check:
+    return lambda value: is_number(value) and low <= value <= high
+
+
+def _optional(check: Check) -> Check:
+    return lambda value: value is None or check(value)
+
+
+def _interval(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(map(_within(0, 1), value))
+
+
+def _field(data: dict[str, Any], key: str, check: Check, expected: str, *, within: str = "",
+           required: bool = True) -> str | None:
+    """Why ``data[key]`` is unusable (``within`` prefixes its name in the message), or None when it is usable
+    or absent and not ``required``."""
+    if key not in data:
+        return f"'{within}{key}' is missing; it must be {expected}" if required else None
+    return None if check(data[key]) else f"'{within}{key}' is {reprlib.repr(data[key])}; it must be {expected}"
+
+
+def _first(problems: Iterable[str | None]) -> str | None:
+    return next((p for p in problems if p), None)
+
+
+def record_problem(record: Any) -> str | None:
+    """Why a parsed ``metrics.json`` cannot be a leaderboard row, or None when it can.
+
+    Every field the leaderboard's tables read is checked for type and range (AC a fraction; AA and ACA
+    percent; the matrix as :func:`benchmarks.metrics.as_matrix` reads it; the noise, replacement-model, timing
+    and model-update fields where present), so that a hand-made or damaged file is named and left out instead
+    of crashing a table or being averaged. An incomplete run is reported as such.
+    """
+    if not isinstance(record, dict):
+        return f"holds {reprlib.repr(record)}, not a JSON object; a metrics.json is one object"
+    return (_field(record, "complete", lambda v: isinstance(v, bool), "true or false")
+            or _incomplete(record)
+            or _first(_field(record, key, _text, NAME) for key in ("scenario", "dataset", "strategy"))
+            or _field(record, "method", _text, NAME, required=False)
+            or _field(record, "seed", _integer, "an integer")
+            or _field(record, "num_tasks", _count, "a number of tasks", required=False)
+            or _field(record, "tasks_completed", _count, "a number of tasks", required=False)
+            or _tasks_problem(record)
+            or _field(record, "metrics", _object, "an object with AC, AA and ACA")
+            or _metrics_problem(record["metrics"])
+            or _matrix_problem(record)
+            or _field(record, "replacement_tasks", lambda v: isinstance(v, list) and all(map(_count, v)),
+                      "a list of task indices", required=False)
+            or _config_problem(record)
+            or _noise_problem(record.get("noise"))
+            or _replacement_models_problem(record)
+            or _timings_problem(record)
+            or (_update_problem(record) if record["scenario"] == "model_update" else None))
+
+
+def _incomplete(record: dict[str, Any]) -> str | None:
+    if record["complete"]:
+        return None
+    done, total = (record.get(k) if _count(record.get(k)) else "?" for k in ("tasks_completed", "num_tasks"))
+    return f"incomplete run ({done} of {total} tasks)"
+
+
+def _tasks_problem(record: dict[str, Any]) -> str | None:
+    done, total = record.get("tasks_completed"), record.get("num_tasks")
+    if done is None or total is None or done == total:
+        return None
+    return f"'complete' is true but tasks_completed is {done} of num_tasks {total}; rerun it or fix the record"
+
+
+def _metrics_problem(metrics: dict[str, Any]) -> str | None:
+    percent, points = _within(0, 100), _optional(_within(-100, 100))
+    return (_field(metrics, "AC", _within(0, 1), FRACTION, within="metrics.")
+            or _field(metrics, "AA", percent, "a percentage in [0, 100]", within="metrics.")
+            or _field(metrics, "ACA", _optional(percent), "a percentage in [0, 100] (null for one task)",
+                      within="metrics.")
+            or _first(_field(metrics, key, points, "null or percent points in [-100, 100]", within="metrics.",
+                             required=False) for key in ("BC", "FC")))
+
+
+def _matrix_problem(record: dict[str, Any]) -> str | None:
+    if "compatibility_matrix" not in record:
+        return None
+    try:
+        size = len(as_matrix(record["compatibility_matrix"]))
+    except MatrixError as exc:
+        return f"compatibility_matrix: {exc}"
+    tasks = record.get("num_tasks")
+    if tasks is not None and size != tasks:
+        return f"compatibility_matrix has {size} rows but num_tasks is {tasks}; a complete run has one row per task"
+    return None
+
+
+def _config_problem(record: dict[str, Any]) -> str | None:
+    """A config that is not an object, or that is nested too deeply for the leaderboard to group runs by it
+    (``benchmarks.leaderboard.experiment_settings`` flattens it and serialises its values)."""
+    problem = (_field(record, "config", _optional(_object), "an object (the resolved settings)", required=False)
+               or _field(record.get("config") or {}, "adapter", lambda v: not v or isinstance(v, dict),
+                         "an object with a 'name'", within="config.", required=False))
+    if problem:
+        return problem
+    try:
+        json.dumps(record.get("config") or {}, sort_keys=True, default=str)
+    except RecursionError:
+        return "'config' is nested too deeply; it must be the resolved settings of configs/default.yaml"
+    return None
+
+
+def _noise_problem(noise: Any) -> str | None:
+    if not noise:
+        return None
+    if not isinstance(noise, dict):
+        return f"'noise' is {reprlib.repr(noise)}; it must be an object (benchmarks/noise.py)"
+    return (_field(noise, "AC_interval", _interval, INTERVAL, within="noise.")
+            or _noise_summary_problem(noise, "noise.")
+            or _field(noise, "across", _object, "an object (benchmarks/noise.py)", within="noise.")
+            or _noise_summary_problem(noise["across"], "noise.across.")
+            or _field(noise, "queries", lambda v: _count(v) and v > 0, "a positive number of queries",
+                      within="noise."))
+
+
+def _noise_summary_problem(summary: dict[str, Any], within: str) -> str | None:
+    return (_first(_field(summary, key, _optional(_within(0, 1)), OPTIONAL_FRACTION, within=within)
+                   for key in ("AC_outside_noise", "AC_upper"))
+            or _field(summary, "within_noise", _count, "a number of pairs", within=within))
+
+
+def _replacement_models_problem(record: dict[str, Any]) -> str | None:
+    problem = _field(record, "replacement_models", lambda v: isinstance(v, list) and all(map(_object, v)),
+                     "a list of objects", required=False)
+    return problem or _first(
+        _field(rep, "task", _count, "a task index", within=f"replacement_models[{i}].")
+        or _field(rep, "own_accuracy", _within(0, 1), FRACTION, within=f"replacement_models[{i}].")
+        or _field(rep, "own_accuracy_interval", _interval, INTERVAL,
+                  within=f"replacement_models[{i}].")
+        or _field(rep, "classes", _optional(_count), "a number of classes", within=f"replacement_models[{i}].",
+                  required=False)
+        for i, rep in enumerate(record.get("replacement_models", [])) if "own_accuracy" in rep)
+
+
+def _timings_problem(record: dict[str, Any]) -> str | None:
+    problem = (_field(record, "timings", _object, "an object", required=False)
+               or _field(record.get("timings", {}), "tasks", lambda v: isinstance(v, list) and all(map(_object, v)),
+                         "a list of objects", within="timings.", required=False))
+    return problem or _first(
+        _field(task, "iterations", _count, "a number of iterations", within=f"timings.tasks[{i}].")
+        or _field(task, "seconds", _within(0, math.inf), "a number of seconds", within=f"timings.tasks[{i}].")
+        for i, task in enumerate(record.get("timings", {}).get("tasks", [])))
+
+
+def _update_problem(record: dict[str, Any]) -> str | None:
+    problem = (_field(record, "cases", _object, "an object of retrieval accuracies")
+               or _first(_field(record["cases"], case, _optional(_within(0, 1)), OPTIONAL_FRACTION, within="cases.",
+                                required=False) for case in UPDATE_CASES)
+               or _field(record, "backfilling", lambda v: _object(v) and _object(v.get("area")),
+                         "an object with an 'area' object")
+               or _first(_field(record["backfilling"]["area"], order, _optional(_within(0, 1)), OPTIONAL_FRACTION,
+                                within="backfilling.area.", required=False) for order in BACKFILL_ORDERS))
+    if problem or not record.get("adapter"):
+        return problem
+    return (_field(record, "adapter", lambda v: _object(v) and (_object(v.get("fit")) or _fits(v.get("fits"))),
+                   "null or an object with a 'fits' list (or, in older records, a 'fit' object)")
+            or _field(update_fit(record), "f_W", is_number, "a number", required=False,
+                      within="adapter.fit." if "fit" in record["adapter"] else
+                      f"adapter.fits[{len(record['adapter']['fits']) - 1}]."))
+
+
+def _fits(value: Any) -> bool:
+    return isinstance(value, list) and len(value) > 0 and all(map(_object, value))
+
+
+def update_fit(record: RunRecord) -> dict[str, Any]:
+    """The fit log of a ``model_update`` run's adapter (its one fit; ``adapter.fit`` in older records), or ``{}``
+    without adapter."""
+    adapter = record.get("adapter") or {}
+    return adapter.get("fit") or (adapter.get("fits") or [{}])[-1]

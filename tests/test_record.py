@@ -1,0 +1,67 @@
+"""The run record's schema (``benchmarks/record.py``): reading a ``metrics.json`` either gives the complete record
+or fails in one line naming the file, and the ``TypedDict`` s name every field the metric writers produce."""
+import typing
+
+import pytest
+
+from benchmarks import leaderboard
+from benchmarks.metrics import all_metrics, as_matrix
+from benchmarks.noise import noise_metrics
+from benchmarks.record import (RECORD_FILE, Metrics, Noise, NoiseSummary, PairDecision, RecordError, RunRecord,
+                               UpdateCases, checked_records, read_record, record_problem)
+from test_leaderboard_input import MATRIX, changed, update_record, valid_record, write
+
+
+def keys(typed: type) -> set[str]:
+    return set(typed.__required_keys__ | typed.__optional_keys__)
+
+
+@pytest.mark.parametrize("make", [valid_record, update_record])
+def test_a_good_record_round_trips(tmp_path, make):
+    record = make()
+    path = write(tmp_path, "run", record)
+    assert path.name == RECORD_FILE
+    assert read_record(path) == record
+    assert read_record(str(path)) == record
+
+
+FAILURES = {
+    "missing": (None, "unreadable (No such file or directory)"),
+    "not_utf8": (b'{"scenario": "synth\xe9tic"}', "not UTF-8 text (byte 0xe9"),
+    "deep": ("[" * 100000, "JSON nesting too deep"),
+    "not_json": ('{"complete": true,', "not valid JSON"),
+    "not_an_object": ("[1, 2]", "not a JSON object"),
+    "incomplete": (changed(valid_record(), "complete", False), "incomplete run (3 of 3 tasks)"),
+    "out_of_range": (changed(valid_record(), "metrics.AC", 1.7), "'metrics.AC' is 1.7"),
+}
+
+
+@pytest.mark.parametrize("name", FAILURES)
+def test_each_failure_is_one_line_naming_the_file(tmp_path, name):
+    content, fragment = FAILURES[name]
+    path = tmp_path / name / RECORD_FILE if content is None else write(tmp_path, name, content)
+    with pytest.raises(RecordError) as caught:
+        read_record(path)
+    error = caught.value
+    assert isinstance(error, ValueError) and error.path == path and fragment in error.problem
+    assert str(error) == f"{path}: {error.problem}" and "\n" not in str(error)
+
+
+def test_checked_records_walks_a_folder_in_path_order(tmp_path):
+    good = write(tmp_path, "a", valid_record())
+    bad = write(tmp_path, "b", changed(valid_record(), "seed", "1"))
+    assert list(checked_records(tmp_path)) == [(good, valid_record(), None),
+                                               (bad, None, record_problem(changed(valid_record(), "seed", "1")))]
+    assert leaderboard.collect(tmp_path) == ([valid_record()], [(bad, "'seed' is '1'; it must be an integer")])
+    assert leaderboard.record_problem is record_problem
+
+
+def test_the_schema_names_every_field_the_writers_produce():
+    matrix = as_matrix(MATRIX)
+    noise = noise_metrics(matrix, 144, replacement_tasks=[0, 2])
+    assert keys(Metrics) == set(all_metrics(matrix))
+    assert keys(Noise) == set(noise) and keys(NoiseSummary) == set(noise["across"])
+    assert keys(PairDecision) == set(noise["pair_decisions"][0])
+    assert set(valid_record()) | set(update_record()) <= keys(RunRecord)
+    assert set(update_record()["cases"]) == keys(UpdateCases)
+    assert typing.get_type_hints(RunRecord)["metrics"] is Metrics
