@@ -31,7 +31,8 @@ class UsageError(Exception):
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", help="cl2r | iamcl2r | model_update (default from configs/default.yaml: iamcl2r)")
-    p.add_argument("--strategy", help="a registered strategy, or 'all'")
+    p.add_argument("--strategy", help="a registered strategy, avalanche:<Class> (any Avalanche strategy, e.g. "
+                   "avalanche:EWC), or 'all' (the registered ones)")
     p.add_argument("--adapter", help="a post-hoc adapter between model updates (strategies/adapters/), 'none', or "
                    "'all' (none and every adapter, one run each)")
     p.add_argument("--dataset", help="training stream: cifar100 | tinyimagenet | synthetic")
@@ -52,6 +53,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin", action="append", metavar="FILE",
                    help="a Python file that registers a strategy (repeatable; see strategies/base.py)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--tensorboard", action="store_true", help="log losses, learning rate, each task's matrix row "
+                   "and AC_t / AA_t to <run folder>/tensorboard/ (needs pip install tensorboard)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,8 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "comparison figures (AC_t / AA_t curves, AC / AA / ACA summary) per scenario and data set")
     plot.add_argument("results_dir", help="folder searched for metrics.json files")
     plot.add_argument("--out", help="folder of the comparison figures (default RESULTS_DIR/plots)")
-    sub.add_parser("list", help="what can be run: the scenarios, strategies, adapters, presets and data sets, one "
-                   "line each")
+    listing = sub.add_parser("list", help="what can be run: the scenarios, strategies, adapters, presets and data "
+                             "sets, one line each")
+    listing.add_argument("--params", action="store_true", help="also each strategy's and adapter's parameters with "
+                         "their defaults (set them with --set strategy_params.NAME.KEY=VALUE)")
     return parser
 
 
@@ -121,6 +126,8 @@ def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
         layer.setdefault("evaluation", {})["dataset"] = args.eval_dataset
     if args.epochs is not None:
         layer.setdefault("training", {})["epochs"] = args.epochs
+    if args.tensorboard:
+        layer.setdefault("tracking", {})["tensorboard"] = True
     if args.no_progress:
         layer.setdefault("training", {})["progress"] = False
     for assignment in args.set:
@@ -159,17 +166,16 @@ def resolved_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def command_run(args: argparse.Namespace) -> int:
     from benchmarks.leaderboard import tables
-    from cl2r_bench.run import Run, run_directory, run_label
-    from cl2r_bench.model_update_run import ModelUpdateRun
+    from cl2r_bench.assembly import assemble
+    from cl2r_bench.run import Run
 
     configs = resolved_configs(args)
-    runs = [(ModelUpdateRun if cfg["scenario"] == "model_update" else Run)(cfg, resume=args.resume,
-                                                                           overwrite=args.overwrite)
-            for cfg in configs]
+    runs = [Run(assemble(cfg), resume=args.resume, overwrite=args.overwrite) for cfg in configs]
     records = []
-    for run, cfg in zip(runs, configs):
-        print(f"== {cfg['scenario']} / {cfg['dataset']} / {run_label(cfg)} / seed {cfg['seed']} "
-              f"(preset {cfg['preset']}, device {run.device}) -> {run_directory(cfg)}")
+    for run in runs:
+        s = run.settings
+        print(f"== {s.scenario} / {s.dataset} / {run.parts.label} / seed {s.seed} (preset {s.preset}, device "
+              f"{run.device}) -> {run.dir}")
         try:
             record = run.execute()
         except KeyboardInterrupt:
@@ -187,19 +193,19 @@ def command_run(args: argparse.Namespace) -> int:
         records.append(record)
     print()
     print(tables(records))
-    print(what_next(runs, configs))
+    print(what_next(runs))
     return 0
 
 
-def what_next(runs: list[Any], configs: list[dict[str, Any]]) -> str:
+def what_next(runs: list[Any]) -> str:
     """The closing lines of a run command: where the figures are, the next commands, and on the generated data
     set what its numbers do and do not show."""
-    output = configs[0]["output"]
+    output = runs[0].settings.output
     lines = ["", f"figures: {runs[-1].dir}/*.png" + (f" (and in the other {len(runs) - 1} run folders)"
                                                      if len(runs) > 1 else ""),
              f"next: python runner.py leaderboard --results {output}  (one row per experiment);  python runner.py "
              f"plot {output}  (comparison figures)"]
-    if configs[0]["dataset"] == "synthetic":
+    if runs[0].settings.dataset == "synthetic":
         lines.append("note: on the generated data these numbers show that the pipeline runs end to end, not the "
                      "papers' results (README, 'What the demo's numbers show')")
     return "\n".join(lines)
@@ -210,17 +216,18 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def command_pretrain(args: argparse.Namespace) -> int:
-    from cl2r_bench.run import make_stream, replacement_checkpoints, resolve_device
+    """Find or pretrain the starting models of each asked run (the scenario's replacement or old/new models)."""
+    from cl2r_bench.assembly import assemble
     from cl2r_bench.models import replacement_family
-    from strategies import get_strategy
 
     done = set()
     for cfg in resolved_configs(args):
-        head = get_strategy(cfg["strategy"]).head
-        key = (replacement_family(head), cfg["dataset"], cfg["replacement"]["pretrain"]["dataset"])
+        parts = assemble(cfg)
+        s = parts.settings
+        key = (s.scenario, replacement_family(parts.head), s.dataset, s.replacement.pretrain.dataset)
         if key not in done:
             done.add(key)
-            replacement_checkpoints(cfg, make_stream(cfg), head, resolve_device(cfg["device"]))
+            parts.scenario.starting_models(parts.scenario.stream(), parts.head, parts.device, print)
     return 0
 
 
@@ -324,25 +331,36 @@ def command_plot(args: argparse.Namespace) -> int:
 
 def command_list(args: argparse.Namespace) -> int:
     """Print the registered scenarios, strategies, adapters, presets and data sets with one line each (the
-    profiles' first comment sentence, the strategies' and adapters' first docstring line)."""
-    from cl2r_bench.config import choices, profile_summary
-    from strategies import get_strategy, list_strategies
+    profiles' first comment sentence, the parts' first docstring line); ``--params`` adds every strategy's and
+    adapter's parameters with their defaults (written once, in their ``Config`` dataclasses)."""
+    from dataclasses import asdict
+
     from cl2r_bench.adapters import get_adapter, list_adapters
+    from cl2r_bench.config import choices, profile_summary
+    from scenarios import get_scenario, list_scenarios
+    from strategies import get_strategy, list_strategies
 
     def first_line(text: str | None) -> str:
         return text.strip().splitlines()[0] if text and text.strip() else ""
 
-    sections = [("scenarios (--scenario)", [(n, profile_summary("scenarios", n)) for n in choices("scenarios")]),
-                ("strategies (--strategy)", [(n, first_line(sys.modules[get_strategy(n).__module__].__doc__))
-                                             for n in list_strategies()]),
-                ("adapters (--adapter)", [("none", "no adapter: the models' own features"),
-                                          *((n, first_line(get_adapter(n).__doc__).replace(" (module docstring)", ""))
-                                            for n in list_adapters())]),
-                ("presets (--preset)", [(n, profile_summary("presets", n)) for n in choices("presets")]),
-                ("data sets (--dataset)", [(n, profile_summary("datasets", n)) for n in choices("datasets")])]
+    def params(cls: type) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in asdict(cls.Config()).items()) if args.params else ""
+
+    strategies = [(n, first_line(sys.modules[get_strategy(n).__module__].__doc__), params(get_strategy(n)))
+                  for n in list_strategies()]
+    strategies.append(("avalanche:X", "any Avalanche strategy class X (Naive, LwF, EWC, Replay, ...); its constructor "
+                       "arguments go in strategy_params", ""))
+    adapters = [("none", "no adapter: the models' own features", "")]
+    adapters += [(n, first_line(get_adapter(n).__doc__).replace(" (module docstring)", ""), params(get_adapter(n)))
+                 for n in list_adapters()]
+    sections = [("scenarios (--scenario)", [(n, first_line(get_scenario(n).__doc__), "") for n in list_scenarios()]),
+                ("strategies (--strategy)", strategies), ("adapters (--adapter)", adapters),
+                ("presets (--preset)", [(n, profile_summary("presets", n), "") for n in choices("presets")]),
+                ("data sets (--dataset)", [(n, profile_summary("datasets", n), "") for n in choices("datasets")])]
     for title, rows in sections:
         print(f"{title}:")
-        print("\n".join(f"  {name:<14} {text}" for name, text in rows))
+        for name, text, extra in rows:
+            print(f"  {name:<14} {text}" + (f"\n  {'':<14}   {extra}" if extra else ""))
     return 0
 
 
@@ -378,11 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.records import FolderBusyError
     from cl2r_bench.config import ConfigError
     from cl2r_bench.models import CheckpointError
+    from cl2r_bench.registry import PartError
+    from cl2r_bench.tracking import TrackingError
     from scenarios.datasets import DataError
-    from strategies.base import StrategyError
 
     show_notices_as_one_line()
-    user_errors = (UsageError, ConfigError, DataError, CheckpointError, StrategyError, MatrixError, FolderBusyError)
+    user_errors = (UsageError, ConfigError, DataError, CheckpointError, PartError, MatrixError, FolderBusyError,
+                   TrackingError)
     try:
         from cl2r_bench.run import DivergedError, RunError
 

@@ -159,7 +159,22 @@ def resolve(user_layers: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     for source, layer in layers + user_layers:
         config = merge(config, layer, source)
     validate(config)
-    return config
+    return with_part_parameters(config)
+
+
+def with_part_parameters(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` whose ``strategy_params.<strategy>`` and ``adapter_params.<adapter>`` hold every parameter the
+    run uses, defaults included (they are written once, in each part's ``Config`` dataclass), so that a result's
+    saved config says exactly what ran."""
+    from cl2r_bench.adapters import make_adapter
+    from strategies import strategy_parameters
+
+    out = copy.deepcopy(config)
+    out["strategy_params"][config["strategy"]] = strategy_parameters(config["strategy"], config["strategy_params"])
+    adapter = config["adapter"]["name"]
+    if adapter != "none":
+        out["adapter_params"][adapter] = make_adapter(adapter, config["adapter_params"]).parameters_used()
+    return out
 
 
 AT_LEAST_ONE = ("training.epochs", "training.batch_size", "training.new_batch_size", "training.memory_batch_size",
@@ -210,13 +225,14 @@ def _check_choices(flat: dict[str, Any]) -> None:
     from benchmarks.adapters import BACKFILL_ORDERS
     from benchmarks.metrics import TIE_RULES
     from benchmarks.retrieval import GALLERY_MODES
-    from cl2r_bench.run import ADAPTER_AT, ADAPTER_DIRECTIONS, PRETRAIN_SCHEDULES
-    from cl2r_bench.model_update_run import HEADS as UPDATE_HEADS
     from cl2r_bench.models import BACKBONES
+    from cl2r_bench.settings import ADAPTER_AT, ADAPTER_DIRECTIONS, PRETRAIN_SCHEDULES
+    from scenarios import list_scenarios
     from scenarios.datasets import DATASETS, VERIFY_MODES
+    from scenarios.model_update import HEADS as UPDATE_HEADS
     from scenarios.streams import CLASS_ORDERS, EVALUATION_SETS
 
-    choices = {"data.verify": VERIFY_MODES, "evaluation.dataset": EVALUATION_SETS, "evaluation.mode": GALLERY_MODES,
+    choices = {"scenario": list_scenarios(), "data.verify": VERIFY_MODES, "evaluation.dataset": EVALUATION_SETS, "evaluation.mode": GALLERY_MODES,
                "evaluation.tie_rule": TIE_RULES, "model.backbone": BACKBONES, "model_update.head": UPDATE_HEADS,
                "adapter.at": ADAPTER_AT, "adapter.direction": ADAPTER_DIRECTIONS,
                "replacement.pretrain.schedule": PRETRAIN_SCHEDULES, "replacement.pretrain.dataset": DATASETS}
@@ -246,6 +262,8 @@ def _check_replacements(config: dict[str, Any]) -> None:
     """Replacement tasks, their checkpoints or pretraining class counts and seeds (``model_update`` has no
     replacement tasks and pretrains two models: the old and the new one)."""
     rep, num_tasks = config["replacement"], config["stream"]["num_tasks"]
+    if config["scenario"] == "cl2r" and rep["tasks"]:
+        raise ConfigError(f"replacement.tasks = {rep['tasks']}: CL2R has no replacements; use --scenario iamcl2r")
     if config["scenario"] == "model_update":
         seed = rep["pretrain"]["seed"]
         if isinstance(seed, list) and (not _ints(seed) or len(seed) < 2):
@@ -304,16 +322,16 @@ def _check_class_budget(config: dict[str, Any]) -> None:
 
 def _check_parts(config: dict[str, Any]) -> None:
     """The strategy, the adapter and the training settings, checked by the classes that use them."""
-    from cl2r_bench.run import adapted_direction
-    from strategies import get_strategy, load_plugin
     from cl2r_bench.adapters import make_adapter
-    from cl2r_bench.training.engine import TrainSettings
+    from cl2r_bench.assembly import adapted_direction
+    from cl2r_bench.settings import TrainSettings
+    from strategies import load_plugin, strategy_parameters
 
     for path in config["plugins"]:
         load_plugin(path)
-    get_strategy(config["strategy"]).from_params(config["strategy_params"].get(config["strategy"], {}))
+    strategy_parameters(config["strategy"], config["strategy_params"])
     TrainSettings(**config["training"])
     if config["adapter"]["name"] != "none":
-        make_adapter(config["adapter"]["name"], config["adapter_params"])
+        adapter = make_adapter(config["adapter"]["name"], config["adapter_params"])
         if config["scenario"] != "model_update":
-            adapted_direction(config)
+            adapted_direction(adapter, config["adapter"]["direction"])

@@ -333,6 +333,18 @@ def feature_extractor_state(model: RetrievalModel) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if not k.startswith(CLASSIFIER_PREFIX)}
 
 
+def load_state(model: RetrievalModel, path: str | Path) -> None:
+    """Load a whole saved model (classifier included) into ``model``; an unreadable or mismatching file is a
+    :class:`CheckpointError`."""
+    try:
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} does not exist") from None
+    except Exception as exc:  # noqa: BLE001 - unpickling or shape failures mean the file is not this model's
+        raise CheckpointError(f"checkpoint {path} does not hold this model's state dict ({type(exc).__name__}); "
+                              "delete it to train it again") from None
+
+
 def load_replacement(model: RetrievalModel, path: str | Path) -> None:
     """Load a replacement checkpoint into ``model``, strictly except for the dropped learnable classifier (§4).
 

@@ -37,57 +37,20 @@ model deployed before it (whose classifier knows the old classes). A task that s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from cl2r_bench.config import ConfigError, safe_name
+from cl2r_bench.registry import NoParams, PartError, Registry, config_from_params
 from cl2r_bench.models import DEFAULT_AMP, HEADS, forward_in_batches
 
 REPLACEMENT_TEACHERS = ("incoming", "outgoing")
 
 
 
-class StrategyError(ValueError):
+class StrategyError(PartError):
     """Unknown strategy or invalid strategy parameters."""
-
-
-class Registry:
-    """Named classes of one kind (strategies, adapters): each name registered once by a class decorator, looked
-    up with a one-line error that lists the valid names. ``check(name, cls)`` may reject a class."""
-
-    def __init__(self, kind: str, error: type[Exception], check=None) -> None:
-        self.kind, self.error, self.check = kind, error, check
-        self.classes: dict[str, type] = {}
-
-    def register(self, name: str):
-        """Class decorator: register ``cls`` under ``name`` and set ``cls.name`` (a duplicate is an error)."""
-
-        def decorate(cls: type) -> type:
-            try:
-                safe_name(name, f"the {self.kind} name")
-            except ConfigError as exc:
-                raise self.error(str(exc)) from None
-            if name in self.classes:
-                raise self.error(f"{self.kind} {name!r} is registered twice ({self.classes[name].__module__} and "
-                                 f"{cls.__module__})")
-            if self.check is not None:
-                self.check(name, cls)
-            cls.name = name
-            self.classes[name] = cls
-            return cls
-
-        return decorate
-
-    def get(self, name: str) -> type:
-        """The class registered as ``name``; a miss lists the valid names."""
-        if name not in self.classes:
-            raise self.error(f"unknown {self.kind} {name!r}; choose from {sorted(self.classes)}")
-        return self.classes[name]
-
-    def names(self) -> list[str]:
-        return sorted(self.classes)
 
 
 @dataclass
@@ -159,33 +122,6 @@ class TaskContext:
         return logits, features, data.labels.to(features.device)
 
 
-def config_from_params(config_class: type, params: dict[str, Any], section: str,
-                       error: type[Exception] = StrategyError) -> Any:
-    """``config_class(**params)`` after checking every key and value type against the dataclass defaults; any
-    problem (also a ``ValueError`` of ``__post_init__``) raises ``error`` naming ``section.key``."""
-    valid = {f.name for f in fields(config_class)}
-    unknown = sorted(set(params) - valid)
-    if unknown:
-        raise error(f"{section}: unknown parameter(s) {unknown}; valid: {sorted(valid)}")
-    defaults = config_class()
-    for key, value in params.items():
-        default = getattr(defaults, key)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) if isinstance(default, float) \
-            else isinstance(value, type(default))
-        if not ok:
-            raise error(f"{section}.{key} = {value!r}: expected {type(default).__name__} like the default "
-                        f"{default!r}")
-    try:
-        return config_class(**params)
-    except ValueError as exc:
-        raise error(f"{section}.{exc}") from None
-
-
-@dataclass(frozen=True)
-class NoParams:
-    """A strategy without hyper-parameters."""
-
-
 class Strategy:
     """Base class of every strategy (see the module docstring for the template)."""
 
@@ -201,7 +137,7 @@ class Strategy:
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "Strategy":
         """Build from ``strategy_params.<name>``; unknown keys or wrong types raise :class:`StrategyError`."""
-        return cls(config_from_params(cls.Config, params, f"strategy_params.{cls.name}"))
+        return cls(config_from_params(cls.Config, params, f"strategy_params.{cls.name}", StrategyError))
 
     @property
     def replacement_teacher(self) -> str:

@@ -7,6 +7,20 @@ import yaml
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+SLOW_FIXTURES = {"tiny"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: trains models end to end or installs the package (deselect with "
+                            "-m 'not slow' for the fast subset, under a minute)")
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that runs the suite end to end on :data:`TINY` is slow; others mark themselves."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 # A 3-task IAM-CL2R run on generated data in a few seconds: replacements at tasks 0 and 2.
 TINY = {
     "dataset": "synthetic", "preset": "quick", "device": "cpu",

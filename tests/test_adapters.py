@@ -14,7 +14,7 @@ from cl2r_bench import cli as runner
 from benchmarks.adapters import (TwoModelFeatures, adapted_cases, area_under_curve, backfill_order,
                                  partial_backfilling)
 from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy
-from cl2r_bench.config import CONFIG_DIR
+from cl2r_bench.config import CONFIG_DIR, resolve
 from cl2r_bench.models import normalize
 from conftest import interrupt_run_at
 from scenarios.datasets import ImageSet
@@ -299,12 +299,12 @@ def test_gallery_accuracy_templates_and_images():
     assert gallery_accuracy(queries, torch.tensor([1]), gallery, g_labels, "templates") == 0.0
 
 
-def test_default_yaml_shows_every_adapter_default():
-    params = yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())["adapter_params"]
-    assert set(params) == set(list_adapters())
+def test_each_adapter_default_is_written_once_and_saved_with_the_run_config():
+    assert yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())["adapter_params"] == {}
     for name in list_adapters():
         defaults = {f.name: f.default for f in dataclasses.fields(get_adapter(name).Config)}
-        assert params[name] == defaults, name
+        resolved = resolve([("test", {"scenario": "model_update", "adapter": {"name": name}})])
+        assert resolved["adapter_params"] == {name: defaults}, name
 
 
 def test_adapter_errors_name_the_setting():
@@ -344,10 +344,10 @@ def test_model_update_runs_every_adapter_and_reports_its_cases(tiny, tmp_path, c
                 start = cases["new/F(old)"] if cases["new/F(old)"] is not None else cases["new/old"]
                 assert curve[0] == start and curve[-1] == cases["full backfill"]
         assert (out / "model_update/synthetic" / name / "seed42" / "backfilling.png").is_file()
-    assert records["lambda_orth"]["adapter"]["fit"]["f_W"] >= 0
+    assert records["lambda_orth"]["adapter"]["fits"][-1]["f_W"] >= 0
     assert records["fastfill"]["backfilling"]["curves"]["uncertainty"] is not None
     assert records["fct"]["backfilling"]["curves"]["uncertainty"] is None
-    old_paths = {r["models"]["old"]["path"] for r in records.values()}
+    old_paths = {r["replacement_models"][0]["path"] for r in records.values()}
     assert len(old_paths) == 1
     assert "B(new)/old (%)" in printed and "| lambda_orth" in printed
     assert run_cli("leaderboard", "--results", out) == 0

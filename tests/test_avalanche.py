@@ -7,6 +7,8 @@ import sys
 import time
 from types import SimpleNamespace
 
+import json
+
 import pytest
 import torch
 
@@ -182,3 +184,36 @@ def test_the_example_runs():
     assert "compatibility matrix" in done.stdout and "AC " in done.stdout and "AA " in done.stdout
     assert "Warning" not in done.stderr
     assert time.perf_counter() - started < 60
+
+
+@pytest.mark.parametrize("scenario,strategy,params", [
+    ("cl2r", "avalanche:Naive", []),
+    ("iamcl2r", "avalanche:EWC", ["--set", "strategy_params.avalanche:EWC.ewc_lambda=0.4"]),
+])
+def test_an_avalanche_strategy_runs_through_the_suite_into_its_matrix_and_leaderboard(scenario, strategy, params, tiny,
+                                                                                        tmp_path, capsys):
+    from cl2r_bench import cli
+
+    out = tmp_path / "out"
+    no_replacements = ["--set", "replacement.tasks=[]"] if scenario == "cl2r" else []
+    assert cli.main(["--config", str(tiny), "--scenario", scenario, "--strategy", strategy, "--output", str(out),
+                     *no_replacements, *params]) == 0
+    label = strategy.replace(":", "-")
+    record = json.loads((out / scenario / "synthetic" / label / "seed42" / "metrics.json").read_text())
+    assert record["complete"] and record["strategy"] == strategy and record["method"] == label
+    assert [len(row) for row in record["compatibility_matrix"]] == [3, 3, 3]
+    assert all(t["iterations"] > 0 for t in record["timings"]["tasks"])
+    if params:
+        assert record["config"]["strategy_params"][strategy]["ewc_lambda"] == 0.4
+    capsys.readouterr()
+    assert cli.main(["leaderboard", "--results", str(out)]) == 0
+    assert f"| {label}" in capsys.readouterr().out
+
+
+def test_an_avalanche_strategy_without_its_required_arguments_is_a_one_line_error(tiny, tmp_path, capsys):
+    from cl2r_bench import cli
+
+    out = tmp_path / "out"
+    assert cli.main(["--config", str(tiny), "--strategy", "avalanche:EWC", "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ewc_lambda" in err and not out.exists()

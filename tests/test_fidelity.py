@@ -10,13 +10,14 @@ import yaml
 from cl2r_bench import cli as runner
 from cl2r_bench.config import resolve
 from scenarios.datasets import DataNotice, make_synthetic
-from cl2r_bench.training.pretrain import PlateauProgress, PlateauSettings, load_cached_model, pretrain_model
-from cl2r_bench.training.engine import TrainSettings
+from cl2r_bench.settings import PlateauSettings
+from cl2r_bench.training.pretrain import PlateauProgress, load_cached_model, pretrain_model
+from cl2r_bench.settings import TrainSettings
 from test_data import write_cifar10
 
 
 def test_plateau_rule_decays_then_stops():
-    rule = PlateauSettings(patience=2, decay=0.1, drops=1, min_delta=0.01)
+    rule = PlateauSettings.with_defaults(patience=2, decay=0.1, drops=1, min_delta=0.01)
     progress = PlateauProgress(lr=0.1)
     accuracies = [0.30, 0.40, 0.405, 0.41, 0.50, 0.505, 0.50]
     improved = [progress.update(a, rule, max_epochs=20) for a in accuracies]
@@ -34,15 +35,15 @@ def test_plateau_pretraining_resumes_from_its_last_epoch(tmp_path):
     data = make_synthetic(num_classes=4, train_per_class=16, test_per_class=4, image_size=16)
     kwargs = dict(head="learnable", model_kwargs={"backbone": "small_cnn", "small_width": 4, "small_out_dim": 8},
                   images_per_class=None, device=torch.device("cpu"), seed=0, partial=tmp_path / "m.partial.pt",
-                  plateau=PlateauSettings(patience=50), log=lambda message: logged.append(message))
+                  plateau=PlateauSettings.with_defaults(patience=50), log=lambda message: logged.append(message))
     logged = []
-    settings = TrainSettings(epochs=2, batch_size=16, lr=0.05, progress=False, amp=False)
+    settings = TrainSettings.with_defaults(epochs=2, batch_size=16, lr=0.05, progress=False, amp=False)
     _, first = pretrain_model(data, [0, 1, 2, 3], settings=settings, **kwargs)
     assert first["epochs_done"] == 2 and first["finished"] and first["validation_images"] == 16
     saved = torch.load(tmp_path / "m.partial.pt", weights_only=True)
     assert saved["progress"]["epochs_done"] == 2 and set(saved) == {"model", "best_model", "optimizer", "progress"}
     logged.clear()
-    _, resumed = pretrain_model(data, [0, 1, 2, 3], settings=TrainSettings(**{**settings.__dict__, "epochs": 3}),
+    _, resumed = pretrain_model(data, [0, 1, 2, 3], settings=TrainSettings.with_defaults(**{**settings.__dict__, "epochs": 3}),
                                 **kwargs)
     assert any("after epoch 2" in m for m in logged)
     assert resumed["epochs_done"] == 3 and [h["epoch"] for h in resumed["history"]] == [1, 2, 3]
@@ -70,7 +71,7 @@ def test_cifar10_evaluation_of_a_synthetic_stream_with_a_notice(tiny, tmp_path, 
     out = tmp_path / "out"
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
     with pytest.warns(DataNotice) as notices:
-        code = runner.main(["--config", str(tiny), "--strategy", "er", "--scenario", "cl2r", "--output", str(out),
+        code = runner.main(["--config", str(tiny), "--strategy", "er", "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--output", str(out),
                             "--data-root", str(tmp_path / "data"), "--eval-dataset", "cifar10"])
     assert code == 0
     record = json.loads((out / "cl2r/synthetic/er/seed42/metrics.json").read_text())
@@ -112,11 +113,11 @@ def test_a_short_seed_list_is_a_usage_error(tiny, capsys):
 def test_cross_model_table_has_own_accuracy_on_its_diagonal(tiny, tmp_path, capsys):
     from cl2r_bench.tools import cross_model
     from benchmarks.retrieval import CompatibilityEvaluator
-    from cl2r_bench.run import make_stream
+    from cl2r_bench.assembly import assemble
 
     assert runner.main(["pretrain", "--config", str(tiny), "--set", "replacement.pretrain.seed=[3,4]"]) == 0
     paths = sorted((tmp_path / "cache").glob("*.pt"))
-    stream = make_stream(resolve([("tiny", yaml.safe_load(tiny.read_text()))]))
+    stream = assemble(resolve([("tiny", yaml.safe_load(tiny.read_text()))])).scenario.stream()
     models = [load_cached_model(p, mean=stream.mean, std=stream.std)[0] for p in paths]
     table = cross_model.cross_accuracies(models + models[:1], stream.query, stream.gallery, mode="templates")
     evaluator = CompatibilityEvaluator(stream.query, stream.gallery, amp=False)

@@ -6,7 +6,8 @@ import torch
 
 from cl2r_bench.config import ConfigError
 from scenarios.datasets import ImageSet
-from cl2r_bench.training.engine import DeviceBatches, TrainSettings, scheduled_lr
+from cl2r_bench.settings import TrainSettings
+from cl2r_bench.training.engine import DeviceBatches, scheduled_lr
 
 
 def image_set(n: int, label_offset: int = 0) -> ImageSet:
@@ -58,7 +59,7 @@ def test_reference_task_without_memory_is_a_shuffled_pass_dropping_the_last_batc
 
 def test_schedule_is_stepped_once_per_epoch():
     """CosineAnnealingLR(T_max=70, eta_min=1e-5) stepped after each epoch: constant within an epoch."""
-    settings = TrainSettings(epochs=70, lr=1e-3, lr_min=1e-5)
+    settings = TrainSettings.with_defaults(epochs=70, lr=1e-3, lr_min=1e-5)
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=70, eta_min=1e-5)
     for epoch in range(70):
@@ -69,7 +70,7 @@ def test_schedule_is_stepped_once_per_epoch():
 
 
 def test_iteration_schedule_reaches_the_minimum_at_the_last_step():
-    settings = TrainSettings(epochs=2, lr=0.1, lr_min=0.001, schedule_step="iteration")
+    settings = TrainSettings.with_defaults(epochs=2, lr=0.1, lr_min=0.001, schedule_step="iteration")
     assert scheduled_lr(0, 10, settings) == pytest.approx(0.1)
     assert scheduled_lr(10, 10, settings) == pytest.approx(0.001 + 0.5 * 0.099 * (1 + math.cos(math.pi / 2)))
 
@@ -77,7 +78,7 @@ def test_iteration_schedule_reaches_the_minimum_at_the_last_step():
 @pytest.mark.parametrize("key, value", [("epoch_length", "pass"), ("schedule_step", "batch"), ("amp_dtype", "fp8")])
 def test_unknown_protocol_values_are_config_errors(key, value):
     with pytest.raises(ConfigError, match=f"training.{key}"):
-        TrainSettings(**{key: value})
+        TrainSettings.with_defaults(**{key: value})
 
 
 def test_the_runner_rejects_a_bad_protocol_value_before_any_run(tmp_path):

@@ -65,17 +65,17 @@ def strict_load(path):
 
 def test_a_diverged_task_stops_the_run_keeps_earlier_tasks_and_is_never_complete(tiny, tmp_path, capsys,
                                                                                     monkeypatch):
-    from cl2r_bench import run as experiment
-    original = experiment.train_task
+    from cl2r_bench.training import trainers
+    original = trainers.train_task
 
     def lr_explodes_at_task_1(model, strategy, new, memory, settings, **kw):
         if kw["description"].startswith("task 1/"):
             settings = dataclasses.replace(settings, lr=1e9)
         return original(model, strategy, new, memory, settings, **kw)
 
-    monkeypatch.setattr(experiment, "train_task", lr_explodes_at_task_1)
+    monkeypatch.setattr(trainers, "train_task", lr_explodes_at_task_1)
     out = tmp_path / "out"
-    assert run_cli("--config", tiny, "--scenario", "cl2r", "--strategy", "er", "--output", out) == runner.EXIT_DIVERGED
+    assert run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er", "--output", out) == runner.EXIT_DIVERGED
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "task 1 diverged" in err and "iteration" in err and "Traceback" not in err
     record = strict_load(out / "cl2r/synthetic/er/seed42/metrics.json")
@@ -86,7 +86,7 @@ def test_a_diverged_task_stops_the_run_keeps_earlier_tasks_and_is_never_complete
 
 def test_a_diverged_first_task_writes_no_result(tiny, tmp_path, capsys):
     out = tmp_path / "out"
-    assert run_cli("--config", tiny, "--scenario", "cl2r", "--strategy", "er", "--output", out,
+    assert run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er", "--output", out,
                    "--set", "training.lr=1e9") == runner.EXIT_DIVERGED
     assert "task 0 diverged" in capsys.readouterr().err
     assert not (out / "cl2r/synthetic/er/seed42/metrics.json").exists()
@@ -118,7 +118,7 @@ def test_a_label_never_leads_outside_the_output_folder(label, tiny, tmp_path, ca
     (victim / "seed42").mkdir(parents=True)
     (victim / "seed42" / "precious.txt").write_text("keep me")
     out = tmp_path / "a" / "b" / "out"
-    code = run_cli("--config", tiny, "--scenario", "cl2r", "--strategy", "er", "--output", out, "--overwrite",
+    code = run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er", "--output", out, "--overwrite",
                    "--set", f"adapter.label={label}",
                    "--set", "adapter.name=procrustes")
     err = capsys.readouterr().err.strip()
@@ -131,7 +131,7 @@ def test_overwrite_deletes_only_a_folder_the_suite_made(tiny, tmp_path, capsys):
     foreign = out / "cl2r/synthetic/er/seed42"
     foreign.mkdir(parents=True)
     (foreign / "notes.txt").write_text("mine")
-    assert run_cli("--config", tiny, "--scenario", "cl2r", "--strategy", "er", "--output", out, "--overwrite") == 2
+    assert run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er", "--output", out, "--overwrite") == 2
     assert "did not write" in capsys.readouterr().err and (foreign / "notes.txt").exists()
 
 
@@ -143,7 +143,7 @@ def test_resume_and_overwrite_together_is_a_usage_error(tiny, tmp_path, capsys):
 def test_a_second_run_on_a_folder_in_use_is_refused_and_a_stale_lock_is_taken_over(tiny, tmp_path, capsys):
     out = tmp_path / "out"
     run_dir = out / "cl2r/synthetic/er/seed42"
-    args = ("--config", tiny, "--scenario", "cl2r", "--strategy", "er", "--output", out)
+    args = ("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er", "--output", out)
     with exclusive(run_dir.with_name("seed42.lock"), "test"):
         assert run_cli(*args) == 2
     err = capsys.readouterr().err
@@ -197,7 +197,7 @@ def test_scientific_notation_is_a_float_in_files_and_on_the_command_line(tmp_pat
 @pytest.fixture
 def finished_run(tiny, tmp_path):
     """A finished 3-task CL2R run: ``(command-line arguments, run folder)``."""
-    args = ("--config", tiny, "--scenario", "cl2r", "--strategy", "er", "--output", tmp_path / "out")
+    args = ("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er", "--output", tmp_path / "out")
     assert run_cli(*args) == 0
     return args, tmp_path / "out/cl2r/synthetic/er/seed42"
 
@@ -229,15 +229,16 @@ def _truncate(path):
 def test_a_damaged_plateau_progress_file_or_image_cache_is_one_line(tmp_path):
     from cl2r_bench.models import CheckpointError, build_model
     from scenarios.datasets import read_tiny_imagenet
-    from cl2r_bench.training.pretrain import PlateauSettings, PlateauTraining
-    from cl2r_bench.training.engine import TrainSettings
+    from cl2r_bench.settings import PlateauSettings
+    from cl2r_bench.training.pretrain import PlateauTraining
+    from cl2r_bench.settings import TrainSettings
     from test_data import write_tiny_imagenet
 
     partial = tmp_path / "model.partial.pt"
     partial.write_bytes(b"PK\x03\x04 truncated")
     model = build_model(head="learnable", num_classes=3, backbone="small_cnn", small_width=4, small_out_dim=8)
     with pytest.raises(CheckpointError, match="model.partial.pt is damaged .*delete it"):
-        PlateauTraining(model, None, PlateauSettings(), TrainSettings(), partial)
+        PlateauTraining(model, None, PlateauSettings.with_defaults(), TrainSettings.with_defaults(), partial)
     folder = write_tiny_imagenet(tmp_path)
     (folder / "cl2r-cache-32px.npz").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(DataError, match="cl2r-cache-32px.npz is damaged .*delete it"):

@@ -12,7 +12,8 @@ from scenarios.transforms import random_crop_flip
 from strategies import Step, Strategy, StrategyError, get_strategy, list_strategies, register_strategy
 from strategies.dsimplex_hoc import DSimplexHOC, hoc_loss
 from strategies.er import ExperienceReplay
-from cl2r_bench.training.engine import TrainSettings, cosine_lr, make_optimizer, train_task, update_memory
+from cl2r_bench.settings import TrainSettings
+from cl2r_bench.training.engine import cosine_lr, make_optimizer, train_task, update_memory
 
 OLD = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
 NEW = torch.tensor([[0.6, 0.8], [1.0, 0.0], [-0.6, 0.8]])
@@ -197,7 +198,7 @@ def test_cosine_lr_endpoints_and_midpoint():
 
 def test_make_optimizer_skips_decay_on_vectors():
     model = build_model(backbone="small_cnn", head="learnable", num_classes=4, small_width=8, small_out_dim=16)
-    settings = TrainSettings(lr=0.05, weight_decay=1e-3)
+    settings = TrainSettings.with_defaults(lr=0.05, weight_decay=1e-3)
     optimizer = make_optimizer(model, settings)
     decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == 1e-3
@@ -252,7 +253,7 @@ def test_train_task_keeps_teacher_frozen():
     gen = torch.Generator().manual_seed(0)
     data = ImageSet(torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=gen),
                     torch.arange(64) % 4)
-    settings = TrainSettings(epochs=1, batch_size=16, progress=False, lr=0.01)
+    settings = TrainSettings.with_defaults(epochs=1, batch_size=16, progress=False, lr=0.01)
     result = train_task(model, get_strategy("dsimplex_hoc").from_params({}), data, None, settings, teacher=teacher)
     assert all(torch.equal(teacher_before[k], v) for k, v in teacher.state_dict().items())
     assert all(not p.requires_grad for p in teacher.parameters())

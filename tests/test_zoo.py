@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import yaml
 
 from cl2r_bench import cli as runner
-from cl2r_bench.config import CONFIG_DIR
+from cl2r_bench.config import CONFIG_DIR, resolve
 from cl2r_bench.models import build_model, simplex_vertices
 from scenarios.datasets import ImageSet
 from strategies import Step, StrategyError, TaskContext, get_strategy, list_strategies
@@ -19,7 +19,8 @@ from strategies.bct import influence_loss, old_classifier
 from strategies.cvs import nearest_negative_triplet_loss, prototype_loss
 from strategies.fd import distillation_weight, feature_distillation_loss
 from strategies.lwf import distillation_loss
-from cl2r_bench.training.engine import TrainSettings, train_task
+from cl2r_bench.settings import TrainSettings
+from cl2r_bench.training.engine import train_task
 
 ZOO = ["bct", "bct_er", "cores", "cvs", "dsimplex_fd", "dsimplex_hoc", "er", "fd", "lwf"]
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -65,14 +66,13 @@ def test_zoo_is_registered_with_the_documented_heads_and_memory():
         assert (cls.head, cls.uses_memory, cls.needs_teacher) == (head, memory, teacher), name
 
 
-def test_default_yaml_shows_every_strategy_default():
-    params = yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())["strategy_params"]
+def test_each_strategy_default_is_written_once_and_saved_with_the_run_config():
+    assert yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())["strategy_params"] == {}
     built_in = [n for n in list_strategies() if get_strategy(n).__module__.startswith("strategies.")]
     assert set(ZOO) <= set(built_in)
     for name in built_in:
-        cls = get_strategy(name)
-        defaults = {f.name: f.default for f in dataclasses.fields(cls.Config)}
-        assert params[name] == defaults, name
+        defaults = {f.name: f.default for f in dataclasses.fields(get_strategy(name).Config)}
+        assert resolve([("test", {"strategy": name})])["strategy_params"] == {name: defaults}, name
 
 
 @pytest.mark.parametrize("name", [n for n in ZOO if get_strategy(n).needs_teacher])
@@ -283,7 +283,7 @@ def test_training_leaves_teacher_and_fixed_parts_unchanged(name):
     strategy.before_task(context(4, 2, teacher_classes=4, teacher=teacher, memory=memory, new_data=new_data))
     frozen_rows = None if getattr(strategy, "old_rows", None) is None else strategy.old_rows.clone()
     before = {k: v.clone() for k, v in model.named_parameters()}
-    settings = TrainSettings(epochs=2, batch_size=16, new_batch_size=8, memory_batch_size=8, lr=0.05,
+    settings = TrainSettings.with_defaults(epochs=2, batch_size=16, new_batch_size=8, memory_batch_size=8, lr=0.05,
                              progress=False)
     train_task(model, strategy, new_data, memory, settings, teacher=teacher)
     assert all(torch.equal(teacher_before[k], v) for k, v in teacher.state_dict().items())
@@ -377,4 +377,5 @@ def test_readme_strategy_example_runs_as_a_plugin(tiny, tmp_path):
     assert runner.main(["--config", str(tiny), "--plugin", str(plugin), "--strategy", "smooth_er",
                         "--output", str(out)]) == 0
     record = json.loads((out / "iamcl2r/synthetic/smooth_er/seed42/metrics.json").read_text())
-    assert record["complete"] and record["config"]["strategy_params"].get("smooth_er", {}) == {}
+    defaults = dataclasses.asdict(get_strategy("smooth_er").Config())
+    assert record["complete"] and record["config"]["strategy_params"]["smooth_er"] == defaults

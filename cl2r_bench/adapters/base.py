@@ -14,7 +14,8 @@ system stores them) and then maps between the two spaces without running a netwo
 An adapter is one file in ``strategies/adapters/`` plus its name on the import line of
 ``strategies/adapters/__init__.py``::
 
-    from dataclasses import dataclass
+    import dataclasses
+from dataclasses import dataclass
     import torch
     from cl2r_bench.adapters.base import Adapter, FeaturePair, register_adapter
 
@@ -43,6 +44,7 @@ those dimensions plus its ``state_dict`` (:meth:`Adapter.export`) and restored w
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -51,12 +53,12 @@ from torch import nn
 
 from cl2r_bench.models import classifier_rows, embed
 
-from strategies.base import NoParams, Registry, StrategyError, config_from_params
+from cl2r_bench.registry import NoParams, PartError, Registry, config_from_params
 
 DIRECTIONS = ("backward", "forward")
 
 
-class AdapterError(StrategyError):
+class AdapterError(PartError):
     """Unknown adapter, invalid adapter parameters, or an adapter used in a direction it does not offer."""
 
 
@@ -97,6 +99,10 @@ class Adapter(nn.Module):
     def from_params(cls, params: dict[str, Any]) -> "Adapter":
         """Build from ``adapter_params.<name>``; unknown keys or wrong types raise :class:`AdapterError`."""
         return cls(config_from_params(cls.Config, params, f"adapter_params.{cls.name}", AdapterError))
+
+    def parameters_used(self) -> dict[str, Any]:
+        """Every parameter of this adapter, defaults included (saved with the run's config)."""
+        return dataclasses.asdict(self.config)
 
     def prepare(self, pair: FeaturePair) -> None:
         """Build the modules for ``pair``'s dimensions on its device (called by :func:`fit_adapter`)."""

@@ -13,17 +13,16 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
 
-from cl2r_bench.models import build_model  # noqa: E402
-from scenarios.datasets import ImageSet, make_synthetic  # noqa: E402
-from strategies import TaskContext, get_strategy, list_strategies  # noqa: E402
-from cl2r_bench.training.engine import TrainSettings, train_task, update_memory  # noqa: E402
+from cl2r_bench.models import build_model
+from scenarios.datasets import ImageSet, make_synthetic
+from strategies import TaskContext, get_strategy, list_strategies
+from cl2r_bench.settings import TrainSettings
+from cl2r_bench.training.engine import train_task, update_memory
 
 OLD_CLASSES, NEW_CLASSES = 10, 15
 
@@ -67,7 +66,7 @@ def main() -> None:
     memory = update_memory(None, old, 20, torch.Generator().manual_seed(0))
     new.images, new.labels = new.images.to(device), new.labels.to(device)
     memory.images, memory.labels = memory.images.to(device), memory.labels.to(device)
-    settings = TrainSettings(epochs=args.epochs, lr=0.01, progress=False)
+    settings = TrainSettings.with_defaults(epochs=args.epochs, lr=0.01, progress=False)
     model_options = {"backbone": args.backbone, "mean": source.mean, "std": source.std}
     torch.manual_seed(0)
     start = {head: build_model(head=head, num_classes=OLD_CLASSES, **model_options).state_dict()

@@ -12,18 +12,17 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 
-from cl2r_bench.models import build_model  # noqa: E402
-from scenarios.datasets import make_synthetic  # noqa: E402
-from strategies import get_strategy  # noqa: E402
-from cl2r_bench.training.engine import DeviceBatches, TrainSettings, make_optimizer, scheduled_lr, train_task  # noqa: E402
+from cl2r_bench.models import build_model
+from scenarios.datasets import make_synthetic
+from strategies import get_strategy
+from cl2r_bench.settings import TrainSettings
+from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr, train_task
 
 
 def plain_loop(model, data, settings) -> float:
@@ -66,7 +65,7 @@ def main() -> None:
     source = make_synthetic(num_classes=20, train_per_class=args.images // 20 + 1)
     data = source.train.select(torch.arange(args.images))
     data.images, data.labels = data.images.to(device), data.labels.to(device)
-    settings = TrainSettings(epochs=args.epochs, batch_size=args.batch_size, lr=0.01, amp=False, progress=True)
+    settings = TrainSettings.with_defaults(epochs=args.epochs, batch_size=args.batch_size, lr=0.01, amp=False, progress=True)
     torch.manual_seed(0)
     initial = build_model(backbone=args.backbone, head="learnable", num_classes=20, mean=source.mean,
                           std=source.std).to(device)

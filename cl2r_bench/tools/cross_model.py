@@ -17,17 +17,17 @@ import sys
 from pathlib import Path
 
 
-import torch  # noqa: E402
-from tabulate import tabulate  # noqa: E402
+import torch
+from tabulate import tabulate
 
-from benchmarks.noise import wilson_interval  # noqa: E402
-from benchmarks.retrieval import gallery_accuracy  # noqa: E402
-from cl2r_bench.config import read_yaml, resolve  # noqa: E402
-from cl2r_bench.models import DEFAULT_AMP, embed  # noqa: E402
-from cl2r_bench.run import make_stream, resolve_device, to_device  # noqa: E402
-from cl2r_bench.training.engine import TrainSettings  # noqa: E402
-from scenarios.datasets import ImageSet  # noqa: E402
-from cl2r_bench.training.pretrain import load_cached_model  # noqa: E402
+from benchmarks.noise import wilson_interval
+from benchmarks.retrieval import gallery_accuracy
+from cl2r_bench.config import read_yaml, resolve
+from cl2r_bench.models import DEFAULT_AMP, embed
+from cl2r_bench.assembly import assemble
+from cl2r_bench.run import to_device
+from scenarios.datasets import ImageSet
+from cl2r_bench.training.pretrain import load_cached_model
 
 
 def model_name(spec: dict) -> str:
@@ -53,17 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     layer = read_yaml(args.config)
     if args.data_root:
         layer["data_root"] = args.data_root
-    cfg = resolve([(args.config, layer)])
-    stream = make_stream(cfg)
-    device = resolve_device(cfg["device"])
+    parts = assemble(resolve([(args.config, layer)]))
+    settings, stream, device = parts.settings, parts.scenario.stream(), parts.device
     query = stream.query
     if args.queries:
         query = ImageSet(query.images[:args.queries], query.labels[:args.queries])
     loaded = [load_cached_model(p, mean=stream.mean, std=stream.std) for p in args.models]
     table = cross_accuracies([m.to(device) for m, _ in loaded], to_device(query, device),
-                             to_device(stream.gallery, device), mode=cfg["evaluation"]["mode"],
-                             amp=TrainSettings(**cfg["training"]).autocast)
-    confidence = cfg["evaluation"]["confidence"]
+                             to_device(stream.gallery, device), mode=settings.evaluation.mode,
+                             amp=settings.training.autocast)
+    confidence = settings.evaluation.confidence
     names = [model_name(spec) for _, spec in loaded]
     rows = []
     for name, accuracies in zip(names, table):

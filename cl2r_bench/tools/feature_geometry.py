@@ -24,16 +24,16 @@ import sys
 from pathlib import Path
 
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from tabulate import tabulate  # noqa: E402
+import torch
+import torch.nn.functional as F
+from tabulate import tabulate
 
-from benchmarks.retrieval import class_templates  # noqa: E402
-from cl2r_bench.config import read_yaml, resolve  # noqa: E402
-from cl2r_bench.models import embed  # noqa: E402
-from cl2r_bench.run import load_task_model, make_stream, resolve_device, to_device  # noqa: E402
-from cl2r_bench.training.engine import TrainSettings  # noqa: E402
-from scenarios.datasets import DataError, ImageSet  # noqa: E402
+from benchmarks.retrieval import class_templates
+from cl2r_bench.config import read_yaml, resolve
+from cl2r_bench.models import embed
+from cl2r_bench.assembly import assemble
+from cl2r_bench.run import load_task_model, to_device
+from scenarios.datasets import DataError, ImageSet
 
 
 def mean_resultant_length(features: torch.Tensor) -> float:
@@ -87,22 +87,21 @@ def main(argv: list[str] | None = None) -> int:
     layer = read_yaml(config_path)
     if args.data_root:
         layer["data_root"] = args.data_root
-    cfg = resolve([(str(config_path), layer)])
+    parts = assemble(resolve([(str(config_path), layer)]))
     try:
-        stream = make_stream(cfg)
+        stream = parts.scenario.stream()
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    device = resolve_device(cfg["device"])
+    device, amp = parts.device, parts.settings.training.autocast
     query = to_device(ImageSet(stream.query.images[::args.query_stride], stream.query.labels[::args.query_stride]),
                       device)
-    gallery, mode = to_device(stream.gallery, device), cfg["evaluation"]["mode"]
+    gallery, mode = to_device(stream.gallery, device), parts.settings.evaluation.mode
     embedded = []
     for t in range(len(stream.tasks)):
         if not (args.run / "checkpoints" / f"task{t}.pt").is_file():
             break
-        model = load_task_model(cfg, args.run, t, stream).to(device)
-        amp = TrainSettings(**cfg["training"]).autocast
+        model = load_task_model(parts, stream, t, args.run).to(device)
         features = [embed(model, images.images, amp=amp) for images in (query, gallery)]
         embedded.append((features[0], searchable_gallery(features[1], gallery.labels, mode)))
     labels = query.labels

@@ -21,55 +21,18 @@ import math
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from cl2r_bench.config import ConfigError
-from cl2r_bench.models import DEFAULT_AMP, NonFiniteError, RetrievalModel, autocast_dtype, first_nonfinite_tensor
+from cl2r_bench.models import NonFiniteError, RetrievalModel, autocast_dtype, first_nonfinite_tensor
+from cl2r_bench.settings import TrainSettings
+from cl2r_bench.tracking import NullTracker, Tracker
 from scenarios.datasets import ImageSet
 from scenarios.transforms import random_crop_flip
 
-from strategies.base import Step, Strategy
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """The ``training`` section of the config."""
-
-    epochs: int = 70
-    batch_size: int = 128
-    new_batch_size: int = 64
-    memory_batch_size: int = 64
-    memory_per_class: int = 20
-    lr: float = 1e-3
-    lr_min: float = 1e-5
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    amp: bool = True
-    amp_dtype: str = DEFAULT_AMP
-    epoch_length: str = "reference"
-    schedule_step: str = "epoch"
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        for key, allowed in (("amp_dtype", AMP_DTYPES), ("epoch_length", EPOCH_LENGTHS),
-                             ("schedule_step", SCHEDULE_STEPS)):
-            if getattr(self, key) not in allowed:
-                raise ConfigError(f"training.{key} must be one of {list(allowed)}, not {getattr(self, key)!r}")
-
-    @property
-    def autocast(self) -> str | bool:
-        """What ``amp`` arguments take: the autocast dtype's name, or False when mixed precision is off."""
-        return self.amp_dtype if self.amp else False
-
-
-AMP_DTYPES = ("float16", "bfloat16")
-EPOCH_LENGTHS = ("reference", "full_pass")
-SCHEDULE_STEPS = ("epoch", "iteration")
+from strategies.base import Strategy
 
 
 def draw_indices(population: int, count: int, device: torch.device) -> torch.Tensor:
@@ -171,99 +134,10 @@ def scheduled_lr(iteration: int, iterations_per_epoch: int, settings: TrainSetti
     return cosine_lr(iteration, settings.epochs * iterations_per_epoch, settings.lr, settings.lr_min)
 
 
-def _template_class():
-    """The Avalanche template subclass, built on first use (importing Avalanche costs seconds)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*QP solver.*")
-        from avalanche.training.templates import SupervisedTemplate
-
-    class CompatibilityTemplate(SupervisedTemplate):
-        """``SupervisedTemplate`` whose loss is a :class:`Strategy` and whose data are :class:`DeviceBatches`."""
-
-        def __init__(self, *, strategy: Strategy, teacher: RetrievalModel | None, batches: DeviceBatches,
-                     settings: TrainSettings, amp_dtype: torch.dtype | None, progress,
-                     epoch_hook: EpochHook | None, **kwargs) -> None:
-            super().__init__(**kwargs)
-            self.compat_strategy, self.teacher, self.batches = strategy, teacher, batches
-            self.epoch_hook = epoch_hook
-            self.settings, self.amp_dtype, self.progress = settings, amp_dtype, progress
-            self.scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
-            self.total_steps = settings.epochs * len(batches)
-            self.step_count, self.images_seen, self.last_loss = 0, 0, float("nan")
-            self.first_nonfinite = torch.tensor(-1, device=self.device)
-
-        def make_train_dataloader(self, **kwargs) -> None:
-            self.dataloader = self.batches
-
-        def train_dataset_adaptation(self, **kwargs) -> None:
-            self.adapted_dataset = None
-
-        def model_adaptation(self, model=None):
-            return self.model
-
-        def make_optimizer(self, **kwargs) -> None:
-            """The optimizer is built per task by :func:`train_task`; nothing to re-bind."""
-
-        def forward(self):
-            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                logits, features = self.model(self.mb_x)
-                teacher_logits = teacher_features = None
-                if self.teacher is not None and self.compat_strategy.needs_teacher:
-                    with torch.no_grad():
-                        teacher_logits, teacher_features = self.teacher(self.mb_x)
-                        teacher_logits = teacher_logits.float()
-                        teacher_features = F.normalize(teacher_features.float(), dim=1)
-            self._step = Step(labels=self.mb_y, targets=self.model.class_targets(self.mb_y), logits=logits.float(),
-                              features=features.float(), from_memory=self.mbatch[2],
-                              teacher_features=teacher_features, teacher_logits=teacher_logits)
-            return logits
-
-        def criterion(self):
-            return self.compat_strategy.loss(self._step)
-
-        def backward(self) -> None:
-            (self.loss if self.scaler is None else self.scaler.scale(self.loss)).backward()
-
-        def optimizer_step(self) -> None:
-            lr = self.epoch_hook.lr if self.epoch_hook is not None else scheduled_lr(
-                self.step_count, len(self.batches), self.settings)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            if self.scaler is None:
-                self.optimizer.step()
-            else:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            self.step_count += 1
-
-        def _after_training_iteration(self, **kwargs) -> None:
-            super()._after_training_iteration(**kwargs)
-            self.images_seen += len(self.mb_y)
-            nonfinite = ~torch.isfinite(self.loss.detach()) & (self.first_nonfinite < 0)
-            self.first_nonfinite = torch.where(nonfinite, self.step_count, self.first_nonfinite)
-            if self.step_count % 25 == 0 or self.step_count == self.total_steps:
-                self.last_loss = float(self.loss.detach())
-                if not math.isfinite(self.last_loss) and (self.scaler is None or first_nonfinite_tensor(self.model)):
-                    raise NonFiniteError(f"the loss is {self.last_loss} at iteration {self.step_count} of "
-                                         f"{self.total_steps} (first non-finite at iteration "
-                                         f"{int(self.first_nonfinite)})")
-                self.progress.set_postfix(loss=f"{self.last_loss:.3f}", refresh=False)
-            self.progress.update(1)
-
-        def _after_training_epoch(self, **kwargs) -> None:
-            super()._after_training_epoch(**kwargs)
-            if self.epoch_hook is not None and not self.epoch_hook.after_epoch(self.model, self.optimizer):
-                self.stop_training()
-
-    return CompatibilityTemplate
-
-
-_TEMPLATE = None
-
-
 def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory: ImageSet | None,
                settings: TrainSettings, *, teacher: RetrievalModel | None = None, experience=None,
-               description: str = "", epoch_hook: EpochHook | None = None) -> dict[str, float]:
+               description: str = "", epoch_hook: EpochHook | None = None,
+               tracker: Tracker | None = None, task_index: int = 0) -> dict[str, float]:
     """Train ``model`` in place on one task; returns ``{"seconds", "iterations", "images", "final_loss"}``.
 
     A non-finite loss (checked every 25 iterations, where the loss is read anyway; the first non-finite
@@ -271,19 +145,17 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     With float16 gradient scaling a non-finite loss stops training only when the weights are non-finite too: the
     scaler skips such a step, as in the authors' code, and a transient overflow is not a divergence.
 
-    ``epoch_hook`` replaces the cosine schedule by epoch-level control (:class:`EpochHook`)."""
-    global _TEMPLATE
-    if _TEMPLATE is None:
-        _TEMPLATE = _template_class()
+    ``epoch_hook`` replaces the cosine schedule by epoch-level control (:class:`EpochHook`); ``tracker`` receives
+    the loss and learning rate where the loss is read (:mod:`cl2r_bench.tracking`)."""
     from tqdm import tqdm
+
+    from .template import CompatibilityTemplate
 
     device = next(model.parameters()).device
     batches = DeviceBatches(new, memory if strategy.uses_memory else None,
                             new_batch=settings.new_batch_size if memory is not None and strategy.uses_memory
                             else settings.batch_size, memory_batch=settings.memory_batch_size,
                             epoch_length=settings.epoch_length)
-    if teacher is not None:
-        teacher.eval().requires_grad_(False)
     amp_dtype = autocast_dtype(settings.autocast, device)
     epochs = settings.epochs - (epoch_hook.epochs_done if epoch_hook is not None else 0)
     progress = tqdm(total=epochs * len(batches), desc=description, leave=False, mininterval=1.0,
@@ -293,10 +165,12 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
         epoch_hook.begin(optimizer)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No loggers specified")
-        template = _TEMPLATE(strategy=strategy, teacher=teacher, batches=batches, settings=settings,
-                             amp_dtype=amp_dtype, progress=progress, epoch_hook=epoch_hook, model=model,
-                             optimizer=optimizer, train_mb_size=settings.batch_size,
-                             train_epochs=epochs, device=device, evaluator=None)
+        template = CompatibilityTemplate(
+            strategy=strategy, teacher=teacher, batches=batches, settings=settings, amp_dtype=amp_dtype,
+            progress=progress, epoch_hook=epoch_hook, tracker=tracker or NullTracker(), task_index=task_index,
+            model=model,
+            optimizer=optimizer, train_mb_size=settings.batch_size, train_epochs=epochs, device=device,
+            evaluator=None)
     started = time.perf_counter()
     model.train()
     try:

@@ -38,23 +38,14 @@ from scenarios.streams import first_per_class, relabel
 
 from strategies.base import Strategy
 from strategies.er import ExperienceReplay
-from cl2r_bench.training.engine import TrainSettings, train_task
+from cl2r_bench.settings import PlateauSettings, TrainSettings
+from cl2r_bench.training.engine import train_task
 
 
 def cache_path(cache_dir: str | Path, spec: dict[str, Any]) -> Path:
     """``<cache_dir>/<head>-<backbone>-<n>cls-<hash>.pt`` where the hash covers the whole ``spec``."""
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     return Path(cache_dir) / f"{spec['head']}-{spec['backbone']}-{len(spec['classes'])}cls-{digest}.pt"
-
-
-@dataclass(frozen=True)
-class PlateauSettings:
-    """When to lower the learning rate and when to stop (``replacement.pretrain``, schedule ``plateau``)."""
-
-    patience: int = 3
-    decay: float = 0.1
-    drops: int = 2
-    min_delta: float = 0.01
 
 
 @dataclass

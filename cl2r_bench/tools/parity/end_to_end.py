@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -34,12 +35,12 @@ import yaml
 
 from cl2r_bench.tools.parity.common import (ROOT, ParityError, first_per_class, reference_checkout, reference_python,  # noqa: I001
                     save_reference_checkpoint, to_reference_state, write_cifar_pickles)
-from cl2r_bench.run import model_kwargs
+from benchmarks.record import RECORD_FILE, read_record
 from cl2r_bench.config import resolve
 from cl2r_bench.models import replacement_family
 from scenarios.datasets import DataError, read_cifar, read_tiny_imagenet
 from cl2r_bench.training.pretrain import pretrained_replacement
-from cl2r_bench.training.engine import TrainSettings
+from cl2r_bench.settings import RunSettings
 
 STREAM_CLASSES = 100
 PRETRAIN_COUNTS = (25, 50, 100)
@@ -78,15 +79,15 @@ def write_data(data_root: Path, work: Path, eval_per_class: int) -> Path:
 def replacement_models(data_root: Path, work: Path, images_per_class: int, epochs: int) -> dict[str, list[Path]]:
     """Per head family, the suite-pretrained models (cached in ``work``) and their reference conversions."""
     tiny = read_tiny_imagenet(data_root)
-    cfg = resolve([("parity", {"model": {"backbone": "resnet18"}})])
-    settings = TrainSettings(**{**cfg["training"], "epochs": epochs, "lr": 0.1, "lr_min": 1e-4, "progress": False})
+    run_settings = RunSettings.from_config(resolve([("parity", {"model": {"backbone": "resnet18"}})]))
+    settings = dataclasses.replace(run_settings.training, epochs=epochs, lr=0.1, lr_min=1e-4, progress=False)
     device = torch.device("cpu")
     out: dict[str, list[Path]] = {}
     for family in ("learnable", "dsimplex"):
         paths = []
         for k, count in enumerate(PRETRAIN_COUNTS):
             classes = list(range(STREAM_CLASSES, STREAM_CLASSES + count))
-            path, _ = pretrained_replacement(tiny, classes, head=family, model_kwargs=model_kwargs(cfg),
+            path, _ = pretrained_replacement(tiny, classes, head=family, model_kwargs=run_settings.model.build_kwargs,
                                              settings=settings,
                                              images_per_class=images_per_class, device=device, seed=k,
                                              cache_dir=work / "suite_models")
@@ -157,7 +158,7 @@ def suite_run(args, data: Path, replacements: dict, strategy: str, seed: int, fo
                "--set", "evaluation.plots=false", "--set", "data.verify=off"]
     folder.mkdir(parents=True, exist_ok=True)
     stats = timed(command, folder / "run.log", cwd=ROOT)
-    record = json.loads(next(folder.rglob("metrics.json")).read_text())
+    record = read_record(next(folder.rglob(RECORD_FILE)))
     timings = record["timings"]
     return {"matrix": [[v for v in r] for r in record["compatibility_matrix"]], **stats,
             "train_s": timings["train_seconds"], "eval_s": timings["eval_seconds"],

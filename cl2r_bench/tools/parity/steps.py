@@ -29,7 +29,8 @@ from strategies import Step, TaskContext, get_strategy
 from cl2r_bench.adapters import make_adapter
 from strategies.dsimplex_hoc import hoc_loss
 from strategies.fd import distillation_weight
-from cl2r_bench.training.engine import DeviceBatches, TrainSettings, make_optimizer, scheduled_lr
+from cl2r_bench.settings import TrainSettings
+from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr
 
 CLASSES = 10
 EPOCH = 10
@@ -340,7 +341,7 @@ def optimizer_values(student, initial: dict[str, torch.Tensor]) -> dict:
     gradients of the d-Simplex-HOC step (the probe steps its copy with the same gradients)."""
     model = copy.deepcopy(student)
     model.load_state_dict(initial)
-    settings = TrainSettings()
+    settings = TrainSettings.with_defaults()
     optimizer = make_optimizer(model, settings)
     lr = scheduled_lr(EPOCH * 36, 36, settings)
     for group in optimizer.param_groups:

@@ -1,0 +1,117 @@
+"""The one assembly step: a resolved config in, the typed settings and every built part of a run out.
+
+This is the only code that reads the config mapping (:func:`cl2r_bench.config.resolve` merged and validated it);
+everything downstream (:mod:`cl2r_bench.run`, the scenarios, the trainers, the evaluator) receives
+:class:`Assembly`'s attributes. The flow is one way: config -> assembly -> scenario -> training -> measuring ->
+record (README, Layout).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cl2r_bench.adapters import Adapter, AdapterError, make_adapter
+from cl2r_bench.config import ConfigError, safe_name
+from cl2r_bench.models import RetrievalModel, build_model
+from cl2r_bench.settings import RunSettings
+from cl2r_bench.tracking import Tracker, make_tracker
+from cl2r_bench.training.trainers import Trainer, make_trainer
+from scenarios import get_scenario
+from scenarios.base import Scenario
+from strategies import load_plugin
+
+
+@dataclass
+class Assembly:
+    """Everything one run needs, built once.
+
+    Attributes:
+        config: the resolved config, saved with the results (``config.yaml``, the record) and nothing else.
+        settings: the typed settings.
+        scenario: what the run loop does at each task (``scenarios/``).
+        trainer: trains a task's model with the strategy (None when the scenario trains nothing).
+        label: the run's name in folders and leaderboards.
+        directory: ``<output>/<scenario>/<dataset>/<label>/seed<k>``.
+        device: where training and evaluation run.
+        direction: the adapted matrix a run with an adapter fills (``backward`` / ``forward``), else None.
+    """
+
+    config: dict[str, Any]
+    settings: RunSettings
+    scenario: Scenario
+    trainer: Trainer | None
+    label: str
+    directory: Path
+    device: torch.device
+    direction: str | None
+
+    def new_adapter(self) -> Adapter | None:
+        """A fresh, unfitted adapter of ``adapter.name`` (None without adapter)."""
+        adapter = self.settings.adapter
+        return make_adapter(adapter.name, self.settings.adapter_params) if adapter.used else None
+
+    @property
+    def head(self) -> str:
+        """The head family of every model of the run (the strategy's, or the scenario's own)."""
+        return self.scenario.head(self.trainer.head if self.trainer is not None else "learnable")
+
+    def new_model(self, num_classes: int, mean: tuple[float, ...], std: tuple[float, ...]) -> RetrievalModel:
+        """A randomly initialised model of the run's backbone and head, normalising with ``mean`` / ``std``."""
+        return build_model(head=self.head, num_classes=num_classes, mean=mean, std=std,
+                           **self.settings.model.build_kwargs)
+
+    def tracker(self) -> Tracker:
+        """The run's experiment log (``tracking.tensorboard``; off by default)."""
+        return make_tracker(self.settings.tracking.tensorboard, self.directory / "tensorboard")
+
+
+def assemble(config: dict[str, Any]) -> Assembly:
+    """Build a run's parts from a resolved config (:func:`cl2r_bench.config.resolve`)."""
+    settings = RunSettings.from_config(config)
+    for path in settings.plugins:
+        load_plugin(path)
+    scenario = get_scenario(settings.scenario)(settings)
+    device = resolve_device(settings.device)
+    trainer = make_trainer(settings, device) if scenario.trains else None
+    label = scenario.label()
+    direction = None
+    if settings.adapter.used and scenario.trains:
+        direction = adapted_direction(make_adapter(settings.adapter.name, settings.adapter_params),
+                                      settings.adapter.direction)
+    return Assembly(config=config, settings=settings, scenario=scenario, trainer=trainer, label=label,
+                    directory=run_directory(settings, label), device=device, direction=direction)
+
+
+def adapted_direction(adapter: Adapter, direction: str) -> str:
+    """The adapted matrix a stream run fills (``adapter.direction``). ``auto`` is backward when the adapter has a
+    backward map; the forward direction needs an adapter whose forward map lands in the new model's own space (not
+    λ-orthogonal's; docs/METHODS.md §7)."""
+    if direction == "auto":
+        direction = "backward" if "backward" in adapter.directions else "forward"
+    if direction not in adapter.directions or (direction == "forward" and not adapter.forward_into_new_space):
+        raise AdapterError(f"adapter {adapter.name!r} cannot fill a {direction} matrix along a stream; use "
+                           f"adapter.direction={adapter.directions[0]}")
+    return direction
+
+
+def run_directory(settings: RunSettings, label: str) -> Path:
+    """``<output>/<scenario>/<dataset>/<label>/seed<k>``; every name is checked (:func:`cl2r_bench.config.safe_name`)
+    before it becomes a path component, so no setting can point outside ``output``."""
+    names = [safe_name(settings.scenario, "scenario"), safe_name(settings.dataset, "dataset"),
+             safe_name(label, "adapter.label" if settings.adapter.label else "strategy")]
+    return Path(settings.output).joinpath(*names, f"seed{int(settings.seed)}")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is the GPU when there is one; a CUDA device without a GPU is a one-line error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} requested but no CUDA GPU is available; use --device cpu or auto")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None

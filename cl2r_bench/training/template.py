@@ -1,0 +1,115 @@
+"""The suite's Avalanche training template: a :class:`Strategy`'s loss on device-resident batches (docs/METHODS.md §4).
+
+``CompatibilityTemplate`` is Avalanche's ``SupervisedTemplate`` with the suite's parts in its own hooks: the data
+are :class:`~cl2r_bench.training.engine.DeviceBatches` (``make_train_dataloader``), the loss is the strategy's
+(``criterion``) on one forward of the model and the frozen teacher (``forward``; the teacher is frozen in
+``_before_training_exp``), the learning rate follows the cosine schedule or an epoch hook (``optimizer_step``),
+float16 autocast with gradient scaling on GPU, and the divergence check and the loss log run where the loss is read
+(``_after_training_iteration``). A model swap at a replacement task happens outside ``train()``
+(:class:`cl2r_bench.run.Run`), as Avalanche requires (the optimizer is built for the model being trained). This
+module imports Avalanche (seconds), so :func:`~cl2r_bench.training.engine.train_task` imports it on first use.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from cl2r_bench.models import NonFiniteError, RetrievalModel, first_nonfinite_tensor
+from cl2r_bench.settings import TrainSettings
+from cl2r_bench.tracking import Tracker
+from strategies.base import Step, Strategy
+
+from .engine import DeviceBatches, EpochHook, scheduled_lr
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=".*QP solver.*")
+    from avalanche.training.templates import SupervisedTemplate
+
+
+class CompatibilityTemplate(SupervisedTemplate):
+    """``SupervisedTemplate`` whose loss is a :class:`Strategy` and whose data are :class:`DeviceBatches`."""
+
+    def __init__(self, *, strategy: Strategy, teacher: RetrievalModel | None, batches: DeviceBatches,
+                 settings: TrainSettings, amp_dtype: torch.dtype | None, progress,
+                 epoch_hook: EpochHook | None, tracker: Tracker, task_index: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.compat_strategy, self.teacher, self.batches = strategy, teacher, batches
+        self.epoch_hook, self.tracker, self.task_index = epoch_hook, tracker, task_index
+        self.settings, self.amp_dtype, self.progress = settings, amp_dtype, progress
+        self.scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
+        self.total_steps = settings.epochs * len(batches)
+        self.step_count, self.images_seen, self.last_loss = 0, 0, float("nan")
+        self.first_nonfinite = torch.tensor(-1, device=self.device)
+
+    def _before_training_exp(self, **kwargs) -> None:
+        """The teacher is frozen: eval mode (its normalisation statistics fixed), no gradient."""
+        if self.teacher is not None:
+            self.teacher.eval().requires_grad_(False)
+        super()._before_training_exp(**kwargs)
+
+    def make_train_dataloader(self, **kwargs) -> None:
+        self.dataloader = self.batches
+
+    def train_dataset_adaptation(self, **kwargs) -> None:
+        self.adapted_dataset = None
+
+    def model_adaptation(self, model=None):
+        return self.model
+
+    def make_optimizer(self, **kwargs) -> None:
+        """The optimizer is built per task by :func:`train_task`; nothing to re-bind."""
+
+    def forward(self):
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            logits, features = self.model(self.mb_x)
+            teacher_logits = teacher_features = None
+            if self.teacher is not None and self.compat_strategy.needs_teacher:
+                with torch.no_grad():
+                    teacher_logits, teacher_features = self.teacher(self.mb_x)
+                    teacher_logits = teacher_logits.float()
+                    teacher_features = F.normalize(teacher_features.float(), dim=1)
+        self._step = Step(labels=self.mb_y, targets=self.model.class_targets(self.mb_y), logits=logits.float(),
+                          features=features.float(), from_memory=self.mbatch[2],
+                          teacher_features=teacher_features, teacher_logits=teacher_logits)
+        return logits
+
+    def criterion(self):
+        return self.compat_strategy.loss(self._step)
+
+    def backward(self) -> None:
+        (self.loss if self.scaler is None else self.scaler.scale(self.loss)).backward()
+
+    def optimizer_step(self) -> None:
+        lr = self.epoch_hook.lr if self.epoch_hook is not None else scheduled_lr(
+            self.step_count, len(self.batches), self.settings)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        self.step_count += 1
+
+    def _after_training_iteration(self, **kwargs) -> None:
+        super()._after_training_iteration(**kwargs)
+        self.images_seen += len(self.mb_y)
+        nonfinite = ~torch.isfinite(self.loss.detach()) & (self.first_nonfinite < 0)
+        self.first_nonfinite = torch.where(nonfinite, self.step_count, self.first_nonfinite)
+        if self.step_count % 25 == 0 or self.step_count == self.total_steps:
+            self.last_loss = float(self.loss.detach())
+            if not math.isfinite(self.last_loss) and (self.scaler is None or first_nonfinite_tensor(self.model)):
+                raise NonFiniteError(f"the loss is {self.last_loss} at iteration {self.step_count} of "
+                                     f"{self.total_steps} (first non-finite at iteration "
+                                     f"{int(self.first_nonfinite)})")
+            self.progress.set_postfix(loss=f"{self.last_loss:.3f}", refresh=False)
+        self.progress.update(1)
+
+    def _after_training_epoch(self, **kwargs) -> None:
+        super()._after_training_epoch(**kwargs)
+        if self.epoch_hook is not None and not self.epoch_hook.after_epoch(self.model, self.optimizer):
+            self.stop_training()
+

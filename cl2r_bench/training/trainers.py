@@ -1,0 +1,88 @@
+"""Trainers: how the run loop fine-tunes a task's model, with the suite's strategies or any Avalanche strategy.
+
+:class:`StrategyTrainer` runs a strategy of ``strategies/`` (a loss on the suite's Avalanche template,
+:mod:`cl2r_bench.training.engine`, with the teacher and the replay memory the run loop keeps).
+:class:`AvalancheTrainer` runs an Avalanche strategy named ``avalanche:<Class>`` (``strategies/avalanche.py``) on
+the task's Avalanche experience, keeping its own state (its replay buffer, its old model, its importances) across
+tasks; the run loop swaps its model at replacement tasks. Both are measured by the same run loop into the same
+compatibility matrix, metrics and leaderboard.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from cl2r_bench.models import RetrievalModel
+from cl2r_bench.settings import RunSettings, TrainSettings
+from cl2r_bench.tracking import Tracker
+from scenarios.datasets import ImageSet
+from scenarios.streams import Task
+from strategies import Strategy, TaskContext, get_strategy
+from strategies.avalanche import AvalancheStrategyError, is_avalanche_strategy
+
+from .engine import train_task
+
+
+class Trainer(Protocol):
+    """What the run loop asks of a trainer."""
+
+    head: str
+    needs_teacher: bool
+    replacement_teacher: str
+    uses_memory: bool
+
+    def train(self, model: RetrievalModel, task: Task, memory: ImageSet | None, *, teacher: RetrievalModel | None,
+              teacher_classes: int, replacement: bool, tracker: Tracker, description: str) -> dict[str, float]:
+        """Fine-tune ``model`` in place on ``task``; returns ``{"seconds", "iterations", "images", "final_loss"}``."""
+
+
+class StrategyTrainer:
+    """A strategy of ``strategies/``: its loss on the suite's training loop (docs/METHODS.md §4)."""
+
+    def __init__(self, strategy: Strategy, settings: TrainSettings) -> None:
+        self.strategy, self.settings = strategy, settings
+        self.head, self.needs_teacher = strategy.head, strategy.needs_teacher
+        self.replacement_teacher, self.uses_memory = strategy.replacement_teacher, strategy.uses_memory
+
+    def train(self, model: RetrievalModel, task: Task, memory: ImageSet | None, *, teacher: RetrievalModel | None,
+              teacher_classes: int, replacement: bool, tracker: Tracker, description: str) -> dict[str, float]:
+        self.strategy.before_task(TaskContext(
+            index=task.index, num_old_classes=task.num_seen_classes - len(task.new_classes),
+            num_new_classes=len(task.new_classes), replacement=replacement, teacher_classes=teacher_classes,
+            teacher=teacher, new_data=task.train, memory=memory, amp=self.settings.autocast))
+        return train_task(model, self.strategy, task.train, memory, self.settings, teacher=teacher,
+                          experience=task.experience, description=description, tracker=tracker,
+                          task_index=task.index)
+
+
+class AvalancheTrainer:
+    """An Avalanche strategy (``avalanche:<Class>``, constructor arguments in ``strategy_params``): trained on the
+    task's experience with SGD at ``training.lr`` / ``momentum`` / ``weight_decay``, ``training.batch_size`` and
+    ``training.epochs``; its own mechanisms (replay buffer, distillation, regularisation) do the rest, so the run
+    loop gives it no teacher and no memory."""
+
+    head, needs_teacher, replacement_teacher, uses_memory = "learnable", False, "incoming", False
+
+    def __init__(self, name: str, params: dict[str, Any], settings: TrainSettings, device: torch.device) -> None:
+        self.name, self.params, self.settings, self.device = name, params, settings, device
+        self.strategy = None
+
+    def train(self, model: RetrievalModel, task: Task, memory: ImageSet | None, *, teacher: RetrievalModel | None,
+              teacher_classes: int, replacement: bool, tracker: Tracker, description: str) -> dict[str, float]:
+        from strategies.avalanche import train_on_experience
+
+        self.strategy, timing = train_on_experience(self.strategy, self.name, self.params, model, task.experience,
+                                                    self.settings, device=self.device, description=description)
+        return timing
+
+
+def make_trainer(settings: RunSettings, device: torch.device) -> StrategyTrainer | AvalancheTrainer:
+    """The trainer of ``settings.strategy`` with its ``strategy_params``."""
+    params = settings.strategy_params.get(settings.strategy, {})
+    if is_avalanche_strategy(settings.strategy):
+        return AvalancheTrainer(settings.strategy, params, settings.training, device)
+    return StrategyTrainer(get_strategy(settings.strategy).from_params(params), settings.training)
+
+
+__all__ = ["AvalancheStrategyError", "AvalancheTrainer", "StrategyTrainer", "Trainer", "make_trainer"]

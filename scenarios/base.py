@@ -1,0 +1,133 @@
+"""The scenario template and registry.
+
+A scenario decides what the one run loop (:class:`cl2r_bench.run.Run`) does at each task of its stream: which tasks
+start from a pretrained model instead of the previous one, whether the strategy fine-tunes, when an adapter is
+fitted and on what, and what the record adds. The loop owns everything else (run folder, resume, training,
+evaluation into the compatibility matrix, the record), so every scenario gets them alike. A new scenario is one
+file in ``scenarios/`` plus one import line in ``scenarios/__init__.py``, and a profile
+``cl2r_bench/configs/scenarios/<name>.yaml`` holding its defaults::
+
+    from scenarios.base import Scenario, register_scenario
+
+    @register_scenario("my_scenario")
+    class MyScenario(Scenario):
+        '''One line for `runner.py list`; then the protocol, citing docs/METHODS.md.'''
+        trains = True                 # False: models are used as pretrained (no strategy)
+        scores_starting_models = True # record each starting model's own accuracy before fine-tuning
+
+        def starting_models(self, stream, head, device, log):   # optional: tasks that start from a file
+            return [{"task": 0, "path": "/abs/model.pt", "source": "user"}]
+
+Every hook has a default (CL2R's behaviour); override the ones the scenario changes.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from cl2r_bench.models import RetrievalModel, load_replacement
+from cl2r_bench.registry import Registry
+from cl2r_bench.settings import RunSettings
+
+from .datasets import DataError, ImageSet
+from .streams import Stream, build_stream
+
+
+class ScenarioError(DataError):
+    """An unknown scenario, or a scenario that cannot run with the given settings."""
+
+
+@dataclass
+class Finished:
+    """What :meth:`Scenario.finish` may measure after the last task: the last two deployed models, the last
+    fitted adapter (or None) and its fit log."""
+
+    stream: Stream
+    outgoing: RetrievalModel | None
+    model: RetrievalModel
+    adapter: Any
+    amp: str | bool
+    device: torch.device
+
+
+def task_seed(seed: int, task: int) -> int:
+    """The seed of task ``task`` of a run seeded ``seed``: each task seeds its own random streams, so a resumed run
+    ends as an uninterrupted one."""
+    return seed * 1000 + task
+
+
+class Scenario:
+    """Base class of every scenario (see the module docstring for the template). Defaults: fine-tuning along the
+    stream, replacements at ``replacement.tasks`` (docs/METHODS.md §4)."""
+
+    name: ClassVar[str] = ""
+    trains: ClassVar[bool] = True
+    scores_starting_models: ClassVar[bool] = True
+
+    def __init__(self, settings: RunSettings) -> None:
+        self.settings = settings
+
+    def label(self) -> str:
+        """The run's name in folders and leaderboards: ``adapter.label`` when set, else the strategy (``avalanche:X``
+        written ``avalanche-X``), joined by ``+<adapter>`` when one is used."""
+        adapter = self.settings.adapter
+        if adapter.label:
+            return adapter.label
+        return self.settings.strategy.replace(":", "-") + (f"+{adapter.name}" if adapter.used else "")
+
+    def stream(self) -> Stream:
+        """The tasks and the evaluation sets (docs/METHODS.md §3-§4)."""
+        return stream_from_settings(self.settings, self.settings.replacement.tasks)
+
+    def head(self, strategy_head: str) -> str:
+        """The head family of every model of the run: the strategy's."""
+        return strategy_head
+
+    def starting_models(self, stream: Stream, head: str, device: torch.device,
+                        log: Callable[[str], None]) -> list[dict[str, Any]]:
+        """One ``{"task", "path", "source", ...}`` per task that starts from a pretrained model; none by default."""
+        return []
+
+    def load_starting_model(self, model: RetrievalModel, path: str) -> None:
+        """Load a starting model's file into a freshly built model: its feature extractor (the classifier of a
+        replacement model is dropped, docs/METHODS.md §4)."""
+        load_replacement(model, path)
+
+    def adapts_at(self, task: int, starts_fresh: bool) -> bool:
+        """Whether an adapter is fitted between the model deployed before ``task`` and its model
+        (``adapter.at``: at tasks that start from a pretrained model, or at every update)."""
+        return self.settings.adapter.used and task > 0 and (starts_fresh or self.settings.adapter.at == "every_task")
+
+    def adapter_data(self, stream: Stream, task: int, memory: ImageSet | None) -> ImageSet:
+        """The images an adapter is fitted on: the task's training images and the replay memory."""
+        new = stream.tasks[task].train
+        if memory is None:
+            return new
+        return ImageSet(torch.cat([new.images, memory.images]), torch.cat([new.labels, memory.labels]))
+
+    def adapter_seed(self, task: int) -> int:
+        return task_seed(self.settings.seed, task)
+
+    def finish(self, finished: Finished) -> dict[str, Any]:
+        """Fields the record adds after the last task; none by default."""
+        return {}
+
+
+def stream_from_settings(settings: RunSettings, replacement_tasks: list[int]) -> Stream:
+    """The stream of the run's data set and evaluation protocol (``stream``, ``evaluation`` and ``data``)."""
+    s, e, d = settings.stream, settings.evaluation, settings.data
+    return build_stream(
+        dataset=settings.dataset, data_root=settings.data_root, download=settings.download, verify=d.verify,
+        image_size=d.image_size, initial_classes=s.initial_classes, increment=s.increment, num_tasks=s.num_tasks,
+        images_per_class=s.images_per_class, class_order=s.class_order, order_seed=s.order_seed,
+        replacement_tasks=replacement_tasks, eval_dataset=e.dataset, heldout_classes=e.heldout_classes,
+        queries_per_class=e.queries_per_class, synthetic=d.synthetic)
+
+
+SCENARIOS = Registry("scenario", ScenarioError)
+register_scenario = SCENARIOS.register
+get_scenario = SCENARIOS.get
+list_scenarios = SCENARIOS.names

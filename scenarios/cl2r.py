@@ -1,0 +1,13 @@
+"""CL2R: sequential fine-tuning along a class-incremental stream from a randomly initialised model (docs/METHODS.md §4).
+
+Every task fine-tunes the previous task's model with the strategy; the compatibility matrix compares each
+model's queries with every earlier model's gallery. Replacement tasks are IAM-CL2R's (``scenarios/iamcl2r.py``).
+"""
+from __future__ import annotations
+
+from .base import Scenario, register_scenario
+
+
+@register_scenario("cl2r")
+class CL2R(Scenario):
+    """Sequential fine-tuning from a random model, no replacements (the base scenario's hooks)."""

@@ -1,0 +1,108 @@
+"""Model update: one old and one new model, both trained from scratch, bridged by an adapter (docs/METHODS.md §7-§8).
+
+The λ-orthogonal and FCT papers' setting. Task 0's model is trained with cross-entropy on the first
+``stream.initial_classes`` stream classes, task 1's on all ``initial_classes + increment`` classes, both with the
+``replacement.pretrain`` settings and the ``model_update.head`` family, and cached like replacement models (every
+adapter and seed of a study shares them; the run seed drives the adapter's fit and the random backfilling order).
+No strategy fine-tunes them. The adapter is fitted at task 1 on every stream training image embedded by both
+models; the run's 2x2 matrix ``[[old/old], [cross, new/new]]`` has the cross entry ``B(new)/old`` for an adapter
+with a backward map, ``new/F(old)`` for a forward-only one and ``new/old`` without adapter. The record adds the
+retrieval ``cases`` and the partial ``backfilling`` curves (``benchmarks/adapters.py``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from benchmarks.adapters import TwoModelFeatures, adapted_cases, partial_backfilling
+from cl2r_bench.models import RetrievalModel, embed, load_state
+from cl2r_bench.training.pretrain import pretrained_replacement
+
+from .base import Finished, Scenario, ScenarioError, register_scenario, stream_from_settings
+from .datasets import ImageSet, load_dataset
+from .streams import Stream
+
+HEADS = ("learnable", "dsimplex")
+
+
+@register_scenario("model_update")
+class ModelUpdate(Scenario):
+    """An old and a new model trained from scratch, bridged by a post-hoc adapter."""
+
+    trains = False
+    scores_starting_models = False
+
+    def label(self) -> str:
+        """``adapter.label`` when set, else the adapter's name (``none`` without adapter)."""
+        return self.settings.adapter.label or self.settings.adapter.name
+
+    def stream(self) -> Stream:
+        return stream_from_settings(self.settings, [])
+
+    def head(self, strategy_head: str) -> str:
+        return self.settings.model_update.head
+
+    def starting_models(self, stream: Stream, head: str, device: torch.device,
+                        log: Callable[[str], None]) -> list[dict[str, Any]]:
+        """The old model (task 0) and the new one (task 1), pretrained on the stream's own classes."""
+        s = self.settings
+        pre = s.replacement.pretrain
+        source = load_dataset(s.dataset, s.data_root, download=s.download, image_size=s.data.image_size,
+                              verify=s.data.verify, **s.data.synthetic)
+        counts = [len(t.new_classes) for t in stream.tasks]
+        out = []
+        for task, seed in zip(range(2), pre.seeds(2)):
+            classes = stream.class_order[:sum(counts[:task + 1])]
+            path, cached = pretrained_replacement(
+                source, classes, head=head, model_kwargs=s.model.build_kwargs, settings=pre.train_settings(s.training),
+                images_per_class=s.stream.images_per_class, device=device, seed=seed, cache_dir=pre.cache_dir,
+                keep_classifier=True, plateau=pre.plateau, log=log)
+            log(f"model on {len(classes)} classes: {path} ({'cached' if cached else 'trained now'})")
+            out.append({"task": task, "path": str(path.resolve()), "source": "cached" if cached else "pretrained",
+                        "classes": len(classes)})
+        return out
+
+    def load_starting_model(self, model: RetrievalModel, path: str) -> None:
+        """The whole model, classifier included (FastFill's loss reads the new model's classifier)."""
+        load_state(model, path)
+
+    def adapts_at(self, task: int, starts_fresh: bool) -> bool:
+        return self.settings.adapter.used and task == 1
+
+    def adapter_data(self, stream: Stream, task: int, memory: ImageSet | None) -> ImageSet:
+        """Every stream training image (the new model's training set)."""
+        return ImageSet(torch.cat([t.train.images for t in stream.tasks]), torch.cat([t.train.labels for t in stream.tasks]))
+
+    def adapter_seed(self, task: int) -> int:
+        return self.settings.seed
+
+    def finish(self, finished: Finished) -> dict[str, Any]:
+        """The retrieval cases and the partial backfilling curves of the old and the new model."""
+        old, new, stream = finished.outgoing, finished.model, finished.stream
+        query, gallery = stream.query, stream.gallery
+
+        def features(model: RetrievalModel, images: ImageSet) -> torch.Tensor:
+            return embed(model, images.images, amp=finished.amp)
+
+        two = TwoModelFeatures(query_old=features(old, query), query_new=features(new, query),
+                               gallery_old=features(old, gallery), gallery_new=features(new, gallery),
+                               query_labels=query.labels, gallery_labels=gallery.labels)
+        mode, update = self.settings.evaluation.mode, self.settings.model_update
+        with torch.no_grad():
+            cases = adapted_cases(two, finished.adapter, mode)
+            backfilling = partial_backfilling(two, finished.adapter, orders=update.backfill_orders,
+                                              steps=update.backfill_steps, mode=mode,
+                                              generator=torch.Generator().manual_seed(self.settings.seed))
+        matrix = [[cases["old/old"], None], [cross_entry(cases), cases["new/new"]]]
+        return {"compatibility_matrix": matrix, "cases": cases, "backfilling": backfilling}
+
+
+def cross_entry(cases: dict[str, float | None]) -> float:
+    """The 2x2 matrix's cross entry (module docstring)."""
+    for key in ("B(new)/old", "new/F(old)", "new/old"):
+        if cases[key] is not None:
+            return cases[key]
+    raise ScenarioError("the old and new features differ in size and the adapter maps neither way; pick another "
+                        "adapter")

@@ -1,0 +1,102 @@
+"""The structure issue 17 promises, checked on the code itself: defaults written once, the config read in one place,
+a model that imports nothing of the suite, scenarios as registered plug-ins, and a package that installs and runs
+from any directory."""
+import ast
+import dataclasses
+import pathlib
+import subprocess
+import sys
+import typing
+
+import pytest
+import yaml
+
+from cl2r_bench.config import CONFIG_DIR, flatten, resolve
+from cl2r_bench.settings import RunSettings, section_fields
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SUITE = ["cl2r_bench", "scenarios", "strategies", "benchmarks"]
+
+
+def sources(*packages: str) -> list[pathlib.Path]:
+    return sorted(p for package in packages for p in (ROOT / package).rglob("*.py") if "tools" not in p.parts)
+
+
+def test_every_setting_is_one_yaml_default_and_one_typed_field():
+    defaults = yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())
+    free_form = {"strategy_params", "adapter_params"}
+    yaml_keys = {k for k in flatten({k: v for k, v in defaults.items() if k not in free_form})}
+    assert yaml_keys == set(section_fields()) - free_form
+    assert defaults["strategy_params"] == {} and defaults["adapter_params"] == {}
+
+
+def test_the_typed_settings_declare_no_default_of_their_own():
+    def classes(cls):
+        hints = typing.get_type_hints(cls)
+        yield cls
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                yield from classes(hints[f.name])
+
+    for cls in classes(RunSettings):
+        with_default = [f.name for f in dataclasses.fields(cls)
+                        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
+        assert not with_default, f"{cls.__name__} repeats the YAML defaults of {with_default}"
+
+
+def test_a_resolved_config_names_every_parameter_of_its_strategy_and_adapter():
+    config = resolve([("test", {"strategy": "dsimplex_hoc", "adapter": {"name": "fct"}})])
+    assert config["strategy_params"]["dsimplex_hoc"] == {"ce_weight": 0.1, "hoc_weight": 0.9, "mu": 10.0,
+                                                         "mask": "zero", "replacement_teacher": "incoming"}
+    assert config["adapter_params"]["fct"]["hidden"] == 1024
+    RunSettings.from_config(config)
+
+
+def test_only_the_config_module_and_the_assembly_step_read_the_config_mapping():
+    readers = []
+    for path in sources("cl2r_bench", "scenarios", "strategies"):
+        if path.name in ("config.py", "assembly.py"):
+            continue
+        text = path.read_text()
+        if 'cfg["' in text or "cfg['" in text or 'config["' in text:
+            readers.append(str(path.relative_to(ROOT)))
+    assert readers == []
+
+
+def test_the_model_module_imports_nothing_of_the_suite():
+    tree = ast.parse((ROOT / "cl2r_bench" / "models.py").read_text())
+    imported = {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert imported.isdisjoint(SUITE), imported & set(SUITE)
+
+
+def test_measuring_imports_no_training_method():
+    for path in sources("benchmarks"):
+        tree = ast.parse(path.read_text())
+        modules = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not {m for m in modules if m.startswith(("strategies", "cl2r_bench.training"))}, path
+
+
+def test_the_three_scenarios_are_registered_plug_ins_with_a_profile():
+    from scenarios import list_scenarios
+
+    assert list_scenarios() == ["cl2r", "iamcl2r", "model_update"]
+    assert all((CONFIG_DIR / "scenarios" / f"{name}.yaml").is_file() for name in list_scenarios())
+
+
+@pytest.mark.slow
+def test_a_non_editable_install_runs_from_another_directory(tmp_path):
+    """``pip install .`` (not editable, no dependencies: they are this environment's) ships the configs, and the
+    ``cl2r-bench`` entry point lists what can be run from a directory that holds no checkout."""
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), str(ROOT)], check=True, capture_output=True)
+    assert (target / "cl2r_bench" / "configs" / "default.yaml").is_file()
+    assert not (target / "runner.py").exists() and not (target / "models.py").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "cl2r_bench", "list"], cwd=elsewhere, env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert "iamcl2r" in done.stdout and "dsimplex_hoc" in done.stdout
