@@ -23,6 +23,6 @@ setup(
         "pillow",
         "filelock>=4.2.1",
     ],
-    extras_require={"test": ["pytest"]},
+    extras_require={"test": ["pytest", "tensorboard"], "tensorboard": ["tensorboard"]},
     entry_points={"console_scripts": ["cl2r-bench=cl2r_bench.cli:main"]},
 )

@@ -104,12 +104,13 @@ class TensorBoardTracker:
         self._last_step = step
 
     def task_finished(self, task: int, row: list[float], metrics: dict[str, float | None]) -> None:
-        """Log ``compatibility/M[task][k]`` for each ``k`` and each defined ``metrics/<name>``, all at step
-        ``task``, and flush, so a run killed later keeps the finished tasks' scalars."""
+        """Log ``compatibility/M[task][k]`` for each ``k`` and each numeric ``metrics/<name>`` (AC, AA, ACA, ...;
+        undefined ones and non-numbers such as the list of violations are left out), all at step ``task``, and
+        flush, so a run killed later keeps the finished tasks' scalars."""
         for k, value in enumerate(row):
             self._writer.add_scalar(f"compatibility/M[{task}][{k}]", float(value), task)
         for name, value in metrics.items():
-            if value is not None:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self._writer.add_scalar(f"metrics/{name}", float(value), task)
         self._writer.flush()
 

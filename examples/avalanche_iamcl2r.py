@@ -4,7 +4,7 @@ For an Avalanche user, four steps (CPU, generated data, well under a minute)::
 
     python examples/avalanche_iamcl2r.py [--epochs 1] [--tiny]
 
-1. **The benchmark.** The suite builds the IAM-CL2R stream from its own settings (``cl2r_bench.config.resolve``:
+1. **The benchmark.** The suite builds the IAM-CL2R stream from its settings (``resolve`` then ``assemble``:
    scenario ``iamcl2r``, data set ``synthetic``, preset ``quick``: 10 + 5 x 6 classes). ``stream.benchmark`` is a
    plain Avalanche class-incremental benchmark whose experiences carry the images: items ``(uint8 image, label,
    task label 0)``, with random crop and flip in the ``train`` transform group. ``stream.query`` and
@@ -16,11 +16,11 @@ For an Avalanche user, four steps (CPU, generated data, well under a minute)::
    optimizer and settings; add ``CompatibilityPlugin`` to its plugins.
 4. **The measurement.** After each ``strategy.train(experience)`` the plugin deploys the model: it embeds the
    gallery once (kept) and the queries, and appends row t of the compatibility matrix, ``M[t][k]`` = top-1
-   retrieval accuracy of queries embedded by model t against the gallery embedded by model k (METHODS.md §1, §3).
+   retrieval accuracy of queries embedded by model t against the gallery embedded by model k (docs/METHODS.md §1, §3).
    ``plugin.metrics()`` gives AC (the share of pairs t > k where model t is compatible with model k), AA and the
-   rest (METHODS.md §2). With loggers on the strategy's evaluator, AC_t and AA_t are logged after each experience.
+   rest (docs/METHODS.md §2). With loggers on the strategy's evaluator, AC_t and AA_t are logged after each experience.
 
-IAM-CL2R also replaces the model by an improved pretrained one at ``stream.replacement_tasks`` (METHODS.md §4).
+IAM-CL2R also replaces the model by an improved pretrained one at ``stream.replacement_tasks`` (docs/METHODS.md §4).
 To include that, load the new model before training on such an experience and hand it over between ``train()``
 calls: ``strategies.avalanche.rebind(strategy, new_model, torch.optim.SGD(new_model.parameters(), ...))``. This
 example keeps one model throughout (fine-tuning only), so on these short runs expect AC near 0: plain
@@ -29,37 +29,21 @@ fine-tuning is not compatible, which is what the benchmark is there to show.
 from __future__ import annotations
 
 import argparse
-import pathlib
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from benchmarks.avalanche_plugin import CompatibilityPlugin  # noqa: E402
-from cl2r_bench.config import resolve  # noqa: E402
-from cl2r_bench.models import build_model  # noqa: E402
-from scenarios.streams import Stream, avalanche_warnings_filtered, build_stream  # noqa: E402
-from strategies.avalanche import LogitsOnly  # noqa: E402
+from benchmarks.avalanche_plugin import CompatibilityPlugin
+from cl2r_bench.assembly import assemble
+from cl2r_bench.config import resolve
+from strategies.avalanche import LogitsOnly
+from scenarios.streams import avalanche_warnings_filtered
 
 TINY = {"data": {"synthetic_classes": 24, "synthetic_train_per_class": 24, "synthetic_test_per_class": 6},
         "stream": {"initial_classes": 4, "increment": 4, "num_tasks": 3, "images_per_class": 24},
         "replacement": {"tasks": [0, 2], "pretrain": {"class_counts": [3, 6]}},
         "model": {"small_width": 8, "small_out_dim": 16},
         "evaluation": {"heldout_classes": 6, "queries_per_class": None}}
-
-
-def iamcl2r_stream(cfg: dict) -> Stream:
-    """The suite's IAM-CL2R stream and evaluation sets for a resolved config."""
-    s, e, d = cfg["stream"], cfg["evaluation"], cfg["data"]
-    return build_stream(
-        scenario=cfg["scenario"], dataset=cfg["dataset"], data_root=cfg["data_root"], download=cfg["download"],
-        verify=d["verify"], image_size=d["image_size"], initial_classes=s["initial_classes"], increment=s["increment"],
-        num_tasks=s["num_tasks"], images_per_class=s["images_per_class"], class_order=s["class_order"],
-        order_seed=s["order_seed"], replacement_tasks=cfg["replacement"]["tasks"], eval_dataset=e["dataset"],
-        heldout_classes=e["heldout_classes"], queries_per_class=e["queries_per_class"],
-        synthetic={k: v for k, v in d.items() if k.startswith("synthetic_")})
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -69,17 +53,14 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     started = time.perf_counter()
 
-    layers = [("example", {"scenario": "iamcl2r", "dataset": "synthetic", "preset": "quick"})]
+    layers = [("example", {"scenario": "iamcl2r", "strategy": "avalanche:Naive", "dataset": "synthetic",
+                           "preset": "quick"})]
     if args.tiny:
         layers.append(("example --tiny", TINY))
-    cfg = resolve(layers)
-    stream = iamcl2r_stream(cfg)
+    suite = assemble(resolve(layers))
+    stream = suite.scenario.stream()
     torch.manual_seed(0)
-
-    m = cfg["model"]
-    model = build_model(backbone=m["backbone"], head="learnable", num_classes=cfg["stream"]["initial_classes"],
-                        small_width=m["small_width"], small_out_dim=m["small_out_dim"], mean=stream.mean,
-                        std=stream.std, input_size=cfg["data"]["image_size"])
+    model = suite.new_model(len(stream.tasks[0].new_classes), stream.mean, stream.std)
 
     with avalanche_warnings_filtered():
         from avalanche.training import Naive

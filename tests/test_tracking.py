@@ -121,3 +121,24 @@ def test_missing_tensorboard_one_line_error(tmp_path, monkeypatch, hide):
     assert "\n" not in message
     assert "pip install tensorboard" in message
     assert not (tmp_path / "tensorboard").exists()
+
+
+def test_a_run_with_tensorboard_logs_its_losses_matrix_rows_and_metrics(tiny, tmp_path):
+    """``--tensorboard`` on a 3-task run: the logged matrix entries and running AC / AA are the record's own."""
+    import json
+
+    from cl2r_bench import cli
+
+    out = tmp_path / "out"
+    assert cli.main(["--config", str(tiny), "--strategy", "er", "--output", str(out), "--tensorboard"]) == 0
+    run = out / "iamcl2r" / "synthetic" / "er" / "seed42"
+    record = json.loads((run / "metrics.json").read_text())
+    scalars = read_scalars(run / "tensorboard")
+    matrix = record["compatibility_matrix"]
+    for t in range(3):
+        for k in range(t + 1):
+            assert scalars[f"compatibility/M[{t}][{k}]"] == [(t, pytest.approx(matrix[t][k]))]
+    assert scalars["metrics/AC"][-1] == (2, pytest.approx(record["metrics"]["AC"]))
+    assert scalars["metrics/AA"][-1] == (2, pytest.approx(record["metrics"]["AA"]))
+    losses = scalars["train/loss"]
+    assert losses and [step for step, _ in losses] == sorted(step for step, _ in losses)

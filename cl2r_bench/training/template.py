@@ -106,6 +106,8 @@ class CompatibilityTemplate(SupervisedTemplate):
                                      f"{self.total_steps} (first non-finite at iteration "
                                      f"{int(self.first_nonfinite)})")
             self.progress.set_postfix(loss=f"{self.last_loss:.3f}", refresh=False)
+            self.tracker.train_step(self.task_index, self.step_count, self.last_loss,
+                                    self.optimizer.param_groups[0]["lr"])
         self.progress.update(1)
 
     def _after_training_epoch(self, **kwargs) -> None:
