@@ -10,7 +10,7 @@ Gallery modes:
   normalised again; score = top-1 accuracy of the cosine-nearest template.
 * ``images``: every gallery image is kept; score = top-1 of the cosine-nearest gallery image (computed in chunks).
 
-With an adapter between consecutive models (METHODS.md §7; ``strategies/adapters``), ``deploy(model, adapter)``
+With an adapter between consecutive models (METHODS.md §7; ``cl2r_bench/adapters``), ``deploy(model, adapter)``
 also fills an *adapted* matrix, the one the retrieval system delivers when it never re-embeds images:
 
 * ``backward``: the query features of model t go down the chain ``B_{k+1}(... B_t(q))`` into the frame of

@@ -33,7 +33,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", help="cl2r | iamcl2r | model_update (default from configs/default.yaml: iamcl2r)")
     p.add_argument("--strategy", help="a registered strategy, avalanche:<Class> (any Avalanche strategy, e.g. "
                    "avalanche:EWC), or 'all' (the registered ones)")
-    p.add_argument("--adapter", help="a post-hoc adapter between model updates (strategies/adapters/), 'none', or "
+    p.add_argument("--adapter", help="a post-hoc adapter between model updates (cl2r_bench/adapters/), 'none', or "
                    "'all' (none and every adapter, one run each)")
     p.add_argument("--dataset", help="training stream: cifar100 | tinyimagenet | synthetic")
     p.add_argument("--eval-dataset", help="open-set evaluation: cifar10 (query = its 50,000 train images, gallery = "

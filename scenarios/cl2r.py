@@ -10,4 +10,4 @@ from .base import Scenario, register_scenario
 
 @register_scenario("cl2r")
 class CL2R(Scenario):
-    """Sequential fine-tuning from a random model, no replacements (the base scenario's hooks)."""
+    """Sequential fine-tuning from a random model, no replacements."""

@@ -44,7 +44,7 @@ def valid_record(seed: int = 1) -> dict:
 
 
 def update_record() -> dict:
-    """A complete model_update record shaped as ``experiment_update.ModelUpdateRun`` writes it."""
+    """A complete model_update record shaped as the former model_update writer wrote it (still read)."""
     matrix = [[0.5, None], [0.45, 0.6]]
     return {
         "scenario": "model_update", "strategy": "model_update", "method": "lambda_orth", "dataset": "synthetic",

@@ -11,11 +11,10 @@ system stores them) and then maps between the two spaces without running a netwo
   when the dimensions differ: truncated or padded);
 * ``uncertainty(old, side)``: a per-item score, larger = backfill first, or None (FastFill's σ).
 
-An adapter is one file in ``strategies/adapters/`` plus its name on the import line of
-``strategies/adapters/__init__.py``::
+An adapter is one file in ``cl2r_bench/adapters/`` plus its name on the import line of
+``cl2r_bench/adapters/__init__.py``::
 
-    import dataclasses
-from dataclasses import dataclass
+    from dataclasses import dataclass
     import torch
     from cl2r_bench.adapters.base import Adapter, FeaturePair, register_adapter
 
@@ -52,7 +51,6 @@ import torch
 from torch import nn
 
 from cl2r_bench.models import classifier_rows, embed
-
 from cl2r_bench.registry import NoParams, PartError, Registry, config_from_params
 
 DIRECTIONS = ("backward", "forward")

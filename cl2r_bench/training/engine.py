@@ -97,7 +97,7 @@ class DeviceBatches:
 
 
 class EpochHook(Protocol):
-    """Epoch-level control of :func:`train_task` (replacement pretraining until a plateau, ``strategies/pretrain.py``).
+    """Epoch-level control of :func:`train_task` (replacement pretraining until a plateau, ``cl2r_bench/training/pretrain.py``).
 
     With a hook the learning rate is held at ``lr`` during an epoch instead of the cosine schedule; the loop
     resumes after ``epochs_done`` epochs, and stops early when :meth:`after_epoch` returns False."""
