@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cl2r_bench.adapters.protocol import FeatureAdapter
 from cl2r_bench.models import class_means
 
 from .retrieval import gallery_accuracy
@@ -42,7 +43,7 @@ class TwoModelFeatures:
     gallery_labels: torch.Tensor
 
 
-def adapted_cases(f: TwoModelFeatures, adapter: Any, mode: str) -> dict[str, float | None]:
+def adapted_cases(f: TwoModelFeatures, adapter: FeatureAdapter | None, mode: str) -> dict[str, float | None]:
     """The cases of the module docstring; those the adapter cannot produce are None."""
     def acc(queries: torch.Tensor, gallery: torch.Tensor) -> float | None:
         if queries.shape[1] != gallery.shape[1]:
@@ -65,7 +66,7 @@ def adapted_cases(f: TwoModelFeatures, adapter: Any, mode: str) -> dict[str, flo
     return cases
 
 
-def backfill_order(kind: str, *, gallery_old: torch.Tensor, gallery_labels: torch.Tensor, adapter: Any,
+def backfill_order(kind: str, *, gallery_old: torch.Tensor, gallery_labels: torch.Tensor, adapter: FeatureAdapter | None,
                    generator: torch.Generator) -> torch.Tensor | None:
     """Gallery indices, first to be backfilled first; None when ``kind`` needs what the adapter lacks."""
     if kind == "random":
@@ -98,7 +99,7 @@ def area_under_curve(betas: list[float], accuracies: list[float]) -> float:
     return float(np.trapezoid(accuracies, betas))
 
 
-def partial_backfilling(f: TwoModelFeatures, adapter: Any, *, orders: list[str], steps: int, mode: str,
+def partial_backfilling(f: TwoModelFeatures, adapter: FeatureAdapter | None, *, orders: list[str], steps: int, mode: str,
                         generator: torch.Generator) -> dict[str, Any]:
     """``{"betas", "curves": {order: [...]}, "area": {order: AUC}}`` (orders the adapter cannot rank are None)."""
     betas = [i / steps for i in range(steps + 1)]

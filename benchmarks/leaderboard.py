@@ -41,6 +41,8 @@ import numpy as np
 from cl2r_bench.config import flatten
 
 from .adapters import BACKFILL_ORDERS
+from cl2r_bench.adapters.protocol import ORTHOGONALITY_GAP
+
 from .metrics import across_replacements, as_matrix
 from .record import UPDATE_CASES, ReplacementModel, RunRecord, checked_records, update_fit
 from .record import record_problem as record_problem  # re-exported: the leaderboard's check, defined with the schema
@@ -110,7 +112,7 @@ UPDATE_COLUMNS = (Column("dataset", "dataset", Kind.TEXT), Column("adapter", "ad
                   *(Column(f"{case} (%)", case, Kind.SPREAD) for case in UPDATE_CASES),
                   *(Column(title, f"backfill_area_{order}", Kind.SPREAD) for title, order in
                     zip(("backfill area: random", "uncertainty", "class-mean dist."), BACKFILL_ORDERS)),
-                  Column("f(W)", "f_W", Kind.SPREAD), SEEDS)
+                  Column("f(W)", ORTHOGONALITY_GAP, Kind.SPREAD), SEEDS)
 TIMING_COLUMNS = (*IDENTITY, Column("train ms / iteration", "train_ms_per_iteration", digits=1),
                   Column("ratio to baseline", "ratio_to_baseline"), SEEDS)
 ACROSS_COLUMNS = (*IDENTITY, Column("AC across replacements", "AC_across", Kind.SPREAD, 3),
@@ -333,7 +335,7 @@ def update_rows(records: list[RunRecord]) -> list[list[Any]]:
 
         cases = [column(lambda r, c=c: r["cases"].get(c)) for c in UPDATE_CASES]
         areas = [column(lambda r, o=o: r["backfilling"]["area"].get(o)) for o in BACKFILL_ORDERS]
-        gaps = [update_fit(r)["f_W"] for r in runs if "f_W" in update_fit(r)]
+        gaps = [update_fit(r)[ORTHOGONALITY_GAP] for r in runs if ORTHOGONALITY_GAP in update_fit(r)]
         rows.append([dataset, method, *cases, *areas, _spread(gaps), len(runs)])
     return rows
 

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+from cl2r_bench.adapters.protocol import ORTHOGONALITY_GAP
+
 from .adapters import BACKFILL_ORDERS
 from .metrics import MatrixError, as_matrix, is_number
 
@@ -509,7 +511,7 @@ def _update_problem(record: dict[str, Any]) -> str | None:
         return problem
     return (_field(record, "adapter", lambda v: _object(v) and (_object(v.get("fit")) or _fits(v.get("fits"))),
                    "null or an object with a 'fits' list (or, in older records, a 'fit' object)")
-            or _field(update_fit(record), "f_W", is_number, "a number", required=False,
+            or _field(update_fit(record), ORTHOGONALITY_GAP, is_number, "a number", required=False,
                       within="adapter.fit." if "fit" in record["adapter"] else
                       f"adapter.fits[{len(record['adapter']['fits']) - 1}]."))
 

@@ -26,12 +26,12 @@ that ``benchmarks/noise.py`` can resample queries consistently across entries.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cl2r_bench.adapters.protocol import FeatureAdapter
 from cl2r_bench.models import DEFAULT_AMP, class_means, embed
 from scenarios.datasets import ImageSet
 
@@ -93,7 +93,7 @@ class CompatibilityEvaluator:
 
     def __init__(self, query: ImageSet, gallery: ImageSet, *, mode: str = "templates", batch_size: int = 512,
                  amp: bool | str = DEFAULT_AMP, adapted: str | None = None,
-                 adapter_factory: Callable[[], Any] | None = None) -> None:
+                 adapter_factory: Callable[[], FeatureAdapter] | None = None) -> None:
         if mode not in GALLERY_MODES:
             raise ValueError(f"unknown gallery mode {mode!r}; choose from {list(GALLERY_MODES)}")
         if adapted not in (None,) + ADAPTED_DIRECTIONS:
@@ -106,7 +106,7 @@ class CompatibilityEvaluator:
         self.adapted_rows: list[list[float]] = []
         self.hits: list[list[torch.Tensor]] = []
         self.adapted_hits: list[list[torch.Tensor]] = []
-        self.adapters: list[Any] = []
+        self.adapters: list[FeatureAdapter | None] = []
         self.forward_galleries: list[torch.Tensor] = []
         self.extractions = {"gallery": 0, "query": 0}
 
@@ -121,7 +121,7 @@ class CompatibilityEvaluator:
         labels = self.gallery.labels.to(gallery.device)
         return class_templates(gallery, labels) if self.mode == "templates" else (gallery, labels)
 
-    def deploy(self, model: torch.nn.Module, adapter: Any = None) -> list[float]:
+    def deploy(self, model: torch.nn.Module, adapter: FeatureAdapter | None = None) -> list[float]:
         """Deploy the next model: embed its gallery (kept) and its queries, append and return its plain row.
 
         ``adapter`` (fitted between the previous model and this one, or None for the identity) extends the
@@ -150,7 +150,7 @@ class CompatibilityEvaluator:
         return accuracy(nearest_neighbour_hits(queries, self.query.labels.to(queries.device), gallery, labels))
 
     def _adapted_hits(self, queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
-                      own: torch.Tensor, adapter: Any) -> list[torch.Tensor]:
+                      own: torch.Tensor, adapter: FeatureAdapter | None) -> list[torch.Tensor]:
         t = len(self.rows) - 1
         if self.adapted == "forward":
             self.forward_galleries = [g if adapter is None else F.normalize(adapter.forward(g), dim=1)

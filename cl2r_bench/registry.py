@@ -79,3 +79,11 @@ def config_from_params(config_class: type, params: dict[str, Any], section: str,
         return config_class(**params)
     except ValueError as exc:
         raise error(f"{section}.{exc}") from None
+
+
+def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    """In a part's ``Config.__post_init__``: raise ``ValueError`` (reported by ``from_params`` as
+    ``strategy_params.<name>.<key> ...`` or ``adapter_params.<name>.<key> ...``) when ``value`` is not one of
+    ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {list(choices)}, not {value!r}")

@@ -163,13 +163,6 @@ get_strategy = STRATEGIES.get
 list_strategies = STRATEGIES.names
 
 
-def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
-    """In a ``Config.__post_init__``: raise ``ValueError`` (reported by :meth:`Strategy.from_params` as
-    ``strategy_params.<name>.<key> ...``) when ``value`` is not one of ``choices``."""
-    if value not in choices:
-        raise ValueError(f"{key} must be one of {list(choices)}, not {value!r}")
-
-
 def load_plugin(path: str) -> None:
     """Import a strategy file from outside the package; its ``@register_strategy`` classes join the registry.
 

@@ -23,7 +23,9 @@ import torch.nn.functional as F
 
 from cl2r_bench.models import class_means
 
-from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, check_choice, register_strategy
+from cl2r_bench.registry import check_choice
+
+from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import REPLACEMENT_TEACHERS, Step, Strategy, check_choice, register_strategy
+from cl2r_bench.registry import check_choice
+
+from .base import REPLACEMENT_TEACHERS, Step, Strategy, register_strategy
 
 MASKS = ("zero", "true")
 

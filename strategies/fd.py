@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, check_choice, register_strategy
+from cl2r_bench.registry import check_choice
+
+from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
 SAMPLES = ("memory", "all")
 

@@ -4,6 +4,7 @@ from any directory."""
 import ast
 import dataclasses
 import pathlib
+import shutil
 import subprocess
 import sys
 import typing
@@ -88,9 +89,14 @@ def test_the_three_scenarios_are_registered_plug_ins_with_a_profile():
 def test_a_non_editable_install_runs_from_another_directory(tmp_path):
     """``pip install .`` (not editable, no dependencies: they are this environment's) ships the configs, and the
     ``cl2r-bench`` entry point lists what can be run from a directory that holds no checkout."""
-    target = tmp_path / "site"
+    source, target = tmp_path / "source", tmp_path / "site"
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for name in tracked:
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(ROOT)], check=True, capture_output=True)
+                    "--target", str(target), str(source)], check=True, capture_output=True)
     assert (target / "cl2r_bench" / "configs" / "default.yaml").is_file()
     assert not (target / "runner.py").exists() and not (target / "models.py").exists()
     elsewhere = tmp_path / "elsewhere"
@@ -100,3 +106,11 @@ def test_a_non_editable_install_runs_from_another_directory(tmp_path):
                           text=True)
     assert done.returncode == 0, done.stderr
     assert "iamcl2r" in done.stdout and "dsimplex_hoc" in done.stdout
+
+
+def test_every_adapter_satisfies_the_protocol_that_measuring_uses():
+    from cl2r_bench.adapters import list_adapters, make_adapter
+    from cl2r_bench.adapters.protocol import FeatureAdapter
+
+    for name in list_adapters():
+        assert isinstance(make_adapter(name, {}), FeatureAdapter), name

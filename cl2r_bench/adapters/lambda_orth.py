@@ -25,8 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from strategies.base import check_choice
+from cl2r_bench.registry import check_choice
+
 from .base import Adapter, FeaturePair, register_adapter
+from .protocol import ORTHOGONALITY_GAP
 
 CONSTRAINTS = ("lambda", "strict", "none")
 DIM_RULES = ("truncate", "pad")
@@ -143,7 +145,7 @@ class LambdaOrthogonal(Adapter):
         with torch.no_grad():
             sample = order[:self.config.batch_size]
             final = {k: float(v) for k, v in self.losses(old[sample], new[sample], pair.labels[sample]).items()}
-            final["f_W"] = float(orthogonality_gap(self.backward_map.weight))
+            final[ORTHOGONALITY_GAP] = float(orthogonality_gap(self.backward_map.weight))
         return final
 
     def old_frame(self, old: torch.Tensor) -> torch.Tensor:
