@@ -69,7 +69,7 @@ def to_device(images: ImageSet, device: torch.device) -> ImageSet:
 class RunFolder:
     """A run's folder (issue 16): what may be resumed or overwritten, and the lock held while a run writes.
 
-    ``state.pt`` is the file whose presence means results exist. ``--overwrite`` deletes only a folder the suite
+    ``state.pt`` (or a ``metrics.json`` of an older run without one) means results exist. ``--overwrite`` deletes only a folder the suite
     made (a ``.cl2r-run`` marker, or the ``config.yaml`` of a run made before the marker existed). The lock is
     ``<folder>.lock`` beside the folder, so it survives the folder's deletion; a second process on the same
     folder is refused."""
@@ -80,9 +80,13 @@ class RunFolder:
         self.path, self.resume, self.overwrite = path, resume, overwrite
         self.lock = path.with_name(path.name + ".lock")
         self.state = path / "state.pt"
-        if self.state.exists() and not (resume or overwrite):
+        results = self.state.exists() or (path / "metrics.json").exists()
+        if results and not (resume or overwrite):
             raise RunError(f"{path} holds results of an earlier run; pass --resume to continue it or --overwrite to "
                            "start over (or --output elsewhere)")
+        if resume and results and not self.state.exists():
+            raise RunError(f"--resume: {path} holds results without a run state (state.pt), e.g. a model_update run "
+                           "made before version 0.2; there is nothing to continue: pass --overwrite to run it again")
         if path.is_dir() and any(path.iterdir()) and not self.made_by_suite():
             raise RunError(f"{path} holds files that this suite did not write, so it neither writes into it nor "
                            "deletes it; move them away or pass another --output")

@@ -114,3 +114,17 @@ def test_every_adapter_satisfies_the_protocol_that_measuring_uses():
 
     for name in list_adapters():
         assert isinstance(make_adapter(name, {}), FeatureAdapter), name
+
+
+def test_a_result_without_a_run_state_is_neither_overwritten_nor_resumed(tmp_path):
+    """A model_update folder of version 0.1 holds metrics.json but no state.pt: a plain run refuses it, and
+    ``--resume`` says there is nothing to continue instead of silently training it again."""
+    from cl2r_bench.run import RunError, RunFolder
+
+    (tmp_path / "metrics.json").write_text("{}")
+    (tmp_path / "config.yaml").write_text("scenario: model_update\ndataset: synthetic\nseed: 42\n")
+    with pytest.raises(RunError, match="holds results of an earlier run"):
+        RunFolder(tmp_path, resume=False, overwrite=False)
+    with pytest.raises(RunError, match="nothing to continue"):
+        RunFolder(tmp_path, resume=True, overwrite=False)
+    assert RunFolder(tmp_path, resume=False, overwrite=True).path == tmp_path
