@@ -4,8 +4,9 @@ For each task t of the scenario's stream (``scenarios/``): the starting model is
 for t (a replacement in IAM-CL2R, the old and the new model of ``model_update``), else the previous model, else a
 random one; a frozen teacher is kept when the strategy needs one (``strategies/base.py``); the trainer fine-tunes
 when the scenario trains (``cl2r_bench/training/trainers.py``: the suite's strategies or any Avalanche strategy);
-the replay memory is updated; the configured adapter is fitted between the outgoing and the new model when the
-scenario says so (docs/METHODS.md §7); the model is deployed to the :class:`CompatibilityEvaluator` (gallery and
+the replay memory takes the task's exemplars (the training template's hook); the configured adapter is fitted
+between the outgoing and the new model, on the task's images and the memory it was trained with, when the scenario
+says so (docs/METHODS.md §7); the model is deployed to the :class:`CompatibilityEvaluator` (gallery and
 queries embedded once per model); then the model, the run state and a partial ``metrics.json`` are saved
 atomically. ``resume=True`` continues after the last finished task; every task seeds its own random streams from
 ``(seed, t)``, so a resumed run ends with the same metrics as an uninterrupted one.
@@ -43,9 +44,10 @@ from cl2r_bench.adapters import embed_pair, fit_adapter
 from cl2r_bench.assembly import Assembly
 from cl2r_bench.config import flatten
 from cl2r_bench.models import NonFiniteError, RetrievalModel
-from cl2r_bench.training.engine import update_memory
+from cl2r_bench.settings import task_seed
+from cl2r_bench.training.engine import ReplayMemory
 from cl2r_bench.training.pretrain import save_state
-from scenarios.base import Finished, task_seed
+from scenarios.base import Finished
 from scenarios.datasets import ImageSet
 from scenarios.streams import Stream
 
@@ -208,19 +210,20 @@ class Run:
         self.amp = self.settings.training.autocast
 
     def execute(self) -> dict[str, Any]:
-        """Train and evaluate the remaining tasks while holding the run folder's lock; returns the record."""
+        """Train and evaluate the remaining tasks while holding the run folder's lock; returns the record. The data
+        are read first, so missing or damaged data leave no run folder behind."""
+        started = time.perf_counter()
+        self.stream = self.scenario.stream()
         with self.folder.writing(self.parts.config):
             self.tracker = self.parts.tracker()
             try:
-                return self._execute()
+                return self._execute(started)
             finally:
                 self.tracker.close()
 
-    def _execute(self) -> dict[str, Any]:
-        started = time.perf_counter()
+    def _execute(self, started: float) -> dict[str, Any]:
         self.state: dict[str, Any] = self.folder.saved_state() if self.resume else {
             "next_task": 0, "timings": [], "replacements": [], "pretrain_seconds": 0.0, "adapter_fits": []}
-        self.stream = self.scenario.stream()
         for task in self.stream.tasks:
             task.train = to_device(task.train, self.device)
         self.stream.query, self.stream.gallery = (to_device(s, self.device) for s in (self.stream.query,
@@ -230,10 +233,12 @@ class Run:
                                            batch_size=e.batch_size, amp=self.amp, adapted=self.parts.direction,
                                            adapter_factory=self.parts.new_adapter)
         start = self.state["next_task"]
-        memory, model = None, None
+        model = None
+        memory = ReplayMemory(self.settings.training.memory_per_class, self.settings.seed)
         if start > 0:
             evaluator.load_state_dict(self.state["evaluator"])
-            memory = to_device(ImageSet(self.state["memory_images"], self.state["memory_labels"]), self.device)
+            memory.items = to_device(ImageSet(self.state["memory_images"], self.state["memory_labels"]), self.device)
+            memory.items = memory.items if len(memory.items) else None
             model = self._restore_model(start - 1)
             self.log(f"resuming {self.dir} at task {start}")
         self._prepare_starting_models(start)
@@ -243,7 +248,7 @@ class Run:
         outgoing, adapter = None, None
         for t in range(start, self.stream.num_tasks):
             try:
-                outgoing, model, memory, adapter = self._run_task(t, model, memory, evaluator, starting)
+                outgoing, model, adapter = self._run_task(t, model, memory, evaluator, starting)
             except NonFiniteError as exc:
                 kept = f"tasks 0-{t - 1} are kept in {self.dir}" if t else "no task finished"
                 raise DivergedError(f"task {t} diverged: {exc}; {kept}, and the run is not complete; lower "
@@ -327,7 +332,8 @@ class Run:
         previous.head.grow(task.num_seen_classes)
         return previous, teacher, self.stream.tasks[t - 1].num_seen_classes if wants_teacher else 0
 
-    def _run_task(self, t: int, previous, memory, evaluator, starting):
+    def _run_task(self, t: int, previous: RetrievalModel | None, memory: ReplayMemory,
+                  evaluator: CompatibilityEvaluator, starting: dict[int, str]):
         task = self.stream.tasks[t]
         seed = task_seed(self.settings.seed, t)
         torch.manual_seed(seed)
@@ -336,15 +342,13 @@ class Run:
         outgoing = (previous if t in starting else copy.deepcopy(previous)) if previous is not None else None
         model, teacher, teacher_classes = self._models_for_task(t, previous, starting)
         tag = " (replacement)" if t in starting and self.scenario.trains else ""
+        replayed = memory.items
         timing = {"seconds": 0.0, "iterations": 0, "images": 0, "final_loss": None}
         if self.trainer is not None:
             timing = self.trainer.train(model, task, memory, teacher=teacher, teacher_classes=teacher_classes,
                                         replacement=t in starting, tracker=self.tracker,
                                         description=f"task {t}/{self.stream.num_tasks - 1}{tag}")
-        adapter = self._fit_adapter(t, outgoing, model, memory) if adapts else None
-        if self.trainer is not None and self.trainer.uses_memory:
-            generator = torch.Generator().manual_seed(seed)
-            memory = update_memory(memory, task.train, self.settings.training.memory_per_class, generator)
+        adapter = self._fit_adapter(t, outgoing, model, replayed) if adapts else None
         eval_started = time.perf_counter()
         row = evaluator.deploy(model, adapter)
         timing["eval_seconds"] = time.perf_counter() - eval_started
@@ -355,14 +359,14 @@ class Run:
                  f"M[{t}] = {' '.join(f'{v:.3f}' for v in row)}{adapted}")
         save_state(model.state_dict(), self.dir / "checkpoints" / f"task{t}.pt")
         self.state.update(next_task=t + 1, evaluator=evaluator.state_dict(),
-                          memory_images=(memory.images if memory is not None else torch.zeros(0)).cpu(),
-                          memory_labels=(memory.labels if memory is not None else torch.zeros(0)).cpu())
+                          memory_images=(memory.items.images if memory.items is not None else torch.zeros(0)).cpu(),
+                          memory_labels=(memory.items.labels if memory.items is not None else torch.zeros(0)).cpu())
         self.state["timings"] = self.state["timings"] + [timing]
         save_state(self.state, self.folder.state)
         record = self.record(evaluator, complete=False, seconds=None)
         self.tracker.task_finished(t, (evaluator.adapted_rows if self.parts.direction else evaluator.rows)[-1],
                                    record["metrics"] or {})
-        return outgoing, model, memory, adapter
+        return outgoing, model, adapter
 
     def _fit_adapter(self, t: int, outgoing: RetrievalModel, incoming: RetrievalModel, memory: ImageSet | None):
         """Fit the configured adapter between ``outgoing`` and ``incoming`` on the scenario's data."""

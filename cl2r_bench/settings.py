@@ -28,6 +28,12 @@ SCHEDULE_STEPS = ("epoch", "iteration")
 Section = TypeVar("Section")
 
 
+def task_seed(seed: int, task: int) -> int:
+    """The seed of task ``task`` of a run seeded ``seed``: each task seeds its own random streams (training, the
+    replay memory's draw, the adapter's fit), so a resumed run ends as an uninterrupted one."""
+    return seed * 1000 + task
+
+
 @functools.cache
 def _default_config() -> dict[str, Any]:
     return yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())

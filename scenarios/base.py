@@ -30,7 +30,7 @@ import torch
 
 from cl2r_bench.models import RetrievalModel, load_replacement
 from cl2r_bench.registry import Registry
-from cl2r_bench.settings import RunSettings
+from cl2r_bench.settings import RunSettings, task_seed
 
 from .datasets import DataError, ImageSet
 from .streams import Stream, build_stream
@@ -51,12 +51,6 @@ class Finished:
     adapter: Any
     amp: str | bool
     device: torch.device
-
-
-def task_seed(seed: int, task: int) -> int:
-    """The seed of task ``task`` of a run seeded ``seed``: each task seeds its own random streams, so a resumed run
-    ends as an uninterrupted one."""
-    return seed * 1000 + task
 
 
 class Scenario:

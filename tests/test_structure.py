@@ -128,3 +128,12 @@ def test_a_result_without_a_run_state_is_neither_overwritten_nor_resumed(tmp_pat
     with pytest.raises(RunError, match="nothing to continue"):
         RunFolder(tmp_path, resume=True, overwrite=False)
     assert RunFolder(tmp_path, resume=False, overwrite=True).path == tmp_path
+
+
+def test_missing_data_leave_no_run_folder_behind(tmp_path, capsys):
+    from cl2r_bench import cli
+
+    out = tmp_path / "out"
+    assert cli.main(["--scenario", "iamcl2r", "--dataset", "cifar100", "--data-root", str(tmp_path / "none"),
+                     "--output", str(out), "--device", "cpu"]) == 2
+    assert "cifar-100-python" in capsys.readouterr().err and not out.exists()

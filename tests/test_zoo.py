@@ -20,7 +20,7 @@ from strategies.cvs import nearest_negative_triplet_loss, prototype_loss
 from strategies.fd import distillation_weight, feature_distillation_loss
 from strategies.lwf import distillation_loss
 from cl2r_bench.settings import TrainSettings
-from cl2r_bench.training.engine import train_task
+from cl2r_bench.training.engine import ReplayMemory, train_task
 
 ZOO = ["bct", "bct_er", "cores", "cvs", "dsimplex_fd", "dsimplex_hoc", "er", "fd", "lwf"]
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -285,7 +285,8 @@ def test_training_leaves_teacher_and_fixed_parts_unchanged(name):
     before = {k: v.clone() for k, v in model.named_parameters()}
     settings = TrainSettings.with_defaults(epochs=2, batch_size=16, new_batch_size=8, memory_batch_size=8, lr=0.05,
                              progress=False)
-    train_task(model, strategy, new_data, memory, settings, teacher=teacher)
+    replay = ReplayMemory(per_class=4, run_seed=0, items=memory)
+    train_task(model, strategy, new_data, replay, settings, teacher=teacher)
     assert all(torch.equal(teacher_before[k], v) for k, v in teacher.state_dict().items())
     assert all(p.grad is None for p in teacher.parameters())
     assert any(not torch.equal(before[k], p) for k, p in model.named_parameters())

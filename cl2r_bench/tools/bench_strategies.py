@@ -22,7 +22,7 @@ from cl2r_bench.models import build_model
 from scenarios.datasets import ImageSet, make_synthetic
 from strategies import TaskContext, get_strategy, list_strategies
 from cl2r_bench.settings import TrainSettings
-from cl2r_bench.training.engine import train_task, update_memory
+from cl2r_bench.training.engine import ReplayMemory, train_task, update_memory
 
 OLD_CLASSES, NEW_CLASSES = 10, 15
 
@@ -41,7 +41,7 @@ def one_task(name: str, start: dict, new: ImageSet, memory: ImageSet, settings: 
     strategy.before_task(TaskContext(index=1, num_old_classes=OLD_CLASSES, num_new_classes=NEW_CLASSES,
                                      teacher_classes=OLD_CLASSES if teacher is not None else 0, teacher=teacher,
                                      new_data=new, memory=replay, amp=settings.autocast))
-    result = train_task(model, strategy, new, replay, settings, teacher=teacher)
+    result = train_task(model, strategy, new, ReplayMemory(20, 0, items=replay), settings, teacher=teacher)
     return (time.perf_counter() - started) / result["iterations"]
 
 

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from cl2r_bench.models import NonFiniteError, RetrievalModel, autocast_dtype, first_nonfinite_tensor
-from cl2r_bench.settings import TrainSettings
+from cl2r_bench.settings import TrainSettings, task_seed
 from cl2r_bench.tracking import NullTracker, Tracker
 from scenarios.datasets import ImageSet
 from scenarios.transforms import random_crop_flip
@@ -134,11 +134,14 @@ def scheduled_lr(iteration: int, iterations_per_epoch: int, settings: TrainSetti
     return cosine_lr(iteration, settings.epochs * iterations_per_epoch, settings.lr, settings.lr_min)
 
 
-def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory: ImageSet | None,
+def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory: ReplayMemory | None,
                settings: TrainSettings, *, teacher: RetrievalModel | None = None, experience=None,
                description: str = "", epoch_hook: EpochHook | None = None,
                tracker: Tracker | None = None, task_index: int = 0) -> dict[str, float]:
     """Train ``model`` in place on one task; returns ``{"seconds", "iterations", "images", "final_loss"}``.
+
+    A strategy that uses the replay memory draws its replay half of each batch from ``memory`` and, once the task
+    is trained, the template adds the task's exemplars to it (task ``task_index``'s seed).
 
     A non-finite loss (checked every 25 iterations, where the loss is read anyway; the first non-finite
     iteration is tracked on the device) or non-finite weights at the end raise :class:`models.NonFiniteError`.
@@ -152,10 +155,9 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     from .template import CompatibilityTemplate
 
     device = next(model.parameters()).device
-    batches = DeviceBatches(new, memory if strategy.uses_memory else None,
-                            new_batch=settings.new_batch_size if memory is not None and strategy.uses_memory
-                            else settings.batch_size, memory_batch=settings.memory_batch_size,
-                            epoch_length=settings.epoch_length)
+    replay = memory.items if memory is not None and strategy.uses_memory else None
+    batches = DeviceBatches(new, replay, new_batch=settings.new_batch_size if replay is not None else settings.batch_size,
+                            memory_batch=settings.memory_batch_size, epoch_length=settings.epoch_length)
     amp_dtype = autocast_dtype(settings.autocast, device)
     epochs = settings.epochs - (epoch_hook.epochs_done if epoch_hook is not None else 0)
     progress = tqdm(total=epochs * len(batches), desc=description, leave=False, mininterval=1.0,
@@ -168,7 +170,7 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
         template = CompatibilityTemplate(
             strategy=strategy, teacher=teacher, batches=batches, settings=settings, amp_dtype=amp_dtype,
             progress=progress, epoch_hook=epoch_hook, tracker=tracker or NullTracker(), task_index=task_index,
-            model=model,
+            memory=memory if strategy.uses_memory else None, model=model,
             optimizer=optimizer, train_mb_size=settings.batch_size, train_epochs=epochs, device=device,
             evaluator=None)
     started = time.perf_counter()
@@ -194,6 +196,21 @@ class _StandaloneExperience:
 
     def logging(self) -> "_StandaloneExperience":
         return self
+
+
+class ReplayMemory:
+    """The class-balanced replay memory of a run (docs/METHODS.md §4). The training template adds ``per_class``
+    random exemplars of each class of a task once it is trained (its ``after_training_exp`` hook), drawn with the
+    task's own seed (:func:`cl2r_bench.settings.task_seed`), so a resumed run draws the same ones. ``items`` is
+    what batches replay from (None while empty)."""
+
+    def __init__(self, per_class: int, run_seed: int, items: ImageSet | None = None) -> None:
+        self.per_class, self.run_seed = per_class, run_seed
+        self.items = items if items is not None and len(items) else None
+
+    def add(self, task_data: ImageSet, task: int) -> None:
+        generator = torch.Generator().manual_seed(task_seed(self.run_seed, task))
+        self.items = update_memory(self.items, task_data, self.per_class, generator)
 
 
 def update_memory(memory: ImageSet | None, task_data: ImageSet, per_class: int,

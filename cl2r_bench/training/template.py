@@ -3,7 +3,7 @@
 ``CompatibilityTemplate`` is Avalanche's ``SupervisedTemplate`` with the suite's parts in its own hooks: the data
 are :class:`~cl2r_bench.training.engine.DeviceBatches` (``make_train_dataloader``), the loss is the strategy's
 (``criterion``) on one forward of the model and the frozen teacher (``forward``; the teacher is frozen in
-``_before_training_exp``), the learning rate follows the cosine schedule or an epoch hook (``optimizer_step``),
+``_before_training_exp``), the replay memory takes the task's exemplars in ``_after_training_exp``, the learning rate follows the cosine schedule or an epoch hook (``optimizer_step``),
 float16 autocast with gradient scaling on GPU, and the divergence check and the loss log run where the loss is read
 (``_after_training_iteration``). A model swap at a replacement task happens outside ``train()``
 (:class:`cl2r_bench.run.Run`), as Avalanche requires (the optimizer is built for the model being trained). This
@@ -22,7 +22,7 @@ from cl2r_bench.settings import TrainSettings
 from cl2r_bench.tracking import Tracker
 from strategies.base import Step, Strategy
 
-from .engine import DeviceBatches, EpochHook, scheduled_lr
+from .engine import DeviceBatches, EpochHook, ReplayMemory, scheduled_lr
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*QP solver.*")
@@ -34,10 +34,11 @@ class CompatibilityTemplate(SupervisedTemplate):
 
     def __init__(self, *, strategy: Strategy, teacher: RetrievalModel | None, batches: DeviceBatches,
                  settings: TrainSettings, amp_dtype: torch.dtype | None, progress,
-                 epoch_hook: EpochHook | None, tracker: Tracker, task_index: int, **kwargs) -> None:
+                 epoch_hook: EpochHook | None, tracker: Tracker, task_index: int,
+                 memory: ReplayMemory | None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.compat_strategy, self.teacher, self.batches = strategy, teacher, batches
-        self.epoch_hook, self.tracker, self.task_index = epoch_hook, tracker, task_index
+        self.epoch_hook, self.tracker, self.task_index, self.memory = epoch_hook, tracker, task_index, memory
         self.settings, self.amp_dtype, self.progress = settings, amp_dtype, progress
         self.scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
         self.total_steps = settings.epochs * len(batches)
@@ -49,6 +50,12 @@ class CompatibilityTemplate(SupervisedTemplate):
         if self.teacher is not None:
             self.teacher.eval().requires_grad_(False)
         super()._before_training_exp(**kwargs)
+
+    def _after_training_exp(self, **kwargs) -> None:
+        """The replay memory takes this task's exemplars once it is trained."""
+        if self.memory is not None:
+            self.memory.add(self.batches.new, self.task_index)
+        super()._after_training_exp(**kwargs)
 
     def make_train_dataloader(self, **kwargs) -> None:
         self.dataloader = self.batches

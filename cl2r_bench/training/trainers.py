@@ -16,12 +16,11 @@ import torch
 from cl2r_bench.models import RetrievalModel
 from cl2r_bench.settings import RunSettings, TrainSettings
 from cl2r_bench.tracking import Tracker
-from scenarios.datasets import ImageSet
 from scenarios.streams import Task
 from strategies import Strategy, TaskContext, get_strategy
 from strategies.avalanche import AvalancheStrategyError, is_avalanche_strategy
 
-from .engine import train_task
+from .engine import ReplayMemory, train_task
 
 
 class Trainer(Protocol):
@@ -32,9 +31,10 @@ class Trainer(Protocol):
     replacement_teacher: str
     uses_memory: bool
 
-    def train(self, model: RetrievalModel, task: Task, memory: ImageSet | None, *, teacher: RetrievalModel | None,
+    def train(self, model: RetrievalModel, task: Task, memory: ReplayMemory, *, teacher: RetrievalModel | None,
               teacher_classes: int, replacement: bool, tracker: Tracker, description: str) -> dict[str, float]:
-        """Fine-tune ``model`` in place on ``task``; returns ``{"seconds", "iterations", "images", "final_loss"}``."""
+        """Fine-tune ``model`` in place on ``task``; returns ``{"seconds", "iterations", "images", "final_loss"}``.
+        A trainer with ``uses_memory`` replays from ``memory`` and adds the task's exemplars to it."""
 
 
 class StrategyTrainer:
@@ -45,12 +45,12 @@ class StrategyTrainer:
         self.head, self.needs_teacher = strategy.head, strategy.needs_teacher
         self.replacement_teacher, self.uses_memory = strategy.replacement_teacher, strategy.uses_memory
 
-    def train(self, model: RetrievalModel, task: Task, memory: ImageSet | None, *, teacher: RetrievalModel | None,
+    def train(self, model: RetrievalModel, task: Task, memory: ReplayMemory, *, teacher: RetrievalModel | None,
               teacher_classes: int, replacement: bool, tracker: Tracker, description: str) -> dict[str, float]:
         self.strategy.before_task(TaskContext(
             index=task.index, num_old_classes=task.num_seen_classes - len(task.new_classes),
             num_new_classes=len(task.new_classes), replacement=replacement, teacher_classes=teacher_classes,
-            teacher=teacher, new_data=task.train, memory=memory, amp=self.settings.autocast))
+            teacher=teacher, new_data=task.train, memory=memory.items, amp=self.settings.autocast))
         return train_task(model, self.strategy, task.train, memory, self.settings, teacher=teacher,
                           experience=task.experience, description=description, tracker=tracker,
                           task_index=task.index)
@@ -68,7 +68,7 @@ class AvalancheTrainer:
         self.name, self.params, self.settings, self.device = name, params, settings, device
         self.strategy = None
 
-    def train(self, model: RetrievalModel, task: Task, memory: ImageSet | None, *, teacher: RetrievalModel | None,
+    def train(self, model: RetrievalModel, task: Task, memory: ReplayMemory, *, teacher: RetrievalModel | None,
               teacher_classes: int, replacement: bool, tracker: Tracker, description: str) -> dict[str, float]:
         from strategies.avalanche import train_on_experience
 
