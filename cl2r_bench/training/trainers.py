@@ -1,7 +1,8 @@
 """Trainers: how the run loop fine-tunes a task's model, with the suite's strategies or any Avalanche strategy.
 
-:class:`StrategyTrainer` runs a strategy of ``strategies/`` (a loss on the suite's Avalanche template,
-:mod:`cl2r_bench.training.engine`, with the teacher and the replay memory the run loop keeps).
+:class:`StrategyTrainer` runs a strategy of ``strategies/``: its loss on the suite's Avalanche template
+(:mod:`cl2r_bench.training.template`), whose hooks freeze the teacher the run loop hands over and add the task's
+exemplars to the run's :class:`~cl2r_bench.training.engine.ReplayMemory`.
 :class:`AvalancheTrainer` runs an Avalanche strategy named ``avalanche:<Class>`` (``strategies/avalanche.py``) on
 the task's Avalanche experience, keeping its own state (its replay buffer, its old model, its importances) across
 tasks; the run loop swaps its model at replacement tasks. Both are measured by the same run loop into the same
