@@ -11,12 +11,16 @@ suite supplies :data:`RESERVED_PARAMS` itself.
   :class:`~cl2r_bench.models.RetrievalModel` (``(logits, features)``) so, and :func:`unwrap` gives the retrieval
   model back for the compatibility evaluation. The model normalises its own uint8 input, so the experiences'
   datasets are used as they are.
-* Heads: the caller grows ``model.head`` (``RetrievalModel.head.grow(n)``) before each experience; Avalanche's
-  ``make_optimizer`` at the experience boundary re-binds the grown classifier (same parameter name) in the
-  optimizer. A d-Simplex head works too: :class:`LogitsOnly` orders its logits so that column y is class y's
-  vertex K-1-y (METHODS.md §5).
-* Model replacement (IAM-CL2R, METHODS.md §4) happens between ``train()`` calls: :func:`rebind` gives the
-  strategy the new model and a fresh optimizer (swapping ``strategy.model`` inside a callback trains nothing).
+* Heads: the caller grows ``model.head`` (``RetrievalModel.head.grow(n)``) before each experience, or adds
+  :class:`HeadGrowthPlugin` to the strategy, which does it for every experience; Avalanche's ``make_optimizer`` at
+  the experience boundary re-binds the grown classifier (same parameter name) in the optimizer. A d-Simplex head
+  works too: :class:`LogitsOnly` orders its logits so that column y is class y's vertex K-1-y (METHODS.md §5).
+* Model replacement (IAM-CL2R, METHODS.md §4): the run loop swaps models between ``train()`` calls with
+  :func:`rebind` (the new model and a fresh optimizer). An Avalanche user adds :class:`ReplacementPlugin` to the
+  strategy instead: at each replacement experience it builds the new model and swaps it in inside ``train()``, at
+  ``before_train_dataset_adaptation``, the first per-experience callback, before Avalanche binds the optimizer
+  for the experience (swapping ``strategy.model`` in ``before_training_exp`` trains nothing: the optimizer still
+  holds the old parameters).
 * Learning rate: :func:`train_on_experience` (the run loop's entry) anneals it per experience with
   :func:`cosine_lr_plugin`, from ``lr`` to ``lr_min`` over the experience's epochs, set at the start of each epoch
   (``CosineAnnealingLR(T_max=epochs)`` stepped per epoch: the suite's own schedule, METHODS.md §4).
@@ -34,7 +38,8 @@ The run loop drives one strategy across the stream::
         strategy, timing = train_on_experience(strategy, name, params, model, task.experience, settings,
                                                device=device)
 
-Importing this module does not import Avalanche (seconds); the functions do, on first use.
+Importing this module does not import Avalanche (seconds); the functions do, on first use, and so does the first
+access to :class:`HeadGrowthPlugin` or :class:`ReplacementPlugin` (module ``__getattr__``).
 """
 from __future__ import annotations
 
@@ -42,14 +47,16 @@ import functools
 import inspect
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from cl2r_bench.config import ConfigError
-from cl2r_bench.models import DSimplexHead, NonFiniteError, RetrievalModel, first_nonfinite_tensor
+from cl2r_bench.models import (DSimplexHead, NonFiniteError, RetrievalModel, first_nonfinite_tensor,
+                               load_replacement)
 from scenarios.streams import avalanche_warnings_filtered
 
 AVALANCHE_PREFIX = "avalanche:"
@@ -180,6 +187,11 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "retrieval_model", model)
 
 
+PUBLIC_PLUGINS = ("HeadGrowthPlugin", "ReplacementPlugin")
+"""The Avalanche plugins importable from this module; each is built on first access (Avalanche's import costs
+seconds), so ``from strategies.avalanche import ReplacementPlugin`` imports Avalanche and nothing else does."""
+
+
 @functools.cache
 def _plugin_classes() -> dict[str, type]:
     """The Avalanche plugins of this module, built on first use (importing Avalanche costs seconds)."""
@@ -234,7 +246,118 @@ def _plugin_classes() -> dict[str, type]:
             if not math.isfinite(self.last_loss):
                 raise NonFiniteError(f"the loss is {self.last_loss} at iteration {self.iterations}")
 
-    return {"CosineLR": CosineLR, "TrainingCounter": TrainingCounter}
+    class HeadGrowthPlugin(SupervisedPlugin):
+        """Grows the head of the strategy's retrieval model to ``len(experience.classes_seen_so_far)`` before each
+        training experience, so that nobody calls ``model.head.grow`` by hand (old rows kept, new rows freshly
+        initialised; a d-Simplex head already has its K vertices and only checks the count, METHODS.md §5).
+
+        It acts in ``before_train_dataset_adaptation``: later in the same ``train()`` call,
+        ``check_model_and_optimizer`` re-binds the optimizer by parameter name, so the grown classifier is the one
+        trained (growing in ``before_training_exp`` would leave the optimizer on the old, smaller weight). The
+        strategy's model is a :class:`LogitsOnly` or a :class:`~cl2r_bench.models.RetrievalModel`."""
+
+        def before_train_dataset_adaptation(self, strategy: Any, **kwargs: Any) -> None:
+            _grow_to_seen_classes(unwrap(strategy.model), strategy.experience)
+
+    class ReplacementPlugin(HeadGrowthPlugin):
+        """IAM-CL2R's model replacement inside Avalanche's ``train()``: at each experience listed in
+        ``replacements`` the strategy's model becomes ``LogitsOnly(replacements[index]())``, an improved pretrained
+        model, before anything is trained on that experience (METHODS.md §4).
+
+        ``replacements`` maps an experience index (``experience.current_experience``) to a callable returning a
+        fresh :class:`~cl2r_bench.models.RetrievalModel` with the replacement weights already loaded; it is called
+        once, when that experience starts, so no replacement model is held in memory before it is needed.
+        :meth:`from_files` builds the callables from checkpoint paths and a model factory (the suite's own
+        replacement files, ``Scenario.starting_models``). At every experience the head of the strategy's model is
+        grown to the classes seen so far (as :class:`HeadGrowthPlugin` does, so the two are not used together;
+        ``grow_head=False`` grows only the head of an incoming model).
+
+        Where: ``before_train_dataset_adaptation``, the first per-experience callback, before Avalanche builds the
+        dataloader and binds the optimizer (``check_model_and_optimizer``); swapping ``strategy.model`` in
+        ``before_training_exp`` instead trains nothing, silently. The swap moves the new model to
+        ``strategy.device`` in train mode and re-points the strategy's own optimizer at its parameters by name
+        (``make_optimizer(reset_optimizer_state=True, remove_params=True)``): the optimizer object, its
+        hyper-parameters and parameter groups are kept, its momentum is reset and the outgoing model's parameters
+        leave it, so the outgoing model object is never updated again. Everything else the strategy holds (replay
+        buffer, old model, importances, clock, evaluator, plugins) is left as it is. Plugins that read
+        ``strategy.model`` after the experience (``benchmarks.avalanche_plugin.CompatibilityPlugin`` deploys it in
+        ``after_training_exp``) see the new model.
+
+        ``replaced`` lists the experiences at which a swap happened, in order."""
+
+        def __init__(self, replacements: Mapping[int, Callable[[], RetrievalModel]], *, grow_head: bool = True) -> None:
+            super().__init__()
+            bad = [k for k in replacements if isinstance(k, bool) or not isinstance(k, int) or k < 0]
+            if bad:
+                raise ValueError(f"ReplacementPlugin: experience indices must be non-negative ints, got {bad}")
+            uncallable = sorted(k for k, v in replacements.items() if not callable(v))
+            if uncallable:
+                raise TypeError(f"ReplacementPlugin: the replacements of experiences {uncallable} are not callables "
+                                "returning a model")
+            self.replacements = dict(replacements)
+            self.grow_head = grow_head
+            self.replaced: list[int] = []
+
+        @classmethod
+        def from_files(cls, paths: Mapping[int, str | Path], build: Callable[[], RetrievalModel],
+                       load: Callable[[RetrievalModel, str], None] = load_replacement,
+                       **kwargs: Any) -> "ReplacementPlugin":
+            """The plugin replacing the model at experience ``t`` by ``build()`` with ``paths[t]`` loaded by
+            ``load(model, path)``: by default :func:`~cl2r_bench.models.load_replacement`, which loads the feature
+            extractor and drops a learnable classifier (METHODS.md §4); the suite's runs use
+            ``Scenario.load_starting_model``. A missing or mismatching file raises
+            :class:`~cl2r_bench.models.CheckpointError` when its experience starts."""
+            return cls({t: functools.partial(_built_and_loaded, build, load, str(path)) for t, path in paths.items()},
+                       **kwargs)
+
+        def before_train_dataset_adaptation(self, strategy: Any, **kwargs: Any) -> None:
+            index = strategy.experience.current_experience
+            if index in self.replacements:
+                self._swap(strategy, unwrap(self.replacements[index]()))
+                self.replaced.append(index)
+            elif self.grow_head:
+                super().before_train_dataset_adaptation(strategy, **kwargs)
+
+        @staticmethod
+        def _swap(strategy: Any, model: nn.Module) -> None:
+            """Make ``model`` the strategy's and re-point its optimizer at it by parameter name. Before the
+            strategy's first experience the optimizer's parameters have no names yet, so they are named first (what
+            ``check_model_and_optimizer`` would do), which keeps a user's parameter groups."""
+            if strategy.optimized_param_id is None:
+                strategy.make_optimizer(reset_optimizer_state=True)
+            _grow_to_seen_classes(model, strategy.experience)
+            strategy.model = LogitsOnly(model.to(strategy.device).train())
+            strategy.make_optimizer(reset_optimizer_state=True, remove_params=True)
+
+    classes = {"CosineLR": CosineLR, "TrainingCounter": TrainingCounter, "HeadGrowthPlugin": HeadGrowthPlugin,
+               "ReplacementPlugin": ReplacementPlugin}
+    for name in PUBLIC_PLUGINS:
+        classes[name].__module__, classes[name].__qualname__ = __name__, name
+    return classes
+
+
+def __getattr__(name: str) -> Any:
+    """The plugins of :data:`PUBLIC_PLUGINS`, built on first access."""
+    if name in PUBLIC_PLUGINS:
+        return _plugin_classes()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _grow_to_seen_classes(model: nn.Module, experience: Any) -> None:
+    """Grow ``model``'s head to the classes seen up to ``experience``; a model without a growing head is a
+    TypeError naming what the plugins expect."""
+    grow = getattr(getattr(model, "head", None), "grow", None)
+    if grow is None:
+        raise TypeError(f"{type(model).__name__} has no head.grow: the plugins expect a RetrievalModel, or a "
+                        "LogitsOnly wrapping one, as strategy.model")
+    grow(len(experience.classes_seen_so_far))
+
+
+def _built_and_loaded(build: Callable[[], RetrievalModel], load: Callable[[RetrievalModel, str], None],
+                      path: str) -> RetrievalModel:
+    model = build()
+    load(model, path)
+    return model
 
 
 def cosine_lr_plugin(lr: float, lr_min: float, epochs: int) -> Any:
@@ -317,6 +440,7 @@ def train_on_experience(strategy: Any, name: str, params: dict[str, Any] | None,
                       "images": counter.images, "final_loss": counter.last_loss}
 
 
-__all__ = ["AVALANCHE_PREFIX", "RESERVED_PARAMS", "UNSUPPORTED", "AvalancheStrategyError", "LogitsOnly",
-           "avalanche_strategy_class", "build_avalanche_strategy", "check_params", "cosine_lr_plugin",
-           "is_avalanche_strategy", "rebind", "strategy_names", "train_on_experience", "unwrap"]
+__all__ = ["AVALANCHE_PREFIX", "PUBLIC_PLUGINS", "RESERVED_PARAMS", "UNSUPPORTED", "AvalancheStrategyError",
+           "HeadGrowthPlugin", "LogitsOnly", "ReplacementPlugin", "avalanche_strategy_class",
+           "build_avalanche_strategy", "check_params", "cosine_lr_plugin", "is_avalanche_strategy", "rebind",
+           "strategy_names", "train_on_experience", "unwrap"]

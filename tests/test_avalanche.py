@@ -16,8 +16,10 @@ from benchmarks.avalanche_plugin import CompatibilityPlugin
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.models import build_model
 from scenarios.streams import avalanche_warnings_filtered, build_stream
-from strategies.avalanche import (AvalancheStrategyError, LogitsOnly, build_avalanche_strategy, check_params,
-                                  is_avalanche_strategy, rebind, strategy_names, train_on_experience, unwrap)
+from cl2r_bench.models import CheckpointError
+from strategies.avalanche import (AvalancheStrategyError, HeadGrowthPlugin, LogitsOnly, ReplacementPlugin,
+                                  build_avalanche_strategy, check_params, is_avalanche_strategy, rebind,
+                                  strategy_names, train_on_experience, unwrap)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS = SimpleNamespace(lr=0.05, lr_min=0.001, momentum=0.9, weight_decay=5e-4, epochs=1, batch_size=16,
@@ -167,6 +169,129 @@ def test_rebind_gives_the_strategy_the_new_model_and_optimizer(stream):
     assert strategy.optimizer is optimizer and strategy.optimized_param_id is None
 
 
+def pretrained_file(stream, path, seed=1):
+    """A stand-in replacement checkpoint: a model initialised with another seed, saved as a plain state dict."""
+    torch.manual_seed(seed)
+    model = build_model(backbone="small_cnn", head="learnable", num_classes=3, small_width=8, small_out_dim=16,
+                        mean=stream.mean, std=stream.std)
+    torch.save(model.state_dict(), path)
+    return model.state_dict()
+
+
+def test_the_replacement_plugin_trains_the_new_model_and_keeps_the_strategy_state(stream, tmp_path):
+    """LwF with a replacement at experience 1 (METHODS.md §4): the incoming model, built from its file with its head
+    grown to the 8 classes seen, is the one the optimizer updates and the compatibility plugin deploys; the outgoing
+    model object is never touched again; LwF's teacher from experience 0 (its weights; LwF runs it in train mode, so
+    its batch-norm statistics move) teaches the incoming model, and the optimizer object and the clock carry on."""
+    from avalanche.core import SupervisedPlugin
+
+    class Teachers(SupervisedPlugin):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        def before_backward(self, strategy, **kwargs):
+            self.seen.add(id(lwf.prev_model))
+
+    saved = pretrained_file(stream, tmp_path / "replacement.pt")
+    built = []
+
+    def build():
+        built.append(small_model(stream, num_classes=2))
+        return built[-1]
+
+    old = small_model(stream)
+    optimizer = torch.optim.SGD(old.parameters(), lr=0.05, momentum=0.9)
+    replacement, teachers = ReplacementPlugin.from_files({1: tmp_path / "replacement.pt"}, build), Teachers()
+    compatibility = CompatibilityPlugin.from_stream(stream)
+    strategy = build_avalanche_strategy("avalanche:LwF", {"alpha": 1.0, "temperature": 2.0}, old,
+                                        optimizer=optimizer, epochs=1, batch_size=16, device="cpu",
+                                        plugins=[replacement, compatibility, teachers])
+    lwf = next(p for p in strategy.plugins if hasattr(p, "lwf")).lwf
+    experiences = list(stream.benchmark.train_stream)
+    with avalanche_warnings_filtered():
+        strategy.train(experiences[0], eval_streams=[])
+        outgoing, teacher = copy.deepcopy(old.state_dict()), lwf.prev_model
+        teachers.seen.clear()
+        strategy.train(experiences[1], eval_streams=[])
+
+    assert replacement.replaced == [1] and len(built) == 1
+    new = built[0]
+    assert unwrap(strategy.model) is new and new.head.classifier.weight.shape == (8, 16)
+    assert strategy.optimizer is optimizer and optimizer.param_groups[0]["momentum"] == 0.9
+    assert [id(p) for p in optimizer.param_groups[0]["params"]] == [id(p) for p in strategy.model.parameters()]
+    assert all(torch.equal(outgoing[k], v) for k, v in old.state_dict().items())
+    assert old.head.classifier.weight.shape == (4, 16)
+    weights = [k for k in saved if k.endswith("weight") and not k.startswith("head.")]
+    assert weights and all(not torch.equal(saved[k], new.state_dict()[k]) for k in weights)
+    assert teachers.seen == {id(teacher)} and all(torch.equal(outgoing[k], v) for k, v in
+                                                  unwrap(teacher).named_parameters())
+    assert lwf.expcount == 2 and strategy.clock.train_exp_counter == 2
+
+    own = CompatibilityEvaluator(stream.query, stream.gallery).deploy(copy.deepcopy(new))[0]
+    assert len(compatibility.matrix) == 2 and compatibility.matrix[1][1] == own
+
+    with avalanche_warnings_filtered():
+        strategy.train(experiences[2], eval_streams=[])
+    assert unwrap(strategy.model) is new and new.head.classifier.weight.shape == (12, 16)
+    assert replacement.replaced == [1] and len(compatibility.matrix) == 3
+
+
+def test_a_replacement_at_the_first_experience_leaves_the_placeholder_model_untrained(stream):
+    """IAM-CL2R replaces at task 0 (METHODS.md §4): the model the strategy was built with is only a placeholder, and
+    the optimizer built on it ends up holding the replacement's parameters alone."""
+    placeholder, incoming = small_model(stream), small_model(stream, num_classes=4)
+    before = copy.deepcopy(placeholder.state_dict())
+    optimizer = torch.optim.SGD(placeholder.parameters(), lr=0.05)
+    strategy = build_avalanche_strategy("avalanche:Naive", {}, placeholder, optimizer=optimizer, epochs=1,
+                                        batch_size=16, device="cpu", plugins=[ReplacementPlugin({0: lambda: incoming})])
+    initial = copy.deepcopy(incoming.state_dict())
+    with avalanche_warnings_filtered():
+        strategy.train(stream.tasks[0].experience, eval_streams=[])
+    assert unwrap(strategy.model) is incoming
+    assert all(torch.equal(before[k], v) for k, v in placeholder.state_dict().items())
+    assert not torch.equal(initial["backbone.proj.weight"], incoming.backbone.proj.weight)
+    assert {id(p) for g in optimizer.param_groups for p in g["params"]} == {id(p) for p in incoming.parameters()}
+
+
+def test_the_head_growth_plugin_grows_the_head_before_the_optimizer_is_bound(stream):
+    """The head is grown to the classes seen so far before each experience, early enough that the new rows are
+    trained (growing it in before_training_exp would leave them untouched)."""
+    from avalanche.core import SupervisedPlugin
+
+    class Snapshot(SupervisedPlugin):
+        def __init__(self):
+            super().__init__()
+            self.at_start = []
+
+        def before_training_exp(self, strategy, **kwargs):
+            self.at_start.append(unwrap(strategy.model).head.classifier.weight.detach().clone())
+
+    model, snapshot = small_model(stream), Snapshot()
+    strategy = build_avalanche_strategy("avalanche:Naive", {}, model,
+                                        optimizer=torch.optim.SGD(model.parameters(), lr=0.05), epochs=1,
+                                        batch_size=16, device="cpu", plugins=[HeadGrowthPlugin(), snapshot])
+    with avalanche_warnings_filtered():
+        for exp in stream.benchmark.train_stream:
+            strategy.train(exp, eval_streams=[])
+    assert [w.shape[0] for w in snapshot.at_start] == [4, 8, 12]
+    assert not torch.equal(snapshot.at_start[2][8:], model.head.classifier.weight[8:])
+
+
+def test_the_replacement_plugin_refuses_bad_maps_and_names_a_missing_file(stream, tmp_path):
+    with pytest.raises(ValueError, match="non-negative ints"):
+        ReplacementPlugin({-1: lambda: None})
+    with pytest.raises(TypeError, match=r"experiences \[2\]"):
+        ReplacementPlugin({2: "model.pt"})
+    model = small_model(stream)
+    plugin = ReplacementPlugin.from_files({0: tmp_path / "missing.pt"}, lambda: small_model(stream))
+    strategy = build_avalanche_strategy("avalanche:Naive", {}, model,
+                                        optimizer=torch.optim.SGD(model.parameters(), lr=0.05), epochs=1,
+                                        batch_size=16, device="cpu", plugins=[plugin])
+    with avalanche_warnings_filtered(), pytest.raises(CheckpointError, match="missing.pt does not exist"):
+        strategy.train(stream.tasks[0].experience, eval_streams=[])
+
+
 def test_logits_only_puts_class_y_in_column_y_for_a_simplex_head(stream):
     model = small_model(stream, head="dsimplex")
     x = stream.tasks[0].train.images[:2]
@@ -176,12 +301,22 @@ def test_logits_only_puts_class_y_in_column_y_for_a_simplex_head(stream):
     assert torch.equal(wrapped[torch.arange(2), labels], logits[torch.arange(2), model.class_targets(labels)])
 
 
-def test_the_example_runs():
+def test_the_example_runs_iamcl2r_with_the_scenarios_replacement_models(tmp_path):
+    """The example from another working directory (no sys.path edit; its replacement models are pretrained and
+    cached under that directory): the models of experiences 0 and 2 are the scenario's replacements, and the
+    matrix has one row per experience."""
     started = time.perf_counter()
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "avalanche_iamcl2r.py"), "--tiny"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "compatibility matrix" in done.stdout and "AC " in done.stdout and "AA " in done.stdout
+    out = done.stdout
+    assert "replacement model for task 0" in out and "replacement model for task 2" in out
+    assert "experience 0: classes 0-3, replaced, then trained" in out and "experience 1: classes 4-7, fine-tuned" in out
+    assert "experience 2: classes 8-11, replaced, then trained" in out
+    assert "replacements at experiences [0, 2]" in out and "AC " in out and "AA " in out and "ACA " in out
+    matrix = out.split("model k's gallery:\n")[1].splitlines()[:3]
+    assert [len(row.split()) for row in matrix] == [1, 2, 3]
+    assert len(list((tmp_path / "results" / "replacement_models").glob("*.pt"))) == 2
     assert "Warning" not in done.stderr
     assert time.perf_counter() - started < 60
 
