@@ -189,6 +189,16 @@ def avalanche_benchmark(train: ImageSet, test: ImageSet, class_counts: list[int]
         class_order=list(range(sum(class_counts))), num_classes_per_exp=class_counts))
 
 
+def single_experience(images: ImageSet) -> Any:
+    """One Avalanche experience carrying ``images`` (e.g. a replacement model's pretraining set), for training
+    outside a class-incremental stream."""
+    with avalanche_warnings_filtered():
+        from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
+
+    cpu = ImageSet(images.images.cpu(), images.labels.cpu())
+    return benchmark_from_datasets(train=[classification_dataset(cpu)]).train_stream[0]
+
+
 def experience_images(experience: Any) -> ImageSet:
     """The images and labels an experience carries, untransformed (its ``eval`` view), in Avalanche's order
     (Avalanche's ``load_all_dataset``: one batch of the whole experience)."""

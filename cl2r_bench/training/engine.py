@@ -21,7 +21,7 @@ import math
 import time
 import warnings
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -30,6 +30,7 @@ from cl2r_bench.models import NonFiniteError, RetrievalModel, autocast_dtype, fi
 from cl2r_bench.settings import TrainSettings, task_seed
 from cl2r_bench.tracking import NullTracker, Tracker
 from scenarios.datasets import ImageSet
+from scenarios.streams import single_experience
 from scenarios.transforms import random_crop_flip
 
 from strategies.base import Strategy
@@ -135,7 +136,7 @@ def scheduled_lr(iteration: int, iterations_per_epoch: int, settings: TrainSetti
 
 
 def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory: ReplayMemory | None,
-               settings: TrainSettings, *, teacher: RetrievalModel | None = None, experience=None,
+               settings: TrainSettings, *, teacher: RetrievalModel | None = None, experience: Any = None,
                description: str = "", epoch_hook: EpochHook | None = None,
                tracker: Tracker | None = None, task_index: int = 0) -> dict[str, float]:
     """Train ``model`` in place on one task; returns ``{"seconds", "iterations", "images", "final_loss"}``.
@@ -176,7 +177,7 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     started = time.perf_counter()
     model.train()
     try:
-        template.train(experience if experience is not None else _StandaloneExperience(), eval_streams=[])
+        template.train(experience if experience is not None else single_experience(new), eval_streams=[])
     finally:
         progress.close()
     if device.type == "cuda":
@@ -186,16 +187,6 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
         raise NonFiniteError(f"{broken} holds NaN or infinite values after {template.step_count} iterations")
     return {"seconds": time.perf_counter() - started, "iterations": template.step_count,
             "images": template.images_seen, "final_loss": template.last_loss}
-
-
-class _StandaloneExperience:
-    """A minimal experience for training outside a stream (replacement pretraining)."""
-
-    current_experience = 0
-    dataset = None
-
-    def logging(self) -> "_StandaloneExperience":
-        return self
 
 
 class ReplayMemory:
