@@ -35,7 +35,6 @@ import torch.nn.functional as F
 
 from .datasets import DataError, DataSplits, ImageSet, load_dataset
 
-SCENARIOS = ("cl2r", "iamcl2r", "model_update")
 CLASS_ORDERS = ("natural", "seeded")
 EVALUATION_SETS = ("cifar10", "heldout")
 
@@ -54,10 +53,9 @@ class Task:
 
 @dataclass
 class Stream:
-    """A built scenario: tasks, replacement schedule, evaluation sets and bookkeeping; ``benchmark`` is the
+    """A built stream: tasks, replacement schedule, evaluation sets and bookkeeping; ``benchmark`` is the
     Avalanche benchmark the tasks come from (``benchmark.train_stream`` / ``test_stream``)."""
 
-    scenario: str | None
     dataset: str
     tasks: list[Task]
     replacement_tasks: list[int]
@@ -234,15 +232,13 @@ def evaluation_sets(data: DataSplits, class_order: list[int], num_stream: int, *
     return query, other.test, stream_ids
 
 
-def build_stream(*, scenario: str | None = None, dataset: str, data_root: str, download: bool = False, verify: str = "warn",
+def build_stream(*, dataset: str, data_root: str, download: bool = False, verify: str = "warn",
                  image_size: int = 32, initial_classes: int, increment: int, num_tasks: int,
                  images_per_class: int | None, class_order: str | list[int] = "natural", order_seed: int = 0,
                  replacement_tasks: list[int], eval_dataset: str, heldout_classes: int = 20,
                  queries_per_class: int | None = None, synthetic: dict[str, int] | None = None) -> Stream:
-    """Build the stream on ``dataset`` with its evaluation sets (see the module docstring); ``scenario``, when
-    given, is checked against :data:`SCENARIOS` and recorded."""
-    if scenario is not None and scenario not in SCENARIOS:
-        raise DataError(f"unknown scenario {scenario!r}; choose from {list(SCENARIOS)}")
+    """Build the stream on ``dataset`` with its evaluation sets (see the module docstring); which tasks are
+    replacements is the scenario's business (``scenarios/base.py``)."""
     counts = task_class_counts(initial_classes, increment, num_tasks)
     bad = [t for t in replacement_tasks if not 0 <= t < num_tasks]
     if bad:
@@ -263,5 +259,5 @@ def build_stream(*, scenario: str | None = None, dataset: str, data_root: str, d
         data, order, sum(counts), eval_dataset=eval_dataset, heldout_classes=heldout_classes,
         queries_per_class=queries_per_class, data_root=data_root, download=download, verify=verify,
         image_size=image_size)
-    return Stream(scenario, dataset, tasks, sorted(set(replacement_tasks)), query, gallery, data.mean, data.std,
+    return Stream(dataset, tasks, sorted(set(replacement_tasks)), query, gallery, data.mean, data.std,
                   order, reserved, benchmark)

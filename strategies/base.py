@@ -14,7 +14,7 @@ package, a file passed with ``--plugin FILE``)::
 
     @register_strategy("my_strategy")
     class MyStrategy(Strategy):
-        '''What it does, the equation it implements (cite METHODS.md), what it keeps at a replacement.'''
+        '''What it does, the equation it implements (cite docs/METHODS.md §6), what it keeps at a replacement.'''
         head = "learnable"           # "learnable" | "cosine" | "dsimplex": also picks its replacement models
         uses_memory = True           # batches mix 64 replay + 64 new samples from task 1 on
         needs_teacher = False        # True: step.teacher_* hold the frozen old model's outputs
@@ -26,8 +26,11 @@ package, a file passed with ``--plugin FILE``)::
         def loss(self, step: Step) -> torch.Tensor:
             return self.config.weight * F.cross_entropy(step.logits, step.targets)
 
-The trainer owns the loop, the optimiser, the memory and the teacher; a strategy turns one mini-batch's outputs
-into a loss and may prepare per-task state (class means, a frozen classifier) in :meth:`Strategy.before_task`.
+The training template (``cl2r_bench/training/template.py``) owns the loop, the optimiser, the replay memory and the
+frozen teacher; a strategy turns one mini-batch's outputs into a loss and may prepare per-task state (class means,
+a frozen classifier) in :meth:`Strategy.before_task`. Its defaults are written once, in its ``Config`` dataclass
+(``python runner.py list --params`` prints them; a run's ``config.yaml`` records the values used). Any Avalanche
+strategy runs without a file here: ``--strategy avalanche:<Class>`` (``strategies/avalanche.py``).
 
 **The teacher** (the frozen old model) is the model the task *started from*: the previous task's model, or at
 task 0 and at every replacement task the freshly loaded replacement model (the authors' code, METHODS.md §6).

@@ -29,7 +29,7 @@ SETTINGS = SimpleNamespace(lr=0.05, lr_min=0.001, momentum=0.9, weight_decay=5e-
 @pytest.fixture(scope="module")
 def stream():
     """3 experiences of 4 classes x 12 images on generated data; 4 held-out classes for evaluation."""
-    return build_stream(scenario="iamcl2r", dataset="synthetic", data_root="unused", initial_classes=4, increment=4,
+    return build_stream(dataset="synthetic", data_root="unused", initial_classes=4, increment=4,
                         num_tasks=3, images_per_class=12, replacement_tasks=[0, 2], eval_dataset="heldout",
                         heldout_classes=4, synthetic={"synthetic_classes": 16, "synthetic_train_per_class": 12,
                                                       "synthetic_test_per_class": 4})

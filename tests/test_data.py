@@ -148,7 +148,7 @@ def test_cifar100_stream_has_the_papers_seven_tasks_and_cifar10_evaluation(tmp_p
     write_cifar10(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        stream = build_stream(scenario="iamcl2r", dataset="cifar100", data_root=str(tmp_path), initial_classes=10,
+        stream = build_stream(dataset="cifar100", data_root=str(tmp_path), initial_classes=10,
                               increment=15, num_tasks=7, images_per_class=5, replacement_tasks=[0, 2, 4],
                               eval_dataset="cifar10")
     assert [len(t.new_classes) for t in stream.tasks] == [10] + [15] * 6
@@ -159,7 +159,7 @@ def test_cifar100_stream_has_the_papers_seven_tasks_and_cifar10_evaluation(tmp_p
 
 
 def test_heldout_evaluation_classes_are_disjoint_from_the_stream():
-    stream = build_stream(scenario="cl2r", dataset="synthetic", data_root="unused", initial_classes=4, increment=3,
+    stream = build_stream(dataset="synthetic", data_root="unused", initial_classes=4, increment=3,
                           num_tasks=3, images_per_class=10, class_order="seeded", order_seed=5, replacement_tasks=[],
                           eval_dataset="heldout", heldout_classes=6,
                           synthetic={"synthetic_classes": 20, "synthetic_train_per_class": 12,
@@ -172,8 +172,8 @@ def test_heldout_evaluation_classes_are_disjoint_from_the_stream():
 
 def test_stream_errors_are_clear():
     with pytest.raises(DataError, match="needs 110 classes"):
-        build_stream(scenario="cl2r", dataset="synthetic", data_root="x", initial_classes=20, increment=30,
+        build_stream(dataset="synthetic", data_root="x", initial_classes=20, increment=30,
                      num_tasks=4, images_per_class=5, replacement_tasks=[], eval_dataset="heldout")
     with pytest.raises(DataError, match="replacement task"):
-        build_stream(scenario="iamcl2r", dataset="synthetic", data_root="x", initial_classes=2, increment=2,
+        build_stream(dataset="synthetic", data_root="x", initial_classes=2, increment=2,
                      num_tasks=2, images_per_class=5, replacement_tasks=[5], eval_dataset="heldout")

@@ -7,7 +7,7 @@ import yaml
 
 from cl2r_bench import cli as runner
 from cl2r_bench.config import ConfigError, resolve
-from scenarios.streams import SCENARIOS
+from scenarios import list_scenarios
 from strategies import list_strategies
 from cl2r_bench.adapters import list_adapters
 from test_adapters import FAST
@@ -43,7 +43,7 @@ def test_every_adapter_runs_along_a_stream_on_the_built_in_data(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("preset", ["quick", "paper"])
-@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("scenario", list_scenarios())
 def test_every_scenario_fits_the_built_in_data_by_default(scenario, preset):
     config = resolve([("command line", {"scenario": scenario, "dataset": "synthetic", "preset": preset})])
     s, e = config["stream"], config["evaluation"]
