@@ -2,6 +2,7 @@
 
     python runner.py --scenario iamcl2r --strategy dsimplex_hoc [--dataset cifar100] [--preset paper|quick] ...
     python runner.py pretrain --dataset tinyimagenet --strategy er        # make (and cache) replacement models
+    python runner.py sweep --strategy er dsimplex_hoc --seeds 0 1 2 --jobs 2  # a grid, one process per run
     python runner.py metrics FILE [--json] [--tie-rule strict|inclusive] [--scale auto|fraction|percent]
     python runner.py --scenario model_update --dataset tinyimagenet --adapter all   # old vs new model + adapters
     python runner.py list                                                # what can be run, one line each
@@ -21,21 +22,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("run", "pretrain", "metrics", "leaderboard", "plot", "list")
+COMMANDS = ("run", "pretrain", "sweep", "metrics", "leaderboard", "plot", "list")
 EXIT_DIVERGED = 3
+GRID_OPTIONS = ("scenario", "strategy", "adapter", "dataset")
 
 
 class UsageError(Exception):
     """Bad command-line input."""
 
 
-def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenario", help="cl2r | iamcl2r | model_update (default from configs/default.yaml: iamcl2r)")
-    p.add_argument("--strategy", help="a registered strategy, avalanche:<Class> (any Avalanche strategy, e.g. "
-                   "avalanche:EWC), or 'all' (the registered ones)")
-    p.add_argument("--adapter", help="a post-hoc adapter between model updates (cl2r_bench/adapters/), 'none', or "
-                   "'all' (none and every adapter, one run each)")
-    p.add_argument("--dataset", help="training stream: cifar100 | tinyimagenet | synthetic")
+def _add_run_options(p: argparse.ArgumentParser, several: bool = False) -> None:
+    """The options of one run; ``several``: the grid options take several values (the sweep command)."""
+    many = {"nargs": "+"} if several else {}
+    p.add_argument("--scenario", **many, help="cl2r | iamcl2r | model_update (default from configs/default.yaml: "
+                   "iamcl2r)")
+    p.add_argument("--strategy", **many, help="a registered strategy, avalanche:<Class> (any Avalanche strategy, "
+                   "e.g. avalanche:EWC), or 'all' (the registered ones)")
+    p.add_argument("--adapter", **many, help="a post-hoc adapter between model updates (cl2r_bench/adapters/), "
+                   "'none', or 'all' (none and every adapter, one run each)")
+    p.add_argument("--dataset", **many, help="training stream: cifar100 | tinyimagenet | synthetic")
     p.add_argument("--eval-dataset", help="open-set evaluation: cifar10 (query = its 50,000 train images, gallery = "
                    "templates of its test images) | heldout (classes after the stream's)")
     p.add_argument("--data-root", help="folder with cifar-100-python/, cifar-10-batches-py/, tiny-imagenet-200/")
@@ -101,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "comparison figures (AC_t / AA_t curves, AC / AA / ACA summary) per scenario and data set")
     plot.add_argument("results_dir", help="folder searched for metrics.json files")
     plot.add_argument("--out", help="folder of the comparison figures (default RESULTS_DIR/plots)")
+    sweep = sub.add_parser("sweep", help="a grid of runs (several scenarios, strategies, adapters, data sets and "
+                           "seeds), one process per run: complete runs are skipped, interrupted ones resumed")
+    _add_run_options(sweep, several=True)
+    sweep.add_argument("--launcher", default="local", choices=["local"], help="local: a pool of processes on this "
+                       "machine, one GPU each when there are several")
+    sweep.add_argument("--jobs", type=int, default=1, help="runs at a time (default %(default)s)")
     listing = sub.add_parser("list", help="what can be run: the scenarios, strategies, adapters, presets and data "
                              "sets, one line each")
     listing.add_argument("--params", action="store_true", help="also each strategy's and adapter's parameters with "
@@ -213,6 +224,23 @@ def what_next(runs: list[Any]) -> str:
 
 def _fmt(value: float | None, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def command_sweep(args: argparse.Namespace) -> int:
+    """Resolve every point of the grid (all bad input fails here), then run what is not complete
+    (:mod:`cl2r_bench.sweep`)."""
+    from cl2r_bench.assembly import assemble
+    from cl2r_bench.sweep import plan, run_local
+
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
+    if args.seed is not None:
+        raise UsageError("a sweep takes its seeds with --seeds K1 K2 ...")
+    configs = []
+    for values in itertools.product(*((getattr(args, name) or [None]) for name in GRID_OPTIONS)):
+        configs += resolved_configs(argparse.Namespace(**{**vars(args), **dict(zip(GRID_OPTIONS, values))}))
+    jobs = plan([assemble(config) for config in configs])
+    return run_local(jobs, parallel=args.jobs)
 
 
 def command_pretrain(args: argparse.Namespace) -> int:
@@ -406,8 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from cl2r_bench.run import DivergedError, RunError
 
-        handler = {"run": command_run, "pretrain": command_pretrain, "metrics": command_metrics,
-                   "leaderboard": command_leaderboard, "plot": command_plot, "list": command_list}[args.command]
+        handler = {"run": command_run, "pretrain": command_pretrain, "sweep": command_sweep,
+                   "metrics": command_metrics, "leaderboard": command_leaderboard, "plot": command_plot,
+                   "list": command_list}[args.command]
         return handler(args)
     except DivergedError as exc:
         print(f"error: {exc}", file=sys.stderr)
