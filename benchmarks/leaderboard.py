@@ -122,6 +122,7 @@ MATRIX_ROW_COLUMNS = (*IDENTITY, Column("query task", "t", Kind.INTEGER),
                       Column("mean (%)", "mean", digits=1), Column("std", "std", digits=1), SEEDS)
 
 NOT_EXPERIMENT = {"seed", "output", "device", "data_root", "download", "plugins", "training.progress",
+                  "training.channels_last", "training.compile", "distributed.connect_timeout", "distributed.timeout",
                   "evaluation.plots", "replacement.pretrain.cache_dir"}
 RunMatrices = list[tuple[RunRecord, np.ndarray]]
 

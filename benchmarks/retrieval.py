@@ -89,18 +89,22 @@ class CompatibilityEvaluator:
         for t, model in enumerate(models):
             row = evaluator.deploy(model)          # M[t][0..t]
         evaluator.matrix                           # rows, None above the diagonal
+
+    ``embedder`` embeds a set of images (:func:`cl2r_bench.models.embed`'s signature); a data-parallel run passes
+    one that splits the images across its processes (:meth:`cl2r_bench.distributed.Processes.embed`).
     """
 
     def __init__(self, query: ImageSet, gallery: ImageSet, *, mode: str = "templates", batch_size: int = 512,
                  amp: bool | str = DEFAULT_AMP, adapted: str | None = None,
-                 adapter_factory: Callable[[], FeatureAdapter] | None = None) -> None:
+                 adapter_factory: Callable[[], FeatureAdapter] | None = None,
+                 embedder: Callable[..., torch.Tensor] = embed) -> None:
         if mode not in GALLERY_MODES:
             raise ValueError(f"unknown gallery mode {mode!r}; choose from {list(GALLERY_MODES)}")
         if adapted not in (None,) + ADAPTED_DIRECTIONS:
             raise ValueError(f"unknown adapted direction {adapted!r}; choose from {list(ADAPTED_DIRECTIONS)}")
         self.query, self.gallery = query, gallery
         self.mode, self.batch_size, self.amp = mode, batch_size, amp
-        self.adapted, self.adapter_factory = adapted, adapter_factory
+        self.adapted, self.adapter_factory, self.embedder = adapted, adapter_factory, embedder
         self.galleries: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.rows: list[list[float]] = []
         self.adapted_rows: list[list[float]] = []
@@ -114,7 +118,7 @@ class CompatibilityEvaluator:
         """Features of ``images``; counted as a ``kind`` extraction unless ``kind`` is None."""
         if kind is not None:
             self.extractions[kind] += 1
-        return embed(model, images.images, batch_size=self.batch_size, amp=self.amp)
+        return self.embedder(model, images.images, batch_size=self.batch_size, amp=self.amp)
 
     def _searchable(self, gallery: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(items, labels)`` searched for a gallery's features: class templates or every image."""

@@ -15,6 +15,7 @@ import torch
 
 from cl2r_bench.adapters import Adapter, AdapterError, make_adapter
 from cl2r_bench.config import ConfigError, safe_name
+from cl2r_bench.distributed import SINGLE, Processes, place
 from cl2r_bench.models import RetrievalModel, build_model
 from cl2r_bench.settings import RunSettings
 from cl2r_bench.tracking import Tracker, make_tracker
@@ -35,7 +36,9 @@ class Assembly:
         trainer: trains a task's model with the strategy (None when the scenario trains nothing).
         label: the run's name in folders and leaderboards.
         directory: ``<output>/<scenario>/<dataset>/<label>/seed<k>``.
-        device: where training and evaluation run.
+        device: where training and evaluation run (under torchrun, the GPU of the process's local rank).
+        processes: this process's rank among the run's processes (:mod:`cl2r_bench.distributed`; one process
+            outside torchrun).
         direction: the adapted matrix a run with an adapter fills (``backward`` / ``forward``), else None.
     """
 
@@ -47,6 +50,7 @@ class Assembly:
     directory: Path
     device: torch.device
     direction: str | None
+    processes: Processes = SINGLE
 
     def new_adapter(self) -> Adapter | None:
         """A fresh, unfitted adapter of ``adapter.name`` (None without adapter)."""
@@ -64,8 +68,9 @@ class Assembly:
                            **self.settings.model.build_kwargs)
 
     def tracker(self) -> Tracker:
-        """The run's experiment log (``tracking.tensorboard``; off by default)."""
-        return make_tracker(self.settings.tracking.tensorboard, self.directory / "tensorboard")
+        """The run's experiment log (``tracking.tensorboard``; off by default; rank 0's only under torchrun)."""
+        return make_tracker(self.settings.tracking.tensorboard and self.processes.is_main,
+                            self.directory / "tensorboard")
 
 
 def assemble(config: dict[str, Any]) -> Assembly:
@@ -74,15 +79,16 @@ def assemble(config: dict[str, Any]) -> Assembly:
     for path in settings.plugins:
         load_plugin(path)
     scenario = get_scenario(settings.scenario)(settings)
-    device = resolve_device(settings.device)
-    trainer = make_trainer(settings, device) if scenario.trains else None
+    processes, device = place(settings.distributed, resolve_device(settings.device))
+    trainer = make_trainer(settings, device, processes) if scenario.trains else None
     label = scenario.label()
     direction = None
     if settings.adapter.used and scenario.trains:
         direction = adapted_direction(make_adapter(settings.adapter.name, settings.adapter_params),
                                       settings.adapter.direction)
     return Assembly(config=config, settings=settings, scenario=scenario, trainer=trainer, label=label,
-                    directory=run_directory(settings, label), device=device, direction=direction)
+                    directory=run_directory(settings, label), device=device, direction=direction,
+                    processes=processes)
 
 
 def adapted_direction(adapter: Adapter, direction: str) -> str:

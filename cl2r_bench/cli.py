@@ -176,36 +176,46 @@ def resolved_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def command_run(args: argparse.Namespace) -> int:
+    """Run each asked configuration (one per seed); under torchrun every process runs them together and rank 0
+    prints (:mod:`cl2r_bench.distributed`)."""
     from benchmarks.leaderboard import tables
     from cl2r_bench.assembly import assemble
+    from cl2r_bench.distributed import leave
     from cl2r_bench.run import Run
 
-    configs = resolved_configs(args)
-    runs = [Run(assemble(cfg), resume=args.resume, overwrite=args.overwrite) for cfg in configs]
-    records = []
-    for run in runs:
-        s = run.settings
-        print(f"== {s.scenario} / {s.dataset} / {run.parts.label} / seed {s.seed} (preset {s.preset}, device "
-              f"{run.device}) -> {run.dir}")
-        try:
-            record = run.execute()
-        except KeyboardInterrupt:
-            print(f"\ninterrupted: finished tasks are saved in {run.dir}; continue with the same command and "
-                  "--resume", file=sys.stderr)
-            return 130
-        m, noise = record["metrics"], record.get("noise")
-        print(f"   AC {m['AC']:.3f}  AA {m['AA']:.2f}  ACA {_fmt(m['ACA'])}  BC {_fmt(m['BC'])}  FC {_fmt(m['FC'])}"
-              f"  -> {run.dir / 'metrics.json'}")
-        if noise:
-            low, high = noise["AC_interval"]
-            print(f"   AC {noise['confidence']:.0%} interval [{low:.3f}, {high:.3f}], outside noise "
-                  f"{_fmt(noise['AC_outside_noise'], 3)} ({noise['within_noise']} of {noise['pairs']} pairs within "
-                  f"noise, {noise['queries']} queries)")
-        records.append(record)
-    print()
-    print(tables(records))
-    print(what_next(runs))
-    return 0
+    try:
+        runs = [Run(assemble(cfg), resume=args.resume, overwrite=args.overwrite) for cfg in resolved_configs(args)]
+        say = print if runs[0].main else (lambda *_, **__: None)
+        records = []
+        for run in runs:
+            s = run.settings
+            say(f"== {s.scenario} / {s.dataset} / {run.parts.label} / seed {s.seed} (preset {s.preset}, device "
+                f"{run.device}{processes_note(run.processes.world_size)}) -> {run.dir}")
+            try:
+                record = run.execute()
+            except KeyboardInterrupt:
+                print(f"\ninterrupted: finished tasks are saved in {run.dir}; continue with the same command and "
+                      "--resume", file=sys.stderr)
+                return 130
+            m, noise = record["metrics"], record.get("noise")
+            say(f"   AC {m['AC']:.3f}  AA {m['AA']:.2f}  ACA {_fmt(m['ACA'])}  BC {_fmt(m['BC'])}  "
+                f"FC {_fmt(m['FC'])}  -> {run.dir / 'metrics.json'}")
+            if noise:
+                low, high = noise["AC_interval"]
+                say(f"   AC {noise['confidence']:.0%} interval [{low:.3f}, {high:.3f}], outside noise "
+                    f"{_fmt(noise['AC_outside_noise'], 3)} ({noise['within_noise']} of {noise['pairs']} pairs "
+                    f"within noise, {noise['queries']} queries)")
+            records.append(record)
+        say()
+        say(tables(records))
+        say(what_next(runs))
+        return 0
+    finally:
+        leave()
+
+
+def processes_note(world_size: int) -> str:
+    return f", {world_size} processes" if world_size > 1 else ""
 
 
 def what_next(runs: list[Any]) -> str:
@@ -423,17 +433,20 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.metrics import MatrixError
     from benchmarks.records import FolderBusyError
     from cl2r_bench.config import ConfigError
+    from cl2r_bench.distributed import LaunchError, torchrun_ranks
     from cl2r_bench.models import CheckpointError
     from cl2r_bench.registry import PartError
+    from cl2r_bench.run import DivergedError, RunError
     from cl2r_bench.tracking import TrackingError
     from scenarios.datasets import DataError
 
     show_notices_as_one_line()
     user_errors = (UsageError, ConfigError, DataError, CheckpointError, PartError, MatrixError, FolderBusyError,
-                   TrackingError)
+                   TrackingError, LaunchError)
     try:
-        from cl2r_bench.run import DivergedError, RunError
-
+        if args.command != "run" and torchrun_ranks() is not None:
+            raise UsageError(f"torchrun runs one run data-parallel: use the run command under it, and "
+                             f"`runner.py {args.command}` in one process")
         handler = {"run": command_run, "pretrain": command_pretrain, "sweep": command_sweep,
                    "metrics": command_metrics, "leaderboard": command_leaderboard, "plot": command_plot,
                    "list": command_list}[args.command]

@@ -187,7 +187,8 @@ AT_LEAST_ONE = ("training.epochs", "training.batch_size", "training.new_batch_si
                 "model_update.backfill_steps")
 AT_LEAST_ZERO = ("seed", "stream.order_seed", "replacement.pretrain.drops", "training.lr_min",
                  "training.weight_decay", "replacement.pretrain.lr_min", "replacement.pretrain.min_delta")
-ABOVE_ZERO = ("training.lr", "replacement.pretrain.lr")
+ABOVE_ZERO = ("training.lr", "replacement.pretrain.lr", "distributed.connect_timeout",
+              "distributed.timeout")
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 

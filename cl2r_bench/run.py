@@ -43,6 +43,7 @@ from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.adapters import embed_pair, fit_adapter
 from cl2r_bench.assembly import Assembly
 from cl2r_bench.config import flatten
+from cl2r_bench.distributed import connect
 from cl2r_bench.models import NonFiniteError, RetrievalModel
 from cl2r_bench.settings import task_seed
 from cl2r_bench.training.engine import ReplayMemory
@@ -51,9 +52,14 @@ from scenarios.base import Finished
 from scenarios.datasets import ImageSet
 from scenarios.streams import Stream
 
-IGNORED_ON_RESUME = ("training.progress", "evaluation.plots", "tracking.", "device", "output")
+IGNORED_ON_RESUME = ("training.progress", "training.channels_last", "training.compile", "evaluation.plots",
+                     "tracking.", "distributed.connect_timeout", "distributed.timeout", "device", "output")
 RUN_MARKER = ".cl2r-run"
 STATE_KEYS = {"next_task", "timings", "replacements", "pretrain_seconds"}
+
+
+def _quiet(message: str) -> None:
+    """The log of a process that is not rank 0 (only rank 0 prints)."""
 
 
 class RunError(RuntimeError):
@@ -74,12 +80,12 @@ class RunFolder:
     ``state.pt`` (or a ``metrics.json`` of an older run without one) means results exist. ``--overwrite`` deletes only a folder the suite
     made (a ``.cl2r-run`` marker, or the ``config.yaml`` of a run made before the marker existed). The lock is
     ``<folder>.lock`` beside the folder, so it survives the folder's deletion; a second process on the same
-    folder is refused."""
+    folder is refused. Under torchrun only rank 0 is the ``writer``; the others read the folder only."""
 
-    def __init__(self, path: Path, *, resume: bool, overwrite: bool) -> None:
+    def __init__(self, path: Path, *, resume: bool, overwrite: bool, writer: bool = True) -> None:
         if resume and overwrite:
             raise RunError("--resume continues a run and --overwrite deletes it: pass one of them")
-        self.path, self.resume, self.overwrite = path, resume, overwrite
+        self.path, self.resume, self.overwrite, self.writer = path, resume, overwrite, writer
         self.lock = path.with_name(path.name + ".lock")
         self.state = path / "state.pt"
         results = self.state.exists() or (path / "metrics.json").exists()
@@ -123,8 +129,9 @@ class RunFolder:
             raise RunError(f"--resume: the settings differ from the interrupted run in {diff[:5]}; use the same "
                            "settings, or --overwrite to start over")
 
-    def saved_state(self) -> dict[str, Any]:
-        """The state of the run being resumed; a damaged ``state.pt`` is a :class:`RunError`."""
+    def saved_state(self, world_size: int) -> dict[str, Any]:
+        """The state of the run being resumed; a damaged ``state.pt``, or one of a run with another number of
+        processes (the ranks' batch-norm statistics depend on it), is a :class:`RunError`."""
         try:
             state = torch.load(self.state, map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - a damaged file fails in torch's zip reader or its unpickler
@@ -132,12 +139,19 @@ class RunFolder:
         if not isinstance(state, dict) or not STATE_KEYS <= set(state):
             raise RunError(f"--resume: {self.state} is damaged or not a run state of this suite; start over "
                            "with --overwrite")
+        if state.get("world_size", 1) != world_size:
+            raise RunError(f"--resume: the run was made by {state.get('world_size', 1)} process(es), not "
+                           f"{world_size}; resume it with torchrun --nproc_per_node {state.get('world_size', 1)} "
+                           "(or without torchrun for 1), or --overwrite to start over")
         return state
 
     @contextlib.contextmanager
     def writing(self, config: dict[str, Any]) -> Iterator[None]:
         """Hold the folder's lock; delete an earlier run first with ``overwrite``; mark the folder and save
-        ``config.yaml``."""
+        ``config.yaml`` (nothing for a process that is not the writer)."""
+        if not self.writer:
+            yield
+            return
         with exclusive(self.lock, f"run folder {self.path}"):
             if self.overwrite and self.path.exists():
                 shutil.rmtree(self.path)
@@ -201,9 +215,11 @@ class Run:
 
     def __init__(self, parts: Assembly, *, resume: bool = False, overwrite: bool = False,
                  log: Callable[[str], None] = print) -> None:
-        self.parts, self.settings, self.scenario, self.log = parts, parts.settings, parts.scenario, log
+        self.parts, self.settings, self.scenario = parts, parts.settings, parts.scenario
         self.trainer, self.device, self.dir = parts.trainer, parts.device, parts.directory
-        self.folder = RunFolder(self.dir, resume=resume, overwrite=overwrite)
+        self.processes, self.main = parts.processes, parts.processes.is_main
+        self.log = log if self.main else _quiet
+        self.folder = RunFolder(self.dir, resume=resume, overwrite=overwrite, writer=self.main)
         self.resume = self.folder.resuming
         if self.resume:
             self.folder.check_resumable(parts.config)
@@ -213,7 +229,9 @@ class Run:
         """Train and evaluate the remaining tasks while holding the run folder's lock; returns the record. The data
         are read first, so missing or damaged data leave no run folder behind."""
         started = time.perf_counter()
+        connect(self.processes, self.settings.distributed, self.device)
         self.stream = self.scenario.stream()
+        self.processes.barrier()
         with self.folder.writing(self.parts.config):
             self.tracker = self.parts.tracker()
             try:
@@ -222,8 +240,10 @@ class Run:
                 self.tracker.close()
 
     def _execute(self, started: float) -> dict[str, Any]:
-        self.state: dict[str, Any] = self.folder.saved_state() if self.resume else {
-            "next_task": 0, "timings": [], "replacements": [], "pretrain_seconds": 0.0, "adapter_fits": []}
+        world_size = self.processes.world_size
+        self.state: dict[str, Any] = self.folder.saved_state(world_size) if self.resume else {
+            "next_task": 0, "timings": [], "replacements": [], "pretrain_seconds": 0.0, "adapter_fits": [],
+            "world_size": world_size}
         for task in self.stream.tasks:
             task.train = to_device(task.train, self.device)
         self.stream.query, self.stream.gallery = (to_device(s, self.device) for s in (self.stream.query,
@@ -231,7 +251,7 @@ class Run:
         e = self.settings.evaluation
         evaluator = CompatibilityEvaluator(self.stream.query, self.stream.gallery, mode=e.mode,
                                            batch_size=e.batch_size, amp=self.amp, adapted=self.parts.direction,
-                                           adapter_factory=self.parts.new_adapter)
+                                           adapter_factory=self.parts.new_adapter, embedder=self.processes.embed)
         start = self.state["next_task"]
         model = None
         memory = ReplayMemory(self.settings.training.memory_per_class, self.settings.seed)
@@ -258,7 +278,7 @@ class Run:
             outgoing = self._restore_model(self.stream.num_tasks - 2)
         extra = self.scenario.finish(Finished(self.stream, outgoing, model, adapter, self.amp, self.device))
         record = self.record(evaluator, complete=True, seconds=time.perf_counter() - started, extra=extra)
-        if e.plots:
+        if e.plots and self.main:
             from benchmarks.plots import save_plots
 
             save_plots(record, self.dir)
@@ -270,8 +290,8 @@ class Run:
             return
         t0 = time.perf_counter()
         try:
-            self.state["replacements"] = self.scenario.starting_models(self.stream, self.parts.head, self.device,
-                                                                       self.log)
+            self.state["replacements"] = self.processes.main_first(lambda: self.scenario.starting_models(
+                self.stream, self.parts.head, self.device, self.log))
         except NonFiniteError as exc:
             raise DivergedError(f"pretraining a model diverged: {exc}; lower replacement.pretrain.lr (now "
                                 f"{self.settings.replacement.pretrain.lr:g})") from None
@@ -298,13 +318,14 @@ class Run:
         for r in pending:
             cached = scores / f"{replacement_score_key(r['path'], evaluation)}.json"
             r["own_accuracy"] = cached_score(cached)
-            if r["own_accuracy"] is None:
+            if self.processes.any(r["own_accuracy"] is None, self.device):
                 try:
                     r["own_accuracy"] = evaluator.self_test(self._starting_model(r["task"], r["path"]))
                 except NonFiniteError as exc:
                     raise RunError(f"a replacement model is broken: {exc}; check replacement.checkpoints or delete "
                                    f"the cached models in {self.settings.replacement.pretrain.cache_dir}") from None
-                atomic_write_json(cached, {"own_accuracy": r["own_accuracy"], "checkpoint": r["path"]})
+                if self.main:
+                    atomic_write_json(cached, {"own_accuracy": r["own_accuracy"], "checkpoint": r["path"]})
             r["own_accuracy_interval"] = list(wilson_interval(r["own_accuracy"], len(self.stream.query), e.confidence))
             self.log(f"replacement model for task {r['task']}: own accuracy {r['own_accuracy']:.4f} "
                      f"[{r['own_accuracy_interval'][0]:.4f}, {r['own_accuracy_interval'][1]:.4f}]")
@@ -357,12 +378,14 @@ class Run:
                    if self.parts.direction else "")
         self.log(f"task {t}{tag}: trained {timing['iterations']} iterations in {timing['seconds']:.1f}s, "
                  f"M[{t}] = {' '.join(f'{v:.3f}' for v in row)}{adapted}")
-        save_state(model.state_dict(), self.dir / "checkpoints" / f"task{t}.pt")
+        if self.main:
+            save_state(model.state_dict(), self.dir / "checkpoints" / f"task{t}.pt")
         self.state.update(next_task=t + 1, evaluator=evaluator.state_dict(),
                           memory_images=(memory.items.images if memory.items is not None else torch.zeros(0)).cpu(),
                           memory_labels=(memory.items.labels if memory.items is not None else torch.zeros(0)).cpu())
         self.state["timings"] = self.state["timings"] + [timing]
-        save_state(self.state, self.folder.state)
+        if self.main:
+            save_state(self.state, self.folder.state)
         record = self.record(evaluator, complete=False, seconds=None)
         self.tracker.task_finished(t, (evaluator.adapted_rows if self.parts.direction else evaluator.rows)[-1],
                                    record["metrics"] or {})
@@ -406,6 +429,7 @@ class Run:
                 "name": s.adapter.name, "direction": direction, "at": s.adapter.at,
                 "fits": self.state.get("adapter_fits", [])},
             "config": self.parts.config, "versions": package_versions(), "device": device_description(self.device),
+            "world_size": self.processes.world_size,
             "timings": {"tasks": timings, "pretrain_seconds": self.state["pretrain_seconds"],
                         "train_seconds": sum(t["seconds"] for t in timings),
                         "eval_seconds": sum(t["eval_seconds"] for t in timings)},
@@ -421,5 +445,6 @@ class Run:
             record["unadapted_metrics"] = all_metrics(as_matrix(evaluator.matrix), tie_rule)
         if seconds is not None:
             record["timings"]["wall_seconds_this_invocation"] = seconds
-        atomic_write_json(self.dir / "metrics.json", record)
+        if self.main:
+            atomic_write_json(self.dir / "metrics.json", record)
         return record

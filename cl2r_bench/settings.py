@@ -67,6 +67,8 @@ class TrainSettings:
     epoch_length: str
     schedule_step: str
     progress: bool
+    channels_last: bool
+    compile: bool
 
     def __post_init__(self) -> None:
         for key, allowed in (("amp_dtype", AMP_DTYPES), ("epoch_length", EPOCH_LENGTHS),
@@ -235,6 +237,15 @@ class TrackingSettings:
 
 
 @dataclass(frozen=True)
+class DistributedSettings:
+    """``distributed``: one run on several processes under torchrun (:mod:`cl2r_bench.distributed`)."""
+
+    sync_batchnorm: bool
+    connect_timeout: float
+    timeout: float
+
+
+@dataclass(frozen=True)
 class RunSettings:
     """A whole run's settings (the top level of ``configs/default.yaml``)."""
 
@@ -256,6 +267,7 @@ class RunSettings:
     evaluation: EvaluationSettings
     adapter: AdapterSettings
     model_update: ModelUpdateSettings
+    distributed: DistributedSettings
     tracking: TrackingSettings
     strategy_params: dict[str, dict[str, Any]]
     adapter_params: dict[str, dict[str, Any]]

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .datasets import DataError, DataSplits, ImageSet, load_dataset
+from .transforms import CROP_PADDING
 
 CLASS_ORDERS = ("natural", "seeded")
 EVALUATION_SETS = ("cifar10", "heldout")
@@ -131,7 +132,7 @@ class CropFlip:
     image: the per-sample form of :func:`scenarios.transforms.random_crop_flip` (the same distribution, METHODS.md
     §4), the stream's ``train`` transform. Plain slicing, so it costs microseconds per image."""
 
-    def __init__(self, padding: int = 4) -> None:
+    def __init__(self, padding: int = CROP_PADDING) -> None:
         self.padding = padding
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
@@ -158,7 +159,7 @@ class ImageSetDataset(torch.utils.data.Dataset):
         return self.images.images[i], int(self.images.labels[i])
 
 
-def classification_dataset(images: ImageSet, *, padding: int = 4) -> Any:
+def classification_dataset(images: ImageSet, *, padding: int = CROP_PADDING) -> Any:
     """``images`` as an Avalanche classification dataset with ``targets``, task labels (all 0: a class-incremental
     stream, as Avalanche's own; strategies such as LwF and EWC read them) and the ``train`` (:class:`CropFlip`)
     and ``eval`` (identity) transform groups. Items are ``(uint8 image, label, 0)``."""

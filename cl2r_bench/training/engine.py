@@ -26,12 +26,13 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.models import NonFiniteError, RetrievalModel, autocast_dtype, first_nonfinite_tensor
 from cl2r_bench.settings import TrainSettings, task_seed
 from cl2r_bench.tracking import NullTracker, Tracker
 from scenarios.datasets import ImageSet
 from scenarios.streams import single_experience
-from scenarios.transforms import random_crop_flip
+from scenarios.transforms import crop_flip, crop_flip_draws
 
 from strategies.base import Strategy
 
@@ -54,13 +55,20 @@ class DeviceBatches:
     ``new_batch`` new and ``memory_batch`` replay samples drawn without replacement inside the batch and
     independently across batches. ``"full_pass"``: one shuffled pass over ``new`` per epoch, each batch adding
     ``memory_batch`` replay samples drawn with replacement; a trailing batch of one sample is dropped.
+
+    The sizes are those of the global batch. Under torchrun every rank draws the global batch's indices and crops
+    from the same seeded stream and keeps its own share of the new and of the replay half
+    (:meth:`cl2r_bench.distributed.Processes.share`); ``share_weight`` is then what the rank's mean loss is scaled
+    by so that the ranks' average is the global batch's mean (1 when the ranks divide both halves).
+    ``channels_last`` yields the images in that memory format.
     """
 
     def __init__(self, new: ImageSet, memory: ImageSet | None, *, new_batch: int, memory_batch: int,
-                 epoch_length: str = "reference") -> None:
+                 epoch_length: str, processes: Processes = SINGLE, channels_last: bool = False) -> None:
         self.new, self.memory = new, memory if memory is not None and len(memory) else None
         self.new_batch, self.memory_batch = new_batch, memory_batch
-        self.epoch_length = epoch_length
+        self.epoch_length, self.processes, self.channels_last = epoch_length, processes, channels_last
+        self.share_weight, self.global_size = 1.0, 0
 
     def __len__(self) -> int:
         n = len(self.new)
@@ -88,13 +96,31 @@ class DeviceBatches:
 
     def __iter__(self) -> Iterator[list[torch.Tensor]]:
         for idx, pick in self._batch_indices():
-            images, labels = self.new.images[idx], self.new.labels[idx]
-            from_memory = torch.zeros(len(idx), dtype=torch.bool, device=images.device)
-            if pick is not None:
-                images = torch.cat([images, self.memory.images[pick]])
-                labels = torch.cat([labels, self.memory.labels[pick]])
-                from_memory = torch.cat([from_memory, torch.ones(len(pick), dtype=torch.bool, device=images.device)])
-            yield [random_crop_flip(images), labels, from_memory]
+            yield self._share_of_batch(idx, pick)
+
+    def _share_of_batch(self, idx: torch.Tensor, pick: torch.Tensor | None) -> list[torch.Tensor]:
+        """This rank's share of the global batch ``new[idx] + memory[pick]`` (all of it with one process), cropped
+        and flipped by the global batch's draws."""
+        device = self.new.images.device
+        new_share = self.processes.share(len(idx))
+        positions = torch.arange(len(idx), device=device)[new_share]
+        images, labels = self.new.images[idx[new_share]], self.new.labels[idx[new_share]]
+        from_memory = torch.zeros(len(positions), dtype=torch.bool, device=device)
+        self.global_size = len(idx)
+        if pick is not None:
+            replay_share = self.processes.share(len(pick))
+            replayed = pick[replay_share]
+            images = torch.cat([images, self.memory.images[replayed]])
+            labels = torch.cat([labels, self.memory.labels[replayed]])
+            from_memory = torch.cat([from_memory, torch.ones(len(replayed), dtype=torch.bool, device=device)])
+            positions = torch.cat([positions, len(idx) + torch.arange(len(pick), device=device)[replay_share]])
+            self.global_size += len(pick)
+        top, left, flip = crop_flip_draws(self.global_size, device)
+        images = crop_flip(images, top[positions], left[positions], flip[positions])
+        self.share_weight = len(positions) * self.processes.world_size / self.global_size
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return [images, labels, from_memory]
 
 
 class EpochHook(Protocol):
@@ -138,8 +164,10 @@ def scheduled_lr(iteration: int, iterations_per_epoch: int, settings: TrainSetti
 def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory: ReplayMemory | None,
                settings: TrainSettings, *, teacher: RetrievalModel | None = None, experience: Any = None,
                description: str = "", epoch_hook: EpochHook | None = None,
-               tracker: Tracker | None = None, task_index: int = 0) -> dict[str, float]:
-    """Train ``model`` in place on one task; returns ``{"seconds", "iterations", "images", "final_loss"}``.
+               tracker: Tracker | None = None, task_index: int = 0,
+               processes: Processes = SINGLE) -> dict[str, float]:
+    """Train ``model`` in place on one task; returns ``{"seconds", "iterations", "images", "final_loss"}`` (images
+    and loss of the global batch).
 
     A strategy that uses the replay memory draws its replay half of each batch from ``memory`` and, once the task
     is trained, the template adds the task's exemplars to it (task ``task_index``'s seed).
@@ -150,7 +178,9 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     scaler skips such a step, as in the authors' code, and a transient overflow is not a divergence.
 
     ``epoch_hook`` replaces the cosine schedule by epoch-level control (:class:`EpochHook`); ``tracker`` receives
-    the loss and learning rate where the loss is read (:mod:`cl2r_bench.tracking`)."""
+    the loss and learning rate where the loss is read (:mod:`cl2r_bench.tracking`). Under torchrun (``processes``)
+    the model trains data-parallel on each rank's share of every global batch (:mod:`cl2r_bench.distributed`);
+    ``training.channels_last`` and ``training.compile`` are speed options (:func:`training_forward`)."""
     from tqdm import tqdm
 
     from .template import CompatibilityTemplate
@@ -158,11 +188,12 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     device = next(model.parameters()).device
     replay = memory.items if memory is not None and strategy.uses_memory else None
     batches = DeviceBatches(new, replay, new_batch=settings.new_batch_size if replay is not None else settings.batch_size,
-                            memory_batch=settings.memory_batch_size, epoch_length=settings.epoch_length)
+                            memory_batch=settings.memory_batch_size, epoch_length=settings.epoch_length,
+                            processes=processes, channels_last=settings.channels_last)
     amp_dtype = autocast_dtype(settings.autocast, device)
     epochs = settings.epochs - (epoch_hook.epochs_done if epoch_hook is not None else 0)
     progress = tqdm(total=epochs * len(batches), desc=description, leave=False, mininterval=1.0,
-                    disable=not settings.progress)
+                    disable=not (settings.progress and processes.is_main))
     optimizer = make_optimizer(model, settings)
     if epoch_hook is not None:
         epoch_hook.begin(optimizer)
@@ -171,8 +202,8 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
         template = CompatibilityTemplate(
             strategy=strategy, teacher=teacher, batches=batches, settings=settings, amp_dtype=amp_dtype,
             progress=progress, epoch_hook=epoch_hook, tracker=tracker or NullTracker(), task_index=task_index,
-            memory=memory if strategy.uses_memory else None, model=model,
-            optimizer=optimizer, train_mb_size=settings.batch_size, train_epochs=epochs, device=device,
+            memory=memory if strategy.uses_memory else None, trained=model, processes=processes,
+            model=training_forward(model, settings, processes), optimizer=optimizer, train_mb_size=settings.batch_size, train_epochs=epochs, device=device,
             evaluator=None)
     started = time.perf_counter()
     model.train()
@@ -187,6 +218,23 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
         raise NonFiniteError(f"{broken} holds NaN or infinite values after {template.step_count} iterations")
     return {"seconds": time.perf_counter() - started, "iterations": template.step_count,
             "images": template.images_seen, "final_loss": template.last_loss}
+
+
+def training_forward(model: RetrievalModel, settings: TrainSettings, processes: Processes = SINGLE) -> nn.Module:
+    """What runs the training forward of ``model`` (whose parameters it shares): the model itself, in the
+    channels-last format with ``settings.channels_last``, wrapped in ``DistributedDataParallel`` under torchrun
+    (its batch norms turned into ``SyncBatchNorm`` in place with ``distributed.sync_batchnorm``; they behave as
+    batch norms outside a process group), and compiled by ``torch.compile`` with ``settings.compile``."""
+    if settings.channels_last:
+        model.to(memory_format=torch.channels_last)
+    forward: nn.Module = model
+    if processes.sync_batchnorm:
+        nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if processes.distributed:
+        device = next(model.parameters()).device
+        forward = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                                      else None)
+    return torch.compile(forward) if settings.compile else forward
 
 
 class ReplayMemory:

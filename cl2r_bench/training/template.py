@@ -17,6 +17,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from cl2r_bench.distributed import Processes
 from cl2r_bench.models import NonFiniteError, RetrievalModel, first_nonfinite_tensor
 from cl2r_bench.settings import TrainSettings
 from cl2r_bench.tracking import Tracker
@@ -30,13 +31,17 @@ with warnings.catch_warnings():
 
 
 class CompatibilityTemplate(SupervisedTemplate):
-    """``SupervisedTemplate`` whose loss is a :class:`Strategy` and whose data are :class:`DeviceBatches`."""
+    """``SupervisedTemplate`` whose loss is a :class:`Strategy` and whose data are :class:`DeviceBatches`.
+
+    ``model`` runs the forward (the model itself, or a data-parallel / compiled wrapper of it:
+    :func:`~cl2r_bench.training.engine.training_forward`); ``trained`` is the model those share parameters with."""
 
     def __init__(self, *, strategy: Strategy, teacher: RetrievalModel | None, batches: DeviceBatches,
                  settings: TrainSettings, amp_dtype: torch.dtype | None, progress,
                  epoch_hook: EpochHook | None, tracker: Tracker, task_index: int,
-                 memory: ReplayMemory | None, **kwargs) -> None:
+                 memory: ReplayMemory | None, trained: RetrievalModel, processes: Processes, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.trained, self.processes = trained, processes
         self.compat_strategy, self.teacher, self.batches = strategy, teacher, batches
         self.epoch_hook, self.tracker, self.task_index, self.memory = epoch_hook, tracker, task_index, memory
         self.settings, self.amp_dtype, self.progress = settings, amp_dtype, progress
@@ -78,13 +83,16 @@ class CompatibilityTemplate(SupervisedTemplate):
                     teacher_logits, teacher_features = self.teacher(self.mb_x)
                     teacher_logits = teacher_logits.float()
                     teacher_features = F.normalize(teacher_features.float(), dim=1)
-        self._step = Step(labels=self.mb_y, targets=self.model.class_targets(self.mb_y), logits=logits.float(),
+        self._step = Step(labels=self.mb_y, targets=self.trained.class_targets(self.mb_y), logits=logits.float(),
                           features=features.float(), from_memory=self.mbatch[2],
                           teacher_features=teacher_features, teacher_logits=teacher_logits)
         return logits
 
     def criterion(self):
-        return self.compat_strategy.loss(self._step)
+        """The strategy's loss on this rank's share, weighted so that the ranks' average is the global batch's
+        (:class:`DeviceBatches`)."""
+        loss = self.compat_strategy.loss(self._step)
+        return loss * self.batches.share_weight if self.processes.distributed else loss
 
     def backward(self) -> None:
         (self.loss if self.scaler is None else self.scaler.scale(self.loss)).backward()
@@ -103,12 +111,12 @@ class CompatibilityTemplate(SupervisedTemplate):
 
     def _after_training_iteration(self, **kwargs) -> None:
         super()._after_training_iteration(**kwargs)
-        self.images_seen += len(self.mb_y)
+        self.images_seen += self.batches.global_size
         nonfinite = ~torch.isfinite(self.loss.detach()) & (self.first_nonfinite < 0)
         self.first_nonfinite = torch.where(nonfinite, self.step_count, self.first_nonfinite)
         if self.step_count % 25 == 0 or self.step_count == self.total_steps:
-            self.last_loss = float(self.loss.detach())
-            if not math.isfinite(self.last_loss) and (self.scaler is None or first_nonfinite_tensor(self.model)):
+            self.last_loss = float(self.processes.mean(self.loss.detach()))
+            if not math.isfinite(self.last_loss) and (self.scaler is None or first_nonfinite_tensor(self.trained)):
                 raise NonFiniteError(f"the loss is {self.last_loss} at iteration {self.step_count} of "
                                      f"{self.total_steps} (first non-finite at iteration "
                                      f"{int(self.first_nonfinite)})")

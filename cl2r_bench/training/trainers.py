@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
+from cl2r_bench.distributed import SINGLE, LaunchError, Processes
 from cl2r_bench.models import RetrievalModel
 from cl2r_bench.settings import RunSettings, TrainSettings
 from cl2r_bench.tracking import Tracker
@@ -41,8 +42,8 @@ class Trainer(Protocol):
 class StrategyTrainer:
     """A strategy of ``strategies/``: its loss on the suite's training loop (docs/METHODS.md §4)."""
 
-    def __init__(self, strategy: Strategy, settings: TrainSettings) -> None:
-        self.strategy, self.settings = strategy, settings
+    def __init__(self, strategy: Strategy, settings: TrainSettings, processes: Processes = SINGLE) -> None:
+        self.strategy, self.settings, self.processes = strategy, settings, processes
         self.head, self.needs_teacher = strategy.head, strategy.needs_teacher
         self.replacement_teacher, self.uses_memory = strategy.replacement_teacher, strategy.uses_memory
 
@@ -54,7 +55,7 @@ class StrategyTrainer:
             teacher=teacher, new_data=task.train, memory=memory.items, amp=self.settings.autocast))
         return train_task(model, self.strategy, task.train, memory, self.settings, teacher=teacher,
                           experience=task.experience, description=description, tracker=tracker,
-                          task_index=task.index)
+                          task_index=task.index, processes=self.processes)
 
 
 class AvalancheTrainer:
@@ -78,12 +79,17 @@ class AvalancheTrainer:
         return timing
 
 
-def make_trainer(settings: RunSettings, device: torch.device) -> StrategyTrainer | AvalancheTrainer:
-    """The trainer of ``settings.strategy`` with its ``strategy_params``."""
+def make_trainer(settings: RunSettings, device: torch.device,
+                 processes: Processes = SINGLE) -> StrategyTrainer | AvalancheTrainer:
+    """The trainer of ``settings.strategy`` with its ``strategy_params``; under torchrun (``processes``) the
+    suite's strategies train data-parallel, and an Avalanche strategy is refused (it trains in one process)."""
     params = settings.strategy_params.get(settings.strategy, {})
     if is_avalanche_strategy(settings.strategy):
+        if processes.distributed:
+            raise LaunchError(f"{settings.strategy} trains in one process: run it without torchrun (the suite's "
+                              "own strategies train data-parallel)")
         return AvalancheTrainer(settings.strategy, params, settings.training, device)
-    return StrategyTrainer(get_strategy(settings.strategy).from_params(params), settings.training)
+    return StrategyTrainer(get_strategy(settings.strategy).from_params(params), settings.training, processes)
 
 
 __all__ = ["AvalancheStrategyError", "AvalancheTrainer", "StrategyTrainer", "Trainer", "make_trainer"]

@@ -327,12 +327,12 @@ def sampler_counts() -> dict:
     def fake(n: int, offset: int) -> ImageSet:
         return ImageSet(torch.zeros(n, 3, 2, 2, dtype=torch.uint8), torch.arange(n) + offset)
 
-    batches = DeviceBatches(fake(4500, 0), fake(200, 10_000), new_batch=64, memory_batch=64)
+    batches = DeviceBatches(fake(4500, 0), fake(200, 10_000), new_batch=64, memory_batch=64, epoch_length="reference")
     worst = 0
     for _, labels, from_memory in batches:
         worst = max(worst, abs(int(from_memory.sum()) - 64),
                     128 - len(labels[from_memory].unique()) - len(labels[~from_memory].unique()))
-    task0 = DeviceBatches(fake(3000, 0), None, new_batch=128, memory_batch=64)
+    task0 = DeviceBatches(fake(3000, 0), None, new_batch=128, memory_batch=64, epoch_length="reference")
     return {"batches": len(batches), "worst": worst, "task0": len(task0)}
 
 

@@ -1,0 +1,57 @@
+"""One training step of FD (teacher + replay memory), in one process or under torchrun; saves the loss and every
+parameter's change (``tests/test_distributed.py``).
+
+The model has no batch norm: with it, plain DDP normalises each rank's share by its own statistics, which one
+process on the global batch cannot reproduce (``distributed.sync_batchnorm`` syncs them, on GPUs only).
+"""
+import copy
+import sys
+
+import torch
+from torch import nn
+
+from cl2r_bench.distributed import connect, place
+from cl2r_bench.models import build_model
+from cl2r_bench.settings import DistributedSettings, TrainSettings
+from cl2r_bench.training.engine import ReplayMemory, train_task
+from scenarios.datasets import ImageSet
+from strategies import TaskContext, get_strategy
+
+
+def without_batch_norm(module: nn.Module) -> nn.Module:
+    for name, child in module.named_children():
+        setattr(module, name, nn.Identity() if isinstance(child, nn.BatchNorm2d) else without_batch_norm(child))
+    return module
+
+
+def main(out: str) -> None:
+    torch.manual_seed(0)
+    model = without_batch_norm(build_model(backbone="small_cnn", head="learnable", num_classes=8, small_width=8,
+                                           small_out_dim=16))
+    teacher = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    new = ImageSet(torch.randint(0, 256, (96, 3, 32, 32), dtype=torch.uint8), torch.randint(4, 8, (96,)))
+    memory = ReplayMemory(per_class=10, run_seed=0, items=ImageSet(
+        torch.randint(0, 256, (40, 3, 32, 32), dtype=torch.uint8), torch.arange(40) % 4))
+    settings = TrainSettings.with_defaults(epochs=1, new_batch_size=64, memory_batch_size=64, lr=0.5, lr_min=0.5,
+                                           weight_decay=0.0, amp=False, progress=False)
+    distributed = DistributedSettings(sync_batchnorm=False, connect_timeout=30.0, timeout=120.0)
+    processes, device = place(distributed, torch.device("cpu"))
+    connect(processes, distributed, device)
+    strategy = get_strategy("fd").from_params({})
+    strategy.before_task(TaskContext(index=1, num_old_classes=4, num_new_classes=4, replacement=False,
+                                     teacher_classes=4, teacher=teacher, new_data=new, memory=memory.items,
+                                     amp=False))
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    torch.manual_seed(1)
+    timing = train_task(model, strategy, new, memory, settings, teacher=teacher, processes=processes)
+    if processes.is_main:
+        torch.save({"loss": timing["final_loss"], "iterations": timing["iterations"], "images": timing["images"],
+                    "world_size": processes.world_size,
+                    "change": {name: p.detach() - before[name] for name, p in model.named_parameters()}}, out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,169 @@
+"""Data-parallel runs under torchrun (issue 18, ``cl2r_bench/distributed.py``): the ranks' shares make up the
+one-process batch, two gloo processes give one process's loss and gradients, a two-process run writes one set of
+results and resumes after being killed, and a bad launch is one line before anything starts."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cl2r_bench import cli
+from cl2r_bench.distributed import LaunchError, Processes, place
+from cl2r_bench.settings import DistributedSettings
+from cl2r_bench.training.engine import DeviceBatches
+from scenarios.datasets import ImageSet
+
+TESTS = Path(__file__).resolve().parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+
+
+def torchrun(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return subprocess.run([*TORCHRUN, "--master_port", str(free_port()), *args], capture_output=True, text=True,
+                          env=env, timeout=300, **kwargs)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_shares_split_a_count_into_contiguous_parts_the_first_ranks_one_larger():
+    assert [Processes(rank, 3).share(10) for rank in range(3)] == [slice(0, 4), slice(4, 7), slice(7, 10)]
+    assert [Processes(rank, 2).share(64) for rank in range(2)] == [slice(0, 32), slice(32, 64)]
+    assert Processes().share(5) == slice(0, 5)
+
+
+@pytest.mark.parametrize("world_size, new, memory, length", [(2, 300, 100, "reference"), (3, 300, 100, "reference"),
+                                                              (2, 300, 0, "reference"), (2, 200, 50, "full_pass")])
+def test_the_ranks_shares_of_each_batch_are_the_one_process_batch_with_its_crops(world_size, new, memory, length):
+    def data(n, offset):
+        return ImageSet(torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8), torch.arange(n) + offset)
+
+    def epoch(processes):
+        torch.manual_seed(7)
+        batches = DeviceBatches(new_set, memory_set, new_batch=64 if memory else 128, memory_batch=64,
+                                epoch_length=length, processes=processes)
+        return [(images, labels, from_memory, batches.share_weight) for images, labels, from_memory in batches]
+
+    new_set, memory_set = data(new, 0), data(memory, 10_000) if memory else None
+    whole = epoch(Processes())
+    shares = [epoch(Processes(rank, world_size)) for rank in range(world_size)]
+    assert len(whole) > 1 and all(len(s) == len(whole) for s in shares)
+    for b, (images, labels, from_memory, weight) in enumerate(whole):
+        parts = [s[b] for s in shares]
+        for half in (False, True):
+            assert torch.equal(torch.cat([p[0][p[2] == half] for p in parts]), images[from_memory == half])
+            assert torch.equal(torch.cat([p[1][p[2] == half] for p in parts]), labels[from_memory == half])
+        assert weight == 1.0
+        ranks_mean = sum(p[3] * p[1].double().mean() for p in parts) / world_size
+        assert float(ranks_mean) == pytest.approx(float(labels.double().mean()), rel=1e-12)
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_give_the_loss_and_gradients_of_one_process_on_the_global_batch(tmp_path):
+    from ddp_step import main as one_step
+
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    one_step(str(one))
+    result = torchrun(str(TESTS / "ddp_step.py"), str(two))
+    assert result.returncode == 0, result.stderr[-2000:]
+    a, b = torch.load(one), torch.load(two)
+    assert b["world_size"] == 2 and a["iterations"] == b["iterations"] == 1 and a["images"] == b["images"] == 128
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)
+    for name, change in a["change"].items():
+        assert change.abs().max() > 1e-4, name
+        torch.testing.assert_close(b["change"][name], change, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_two_process_run_writes_one_set_of_results_and_resumes_after_a_kill(tiny, tmp_path):
+    command = [str(TESTS.parent / "runner.py"), "--config", str(tiny), "--strategy", "er",
+               "--set", "training.epochs=12"]
+    done = torchrun(*command, "--output", str(tmp_path / "whole"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("== iamcl2r / synthetic / er / seed 42") == 1 and "2 processes" in done.stdout
+    assert done.stdout.count("task 2 (replacement): trained") == 1
+    run = tmp_path / "whole" / "iamcl2r" / "synthetic" / "er" / "seed42"
+    whole = json.loads((run / "metrics.json").read_text())
+    assert whole["complete"] and whole["world_size"] == 2
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["task0.pt", "task1.pt", "task2.pt"]
+
+    killed = tmp_path / "killed" / "iamcl2r" / "synthetic" / "er" / "seed42"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    process = subprocess.Popen([*TORCHRUN, "--master_port", str(free_port()), *command, "--output",
+                                str(tmp_path / "killed")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=env, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (killed / "checkpoints" / "task0.pt").exists() and process.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    partial = json.loads((killed / "metrics.json").read_text())
+    assert not partial["complete"] and partial["tasks_completed"] < 3
+    resumed = torchrun(*command, "--output", str(tmp_path / "killed"), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming" in resumed.stdout
+    record = json.loads((killed / "metrics.json").read_text())
+    assert record["complete"] and record["world_size"] == 2
+    assert record["compatibility_matrix"] == whole["compatibility_matrix"]
+    single = cli.main(["--config", str(tiny), "--strategy", "er", "--set", "training.epochs=12", "--output",
+                       str(tmp_path / "killed"), "--resume"])
+    assert single == 2
+
+
+def launched(monkeypatch, rank: int = 0, port: int | None = None) -> None:
+    for name, value in {"RANK": rank, "WORLD_SIZE": 2, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": 2,
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port or free_port()}.items():
+        monkeypatch.setenv(name, str(value))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--strategy", "er", "--set", "distributed.sync_batchnorm=true"], "distributed.sync_batchnorm needs CUDA"),
+    (["--strategy", "avalanche:Naive"], "avalanche:Naive trains in one process"),
+    (["--strategy", "er", "--device", "mps"], "torchrun runs on CUDA GPUs or the CPU"),
+])
+def test_a_bad_torchrun_launch_is_one_line_before_anything_starts(args, message, monkeypatch, tiny, tmp_path, capsys):
+    launched(monkeypatch)
+    out = tmp_path / "out"
+    assert cli.main(["--config", str(tiny), "--output", str(out), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and not out.exists()
+
+
+def test_other_commands_are_refused_under_torchrun(monkeypatch, tiny, tmp_path, capsys):
+    launched(monkeypatch)
+    assert cli.main(["sweep", "--config", str(tiny), "--strategy", "er", "--output", str(tmp_path)]) == 2
+    assert "use the run command under it" in capsys.readouterr().err
+
+
+def test_an_unreachable_master_is_one_line_after_the_connect_timeout(monkeypatch, tiny, tmp_path, capsys):
+    launched(monkeypatch, rank=1)
+    out = tmp_path / "out"
+    started = time.monotonic()
+    assert cli.main(["--config", str(tiny), "--strategy", "er", "--output", str(out),
+                     "--set", "distributed.connect_timeout=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot reach the torchrun master at 127.0.0.1:" in err
+    assert "(rank 1 of 2)" in err and time.monotonic() - started < 30 and not out.exists()
+
+
+def test_more_processes_than_gpus_is_refused(monkeypatch):
+    launched(monkeypatch, rank=1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    settings = DistributedSettings(sync_batchnorm=False, connect_timeout=1.0, timeout=1.0)
+    with pytest.raises(LaunchError, match=r"started 2 processes on this machine but it has 1 GPU\(s\), one per "
+                                          r"process: use --nproc_per_node 1 or fewer"):
+        place(settings, torch.device("cuda"))
+    with pytest.raises(LaunchError, match="each process takes the GPU of its local rank"):
+        place(settings, torch.device("cuda", 0))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert place(settings, torch.device("cpu")) == (Processes(), torch.device("cpu"))
