@@ -23,6 +23,7 @@ setup(
         "pillow",
         "filelock>=4.2.1",
     ],
-    extras_require={"test": ["pytest", "tensorboard"], "tensorboard": ["tensorboard"]},
+    extras_require={"test": ["pytest", "tensorboard", "submitit"], "tensorboard": ["tensorboard"],
+                    "slurm": ["submitit"]},
     entry_points={"console_scripts": ["cl2r-bench=cl2r_bench.cli:main"]},
 )

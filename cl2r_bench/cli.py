@@ -109,9 +109,18 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser("sweep", help="a grid of runs (several scenarios, strategies, adapters, data sets and "
                            "seeds), one process per run: complete runs are skipped, interrupted ones resumed")
     _add_run_options(sweep, several=True)
-    sweep.add_argument("--launcher", default="local", choices=["local"], help="local: a pool of processes on this "
-                       "machine, one GPU each when there are several")
-    sweep.add_argument("--jobs", type=int, default=1, help="runs at a time (default %(default)s)")
+    from cl2r_bench.slurm import add_slurm_options
+    from cl2r_bench.sweep import LAUNCHERS
+
+    sweep.add_argument("--launcher", default="local", choices=LAUNCHERS, help="local: a pool of processes on this "
+                       "machine, one GPU each when there are several; slurm: one SLURM job array (submitit)")
+    sweep.add_argument("--jobs", type=int, default=1, help="runs at a time with --launcher local (default "
+                       "%(default)s)")
+    sweep._option_string_actions["--set"].help = (
+        "any setting; KEY=[v1,v2,...] makes a grid dimension (each point in its own folder OUTPUT/KEY=v1/) unless "
+        "the setting holds a list itself (its default in configs/default.yaml is a list, e.g. replacement.tasks, "
+        "or it takes one, stream.class_order): then it is that list")
+    add_slurm_options(sweep)
     listing = sub.add_parser("list", help="what can be run: the scenarios, strategies, adapters, presets and data "
                              "sets, one line each")
     listing.add_argument("--params", action="store_true", help="also each strategy's and adapter's parameters with "
@@ -237,19 +246,24 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def command_sweep(args: argparse.Namespace) -> int:
-    """Resolve every point of the grid (all bad input fails here), then run what is not complete
-    (:mod:`cl2r_bench.sweep`)."""
-    from cl2r_bench.assembly import assemble
-    from cl2r_bench.sweep import plan, run_local
+    """Resolve every point of the grid (all bad input fails here, and with ``--launcher slurm`` a cluster that
+    cannot take the jobs), then run what is not complete (:mod:`cl2r_bench.sweep`, :mod:`cl2r_bench.slurm`)."""
+    from cl2r_bench.sweep import grid_runs, plan, run_local
 
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
     if args.seed is not None:
         raise UsageError("a sweep takes its seeds with --seeds K1 K2 ...")
-    configs = []
-    for values in itertools.product(*((getattr(args, name) or [None]) for name in GRID_OPTIONS)):
-        configs += resolved_configs(argparse.Namespace(**{**vars(args), **dict(zip(GRID_OPTIONS, values))}))
-    jobs = plan([assemble(config) for config in configs])
+    if args.launcher == "slurm":
+        from cl2r_bench.slurm import check_cluster
+
+        check_cluster(args)
+    runs, output = grid_runs(args)
+    jobs = plan(runs, output / "sweep")
+    if args.launcher == "slurm":
+        from cl2r_bench.slurm import run_slurm
+
+        return run_slurm(jobs, args, output / "sweep" / "slurm")
     return run_local(jobs, parallel=args.jobs)
 
 

@@ -4,28 +4,43 @@ Every grid point is resolved and validated before anything starts (a bad setting
 2). A point whose run folder holds a complete ``metrics.json`` is skipped, one with a run state is resumed, the
 others start fresh, so a second sweep over the same folder runs only what is missing or was interrupted. Each job
 runs ``python -m cl2r_bench run --config <job file>`` where the job file is the point's resolved config
-(``<output>/sweep/jobs/``), its output goes to ``<output>/sweep/logs/``, and a progress line says how many are
-done, running, failed and waiting. The ``local`` launcher runs ``jobs`` of them at a time, one GPU each when there
-are several (``CUDA_VISIBLE_DEVICES``).
+(``<output>/sweep/jobs/``), and a progress line says how many are done, running, failed and waiting. The ``local``
+launcher runs ``jobs`` of them at a time, one GPU each when there are several (``CUDA_VISIBLE_DEVICES``), their
+output in ``<output>/sweep/logs/``; the ``slurm`` launcher submits them as one SLURM job array
+(:mod:`cl2r_bench.slurm`).
+
+``--set KEY=[v1,v2,...]`` is a grid dimension when the setting does not hold a list itself (:func:`set_grid`); the
+points of such a grid differ in a setting that does not name the run folder, so each gets its own results folder
+``<output>/KEY=v1/``, and two points that would still share a run folder are refused (:func:`plan`).
+
+This module imports neither torch nor the suite's parts, so that a SLURM array task unpickling a :class:`Job`
+starts at once.
 """
 from __future__ import annotations
 
+import argparse
+import functools
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from benchmarks.records import atomic_write_text
-from cl2r_bench.assembly import Assembly
+from cl2r_bench.config import ConfigError, flatten, parse_assignment, safe_name
 
-LAUNCHERS = ("local",)
+if TYPE_CHECKING:
+    from cl2r_bench.assembly import Assembly
+
+LAUNCHERS = ("local", "slurm")
+UNSAFE = re.compile(r"[^A-Za-z0-9_.+=,-]")
 
 
 @dataclass
@@ -48,22 +63,103 @@ class Job:
         return "partial" if (self.directory / "state.pt").exists() else "new"
 
     def command(self) -> list[str]:
+        """The run command of the job, with ``--resume`` when its folder holds an interrupted run (asked when the
+        job starts, so that a job started again after a failure or a preemption resumes)."""
         resume = ["--resume"] if self.status() == "partial" else []
         return [sys.executable, "-m", "cl2r_bench", "run", "--config", str(self.job_file), "--no-progress", *resume]
 
 
-def plan(runs: list[Assembly]) -> list[Job]:
-    """The jobs of a grid of assembled runs, one per distinct run folder, with their job files written."""
-    jobs: dict[Path, Job] = {}
+def list_settings() -> set[str]:
+    """The settings that hold a list themselves: those whose default in ``configs/default.yaml`` is a list (the
+    profiles cannot change a setting's type) and those that also accept one (``stream.class_order``). For them a
+    sweep's ``--set KEY=[...]`` is one value, not a grid dimension."""
+    from cl2r_bench.config import CONFIG_DIR, EXTRA_TYPES, read_yaml
+
+    defaults = flatten(read_yaml(CONFIG_DIR / "default.yaml"))
+    return ({key for key, value in defaults.items() if isinstance(value, list)}
+            | {key for key, types in EXTRA_TYPES.items() if list in types})
+
+
+def set_grid(assignments: list[str], lists: set[str]) -> list[tuple[list[str], str]]:
+    """The points of a sweep's ``--set`` options (issue 18): each ``KEY=[v1,v2,...]`` whose setting is not in
+    ``lists`` (:func:`list_settings`) is a grid dimension, the others are the same at every point. Returns, per
+    point of the product, its ``--set`` assignments and the name of its results folder under ``--output``
+    (``KEY=v1,KEY2=w1``, characters a folder name cannot hold written ``-``; ``""`` without a grid)."""
+    choices = [_choices(text, lists) for text in assignments]
+    points = []
+    for chosen in itertools.product(*choices):
+        folder = ",".join(name for _, name in chosen if name)
+        if folder:
+            safe_name(folder, "the folder of the --set grid point")
+        points.append(([assignment for assignment, _ in chosen], folder))
+    return points
+
+
+def _choices(text: str, lists: set[str]) -> list[tuple[str, str]]:
+    """One ``--set`` option's alternatives: ``(assignment, folder name)`` per value of a grid dimension, else the
+    option itself with no folder name."""
+    key = text.split("=", 1)[0].strip()
+    value = functools.reduce(lambda mapping, part: mapping[part], key.split("."), parse_assignment(text))
+    if not isinstance(value, list) or key in lists:
+        return [(text, "")]
+    if key == "output":
+        raise ConfigError(f"--set {text}: a sweep has one results folder (--output); the points of a --set grid get "
+                          "their own folders under it")
+    if not value:
+        raise ConfigError(f"--set {text}: a grid dimension needs at least one value")
+    return [(f"{key}={json.dumps(v)}", UNSAFE.sub("-", f"{key}={v if isinstance(v, str) else json.dumps(v)}"))
+            for v in value]
+
+
+def grid_runs(args: argparse.Namespace) -> tuple[list[Assembly], Path]:
+    """The assembled runs of every point of a sweep (the grid options times the ``--set`` grid) and the sweep's
+    results folder; the points of a ``--set`` grid get their own folders under it (:func:`set_grid`), since the
+    setting they differ in does not name their run folders."""
+    from cl2r_bench.assembly import assemble
+    from cl2r_bench.cli import GRID_OPTIONS, resolved_configs
+
+    points = set_grid(args.set, list_settings())
+    output, runs = None, []
+    for values in itertools.product(*((getattr(args, name) or [None]) for name in GRID_OPTIONS)):
+        for assignments, folder in points:
+            point = argparse.Namespace(**{**vars(args), **dict(zip(GRID_OPTIONS, values)), "set": assignments})
+            if folder:
+                output = output or Path(assemble(resolved_configs(point)[0]).settings.output)
+                point.output = str(output / folder)
+            runs += [assemble(config) for config in resolved_configs(point)]
+    return runs, output or Path(runs[0].settings.output)
+
+
+def plan(runs: list[Assembly], folder: Path) -> list[Job]:
+    """The jobs of a grid of assembled runs, one per distinct run folder, with their job files written under the
+    sweep's ``folder`` (``<output>/sweep``). Points with the same resolved config are one job; points whose configs
+    differ but whose run folders are the same are a :class:`ConfigError` naming what differs, since only one of
+    them could be run and recorded there."""
+    from benchmarks.records import atomic_write_text
+
+    first: dict[Path, Assembly] = {}
     for run in runs:
-        if run.directory in jobs:
-            continue
-        name = "-".join(run.directory.parts[-4:])
-        sweep = Path(run.settings.output) / "sweep"
-        job = Job(run.directory, name, sweep / "jobs" / f"{name}.yaml", sweep / "logs" / f"{name}.log")
+        if run.directory in first:
+            _same_point(first[run.directory], run)
+        else:
+            first[run.directory] = run
+    jobs = []
+    for run in first.values():
+        name = "-".join(run.directory.relative_to(folder.parent).parts)
+        job = Job(run.directory, name, folder / "jobs" / f"{name}.yaml", folder / "logs" / f"{name}.log")
         atomic_write_text(job.job_file, yaml.safe_dump(run.config, sort_keys=False))
-        jobs[run.directory] = job
-    return list(jobs.values())
+        jobs.append(job)
+    return jobs
+
+
+def _same_point(one: Assembly, other: Assembly) -> None:
+    flat, other_flat = flatten(one.config), flatten(other.config)
+    differ = sorted(k for k in flat.keys() | other_flat.keys() if flat.get(k) != other_flat.get(k))
+    if differ:
+        shown = "; ".join(f"{k}={flat.get(k)!r} and {k}={other_flat.get(k)!r}" for k in differ[:3])
+        raise ConfigError(f"two points of the sweep would share the run folder {one.directory}: {shown}"
+                          f"{'; ...' if len(differ) > 3 else ''}; give them their own folders (separate sweeps with "
+                          "--output, or a setting that names the folder, such as adapter.label)")
 
 
 def gpu_slots(jobs: int) -> list[str | None]:
@@ -72,6 +168,11 @@ def gpu_slots(jobs: int) -> list[str | None]:
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return [str(slot % count) if count > 1 else None for slot in range(jobs)]
+
+
+def progress(done: int, running: int, failed: int, waiting: int) -> str:
+    """The progress line of a sweep, the same for every launcher."""
+    return f"sweep: {done} done, {running} running, {failed} failed, {waiting} waiting"
 
 
 def run_local(jobs: list[Job], *, parallel: int, log: Callable[[str], None] = print, poll: float = 0.5) -> int:
@@ -103,7 +204,7 @@ def run_local(jobs: list[Job], *, parallel: int, log: Callable[[str], None] = pr
                 done += 1
             else:
                 failed.append((job, code))
-        line = f"sweep: {done} done, {len(running)} running, {len(failed)} failed, {len(waiting)} waiting"
+        line = progress(done, len(running), len(failed), len(waiting))
         if line != last:
             log(line)
             last = line

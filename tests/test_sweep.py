@@ -49,3 +49,75 @@ def test_bad_sweep_input_is_one_line_before_any_run(args, message, tiny, tmp_pat
     assert sweep(tiny, out, *args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err and not out.exists()
+
+
+def test_a_set_list_is_a_grid_dimension_unless_its_setting_holds_a_list():
+    from cl2r_bench.sweep import list_settings, set_grid
+
+    lists = list_settings()
+    assert {"replacement.tasks", "stream.class_order", "replacement.pretrain.seed"} <= lists
+    assert "training.lr" not in lists
+    points = set_grid(["training.lr=[0.1,1e-3]", "replacement.tasks=[0,3]", "evaluation.mode=[templates,images]",
+                       "training.epochs=2"], lists)
+    assert [folder for _, folder in points] == [
+        "training.lr=0.1,evaluation.mode=templates", "training.lr=0.1,evaluation.mode=images",
+        "training.lr=1e-3,evaluation.mode=templates", "training.lr=1e-3,evaluation.mode=images"]
+    assert points[3][0] == ['training.lr="1e-3"', "replacement.tasks=[0,3]", 'evaluation.mode="images"',
+                            "training.epochs=2"]
+    assert set_grid(["replacement.tasks=[0,3]"], lists) == [(["replacement.tasks=[0,3]"], "")]
+    assert set_grid([], lists) == [([], "")]
+    assert set_grid(["strategy_params.avalanche:EWC.ewc_lambda=[0.4]"], lists)[0][1] == \
+        "strategy_params.avalanche-EWC.ewc_lambda=0.4"
+
+
+def grid(tmp_path, *args):
+    from cl2r_bench.cli import build_parser
+    from cl2r_bench.sweep import grid_runs
+
+    return grid_runs(build_parser().parse_args(["sweep", "--dataset", "synthetic", "--preset", "quick", "--device",
+                                                "cpu", "--output", str(tmp_path / "out"), *args]))
+
+
+def test_the_points_of_a_set_grid_get_their_own_folders_and_list_settings_stay_values(tmp_path):
+    runs, output = grid(tmp_path, "--strategy", "er", "--seeds", "1", "--set", "training.lr=[0.1,0.01]",
+                        "--set", "replacement.tasks=[0,3]")
+    assert output == tmp_path / "out"
+    assert [run.directory for run in runs] == [output / f"training.lr={lr}/iamcl2r/synthetic/er/seed1"
+                                               for lr in ("0.1", "0.01")]
+    assert [run.settings.training.lr for run in runs] == [0.1, 0.01]
+    assert all(run.settings.replacement.tasks == [0, 3] for run in runs)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--strategy", "er", "cores", "--adapter", "fct", "--set", "adapter.label=mine"],
+     "two points of the sweep would share the run folder"),
+    (["--strategy", "er", "--set", "output=[a,b]"], "a sweep has one results folder (--output)"),
+    (["--strategy", "er", "--set", "training.lr=[]"], "a grid dimension needs at least one value"),
+    (["--strategy", "er", "--set", f"data_root=[{'d' * 100}]"], "cannot name a results folder"),
+    (["--strategy", "er", "--set", "training.lr=[0.1,nope]"], "training.lr = 'nope'"),
+])
+def test_sweep_points_that_cannot_run_are_one_line_before_anything_is_written(args, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["sweep", "--dataset", "synthetic", "--preset", "quick", "--output", str(out), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and not out.exists(), err
+
+
+def test_identical_points_are_one_job(tmp_path):
+    from cl2r_bench.sweep import plan
+
+    runs, output = grid(tmp_path, "--strategy", "er", "er", "--seeds", "1", "1")
+    jobs = plan(runs, output / "sweep")
+    assert len(runs) == 4 and [job.name for job in jobs] == ["iamcl2r-synthetic-er-seed1"]
+
+
+@pytest.mark.slow
+def test_a_set_grid_runs_each_point_in_its_own_folder(tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert sweep(tiny, out, "--strategy", "er", "--seeds", "1", "--set", "training.lr=[0.01,0.02]", "--jobs", "2") == 0
+    assert "sweep: 2 done, 0 running, 0 failed, 0 waiting" in capsys.readouterr().out
+    for lr in (0.01, 0.02):
+        record = json.loads((out / f"training.lr={lr}/iamcl2r/synthetic/er/seed1/metrics.json").read_text())
+        assert record["complete"] and record["config"]["training"]["lr"] == lr
+    assert sorted(p.name for p in (out / "sweep" / "logs").glob("*.log")) == [
+        f"training.lr={lr}-iamcl2r-synthetic-er-seed1.log" for lr in ("0.01", "0.02")]

@@ -1,0 +1,232 @@
+"""The sweep's SLURM launcher (issue 18, ``runner.py sweep --launcher slurm``), through submitit.
+
+The jobs of a sweep that are not complete go to the cluster as one job array; each array task runs the same run
+command as the local launcher (:meth:`cl2r_bench.sweep.Job.command`, asked when the task starts), so every job is an
+ordinary resumable run folder: a task that SLURM starts again (a preemption, or its time limit: submitit requeues
+it, :meth:`ArrayTask.checkpoint`) resumes after the run's last finished task. submitit's files and the tasks' logs
+are in ``<output>/sweep/slurm/``.
+
+The jobs are followed with ``squeue``, not submitit's ``result()``: without SLURM accounting a cancelled job never
+counts as done for submitit. A job that has left the queue (or ended) is done when its run folder is complete,
+else failed. The ids of submitted jobs are kept in ``<output>/sweep/slurm/submitted.json``, so that the same sweep
+command later follows the jobs still queued or running instead of submitting them again, and submits only what is
+missing.
+
+Every problem that stops a submission (submitit missing, no ``sbatch`` or ``srun``, a controller that does not
+answer, an unknown partition, sbatch refusing the options) is one :class:`cl2r_bench.cli.UsageError` before anything
+is submitted.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cl2r_bench.cli import UsageError
+from cl2r_bench.sweep import Job, progress
+
+JOB_NAME = "cl2r-sweep"
+RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"}
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+ANSWER_SECONDS = 30
+
+
+def add_slurm_options(parser: argparse.ArgumentParser) -> None:
+    """The sweep's options for ``--launcher slurm``; every job of the array gets the same resources."""
+    group = parser.add_argument_group("SLURM (--launcher slurm; needs pip install submitit)")
+    group.add_argument("--partition", help="SLURM partition (default: the cluster's default partition)")
+    group.add_argument("--time", type=int, default=180, metavar="MINUTES",
+                       help="time limit of each job (default %(default)s); a job that reaches it is requeued (up to 3 "
+                       "times) and resumes after its last finished task")
+    group.add_argument("--gpus-per-job", type=int, default=1, metavar="N", help="GPUs of each job (default "
+                       "%(default)s; 0 on a cluster without GPUs)")
+    group.add_argument("--cpus-per-job", type=int, default=4, metavar="N", help="CPU cores of each job (default "
+                       "%(default)s)")
+    group.add_argument("--mem-per-job", type=float, default=16, metavar="GB", help="memory of each job in GB "
+                       "(default %(default)s)")
+    group.add_argument("--array-parallelism", type=int, default=32, metavar="N",
+                       help="jobs of the array running at a time (default %(default)s)")
+    group.add_argument("--slurm-extra", action="append", default=[], metavar="KEY=VALUE",
+                       help="another sbatch option, e.g. --slurm-extra account=myproject --slurm-extra qos=high "
+                       "(repeatable)")
+    group.add_argument("--no-wait", action="store_true",
+                       help="submit and return; the same sweep command later follows the jobs still queued and "
+                       "submits again what is missing")
+
+
+def check_cluster(args: argparse.Namespace) -> None:
+    """Refuse, with one line, a SLURM sweep that cannot be submitted: bad option values, submitit missing, no
+    ``sbatch`` or ``srun`` (submitit runs each task with it), a controller that does not answer, an unknown
+    partition. Called before any file is written."""
+    sbatch_parameters(args)
+    try:
+        import submitit  # noqa: F401
+    except ImportError:
+        raise UsageError('--launcher slurm needs submitit: pip install submitit (or pip install -e ".[slurm]")') \
+            from None
+    missing = [command for command in ("sbatch", "srun") if shutil.which(command) is None]
+    if missing:
+        raise UsageError(f"--launcher slurm: no {' or '.join(missing)} on PATH, so SLURM is not reachable from this "
+                         "machine; run the sweep where jobs are submitted (a login node), or use --launcher local")
+    partitions = [name.rstrip("*") for name in _ask("sinfo", "-h", "-o", "%P").split()]
+    if args.partition is not None and args.partition not in partitions:
+        raise UsageError(f"SLURM partition {args.partition!r} does not exist; partitions here: "
+                         f"{', '.join(partitions) or 'none'}")
+
+
+def sbatch_parameters(args: argparse.Namespace) -> dict[str, Any]:
+    """submitit's ``SlurmExecutor`` parameters of the sweep's options; a bad value is a :class:`UsageError`."""
+    for option, value, least in (("--time", args.time, 1), ("--gpus-per-job", args.gpus_per_job, 0),
+                                 ("--cpus-per-job", args.cpus_per_job, 1),
+                                 ("--array-parallelism", args.array_parallelism, 1)):
+        if value < least:
+            raise UsageError(f"{option} must be at least {least}, not {value}")
+    if not args.mem_per_job > 0:
+        raise UsageError(f"--mem-per-job is in GB and must be above 0, not {args.mem_per_job}")
+    extra = {}
+    for text in args.slurm_extra:
+        key, equals, value = text.partition("=")
+        if not equals or not key.strip().lstrip("-"):
+            raise UsageError(f"--slurm-extra {text!r}: use KEY=VALUE with an sbatch option, e.g. account=myproject")
+        extra[key.strip().lstrip("-")] = value
+    parameters = {"time": args.time, "cpus_per_task": args.cpus_per_job, "mem": f"{round(args.mem_per_job * 1024)}M",
+                  "array_parallelism": args.array_parallelism, "job_name": JOB_NAME, "additional_parameters": extra}
+    if args.partition is not None:
+        parameters["partition"] = args.partition
+    if args.gpus_per_job:
+        parameters["gpus_per_node"] = args.gpus_per_job
+    return parameters
+
+
+def _ask(*command: str) -> str:
+    """The output of a SLURM client command; a controller that does not answer is a :class:`UsageError`."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=ANSWER_SECONDS)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"the SLURM controller does not answer ({command[0]}: {exc}); try again later") from None
+    if done.returncode != 0:
+        reason = (done.stderr.strip() or f"exit code {done.returncode}").splitlines()[0]
+        raise UsageError(f"the SLURM controller does not answer ({command[0]}: {reason}); try again later")
+    return done.stdout
+
+
+@dataclass
+class ArrayTask:
+    """What one array task runs: its job's run command, with its output in the task's log."""
+
+    job: Job
+
+    def __call__(self) -> None:
+        code = subprocess.run(self.job.command()).returncode
+        if code != 0:
+            raise RuntimeError(f"{self.job.name}: the run exited with code {code}")
+
+    def checkpoint(self) -> Any:
+        """Called by submitit at the time limit: start the task again (its run resumes)."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+
+def run_slurm(jobs: list[Job], args: argparse.Namespace, folder: Path, *,
+              log: Callable[[str], None] = print) -> int:
+    """Submit the jobs that are neither complete nor already queued as one job array and, unless ``--no-wait``,
+    follow them to the end; returns 0 when every job is complete (or, with ``--no-wait``, submitted), else 1 (the
+    failed jobs are named with their logs)."""
+    record = folder / "submitted.json"
+    submitted = json.loads(record.read_text()) if record.exists() else {}
+    states = queue_states()
+    queued = {name: job_id for name, job_id in submitted.items() if job_id in states and states[job_id] not in ENDED}
+    missing = [job for job in jobs if job.status() != "complete"]
+    new = [job for job in missing if job.name not in queued]
+    log(f"sweep: {len(jobs)} runs, {len(jobs) - len(missing)} already complete, "
+        f"{sum(job.name in queued for job in missing)} already queued, {len(new)} to submit to SLURM")
+    if new:
+        ids = submit(new, args, folder)
+        first = ids[new[0].name].split("_")[0]
+        log(f"sweep: submitted SLURM job{' array' if len(new) > 1 else ''} {first} (scancel {first} cancels it): "
+            + ", ".join(f"{ids[job.name]} {job.name}" for job in new))
+        _save(record, {**submitted, **ids})
+        queued.update(ids)
+    if args.no_wait:
+        log("sweep: not waiting (--no-wait); the same sweep command later follows the queued jobs and submits again "
+            "what is missing")
+        return 0
+    try:
+        return follow(jobs, {job.name: queued[job.name] for job in missing}, folder, log)
+    except KeyboardInterrupt:
+        log("interrupted: the jobs keep running on the cluster; the same sweep command follows them again")
+        return 130
+
+
+def submit(jobs: list[Job], args: argparse.Namespace, folder: Path) -> dict[str, str]:
+    """Submit ``jobs`` as one array (one sbatch); returns each job's SLURM id (``<array>_<index>``, or the plain
+    job id of a single job)."""
+    import submitit
+
+    executor = submitit.SlurmExecutor(folder=folder)
+    executor.update_parameters(**sbatch_parameters(args))
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), executor.batch():
+            handles = [executor.submit(ArrayTask(job)) for job in jobs]
+    except submitit.core.utils.FailedJobError as exc:
+        reason = (str(exc).strip() or "no message").splitlines()[-1]
+        raise UsageError(f"sbatch refused the sweep's jobs: {reason}") from None
+    return {job.name: handle.job_id for job, handle in zip(jobs, handles)}
+
+
+def _save(path: Path, submitted: dict[str, str]) -> None:
+    from benchmarks.records import atomic_write_text
+
+    atomic_write_text(path, json.dumps(submitted, indent=1, sort_keys=True))
+
+
+def queue_states() -> dict[str, str]:
+    """The state of every job of this user that the controller still knows (``squeue``, one line per array task,
+    ended jobs included while the controller keeps them)."""
+    lines = _ask("squeue", "--me", "-h", "-r", "-t", "all", "-o", "%i %T").splitlines()
+    return dict(line.split(maxsplit=1) for line in lines if line.strip())
+
+
+def follow(jobs: list[Job], queued: dict[str, str], folder: Path, log: Callable[[str], None]) -> int:
+    """Print the progress line whenever it changes until every queued job has ended; returns 1 when one failed."""
+    ended: dict[str, str] = {}
+    start, last = time.monotonic(), None
+    while True:
+        states = queue_states()
+        running = waiting = 0
+        for name, job_id in queued.items():
+            state = states.get(job_id, "gone from the queue")
+            if name in ended or state in ENDED or job_id not in states:
+                ended.setdefault(name, state)
+            elif state in RUNNING:
+                running += 1
+            else:
+                waiting += 1
+        failed = {job.name: ended[job.name] for job in jobs if job.name in ended and job.status() != "complete"}
+        line = progress(len(jobs) - len(failed) - running - waiting, running, len(failed), waiting)
+        if line != last:
+            log(line)
+            last = line
+        if running + waiting == 0:
+            break
+        time.sleep(min(30.0, 1.0 + (time.monotonic() - start) / 10))
+    for name, state in failed.items():
+        log(f"failed: {name} (SLURM job {queued[name]}, {state}); see {_log_paths(folder, queued[name])}; the same "
+            "sweep command submits it again")
+    return 1 if failed else 0
+
+
+def _log_paths(folder: Path, job_id: str) -> str:
+    from submitit.core.utils import JobPaths
+
+    paths = JobPaths(folder, job_id=job_id, task_id=0)
+    return f"{paths.stdout} and {paths.stderr}"

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# A one-node SLURM cluster on this machine for tests/test_slurm.py (issue 18): `cluster.sh start` writes its
+# slurm.conf into $CL2R_SLURM_DIR (default /tmp/cl2r-slurm) and starts munged, slurmctld and slurmd; `cluster.sh
+# stop` cancels every job, waits for an empty queue and stops the daemons. Needs root and Debian's slurm-wlm
+# (apt-get install -y slurm-wlm). The clients find the cluster with SLURM_CONF=$CL2R_SLURM_DIR/slurm.conf, so a
+# real cluster's /etc/slurm is never touched.
+#
+# What a container needs (found on the CI machine): RealMemory from /proc/meminfo (a node without it has 1 MB and
+# refuses submitit's jobs), proctrack/linuxproc and task/none (no cgroups), no accounting (no slurmdbd; so a
+# cancelled job never counts as done for submitit), and a short KillWait with an empty queue before stopping, or
+# slurmd takes minutes to stop.
+set -euo pipefail
+
+DIR=${CL2R_SLURM_DIR:-/tmp/cl2r-slurm}
+export SLURM_CONF=$DIR/slurm.conf
+
+write_conf() {
+    local memory
+    memory=$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
+    mkdir -p "$DIR/state" "$DIR/spool"
+    cat > "$SLURM_CONF" <<CONF
+ClusterName=cl2rtest
+SlurmctldHost=localhost(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool
+SlurmctldPidFile=$DIR/slurmctld.pid
+SlurmdPidFile=$DIR/slurmd.pid
+SlurmctldLogFile=$DIR/slurmctld.log
+SlurmdLogFile=$DIR/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+MpiDefault=none
+ReturnToService=2
+KillWait=2
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=$memory State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+CONF
+}
+
+wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...: until COMMAND succeeds
+    local seconds=$1 what=$2
+    shift 2
+    for _ in $(seq $((seconds * 4))); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.25
+    done
+    echo "cluster.sh: $what after ${seconds} s; see $DIR/*.log" >&2
+    return 1
+}
+
+node_idle() { [ "$(sinfo -h -n localhost -o %t)" = idle ]; }
+queue_empty() { [ -z "$(squeue -h -o %i)" ]; }
+
+start() {
+    command -v slurmctld >/dev/null || { echo "cluster.sh: no slurmctld; apt-get install -y slurm-wlm" >&2; exit 1; }
+    if [ -f "$SLURM_CONF" ] && sinfo >/dev/null 2>&1; then
+        echo "SLURM is already up: export SLURM_CONF=$SLURM_CONF"
+        return 0
+    fi
+    write_conf
+    if ! pgrep -x munged >/dev/null; then
+        [ -s /etc/munge/munge.key ] || { mungekey --create --force; chown munge:munge /etc/munge/munge.key; }
+        mkdir -p /run/munge && chown munge:munge /run/munge
+        runuser -u munge -- /usr/sbin/munged
+        touch "$DIR/munged.ours"
+    fi
+    slurmctld -f "$SLURM_CONF"
+    wait_for 30 "slurmctld does not answer" sinfo
+    slurmd -f "$SLURM_CONF"
+    wait_for 30 "the node is not idle" node_idle
+    echo "SLURM is up: export SLURM_CONF=$SLURM_CONF"
+}
+
+stop() {
+    [ -f "$SLURM_CONF" ] || return 0
+    if sinfo >/dev/null 2>&1; then
+        scancel --full --user "$(id -un)" 2>/dev/null || true
+        wait_for 60 "jobs still in the queue" queue_empty || true
+    fi
+    local pid
+    for daemon in slurmd slurmctld; do
+        if [ -f "$DIR/$daemon.pid" ]; then
+            pid=$(cat "$DIR/$daemon.pid")
+            kill "$pid" 2>/dev/null || true
+            wait_for 30 "$daemon does not stop" bash -c "! kill -0 $pid" || true
+            rm -f "$DIR/$daemon.pid"
+        fi
+    done
+    if [ -f "$DIR/munged.ours" ]; then
+        runuser -u munge -- /usr/sbin/munged --stop >/dev/null 2>&1 || true
+        rm -f "$DIR/munged.ours"
+    fi
+    echo "SLURM is stopped"
+}
+
+case "${1:-}" in
+    start) start ;;
+    stop) stop ;;
+    *) echo "usage: $0 start|stop" >&2; exit 2 ;;
+esac

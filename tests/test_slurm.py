@@ -1,0 +1,165 @@
+"""``runner.py sweep --launcher slurm`` (issue 18): the one-line refusals before anything is submitted, following
+the jobs to the end without submitit's ``result()``, and a real one-node SLURM cluster
+(``tests/slurm/cluster.sh start``): a sweep submitted as a job array without waiting, the same command following it
+to the end, an interrupted run resumed by its job, and a last sweep that submits nothing."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from cl2r_bench import cli, slurm
+from cl2r_bench.sweep import Job
+
+CLUSTER = Path(os.environ.get("CL2R_SLURM_DIR", "/tmp/cl2r-slurm")) / "slurm.conf"
+SMALL = ["--gpus-per-job", "0", "--cpus-per-job", "1", "--mem-per-job", "1", "--time", "10"]
+
+
+def slurm_sweep(out, *args):
+    return cli.main(["sweep", "--dataset", "synthetic", "--preset", "quick", "--strategy", "er", "--output", str(out),
+                     "--launcher", "slurm", *args])
+
+
+def fake_slurm(tmp_path, monkeypatch, **scripts):
+    """A PATH holding only the given SLURM commands, each a shell script."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+
+def refused(capsys, out, message):
+    err = capsys.readouterr().err.strip()
+    return len(err.splitlines()) == 1 and message in err and not out.exists()
+
+
+def test_without_submitit_a_slurm_sweep_says_what_to_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "submitit", None)
+    assert slurm_sweep(tmp_path / "out") == 2
+    assert refused(capsys, tmp_path / "out", 'pip install submitit (or pip install -e ".[slurm]")')
+
+
+@pytest.mark.parametrize("scripts, args, message", [
+    ({}, [], "no sbatch or srun on PATH, so SLURM is not reachable from this machine"),
+    ({"sbatch": "exit 0"}, [], "no srun on PATH"),
+    ({"sbatch": "exit 0", "srun": "exit 0",
+      "sinfo": "echo 'sinfo: error: Unable to contact slurm controller (connect failure)' >&2; exit 1"}, [],
+     "the SLURM controller does not answer (sinfo: sinfo: error: Unable to contact slurm controller"),
+    ({"sbatch": "exit 0", "srun": "exit 0", "sinfo": "printf 'debug*\\ngpu\\n'"}, ["--partition", "big"],
+     "SLURM partition 'big' does not exist; partitions here: debug, gpu"),
+    ({}, ["--time", "0"], "--time must be at least 1, not 0"),
+    ({}, ["--mem-per-job", "0"], "--mem-per-job is in GB and must be above 0"),
+    ({}, ["--slurm-extra", "account"], "--slurm-extra 'account': use KEY=VALUE"),
+])
+def test_a_slurm_sweep_that_cannot_be_submitted_is_one_line_before_anything_is_written(
+        scripts, args, message, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("submitit")
+    fake_slurm(tmp_path, monkeypatch, **scripts)
+    assert slurm_sweep(tmp_path / "out", *args) == 2
+    assert refused(capsys, tmp_path / "out", message)
+
+
+def test_options_sbatch_refuses_are_one_line(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("submitit")
+    fake_slurm(tmp_path, monkeypatch, sinfo="echo 'debug*'", squeue="exit 0", srun="exit 0",
+               sbatch="echo 'sbatch: error: Batch job submission failed: Invalid account' >&2; exit 1")
+    assert slurm_sweep(tmp_path / "out", "--slurm-extra", "account=nope") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: sbatch refused the sweep's jobs: sbatch: error: Batch job submission failed: Invalid account"
+    assert not (tmp_path / "out" / "sweep" / "slurm" / "submitted.json").exists()
+
+
+def jobs_in(tmp_path, *names):
+    return [Job(tmp_path / name, name, tmp_path / f"{name}.yaml", tmp_path / f"{name}.log") for name in names]
+
+
+def complete(job):
+    job.directory.mkdir(parents=True)
+    (job.directory / "metrics.json").write_text(json.dumps({"complete": True}))
+
+
+def test_jobs_are_followed_in_the_queue_and_the_run_folders_not_through_submitit(tmp_path, monkeypatch):
+    pytest.importorskip("submitit")
+    ok, cancelled, lost = jobs_in(tmp_path, "ok", "cancelled", "lost")
+    queue = iter([{"7_0": "PENDING", "7_1": "PENDING", "7_2": "PENDING"},
+                  {"7_0": "RUNNING", "7_1": "RUNNING", "7_2": "RUNNING"},
+                  {"7_0": "COMPLETED", "7_1": "CANCELLED"}])
+    monkeypatch.setattr(slurm, "queue_states", lambda: next(queue))
+    monkeypatch.setattr(slurm.time, "sleep", lambda seconds: complete(ok) if not ok.directory.exists() else None)
+    lines = []
+    code = slurm.follow([ok, cancelled, lost], {"ok": "7_0", "cancelled": "7_1", "lost": "7_2"}, tmp_path,
+                        lines.append)
+    assert code == 1
+    assert lines[:3] == ["sweep: 0 done, 0 running, 0 failed, 3 waiting",
+                         "sweep: 0 done, 3 running, 0 failed, 0 waiting",
+                         "sweep: 1 done, 0 running, 2 failed, 0 waiting"]
+    assert lines[3] == (f"failed: cancelled (SLURM job 7_1, CANCELLED); see {tmp_path}/7_1_0_log.out and "
+                        f"{tmp_path}/7_1_0_log.err; the same sweep command submits it again")
+    assert lines[4].startswith("failed: lost (SLURM job 7_2, gone from the queue)")
+
+
+def test_jobs_still_queued_are_followed_not_submitted_again(tmp_path, monkeypatch):
+    done, queued, failed, new = jobs_in(tmp_path, "done", "queued", "failed", "new")
+    complete(done)
+    folder = tmp_path / "slurm"
+    folder.mkdir()
+    (folder / "submitted.json").write_text(json.dumps({"done": "5_0", "queued": "5_1", "failed": "5_2"}))
+    monkeypatch.setattr(slurm, "queue_states", lambda: {"5_0": "COMPLETED", "5_1": "PENDING", "5_2": "FAILED"})
+    submitted = []
+    monkeypatch.setattr(slurm, "submit", lambda jobs, args, folder: submitted.extend(jobs) or {
+        job.name: f"9_{i}" for i, job in enumerate(jobs)})
+    lines = []
+    assert slurm.run_slurm([done, queued, failed, new], Namespace(no_wait=True), folder, log=lines.append) == 0
+    assert lines[0] == "sweep: 4 runs, 1 already complete, 1 already queued, 2 to submit to SLURM"
+    assert submitted == [failed, new]
+    assert json.loads((folder / "submitted.json").read_text()) == {"done": "5_0", "queued": "5_1", "failed": "9_0",
+                                                                   "new": "9_1"}
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """The one-node cluster of tests/slurm/cluster.sh, or a skip saying how to start it."""
+    pytest.importorskip("submitit")
+    if shutil.which("sbatch") is None:
+        pytest.skip("sbatch is not on PATH: no SLURM here (apt-get install slurm-wlm; tests/slurm/cluster.sh start)")
+    if not (CLUSTER.parent / "slurmctld.pid").exists():
+        pytest.skip(f"the test cluster is not up (no {CLUSTER.parent / 'slurmctld.pid'}): tests/slurm/cluster.sh start")
+    monkeypatch.setenv("SLURM_CONF", str(CLUSTER))
+    if subprocess.run(["sinfo"], capture_output=True, timeout=30).returncode != 0:
+        pytest.skip("the test cluster does not answer: tests/slurm/cluster.sh start")
+
+
+def sweep_on_cluster(tiny, out, *args):
+    """The sweep in its own process, so that a hung cluster fails the test instead of blocking it."""
+    command = [sys.executable, "-m", "cl2r_bench", "sweep", "--config", str(tiny), "--output", str(out), "--strategy",
+               "er", "--launcher", "slurm", *SMALL, *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.slurm
+def test_a_sweep_on_a_slurm_cluster_runs_what_is_missing_and_resumes_an_interrupted_run(
+        cluster, tiny, tmp_path, monkeypatch):
+    from conftest import interrupt_run_at
+
+    out = tmp_path / "out"
+    undo = interrupt_run_at(monkeypatch, 1)
+    assert cli.main(["run", "--config", str(tiny), "--output", str(out), "--strategy", "er", "--seed", "3"]) == 130
+    undo()
+    code, printed = sweep_on_cluster(tiny, out, "--seeds", "1", "3", "--no-wait")
+    assert code == 0 and "2 to submit to SLURM" in printed and "not waiting (--no-wait)" in printed, printed
+    code, printed = sweep_on_cluster(tiny, out, "--seeds", "1", "3")
+    assert code == 0 and "0 to submit" in printed and "sweep: 2 done, 0 running, 0 failed, 0 waiting" in printed, \
+        printed
+    for seed in (1, 3):
+        assert json.loads((out / f"iamcl2r/synthetic/er/seed{seed}/metrics.json").read_text())["complete"]
+    logs = "".join(path.read_text() for path in (out / "sweep" / "slurm").glob("*_log.out"))
+    assert f"resuming {out / 'iamcl2r/synthetic/er/seed3'} at task 1" in logs
+    code, printed = sweep_on_cluster(tiny, out, "--seeds", "1", "3")
+    assert code == 0 and "2 already complete, 0 already queued, 0 to submit" in printed and "submitted" not in printed
