@@ -156,8 +156,8 @@ class Adapter(TypedDict):
 
 class TaskTiming(TypedDict):
     """One task's cost. ``seconds``: training (0 where the scenario does not train); ``iterations``: optimiser
-    steps; ``images``: training images seen, each epoch counted; ``final_loss``: the last batch's loss (None
-    without training); ``eval_seconds``: deploying the model (embedding and scoring); ``images_per_second``:
+    steps; ``images``: training images seen, each epoch counted (by all ranks together under torchrun);
+    ``final_loss``: the last batch's loss (the global batch's; None without training); ``eval_seconds``: deploying the model (embedding and scoring); ``images_per_second``:
     ``images / seconds``."""
     seconds: float
     iterations: int
@@ -255,7 +255,9 @@ class RunRecord(TypedDict):
 
     Provenance: ``evaluation``, ``stream``, ``replacement_models`` (:class:`ReplacementModel`, task order),
     ``adapter`` (None without one), ``config`` (the resolved settings, as ``config.yaml``), ``versions`` (package
-    versions, None where not installed), ``device``, ``timings``; ``non_finite_values``: the dotted path of each
+    versions, None where not installed), ``device`` (rank 0's under torchrun), ``world_size`` (the processes that
+    trained and evaluated the run: 1, or N under ``torchrun --nproc_per_node N``; absent in records made before issue
+    18, which had one), ``timings``; ``non_finite_values``: the dotted path of each
     value written as null because it was NaN or infinite, with what it was (absent when there is none).
     Records of the former ``model_update`` writer also carry ``models`` (the old and new checkpoints)."""
     scenario: str
@@ -276,6 +278,7 @@ class RunRecord(TypedDict):
     config: dict[str, Any]
     versions: dict[str, str | None]
     device: Device
+    world_size: NotRequired[int]
     timings: Timings
     noise: NotRequired[Noise]
     unadapted_matrix: NotRequired[list[list[float | None]]]
