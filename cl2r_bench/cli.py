@@ -53,8 +53,11 @@ def _add_run_options(p: argparse.ArgumentParser, several: bool = False) -> None:
                    "replacement.pretrain.epochs=N)")
     p.add_argument("--output", help="results folder (default results/)")
     p.add_argument("--config", help="a YAML file of settings (same keys as configs/default.yaml)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any setting, e.g. --set stream.num_tasks=31 --set replacement.tasks=[0,10,20]")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=(
+        "any setting; KEY=[v1,v2,...] makes a grid dimension (each point in its own folder OUTPUT/KEY=v1/) unless "
+        "the setting holds a list itself (its default in configs/default.yaml is a list, e.g. replacement.tasks, "
+        "or it takes one, stream.class_order): then it is that list") if several else
+        "any setting, e.g. --set stream.num_tasks=31 --set replacement.tasks=[0,10,20]")
     p.add_argument("--plugin", action="append", metavar="FILE",
                    help="a Python file that registers a strategy (repeatable; see strategies/base.py)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -116,10 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
                        "machine, one GPU each when there are several; slurm: one SLURM job array (submitit)")
     sweep.add_argument("--jobs", type=int, default=1, help="runs at a time with --launcher local (default "
                        "%(default)s)")
-    sweep._option_string_actions["--set"].help = (
-        "any setting; KEY=[v1,v2,...] makes a grid dimension (each point in its own folder OUTPUT/KEY=v1/) unless "
-        "the setting holds a list itself (its default in configs/default.yaml is a list, e.g. replacement.tasks, "
-        "or it takes one, stream.class_order): then it is that list")
     add_slurm_options(sweep)
     listing = sub.add_parser("list", help="what can be run: the scenarios, strategies, adapters, presets and data "
                              "sets, one line each")
