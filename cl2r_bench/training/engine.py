@@ -200,11 +200,11 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No loggers specified")
         template = CompatibilityTemplate(
-            strategy=strategy, teacher=teacher, batches=batches, settings=settings, amp_dtype=amp_dtype,
-            progress=progress, epoch_hook=epoch_hook, tracker=tracker or NullTracker(), task_index=task_index,
-            memory=memory if strategy.uses_memory else None, trained=model, processes=processes,
-            model=training_forward(model, settings, processes), optimizer=optimizer, train_mb_size=settings.batch_size, train_epochs=epochs, device=device,
-            evaluator=None)
+            strategy=strategy, teacher=teacher_forward(teacher, settings), batches=batches, settings=settings,
+            amp_dtype=amp_dtype, progress=progress, epoch_hook=epoch_hook, tracker=tracker or NullTracker(),
+            task_index=task_index, memory=memory if strategy.uses_memory else None, trained=model,
+            processes=processes, model=training_forward(model, settings, processes), optimizer=optimizer,
+            train_mb_size=settings.batch_size, train_epochs=epochs, device=device, evaluator=None)
     started = time.perf_counter()
     model.train()
     try:
@@ -235,6 +235,16 @@ def training_forward(model: RetrievalModel, settings: TrainSettings, processes: 
         forward = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                                       else None)
     return torch.compile(forward) if settings.compile else forward
+
+
+def teacher_forward(teacher: RetrievalModel | None, settings: TrainSettings) -> nn.Module | None:
+    """What runs the frozen teacher on each batch: the teacher in the channels-last format with
+    ``settings.channels_last`` (it receives the same batches as the model) and compiled with ``settings.compile``."""
+    if teacher is None:
+        return None
+    if settings.channels_last:
+        teacher.to(memory_format=torch.channels_last)
+    return torch.compile(teacher) if settings.compile else teacher
 
 
 class ReplayMemory:
