@@ -9,7 +9,9 @@ between the outgoing and the new model, on the task's images and the memory it w
 says so (docs/METHODS.md §7); the model is deployed to the :class:`CompatibilityEvaluator` (gallery and
 queries embedded once per model); then the model, the run state and a partial ``metrics.json`` are saved
 atomically. ``resume=True`` continues after the last finished task; every task seeds its own random streams from
-``(seed, t)``, so a resumed run ends with the same metrics as an uninterrupted one.
+``(seed, t)``, so a resumed run ends with the same metrics as an uninterrupted one. Under torchrun every process
+runs this loop; training and evaluation are shared and only rank 0 writes, prints and pretrains
+(:mod:`cl2r_bench.distributed`).
 
 With an adapter along a stream, ``metrics.json``'s ``compatibility_matrix`` and ``metrics`` are those of the adapted
 matrix (what the system delivers without re-embedding its gallery) and ``unadapted_matrix`` /
