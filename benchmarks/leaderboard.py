@@ -152,12 +152,14 @@ def _spread(values: list[float]) -> tuple[float, float] | None:
 
 def experiment_settings(record: RunRecord) -> dict[str, Any]:
     """What makes a run's experiment: its resolved config, flattened, without the seed, where results and data
-    are kept and how they are shown, and without the parameters of strategies and adapters it does not use."""
+    are kept and how they are shown, and without the parameters of strategies and adapters it does not use; and
+    the number of processes that trained it (``world_size``: their batch norms see a share of each batch)."""
     config = record.get("config") or {}
     adapter = (config.get("adapter") or {}).get("name")
     used = {f"strategy_params.{config.get('strategy')}.", f"adapter_params.{adapter}."}
     return {k: v for k, v in flatten(config).items() if k not in NOT_EXPERIMENT
-            and (not k.startswith(("strategy_params.", "adapter_params.")) or k.startswith(tuple(used)))}
+            and (not k.startswith(("strategy_params.", "adapter_params.")) or k.startswith(tuple(used)))} | {
+        "world_size": record.get("world_size", 1)}
 
 
 def _tag(settings: dict[str, Any], differing: list[str]) -> str:

@@ -10,12 +10,14 @@ same run loop (:class:`cl2r_bench.run.Run`) on the same data; what differs:
   the task's seeded random stream (the protocol's 64 new + 64 replay samples, docs/METHODS.md §4, with their crops
   and flips) and trains on its own contiguous share of each half
   (:class:`~cl2r_bench.training.engine.DeviceBatches`), so the global batch and its augmentation are exactly those
-  of the one-process run and the shares are disjoint. The teacher runs on the rank's share. Batch-norm statistics
-  are those of the rank's share (plain DDP) unless ``distributed.sync_batchnorm`` (CUDA only) syncs them over the
-  global batch;
+  of the one-process run and the shares are disjoint. The model and the teacher run on the rank's share, and their
+  outputs are gathered into the global batch's (:meth:`Processes.gather`), so the strategy's loss is the
+  one-process loss, batch-level terms included (:class:`cl2r_bench.training.template.CompatibilityTemplate`).
+  Batch-norm statistics are those of the rank's share (plain DDP) unless ``distributed.sync_batchnorm`` (CUDA
+  only) syncs them over the global batch; the running statistics are averaged over ranks after each task;
 * **evaluation**: each rank embeds its share of the gallery and of the queries, and the features are gathered
   (:meth:`Processes.embed`), so every rank holds the whole compatibility matrix;
-* **writing**: only rank 0 writes the run folder (config, checkpoints, run state, ``metrics.json`` with its
+* **writing**: only rank 0 reads (or downloads) the data first, writes the run folder (config, checkpoints, run state, ``metrics.json`` with its
   ``world_size``, plots, TensorBoard), pretrains the scenario's starting models (the other ranks wait, then find them
   in the cache: :meth:`Processes.main_first`) and prints.
 """
@@ -89,16 +91,36 @@ class Processes:
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value)
 
-    def gather(self, part: torch.Tensor, count: int) -> torch.Tensor:
-        """The rows of every rank's share of ``count`` rows (:meth:`share`), in rank order, on every rank."""
+    def shares(self, count: int) -> list[int]:
+        """The size of every rank's share of ``count`` items (:meth:`share`)."""
+        return [len(range(count)[self.share(count, rank)]) for rank in range(self.world_size)]
+
+    def gather(self, part: torch.Tensor, sizes: list[int], *, differentiable: bool = False) -> torch.Tensor:
+        """Every rank's ``part`` (``sizes[r]`` rows on rank r) concatenated in rank order, on every rank;
+        ``differentiable``: gradients flow back to each rank's own rows (summed over ranks, as DDP then averages)."""
         if not self.distributed:
             return part
-        padded = part.new_zeros((-(-count // self.world_size), *part.shape[1:]))
-        padded[:len(part)] = part
-        pieces = [torch.empty_like(padded) for _ in range(self.world_size)]
-        dist.all_gather(pieces, padded)
-        sizes = [len(range(count)[self.share(count, rank)]) for rank in range(self.world_size)]
+        padding = max(sizes) - len(part)
+        padded = torch.cat([part, part.new_zeros((padding, *part.shape[1:]))]) if padding else part
+        if differentiable:
+            from torch.distributed.nn.functional import all_gather
+
+            pieces = all_gather(padded)
+        else:
+            pieces = [torch.empty_like(padded) for _ in range(self.world_size)]
+            dist.all_gather(pieces, padded.contiguous())
         return torch.cat([piece[:size] for piece, size in zip(pieces, sizes)])
+
+    def average_norm_statistics(self, model: torch.nn.Module) -> None:
+        """Average the batch norms' running statistics over ranks (each rank tracked those of its shares), so that
+        every rank evaluates and rank 0 saves the same model."""
+        if not self.distributed:
+            return
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._NormBase) and module.track_running_stats:
+                for statistic in (module.running_mean, module.running_var):
+                    dist.all_reduce(statistic)
+                    statistic.div_(self.world_size)
 
     def embed(self, model: torch.nn.Module, images: torch.Tensor, *, batch_size: int,
               amp: bool | str) -> torch.Tensor:
@@ -114,7 +136,7 @@ class Processes:
         if self.any(problem is not None, device):
             raise problem or NonFiniteError(f"another rank's model gives NaN or infinite features for "
                                             f"{len(images)} images")
-        return self.gather(part, len(images))
+        return self.gather(part, self.shares(len(images)))
 
     def main_first(self, work: Callable[[], T]) -> T:
         """``work()`` on rank 0, then on the other ranks, which find what rank 0 left (a cache of pretrained

@@ -232,8 +232,7 @@ class Run:
         are read first, so missing or damaged data leave no run folder behind."""
         started = time.perf_counter()
         connect(self.processes, self.settings.distributed, self.device)
-        self.stream = self.scenario.stream()
-        self.processes.barrier()
+        self.stream = self.processes.main_first(self.scenario.stream)
         with self.folder.writing(self.parts.config):
             self.tracker = self.parts.tracker()
             try:

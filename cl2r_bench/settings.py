@@ -49,6 +49,9 @@ def with_defaults(cls: type[Section], section: str, **changes: Any) -> Section:
     return cls(**{**{k: v for k, v in values.items() if k in names}, **changes})
 
 
+SPEED_OPTIONS = ("channels_last", "compile")  # training settings that change speed, not what is trained
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     """``training``: the fine-tuning of each task (docs/METHODS.md §4; ``cl2r_bench/training/engine.py``)."""

@@ -1,4 +1,4 @@
-"""One training step of FD (teacher + replay memory), in one process or under torchrun; saves the loss and every
+"""One training step of a strategy with a teacher and a replay memory, in one process or under torchrun; saves the loss and every
 parameter's change (``tests/test_distributed.py``).
 
 The model has no batch norm: with it, plain DDP normalises each rank's share by its own statistics, which one
@@ -24,10 +24,11 @@ def without_batch_norm(module: nn.Module) -> nn.Module:
     return module
 
 
-def main(out: str) -> None:
+def main(out: str, name: str) -> None:
+    strategy = get_strategy(name).from_params({})
     torch.manual_seed(0)
-    model = without_batch_norm(build_model(backbone="small_cnn", head="learnable", num_classes=8, small_width=8,
-                                           small_out_dim=16))
+    model = without_batch_norm(build_model(backbone="small_cnn", head=strategy.head, num_classes=8, small_width=8,
+                                           small_out_dim=16, simplex_vertices_count=16))
     teacher = copy.deepcopy(model)
     with torch.no_grad():
         for p in model.parameters():
@@ -40,7 +41,6 @@ def main(out: str) -> None:
     distributed = DistributedSettings(sync_batchnorm=False, connect_timeout=30.0, timeout=120.0)
     processes, device = place(distributed, torch.device("cpu"))
     connect(processes, distributed, device)
-    strategy = get_strategy("fd").from_params({})
     strategy.before_task(TaskContext(index=1, num_old_classes=4, num_new_classes=4, replacement=False,
                                      teacher_classes=4, teacher=teacher, new_data=new, memory=memory.items,
                                      amp=False))
@@ -54,4 +54,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

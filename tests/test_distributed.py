@@ -51,29 +51,30 @@ def test_the_ranks_shares_of_each_batch_are_the_one_process_batch_with_its_crops
         torch.manual_seed(7)
         batches = DeviceBatches(new_set, memory_set, new_batch=64 if memory else 128, memory_batch=64,
                                 epoch_length=length, processes=processes)
-        return [(images, labels, from_memory, batches.share_weight) for images, labels, from_memory in batches]
+        return [(images, labels, from_memory, batches.rank_sizes) for images, labels, from_memory in batches]
 
     new_set, memory_set = data(new, 0), data(memory, 10_000) if memory else None
     whole = epoch(Processes())
     shares = [epoch(Processes(rank, world_size)) for rank in range(world_size)]
     assert len(whole) > 1 and all(len(s) == len(whole) for s in shares)
-    for b, (images, labels, from_memory, weight) in enumerate(whole):
+    for b, (images, labels, from_memory, sizes) in enumerate(whole):
         parts = [s[b] for s in shares]
         for half in (False, True):
             assert torch.equal(torch.cat([p[0][p[2] == half] for p in parts]), images[from_memory == half])
             assert torch.equal(torch.cat([p[1][p[2] == half] for p in parts]), labels[from_memory == half])
-        assert weight == 1.0
-        ranks_mean = sum(p[3] * p[1].double().mean() for p in parts) / world_size
-        assert float(ranks_mean) == pytest.approx(float(labels.double().mean()), rel=1e-12)
+        assert sizes == [len(labels)] and all(p[3] == [len(q[1]) for q in parts] for p in parts)
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_give_the_loss_and_gradients_of_one_process_on_the_global_batch(tmp_path):
+@pytest.mark.parametrize("strategy", ["fd", "dsimplex_hoc"])
+def test_two_gloo_ranks_give_the_loss_and_gradients_of_one_process_on_the_global_batch(strategy, tmp_path):
+    """FD: per-sample terms, the teacher, the replay half; d-Simplex-HOC: a batch-level term (pairs across the
+    whole global batch), which needs the gathered outputs."""
     from ddp_step import main as one_step
 
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    one_step(str(one))
-    result = torchrun(str(TESTS / "ddp_step.py"), str(two))
+    one_step(str(one), strategy)
+    result = torchrun(str(TESTS / "ddp_step.py"), str(two), strategy)
     assert result.returncode == 0, result.stderr[-2000:]
     a, b = torch.load(one), torch.load(two)
     assert b["world_size"] == 2 and a["iterations"] == b["iterations"] == 1 and a["images"] == b["images"] == 128

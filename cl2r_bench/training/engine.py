@@ -58,8 +58,9 @@ class DeviceBatches:
 
     The sizes are those of the global batch. Under torchrun every rank draws the global batch's indices and crops
     from the same seeded stream and keeps its own share of the new and of the replay half
-    (:meth:`cl2r_bench.distributed.Processes.share`); ``share_weight`` is then what the rank's mean loss is scaled
-    by so that the ranks' average is the global batch's mean (1 when the ranks divide both halves).
+    (:meth:`cl2r_bench.distributed.Processes.share`); ``rank_sizes`` are then the sizes of every rank's share of
+    the last batch, with which the training template gathers the global batch's outputs. A trailing
+    ``full_pass`` batch is dropped unless every rank gets at least 2 of its samples (batch norm needs 2).
     ``channels_last`` yields the images in that memory format.
     """
 
@@ -68,12 +69,12 @@ class DeviceBatches:
         self.new, self.memory = new, memory if memory is not None and len(memory) else None
         self.new_batch, self.memory_batch = new_batch, memory_batch
         self.epoch_length, self.processes, self.channels_last = epoch_length, processes, channels_last
-        self.share_weight, self.global_size = 1.0, 0
+        self.rank_sizes, self.global_size = [0], 0
 
     def __len__(self) -> int:
         n = len(self.new)
         if self.epoch_length == "full_pass":
-            return n // self.new_batch + (n % self.new_batch > 1)
+            return n // self.new_batch + (n % self.new_batch >= 2 * self.processes.world_size)
         if self.memory is None:
             return max(1, n // self.new_batch)
         return max(1, (n + len(self.memory)) // (self.new_batch + self.memory_batch))
@@ -117,7 +118,8 @@ class DeviceBatches:
             self.global_size += len(pick)
         top, left, flip = crop_flip_draws(self.global_size, device)
         images = crop_flip(images, top[positions], left[positions], flip[positions])
-        self.share_weight = len(positions) * self.processes.world_size / self.global_size
+        self.rank_sizes = [a + b for a, b in zip(self.processes.shares(len(idx)),
+                                                 self.processes.shares(len(pick) if pick is not None else 0))]
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         return [images, labels, from_memory]
@@ -213,6 +215,7 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
         progress.close()
     if device.type == "cuda":
         torch.cuda.synchronize()
+    processes.average_norm_statistics(model)
     broken = first_nonfinite_tensor(model)
     if broken is not None:
         raise NonFiniteError(f"{broken} holds NaN or infinite values after {template.step_count} iterations")
@@ -233,7 +236,7 @@ def training_forward(model: RetrievalModel, settings: TrainSettings, processes: 
     if processes.distributed:
         device = next(model.parameters()).device
         forward = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                                      else None)
+                                                      else None, broadcast_buffers=False)
     return torch.compile(forward) if settings.compile else forward
 
 

@@ -38,7 +38,7 @@ from scenarios.streams import first_per_class, relabel
 
 from strategies.base import Strategy
 from strategies.er import ExperienceReplay
-from cl2r_bench.settings import PlateauSettings, TrainSettings
+from cl2r_bench.settings import SPEED_OPTIONS, PlateauSettings, TrainSettings
 from cl2r_bench.training.engine import train_task
 
 
@@ -183,7 +183,8 @@ def pretrained_replacement(data: DataSplits, classes: list[int], *, head: str, m
     ``plateau`` selects the plateau schedule (module docstring); ``None`` is the cosine schedule. The spec and
     the training log are written to ``<model>.json``."""
     spec = {"dataset": data.name, "classes": classes, "head": head, **model_kwargs,
-            "settings": settings.__dict__ | {"progress": None}, "images_per_class": images_per_class,
+            "settings": {k: v for k, v in settings.__dict__.items() if k not in SPEED_OPTIONS} | {"progress": None},
+            "images_per_class": images_per_class,
             "seed": seed, "image_size": int(data.train.images.shape[-1])}
     if keep_classifier:
         spec["classifier"] = True

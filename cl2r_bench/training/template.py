@@ -83,16 +83,29 @@ class CompatibilityTemplate(SupervisedTemplate):
                     teacher_logits, teacher_features = self.teacher(self.mb_x)
                     teacher_logits = teacher_logits.float()
                     teacher_features = F.normalize(teacher_features.float(), dim=1)
-        self._step = Step(labels=self.mb_y, targets=self.trained.class_targets(self.mb_y), logits=logits.float(),
-                          features=features.float(), from_memory=self.mbatch[2],
-                          teacher_features=teacher_features, teacher_logits=teacher_logits)
+        outputs = {"labels": self.mb_y, "from_memory": self.mbatch[2], "logits": logits.float(),
+                   "features": features.float(), "teacher_logits": teacher_logits,
+                   "teacher_features": teacher_features}
+        if self.processes.distributed:
+            outputs = self._global_batch(outputs)
+        self._step = Step(targets=self.trained.class_targets(outputs["labels"]), **outputs)
         return logits
 
+    def _global_batch(self, outputs: dict) -> dict:
+        """The outputs of every rank's share, gathered into the global batch's (:class:`DeviceBatches`), so that the
+        strategy's loss is the one-process loss, batch-level terms (HOC's pairs, CVS's negatives) included. Each
+        rank computes the same loss; the gathered model outputs carry gradients back to each rank's own rows
+        (summed over the ranks' identical losses), and DDP's average of the ranks' gradients is then the
+        one-process gradient."""
+        sizes = self.batches.rank_sizes
+        gathered = {name: None if value is None else self.processes.gather(
+            value, sizes, differentiable=name in ("logits", "features")) for name, value in outputs.items()
+            if name != "from_memory"}
+        gathered["from_memory"] = self.processes.gather(outputs["from_memory"].to(torch.uint8), sizes).bool()
+        return gathered
+
     def criterion(self):
-        """The strategy's loss on this rank's share, weighted so that the ranks' average is the global batch's
-        (:class:`DeviceBatches`)."""
-        loss = self.compat_strategy.loss(self._step)
-        return loss * self.batches.share_weight if self.processes.distributed else loss
+        return self.compat_strategy.loss(self._step)
 
     def backward(self) -> None:
         (self.loss if self.scaler is None else self.scaler.scale(self.loss)).backward()
@@ -116,7 +129,8 @@ class CompatibilityTemplate(SupervisedTemplate):
         self.first_nonfinite = torch.where(nonfinite, self.step_count, self.first_nonfinite)
         if self.step_count % 25 == 0 or self.step_count == self.total_steps:
             self.last_loss = float(self.processes.mean(self.loss.detach()))
-            if not math.isfinite(self.last_loss) and (self.scaler is None or first_nonfinite_tensor(self.trained)):
+            if not math.isfinite(self.last_loss) and (self.scaler is None or self.processes.any(
+                    first_nonfinite_tensor(self.trained) is not None, self.device)):
                 raise NonFiniteError(f"the loss is {self.last_loss} at iteration {self.step_count} of "
                                      f"{self.total_steps} (first non-finite at iteration "
                                      f"{int(self.first_nonfinite)})")
