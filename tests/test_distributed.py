@@ -168,3 +168,16 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
         place(settings, torch.device("cuda", 0))
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert place(settings, torch.device("cpu")) == (Processes(), torch.device("cpu"))
+
+
+def test_the_leaderboard_keeps_runs_of_different_world_sizes_apart():
+    from benchmarks.leaderboard import experiment_groups
+
+    def record(seed, world_size=None):
+        r = {"scenario": "cl2r", "dataset": "synthetic", "strategy": "er", "method": "er", "seed": seed,
+             "config": {"strategy": "er", "seed": seed, "training": {"lr": 0.1}}}
+        return r if world_size is None else {**r, "world_size": world_size}
+
+    groups = experiment_groups([record(1), record(2, 1), record(3, 2)])
+    assert sorted(groups) == [("cl2r", "synthetic", "er [world_size=1]"), ("cl2r", "synthetic", "er [world_size=2]")]
+    assert [r["seed"] for r in groups[("cl2r", "synthetic", "er [world_size=1]")]] == [1, 2]
