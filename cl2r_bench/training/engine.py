@@ -69,7 +69,7 @@ class DeviceBatches:
         self.new, self.memory = new, memory if memory is not None and len(memory) else None
         self.new_batch, self.memory_batch = new_batch, memory_batch
         self.epoch_length, self.processes, self.channels_last = epoch_length, processes, channels_last
-        self.rank_sizes, self.global_size = [0], 0
+        self.rank_sizes = [0]
 
     def __len__(self) -> int:
         n = len(self.new)
@@ -107,7 +107,6 @@ class DeviceBatches:
         positions = torch.arange(len(idx), device=device)[new_share]
         images, labels = self.new.images[idx[new_share]], self.new.labels[idx[new_share]]
         from_memory = torch.zeros(len(positions), dtype=torch.bool, device=device)
-        self.global_size = len(idx)
         if pick is not None:
             replay_share = self.processes.share(len(pick))
             replayed = pick[replay_share]
@@ -115,11 +114,10 @@ class DeviceBatches:
             labels = torch.cat([labels, self.memory.labels[replayed]])
             from_memory = torch.cat([from_memory, torch.ones(len(replayed), dtype=torch.bool, device=device)])
             positions = torch.cat([positions, len(idx) + torch.arange(len(pick), device=device)[replay_share]])
-            self.global_size += len(pick)
-        top, left, flip = crop_flip_draws(self.global_size, device)
-        images = crop_flip(images, top[positions], left[positions], flip[positions])
         self.rank_sizes = [a + b for a, b in zip(self.processes.shares(len(idx)),
                                                  self.processes.shares(len(pick) if pick is not None else 0))]
+        top, left, flip = crop_flip_draws(sum(self.rank_sizes), device)
+        images = crop_flip(images, top[positions], left[positions], flip[positions])
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         return [images, labels, from_memory]

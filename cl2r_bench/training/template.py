@@ -124,7 +124,7 @@ class CompatibilityTemplate(SupervisedTemplate):
 
     def _after_training_iteration(self, **kwargs) -> None:
         super()._after_training_iteration(**kwargs)
-        self.images_seen += self.batches.global_size
+        self.images_seen += sum(self.batches.rank_sizes)
         nonfinite = ~torch.isfinite(self.loss.detach()) & (self.first_nonfinite < 0)
         self.first_nonfinite = torch.where(nonfinite, self.step_count, self.first_nonfinite)
         if self.step_count % 25 == 0 or self.step_count == self.total_steps:
