@@ -227,6 +227,12 @@ class Run:
             self.folder.check_resumable(parts.config)
         self.amp = self.settings.training.autocast
 
+    def embed(self, model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+        """The run's embedding of ``images`` (the evaluation's batch size and precision), each rank embedding its
+        share under torchrun: for the adapters' fitting pairs and the scenario's final measures, as the evaluator
+        embeds its galleries and queries."""
+        return self.processes.embed(model, images, batch_size=self.settings.evaluation.batch_size, amp=self.amp)
+
     def execute(self) -> dict[str, Any]:
         """Train and evaluate the remaining tasks while holding the run folder's lock; returns the record. The data
         are read first, so missing or damaged data leave no run folder behind."""
@@ -277,7 +283,7 @@ class Run:
                                     "--overwrite") from None
         if outgoing is None and self.stream.num_tasks > 1:
             outgoing = self._restore_model(self.stream.num_tasks - 2)
-        extra = self.scenario.finish(Finished(self.stream, outgoing, model, adapter, self.amp, self.device))
+        extra = self.scenario.finish(Finished(self.stream, outgoing, model, adapter, self.embed, self.device))
         record = self.record(evaluator, complete=True, seconds=time.perf_counter() - started, extra=extra)
         if e.plots and self.main:
             from benchmarks.plots import save_plots
@@ -396,7 +402,8 @@ class Run:
         """Fit the configured adapter between ``outgoing`` and ``incoming`` on the scenario's data."""
         started = time.perf_counter()
         data = to_device(self.scenario.adapter_data(self.stream, t, memory), self.device)
-        pair = embed_pair(outgoing, incoming, data, num_classes=self.stream.tasks[t].num_seen_classes, amp=self.amp)
+        pair = embed_pair(outgoing, incoming, data, num_classes=self.stream.tasks[t].num_seen_classes,
+                          embedder=self.embed)
         adapter = self.parts.new_adapter()
         log = fit_adapter(adapter, pair, self.scenario.adapter_seed(t))
         fit = {"task": t, "items": len(data), **log, "seconds": time.perf_counter() - started}

@@ -43,13 +43,14 @@ class ScenarioError(DataError):
 @dataclass
 class Finished:
     """What :meth:`Scenario.finish` may measure after the last task: the last two deployed models, the last
-    fitted adapter (or None) and its fit log."""
+    fitted adapter (or None) and its fit log, and the run's embedder (``embed(model, images)``: its batch size and
+    precision, each rank embedding its share under torchrun)."""
 
     stream: Stream
     outgoing: RetrievalModel | None
     model: RetrievalModel
     adapter: Any
-    amp: str | bool
+    embed: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
     device: torch.device
 
 

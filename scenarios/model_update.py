@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from benchmarks.adapters import TwoModelFeatures, adapted_cases, partial_backfilling
-from cl2r_bench.models import RetrievalModel, embed, load_state
+from cl2r_bench.models import RetrievalModel, load_state
 from cl2r_bench.training.pretrain import pretrained_replacement
 
 from .base import Finished, Scenario, ScenarioError, register_scenario, stream_from_settings
@@ -84,7 +84,7 @@ class ModelUpdate(Scenario):
         query, gallery = stream.query, stream.gallery
 
         def features(model: RetrievalModel, images: ImageSet) -> torch.Tensor:
-            return embed(model, images.images, amp=finished.amp)
+            return finished.embed(model, images.images)
 
         two = TwoModelFeatures(query_old=features(old, query), query_new=features(new, query),
                                gallery_old=features(old, gallery), gallery_new=features(new, gallery),

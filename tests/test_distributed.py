@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from cl2r_bench import cli
 from cl2r_bench.distributed import LaunchError, Processes, place
@@ -119,6 +120,24 @@ def test_a_two_process_run_writes_one_set_of_results_and_resumes_after_a_kill(ti
     single = cli.main(["--config", str(tiny), "--strategy", "er", "--set", "training.epochs=12", "--output",
                        str(tmp_path / "killed"), "--resume"])
     assert single == 2
+
+
+@pytest.mark.slow
+def test_a_two_process_model_update_fits_the_adapter_of_one_process(tiny, tmp_path):
+    """The adapter's fitting pairs and the final measures are embedded by both ranks, each its share."""
+    config = yaml.safe_load(tiny.read_text())
+    config.update(scenario="model_update")
+    config["stream"]["num_tasks"] = 2
+    (tmp_path / "update.yaml").write_text(yaml.safe_dump(config))
+    command = ["--config", str(tmp_path / "update.yaml"), "--adapter", "procrustes"]
+    assert cli.main([*command, "--output", str(tmp_path / "one"), "--no-progress"]) == 0
+    done = torchrun(str(TESTS.parent / "runner.py"), *command, "--output", str(tmp_path / "two"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    one, two = (json.loads(next((tmp_path / name).rglob("metrics.json")).read_text()) for name in ("one", "two"))
+    assert two["world_size"] == 2 and two["complete"]
+    assert two["cases"] == pytest.approx(one["cases"], abs=1e-6)
+    for order, curve in one["backfilling"]["curves"].items():
+        assert two["backfilling"]["curves"][order] == (curve and pytest.approx(curve, abs=1e-6)), order
 
 
 def launched(monkeypatch, rank: int = 0, port: int | None = None) -> None:

@@ -45,12 +45,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from cl2r_bench.models import classifier_rows, embed
+from cl2r_bench.models import classifier_rows
 from cl2r_bench.registry import NoParams, PartError, Registry, config_from_params
 
 DIRECTIONS = ("backward", "forward")
@@ -144,11 +145,11 @@ class Adapter(nn.Module):
 
 
 def embed_pair(old_model: nn.Module, new_model: nn.Module, data: Any, *, num_classes: int,
-               amp: bool | str) -> FeaturePair:
-    """The :class:`FeaturePair` of the ``ImageSet`` ``data`` under both frozen models (each embeds with
-    :func:`cl2r_bench.models.embed`, normalising the images itself), with the new model's classifier rows for the
-    classes ``0..num_classes-1``."""
-    return FeaturePair(old=embed(old_model, data.images, amp=amp), new=embed(new_model, data.images, amp=amp),
+               embedder: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> FeaturePair:
+    """The :class:`FeaturePair` of the ``ImageSet`` ``data`` under both frozen models, each embedded by
+    ``embedder`` (the run's :func:`cl2r_bench.models.embed`, split across ranks under torchrun), with the new
+    model's classifier rows for the classes ``0..num_classes-1``."""
+    return FeaturePair(old=embedder(old_model, data.images), new=embedder(new_model, data.images),
                        labels=data.labels, new_classifier=classifier_rows(new_model, num_classes))
 
 
