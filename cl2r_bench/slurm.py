@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
 import io
 import json
 import shutil
@@ -37,6 +38,7 @@ JOB_NAME = "cl2r-sweep"
 RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"}
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 ANSWER_SECONDS = 30
+QUEUE_PATIENCE_SECONDS = 600
 
 
 def add_slurm_options(parser: argparse.ArgumentParser) -> None:
@@ -192,16 +194,29 @@ def _save(path: Path, submitted: dict[str, str]) -> None:
 def queue_states() -> dict[str, str]:
     """The state of every job of this user that the controller still knows (``squeue``, one line per array task,
     ended jobs included while the controller keeps them)."""
-    lines = _ask("squeue", "--me", "-h", "-r", "-t", "all", "-o", "%i %T").splitlines()
+    lines = _ask("squeue", "--user", getpass.getuser(), "-h", "-r", "-t", "all", "-o", "%i %T").splitlines()
     return dict(line.split(maxsplit=1) for line in lines if line.strip())
 
 
 def follow(jobs: list[Job], queued: dict[str, str], folder: Path, log: Callable[[str], None]) -> int:
-    """Print the progress line whenever it changes until every queued job has ended; returns 1 when one failed."""
+    """Print the progress line whenever it changes until every queued job has ended; returns 1 when one failed.
+    A controller that does not answer (busy, or restarting) is asked again for up to ``QUEUE_PATIENCE_SECONDS``
+    in a row before following stops with a :class:`UsageError`; the jobs keep running either way."""
     ended: dict[str, str] = {}
-    start, last = time.monotonic(), None
+    start, last, silent_since = time.monotonic(), None, None
     while True:
-        states = queue_states()
+        try:
+            states = queue_states()
+        except UsageError as exc:
+            if silent_since is None:
+                silent_since = time.monotonic()
+                log(f"sweep: asking SLURM again for up to {QUEUE_PATIENCE_SECONDS // 60} minutes: {exc}")
+            elif time.monotonic() - silent_since > QUEUE_PATIENCE_SECONDS:
+                raise UsageError(f"{exc}; the jobs keep running on the cluster and the same sweep command follows "
+                                 "them again") from None
+            time.sleep(_pause(start))
+            continue
+        silent_since = None
         running = waiting = 0
         for name, job_id in queued.items():
             state = states.get(job_id, "gone from the queue")
@@ -218,11 +233,16 @@ def follow(jobs: list[Job], queued: dict[str, str], folder: Path, log: Callable[
             last = line
         if running + waiting == 0:
             break
-        time.sleep(min(30.0, 1.0 + (time.monotonic() - start) / 10))
+        time.sleep(_pause(start))
     for name, state in failed.items():
         log(f"failed: {name} (SLURM job {queued[name]}, {state}); see {_log_paths(folder, queued[name])}; the same "
             "sweep command submits it again")
     return 1 if failed else 0
+
+
+def _pause(start: float) -> float:
+    """Seconds between two looks at the queue: 1 s at first, growing to 30 s for long sweeps."""
+    return min(30.0, 1.0 + (time.monotonic() - start) / 10)
 
 
 def _log_paths(folder: Path, job_id: str) -> str:
