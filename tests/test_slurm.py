@@ -7,12 +7,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
 from cl2r_bench import cli, slurm
+from cl2r_bench.cli import UsageError
 from cl2r_bench.sweep import Job
 
 CLUSTER = Path(os.environ.get("CL2R_SLURM_DIR", "/tmp/cl2r-slurm")) / "slurm.conf"
@@ -104,6 +106,38 @@ def test_jobs_are_followed_in_the_queue_and_the_run_folders_not_through_submitit
     assert lines[4].startswith("failed: lost (SLURM job 7_2, gone from the queue)")
 
 
+def test_a_controller_that_stops_answering_is_asked_again_then_given_up_on(tmp_path, monkeypatch):
+    pytest.importorskip("submitit")
+    ok, = jobs_in(tmp_path, "ok")
+    clock = [0.0]
+    answers = iter([{"3_0": "RUNNING"}, None, None, {"3_0": "COMPLETED"}])
+
+    def states():
+        answer = next(answers, None)
+        if answer is None:
+            raise UsageError("the SLURM controller does not answer (squeue: Socket timed out); try again later")
+        return answer
+
+    def sleep(seconds):
+        clock[0] += seconds
+        if clock[0] > 2 and not ok.directory.exists():
+            complete(ok)
+
+    monkeypatch.setattr(slurm, "queue_states", states)
+    monkeypatch.setattr(slurm.time, "sleep", sleep)
+    monkeypatch.setattr(slurm.time, "monotonic", lambda: clock[0])
+    lines = []
+    assert slurm.follow([ok], {"ok": "3_0"}, tmp_path, lines.append) == 0
+    assert lines == ["sweep: 0 done, 1 running, 0 failed, 0 waiting",
+                     "sweep: asking SLURM again for up to 10 minutes: the SLURM controller does not answer (squeue: "
+                     "Socket timed out); try again later",
+                     "sweep: 1 done, 0 running, 0 failed, 0 waiting"]
+    answers = iter([{"3_0": "RUNNING"}])
+    with pytest.raises(UsageError, match="Socket timed out.*the same sweep command follows them again"):
+        slurm.follow([ok], {"ok": "3_0"}, tmp_path, lines.append)
+    assert clock[0] > slurm.QUEUE_PATIENCE_SECONDS
+
+
 def test_jobs_still_queued_are_followed_not_submitted_again(tmp_path, monkeypatch):
     done, queued, failed, new = jobs_in(tmp_path, "done", "queued", "failed", "new")
     complete(done)
@@ -163,3 +197,32 @@ def test_a_sweep_on_a_slurm_cluster_runs_what_is_missing_and_resumes_an_interrup
     assert f"resuming {out / 'iamcl2r/synthetic/er/seed3'} at task 1" in logs
     code, printed = sweep_on_cluster(tiny, out, "--seeds", "1", "3")
     assert code == 0 and "2 already complete, 0 already queued, 0 to submit" in printed and "submitted" not in printed
+
+
+def wait_until(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} after {seconds} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.slurm
+def test_a_job_at_its_time_limit_is_requeued_by_submitit_and_resumes(cluster, tiny, tmp_path):
+    """SLURM warns a job before its time limit with USR2 (submitit's sbatch asks for it); the test sends that
+    signal early. submitit requeues the task, whose run resumes after its last finished task once SLURM lets the
+    requeued job start again (after the cluster's ``cred_expire``, 10 s)."""
+    out = tmp_path / "out"
+    code, printed = sweep_on_cluster(tiny, out, "--seeds", "1", "--set", "training.epochs=150", "--no-wait")
+    assert code == 0, printed
+    job_id = json.loads((out / "sweep" / "slurm" / "submitted.json").read_text())["iamcl2r-synthetic-er-seed1"]
+    run = out / "iamcl2r/synthetic/er/seed1"
+    wait_until((run / "checkpoints" / "task0.pt").exists, 120, "the job finished no task")
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
+    wait_until(lambda: "Restarts=1" in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
+                                                      text=True, timeout=30).stdout, 60, "the job was not requeued")
+    code, printed = sweep_on_cluster(tiny, out, "--seeds", "1", "--set", "training.epochs=150")
+    assert code == 0 and "1 already queued, 0 to submit" in printed and "sweep: 1 done, 0 running" in printed, printed
+    log = (out / "sweep" / "slurm" / f"{job_id}_0_log.out").read_text()
+    assert "Caught signal SIGUSR2" in (out / "sweep" / "slurm" / f"{job_id}_0_log.err").read_text()
+    assert f"resuming {run} at task" in log
+    assert json.loads((run / "metrics.json").read_text())["complete"]

@@ -8,7 +8,11 @@
 # What a container needs (found on the CI machine): RealMemory from /proc/meminfo (a node without it has 1 MB and
 # refuses submitit's jobs), proctrack/linuxproc and task/none (no cgroups), no accounting (no slurmdbd; so a
 # cancelled job never counts as done for submitit), and a short KillWait with an empty queue before stopping, or
-# slurmd takes minutes to stop.
+# slurmd takes minutes to stop. A requeued job waits cred_expire + 1 s before it starts again (a job started earlier
+# is killed, "Job credential revoked"): 10 s here instead of 120 s, and the scheduler looks for startable jobs every
+# 2 s instead of every 30-60 s. A slurmd whose first registration fails retries only after about 30 s, then 60 s
+# (seen once in CI: the node was not idle after 30 s), so a node not idle in 15 s is resumed and its slurmd
+# restarted, and a node that stays down prints its state and the daemons' logs.
 set -euo pipefail
 
 DIR=${CL2R_SLURM_DIR:-/tmp/cl2r-slurm}
@@ -24,6 +28,7 @@ SlurmctldHost=localhost(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=cred_expire=10
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool
 SlurmctldPidFile=$DIR/slurmctld.pid
@@ -35,6 +40,7 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 MpiDefault=none
@@ -59,6 +65,32 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...: until COMMAND succeeds
 node_idle() { [ "$(sinfo -h -n localhost -o %t)" = idle ]; }
 queue_empty() { [ -z "$(squeue -h -o %i)" ]; }
 
+start_node() {  # slurmd registered and the node idle, restarting slurmd once if it is not
+    slurmd -f "$SLURM_CONF"
+    wait_for 15 "the node is not idle" node_idle && return 0
+    scontrol update NodeName=localhost State=RESUME >/dev/null 2>&1 || true
+    stop_daemon slurmd
+    slurmd -f "$SLURM_CONF"
+    wait_for 60 "the node is still not idle after restarting slurmd" node_idle
+}
+
+show_node_state() {
+    scontrol show node localhost 2>&1 | grep -E 'State=|Reason=' >&2 || true
+    for log in "$DIR/slurmctld.log" "$DIR/slurmd.log"; do
+        echo "--- last lines of $log" >&2
+        tail -n 15 "$log" >&2 || true
+    done
+}
+
+stop_daemon() {  # stop_daemon NAME: kill the daemon started from $DIR and wait until it is gone
+    local pid
+    [ -f "$DIR/$1.pid" ] || return 0
+    pid=$(cat "$DIR/$1.pid")
+    kill "$pid" 2>/dev/null || true
+    wait_for 30 "$1 does not stop" bash -c "! kill -0 $pid" || true
+    rm -f "$DIR/$1.pid"
+}
+
 start() {
     command -v slurmctld >/dev/null || { echo "cluster.sh: no slurmctld; apt-get install -y slurm-wlm" >&2; exit 1; }
     if [ -f "$SLURM_CONF" ] && sinfo >/dev/null 2>&1; then
@@ -74,8 +106,7 @@ start() {
     fi
     slurmctld -f "$SLURM_CONF"
     wait_for 30 "slurmctld does not answer" sinfo
-    slurmd -f "$SLURM_CONF"
-    wait_for 30 "the node is not idle" node_idle
+    start_node || { show_node_state; exit 1; }
     echo "SLURM is up: export SLURM_CONF=$SLURM_CONF"
 }
 
@@ -85,15 +116,8 @@ stop() {
         scancel --full --user "$(id -un)" 2>/dev/null || true
         wait_for 60 "jobs still in the queue" queue_empty || true
     fi
-    local pid
-    for daemon in slurmd slurmctld; do
-        if [ -f "$DIR/$daemon.pid" ]; then
-            pid=$(cat "$DIR/$daemon.pid")
-            kill "$pid" 2>/dev/null || true
-            wait_for 30 "$daemon does not stop" bash -c "! kill -0 $pid" || true
-            rm -f "$DIR/$daemon.pid"
-        fi
-    done
+    stop_daemon slurmd
+    stop_daemon slurmctld
     if [ -f "$DIR/munged.ours" ]; then
         runuser -u munge -- /usr/sbin/munged --stop >/dev/null 2>&1 || true
         rm -f "$DIR/munged.ours"
