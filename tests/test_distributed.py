@@ -104,7 +104,7 @@ def test_a_two_process_run_writes_one_set_of_results_and_resumes_after_a_kill(ti
                                 str(tmp_path / "killed")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                env=env, start_new_session=True)
     deadline = time.monotonic() + 120
-    while not (killed / "checkpoints" / "task0.pt").exists() and process.poll() is None:
+    while not (killed / "metrics.json").exists() and process.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
