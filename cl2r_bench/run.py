@@ -283,7 +283,7 @@ class Run:
                                     "--overwrite") from None
         if outgoing is None and self.stream.num_tasks > 1:
             outgoing = self._restore_model(self.stream.num_tasks - 2)
-        extra = self.scenario.finish(Finished(self.stream, outgoing, model, adapter, self.embed, self.device))
+        extra = self.scenario.finish(Finished(self.stream, outgoing, model, adapter, self.embed))
         record = self.record(evaluator, complete=True, seconds=time.perf_counter() - started, extra=extra)
         if e.plots and self.main:
             from benchmarks.plots import save_plots

@@ -43,7 +43,7 @@ class ScenarioError(DataError):
 @dataclass
 class Finished:
     """What :meth:`Scenario.finish` may measure after the last task: the last two deployed models, the last
-    fitted adapter (or None) and its fit log, and the run's embedder (``embed(model, images)``: its batch size and
+    fitted adapter (or None), and the run's embedder (``embed(model, images)``: its batch size and
     precision, each rank embedding its share under torchrun)."""
 
     stream: Stream
@@ -51,7 +51,6 @@ class Finished:
     model: RetrievalModel
     adapter: Any
     embed: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
-    device: torch.device
 
 
 class Scenario:
