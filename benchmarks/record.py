@@ -34,6 +34,7 @@ from cl2r_bench.adapters.protocol import ORTHOGONALITY_GAP
 
 from .adapters import BACKFILL_ORDERS
 from .metrics import MatrixError, as_matrix, is_number
+from .paper_protocol import PAPER_CASES, SCORES
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired
@@ -42,6 +43,7 @@ else:
 
 RECORD_FILE = "metrics.json"
 UPDATE_CASES = ("old/old", "new/new", "new/old", "B(new)/old", "new/F(old)", "B(new)/B(new)")
+
 
 NAME = "a non-empty string"
 FRACTION = "a fraction in [0, 1]"
@@ -118,14 +120,15 @@ class Noise(NoiseSummary):
 class ReplacementModel(TypedDict):
     """A model a task starts from (a replacement of IAM-CL2R; the old and the new model of ``model_update``).
 
-    ``task``: the task it starts. ``path``: its checkpoint, absolute. ``source``: ``user``
-    (``replacement.checkpoints``), ``pretrained`` (by this run) or ``cached`` (by an earlier one). ``classes``: how
+    ``task``: the task it starts. ``path``: its checkpoint, absolute, or an encoder spec. ``source``: ``user``
+    (a file of ``replacement.checkpoints``), ``encoder`` (a spec there, :mod:`cl2r_bench.encoders`), ``pretrained``
+    (by this run) or ``cached`` (by an earlier one). ``classes``: how
     many classes it was pretrained on (absent for the user's files). ``own_accuracy``: its retrieval accuracy on
     the evaluation set before any fine-tuning (a fraction) and ``own_accuracy_interval`` its Wilson interval;
     absent where the scenario does not score its starting models."""
     task: int
     path: str
-    source: Literal["user", "pretrained", "cached"]
+    source: Literal["user", "encoder", "pretrained", "cached"]
     classes: NotRequired[int]
     own_accuracy: NotRequired[float]
     own_accuracy_interval: NotRequired[list[float]]
@@ -396,8 +399,8 @@ def record_problem(record: Any) -> str | None:
             or _field(record, "num_tasks", _count, "a number of tasks", required=False)
             or _field(record, "tasks_completed", _count, "a number of tasks", required=False)
             or _tasks_problem(record)
-            or _field(record, "metrics", _object, "an object with AC, AA and ACA")
-            or _metrics_problem(record["metrics"])
+            or _field(record, "metrics", _object, "an object with AC, AA and ACA", required=not leave_one_out(record))
+            or ("metrics" in record and _metrics_problem(record["metrics"]) or None)
             or _matrix_problem(record)
             or _field(record, "replacement_tasks", lambda v: isinstance(v, list) and all(map(_count, v)),
                       "a list of task indices", required=False)
@@ -405,7 +408,35 @@ def record_problem(record: Any) -> str | None:
             or _noise_problem(record.get("noise"))
             or _replacement_models_problem(record)
             or _timings_problem(record)
-            or (_update_problem(record) if record["scenario"] == "model_update" else None))
+            or (_retrieval_problem(record) if leave_one_out(record) else None)
+            or (_update_problem(record) if record["scenario"] == "model_update" and not leave_one_out(record)
+                else None))
+
+
+def leave_one_out(record: dict[str, Any]) -> bool:
+    """Whether a record measures the adapter papers' leave-one-out protocol (``runner.py adapt``, ``model_update``
+    with encoder specs; docs/METHODS.md §7b) rather than a compatibility matrix along a stream."""
+    return record.get("protocol") == "leave_one_out"
+
+
+def _scores(value: Any) -> bool:
+    return _object(value) and all(_within(0, 100)(value.get(k)) for k in SCORES)
+
+
+def _retrieval_problem(record: dict[str, Any]) -> str | None:
+    """The leave-one-out fields: each case null or top-1 / top-5 / mAP in percent; each backfilling AUC null or
+    ``top1_auc`` / ``mAP_auc`` in percent."""
+    retrieval = record.get("retrieval")
+    if not _object(retrieval) or not _object(retrieval.get("cases")) or not _object(retrieval.get("backfilling")):
+        return "'retrieval' must be an object with 'cases' and 'backfilling' (a leave-one-out record)"
+    auc = retrieval["backfilling"].get("auc")
+    return (_first(_field(retrieval["cases"], case, _optional(_scores), "null or top1 / top5 / mAP in percent",
+                          within="retrieval.cases.", required=False) for case in PAPER_CASES)
+            or _field(retrieval["backfilling"], "auc", _object, "an object of areas per order",
+                      within="retrieval.backfilling.")
+            or _first(_field(auc, order, _optional(lambda v: _object(v) and all(
+                _within(0, 100)(v.get(k)) for k in ("top1_auc", "mAP_auc"))), "null or top1_auc / mAP_auc in percent",
+                within="retrieval.backfilling.auc.", required=False) for order in BACKFILL_ORDERS))
 
 
 def _incomplete(record: dict[str, Any]) -> str | None:

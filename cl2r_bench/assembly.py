@@ -16,6 +16,7 @@ import torch
 from cl2r_bench.adapters import Adapter, AdapterError, make_adapter
 from cl2r_bench.config import ConfigError, safe_name
 from cl2r_bench.distributed import SINGLE, Processes, place
+from cl2r_bench.encoders import encoder_model
 from cl2r_bench.models import RetrievalModel, build_model
 from cl2r_bench.settings import RunSettings
 from cl2r_bench.tracking import Tracker, make_tracker
@@ -62,8 +63,13 @@ class Assembly:
         """The head family of every model of the run (the strategy's, or the scenario's own)."""
         return self.scenario.head(self.trainer.head if self.trainer is not None else "learnable")
 
-    def new_model(self, num_classes: int, mean: tuple[float, ...], std: tuple[float, ...]) -> RetrievalModel:
-        """A randomly initialised model of the run's backbone and head, normalising with ``mean`` / ``std``."""
+    def new_model(self, num_classes: int, mean: tuple[float, ...], std: tuple[float, ...],
+                  encoder: str | None = None) -> RetrievalModel:
+        """A randomly initialised model of the run's backbone and head, normalising with ``mean`` / ``std``; with
+        ``encoder`` (a spec), the run's head on that pretrained encoder's trunk and preprocessing instead."""
+        if encoder:
+            return encoder_model(encoder, head=self.head, num_classes=num_classes,
+                                 simplex_vertices_count=self.settings.model.simplex_classes)
         return build_model(head=self.head, num_classes=num_classes, mean=mean, std=std,
                            **self.settings.model.build_kwargs)
 

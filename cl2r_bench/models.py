@@ -312,13 +312,18 @@ def build_model(*, backbone: str, head: str, num_classes: int, simplex_vertices_
     unchanged), for models whose inputs are prepared elsewhere (tests, parity checks). ``input_size`` is the side
     of the square images the model is built for (recorded, not enforced)."""
     net = build_backbone(backbone, width=small_width, out_dim=small_out_dim)
-    preprocessing = {"mean": mean, "std": std, "input_size": input_size}
+    return RetrievalModel(net, build_head(head, net.out_dim, num_classes, simplex_vertices_count), mean=mean, std=std,
+                          input_size=input_size)
+
+
+def build_head(head: str, in_dim: int, num_classes: int, simplex_vertices_count: int = 1024) -> nn.Module:
+    """A fresh head of family ``head`` on ``in_dim``-d backbone features (docs/METHODS.md §5)."""
     if head == "learnable":
-        return RetrievalModel(net, LearnableHead(net.out_dim, num_classes), **preprocessing)
+        return LearnableHead(in_dim, num_classes)
     if head == "cosine":
-        return RetrievalModel(net, CosineHead(net.out_dim, num_classes), **preprocessing)
+        return CosineHead(in_dim, num_classes)
     if head == "dsimplex":
-        return RetrievalModel(net, DSimplexHead(net.out_dim, simplex_vertices_count), **preprocessing)
+        return DSimplexHead(in_dim, simplex_vertices_count)
     raise ValueError(f"unknown head {head!r}; choose from {list(HEADS)}")
 
 

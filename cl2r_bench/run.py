@@ -42,10 +42,12 @@ from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
 from benchmarks.records import atomic_write_json, atomic_write_text, device_description, exclusive, package_versions
 from benchmarks.retrieval import CompatibilityEvaluator
+from cl2r_bench.adapt import evaluate_adapter, study_record
 from cl2r_bench.adapters import embed_pair, fit_adapter
 from cl2r_bench.assembly import Assembly
 from cl2r_bench.config import flatten
 from cl2r_bench.distributed import connect
+from cl2r_bench.encoders import is_spec, spec_files
 from cl2r_bench.models import NonFiniteError, RetrievalModel
 from cl2r_bench.settings import task_seed
 from cl2r_bench.training.engine import ReplayMemory
@@ -182,11 +184,17 @@ def evaluation_fingerprint(stream: Stream, mode: str, device: torch.device, auto
 
 
 def replacement_score_key(checkpoint: str | Path, evaluation: str) -> str:
-    """The cache key of a starting model's own accuracy: its checkpoint's content and the evaluation."""
+    """The cache key of a starting model's own accuracy: its checkpoint's content (an encoder spec: the spec and
+    the files it reads) and the evaluation."""
     digest = hashlib.sha256(evaluation.encode())
-    with open(checkpoint, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+    files = [checkpoint]
+    if is_spec(str(checkpoint)):
+        digest.update(str(checkpoint).encode())
+        files = spec_files(str(checkpoint))
+    for file in files:
+        with open(file, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
     return digest.hexdigest()[:24]
 
 
@@ -199,12 +207,24 @@ def cached_score(path: Path) -> float | None:
     return float(score) if isinstance(score, (int, float)) and 0 <= score <= 1 else None
 
 
-def load_task_model(parts: Assembly, stream: Stream, task: int, directory: Path | None = None) -> RetrievalModel:
-    """The model a run saved after ``task`` (``<run folder>/checkpoints/task<t>.pt``), rebuilt on the CPU; a
-    missing or damaged file is a :class:`RunError`."""
+def task_encoder(replacements: list[dict[str, Any]], task: int) -> str | None:
+    """The encoder spec whose trunk task ``task``'s model is built on: that of the last starting model at or before
+    ``task`` when it is a spec (an IAM-CL2R replacement that is a pretrained encoder), else None (the run's
+    backbone)."""
+    starts = [r for r in replacements if r["task"] <= task]
+    path = max(starts, key=lambda r: r["task"])["path"] if starts else None
+    return path if path is not None and is_spec(path) else None
+
+
+def load_task_model(parts: Assembly, stream: Stream, task: int, directory: Path | None = None,
+                    replacements: list[dict[str, Any]] | None = None) -> RetrievalModel:
+    """The model a run saved after ``task`` (``<run folder>/checkpoints/task<t>.pt``), rebuilt on the CPU (on the
+    encoder of :func:`task_encoder` given the run's ``replacements``); a missing or damaged file is a
+    :class:`RunError`."""
     path = (directory or parts.directory) / "checkpoints" / f"task{task}.pt"
     try:
-        model = parts.new_model(stream.tasks[task].num_seen_classes, stream.mean, stream.std)
+        model = parts.new_model(stream.tasks[task].num_seen_classes, stream.mean, stream.std,
+                                task_encoder(replacements or [], task))
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     except Exception as exc:  # noqa: BLE001 - a truncated file fails in torch's zip reader or load_state_dict
         state = f"is damaged ({type(exc).__name__})" if path.exists() else "is missing"
@@ -237,6 +257,8 @@ class Run:
         """Train and evaluate the remaining tasks while holding the run folder's lock; returns the record. The data
         are read first, so missing or damaged data leave no run folder behind."""
         started = time.perf_counter()
+        if self.scenario.measures_features():
+            return self._measure_features(started)
         connect(self.processes, self.settings.distributed, self.device)
         self.stream = self.processes.main_first(self.scenario.stream)
         with self.folder.writing(self.parts.config):
@@ -245,6 +267,25 @@ class Run:
                 return self._execute(started)
             finally:
                 self.tracker.close()
+
+    def _measure_features(self, started: float) -> dict[str, Any]:
+        """The leave-one-out protocol on two encoders (``Scenario.measures_features``): their features are read
+        or embedded first, then the adapter is fitted and measured and the record written under the folder's
+        lock (:mod:`cl2r_bench.adapt`)."""
+        if self.processes.world_size > 1:
+            raise RunError("the leave-one-out protocol on encoder features runs in one process; run it without "
+                           "torchrun")
+        s = self.settings
+        study = self.scenario.feature_study(self.device, self.log)
+        with self.folder.writing(self.parts.config):
+            adapter, result = evaluate_adapter(study, s.adapter.name, adapter_params=s.adapter_params, seed=s.seed,
+                                               orders=s.model_update.backfill_orders,
+                                               steps=s.model_update.backfill_steps)
+            record = study_record(result, study, scenario=s.scenario, method=self.parts.label, dataset=s.dataset,
+                                  config=self.parts.config, device=self.device, adapter=adapter)
+            record["timings"]["wall_seconds_this_invocation"] = time.perf_counter() - started
+            atomic_write_json(self.dir / "metrics.json", record)
+        return record
 
     def _execute(self, started: float) -> dict[str, Any]:
         world_size = self.processes.world_size
@@ -305,11 +346,15 @@ class Run:
         self.state["pretrain_seconds"] = time.perf_counter() - t0
 
     def _new_model(self, task: int) -> RetrievalModel:
-        return self.parts.new_model(self.stream.tasks[task].num_seen_classes, self.stream.mean, self.stream.std)
+        return self.parts.new_model(self.stream.tasks[task].num_seen_classes, self.stream.mean, self.stream.std,
+                                    task_encoder(self.state["replacements"], task))
 
     def _starting_model(self, task: int, path: str) -> RetrievalModel:
+        """The model task ``task`` starts from: the file ``path`` loaded into a fresh model, or, for an encoder
+        spec, its pretrained trunk under a fresh head."""
         model = self._new_model(task)
-        self.scenario.load_starting_model(model, path)
+        if not is_spec(path):
+            self.scenario.load_starting_model(model, path)
         return model.to(self.device)
 
     def _score_starting_models(self, evaluator: CompatibilityEvaluator) -> None:
@@ -339,7 +384,7 @@ class Run:
 
     def _restore_model(self, t: int) -> RetrievalModel:
         try:
-            return load_task_model(self.parts, self.stream, t).to(self.device)
+            return load_task_model(self.parts, self.stream, t, replacements=self.state["replacements"]).to(self.device)
         except RunError as exc:
             raise RunError(f"--resume: {exc}") from None
 

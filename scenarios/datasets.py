@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)
+SYNTHETIC_MEAN, SYNTHETIC_STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 
 _CIFAR = {
     "cifar100": {
@@ -46,6 +47,8 @@ _CIFAR = {
 TINY_URL, TINY_MD5 = "http://cs231n.stanford.edu/tiny-imagenet-200.zip", "90528d7ca1a48142e341f4ef8d21d0de"
 DATASETS = ("cifar100", "cifar10", "tinyimagenet", "synthetic")
 CLASS_COUNTS = {"cifar100": 100, "cifar10": 10, "tinyimagenet": 200}
+NATIVE_IMAGE_SIZES = {"cifar100": 32, "cifar10": 32, "tinyimagenet": 64}
+"""The side of each real data set's images as released (the generated one is as large as configured)."""
 VERIFY_MODES = ("warn", "strict", "off")
 
 
@@ -99,6 +102,12 @@ def load_dataset(name: str, root: str | Path, *, download: bool = False, image_s
         return make_synthetic(num_classes=synthetic_classes, train_per_class=synthetic_train_per_class,
                               test_per_class=synthetic_test_per_class, image_size=image_size)
     raise DataError(f"unknown data set {name!r}; choose from {list(DATASETS)}")
+
+
+def dataset_statistics(name: str) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """``(mean, std)`` that a model trained on data set ``name`` normalises with (every real data set uses CIFAR-100's,
+    as the authors' code does; METHODS.md §4), known before reading it."""
+    return (SYNTHETIC_MEAN, SYNTHETIC_STD) if name == "synthetic" else (CIFAR100_MEAN, CIFAR100_STD)
 
 
 def class_count(name: str, synthetic_classes: int) -> int:
@@ -310,4 +319,4 @@ def make_synthetic(*, num_classes: int = 60, train_per_class: int = 120, test_pe
         return ImageSet((images * 255).round().to(torch.uint8), labels)
 
     return DataSplits("synthetic", split(train_per_class), split(test_per_class),
-                      [f"class_{i:03d}" for i in range(num_classes)], mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+                      [f"class_{i:03d}" for i in range(num_classes)], mean=SYNTHETIC_MEAN, std=SYNTHETIC_STD)

@@ -1,6 +1,8 @@
 """IAM-CL2R: CL2R in which the model is replaced at ``replacement.tasks`` by an improved pretrained one (docs/METHODS.md §4).
 
-A replacement task starts from the user's checkpoint (``replacement.checkpoints``) or from a model the suite
+A replacement task starts from the user's checkpoint or a pretrained encoder named by spec (``replacement.checkpoints``:
+a file, or ``timm:...`` / ``torchvision:...`` / ``suite:...`` of :mod:`cl2r_bench.encoders`, whose trunk and
+preprocessing get the strategy's head: for the d-Simplex family a fresh lift of its features) or from a model the suite
 pretrains on growing class subsets disjoint from the stream and its evaluation classes (``replacement.pretrain``),
 cached and shared by every strategy and seed of a study; its classifier is dropped and a new one grown.
 """
@@ -12,6 +14,7 @@ from typing import Any
 
 import torch
 
+from cl2r_bench.encoders import is_spec
 from cl2r_bench.models import replacement_family
 from cl2r_bench.training.pretrain import pretrained_replacement
 
@@ -31,7 +34,8 @@ class IAMCL2R(Scenario):
         rep, s = self.settings.replacement, self.settings
         tasks = stream.replacement_tasks
         if rep.checkpoints:
-            return [{"task": t, "path": str(Path(p).resolve()), "source": "user"} for t, p in zip(tasks, rep.checkpoints)]
+            return [{"task": t, "path": p, "source": "encoder"} if is_spec(p) else
+                    {"task": t, "path": str(Path(p).resolve()), "source": "user"} for t, p in zip(tasks, rep.checkpoints)]
         pre = rep.pretrain
         source = load_dataset(pre.dataset, s.data_root, download=s.download, image_size=s.data.image_size,
                               verify=s.data.verify, **s.data.synthetic)
