@@ -13,7 +13,8 @@ Partial backfilling: the gallery is ordered, the first β of it is re-embedded w
 forward-adapted (left as is without a forward map); accuracy against β = 0, 1/s, ..., 1 and the area under that
 curve (trapezoid rule over β in [0, 1]). β = 0 is the ``new/F(old)`` case and β = 1 the ``full backfill`` case.
 Orders: ``random``; ``uncertainty`` (FastFill's σ², largest first; only for adapters that predict it);
-``class_mean_distance`` (distance of the old feature to its class mean in the old space, largest first, λ-orth).
+``class_mean_distance`` / ``class_mean_cosine`` (λ-orth: the L2 / cosine distance of each stale gallery item, F(old)
+where the adapter has a forward map, to its class mean of the stale gallery, largest first; METHODS.md §7b).
 """
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from cl2r_bench.adapters.protocol import FeatureAdapter
 from cl2r_bench.models import class_means
 
 from .retrieval import gallery_accuracy
 
-BACKFILL_ORDERS = ("random", "uncertainty", "class_mean_distance")
+BACKFILL_ORDERS = ("random", "uncertainty", "class_mean_distance", "class_mean_cosine")
 
 
 @dataclass
@@ -66,18 +68,24 @@ def adapted_cases(f: TwoModelFeatures, adapter: FeatureAdapter | None, mode: str
     return cases
 
 
-def backfill_order(kind: str, *, gallery_old: torch.Tensor, gallery_labels: torch.Tensor, adapter: FeatureAdapter | None,
-                   generator: torch.Generator) -> torch.Tensor | None:
-    """Gallery indices, first to be backfilled first; None when ``kind`` needs what the adapter lacks."""
+def backfill_order(kind: str, *, stale: torch.Tensor, old: torch.Tensor, labels: torch.Tensor,
+                   adapter: FeatureAdapter | None, generator: torch.Generator) -> torch.Tensor | None:
+    """Gallery indices, first to be backfilled first (module docstring); ``stale`` is the gallery as searched
+    before backfilling and ``old`` the old model's features of the same items. None when ``kind`` needs what the
+    adapter lacks."""
     if kind == "random":
-        return torch.randperm(len(gallery_old), generator=generator).to(gallery_old.device)
+        return torch.randperm(len(stale), generator=generator).to(stale.device)
     if kind == "uncertainty":
-        score = None if adapter is None else adapter.uncertainty(gallery_old)
+        score = None if adapter is None else adapter.uncertainty(old)
         return None if score is None else torch.argsort(score, descending=True)
-    if kind == "class_mean_distance":
-        classes, index = gallery_labels.unique(return_inverse=True)
-        means, _ = class_means(gallery_old, index, len(classes))
-        return torch.argsort((gallery_old - means[index]).norm(dim=1), descending=True)
+    if kind in ("class_mean_distance", "class_mean_cosine"):
+        classes, index = labels.unique(return_inverse=True)
+        means, _ = class_means(stale, index, len(classes))
+        if kind == "class_mean_distance":
+            distance = (stale - means[index]).norm(dim=1)
+        else:
+            distance = 1 - F.cosine_similarity(stale.float(), means[index], dim=1)
+        return torch.argsort(distance, descending=True)
     raise ValueError(f"unknown backfilling order {kind!r}; choose from {list(BACKFILL_ORDERS)}")
 
 
@@ -109,7 +117,7 @@ def partial_backfilling(f: TwoModelFeatures, adapter: FeatureAdapter | None, *, 
         else f.gallery_old
     curves: dict[str, list[float] | None] = {}
     for kind in orders:
-        order = backfill_order(kind, gallery_old=f.gallery_old, gallery_labels=f.gallery_labels, adapter=adapter,
+        order = backfill_order(kind, stale=stale, old=f.gallery_old, labels=f.gallery_labels, adapter=adapter,
                                generator=generator)
         usable = order is not None and stale.shape[1] == fresh.shape[1]
         curves[kind] = backfilling_curve(queries, f.query_labels, stale, fresh, f.gallery_labels, order, betas,

@@ -44,12 +44,13 @@ from .adapters import BACKFILL_ORDERS
 from cl2r_bench.adapters.protocol import ORTHOGONALITY_GAP
 
 from .metrics import across_replacements, as_matrix
-from .record import UPDATE_CASES, ReplacementModel, RunRecord, checked_records, update_fit
+from .paper_protocol import PAPER_CASES
+from .record import UPDATE_CASES, ReplacementModel, RunRecord, checked_records, leave_one_out, update_fit
 from .record import record_problem as record_problem  # re-exported: the leaderboard's check, defined with the schema
 
 FORMATS = ("github", "csv", "latex")
-TABLES = ("main", "noise", "replacements", "model_update", "timing", "across", "matrices")
-SUMMARY = TABLES[:4]
+TABLES = ("main", "noise", "replacements", "model_update", "retrieval", "backfilling", "timing", "across", "matrices")
+SUMMARY = TABLES[:6]
 COLUMNS = ("AC", "AA", "ACA")
 
 
@@ -111,8 +112,15 @@ REPLACEMENT_COLUMNS = (*IDENTITY, Column("replacement task", "replacement_task",
 UPDATE_COLUMNS = (Column("dataset", "dataset", Kind.TEXT), Column("adapter", "adapter", Kind.TEXT),
                   *(Column(f"{case} (%)", case, Kind.SPREAD) for case in UPDATE_CASES),
                   *(Column(title, f"backfill_area_{order}", Kind.SPREAD) for title, order in
-                    zip(("backfill area: random", "uncertainty", "class-mean dist."), BACKFILL_ORDERS)),
+                    zip(("backfill area: random", "uncertainty", "class-mean L2", "class-mean cosine"), BACKFILL_ORDERS)),
                   Column("f(W)", ORTHOGONALITY_GAP, Kind.SPREAD), SEEDS)
+LOO_IDENTITY = (Column("scenario", "scenario", Kind.TEXT), Column("dataset", "dataset", Kind.TEXT),
+                Column("models", "models", Kind.TEXT), Column("adapter", "adapter", Kind.TEXT))
+RETRIEVAL_COLUMNS = (*LOO_IDENTITY, *(Column(f"{case} {score}", f"{case}_{score}", Kind.SPREAD)
+                                      for case in PAPER_CASES for score in ("top-1", "mAP")), SEEDS)
+BACKFILLING_COLUMNS = (*LOO_IDENTITY, *(Column(f"AUC {order} {score}", f"auc_{order}_{score}", Kind.SPREAD)
+                                        for order in BACKFILL_ORDERS for score in ("top-1", "mAP")),
+                       Column("ZS change (points)", "zero_shot_change", Kind.SPREAD), SEEDS)
 TIMING_COLUMNS = (*IDENTITY, Column("train ms / iteration", "train_ms_per_iteration", digits=1),
                   Column("ratio to baseline", "ratio_to_baseline"), SEEDS)
 ACROSS_COLUMNS = (*IDENTITY, Column("AC across replacements", "AC_across", Kind.SPREAD, 3),
@@ -343,12 +351,48 @@ def update_rows(records: list[RunRecord]) -> list[list[Any]]:
     return rows
 
 
+def models_label(record: RunRecord) -> str:
+    """``old -> new`` encoder specs of a leave-one-out record, or ``embeddings`` for the user's own."""
+    models = record.get("models") or {}
+    if isinstance(models.get("old"), dict) and isinstance(models.get("new"), dict):
+        return f"{models['old'].get('spec')} -> {models['new'].get('spec')}"
+    return "embeddings"
+
+
+def retrieval_rows(records: list[RunRecord], values: Callable[[RunRecord], list[float | None]]) -> list[list[Any]]:
+    """One row per leave-one-out experiment: its identity, then ``(mean, std)`` over seeds of each of ``values``."""
+    rows = []
+    for (scenario, dataset, method), runs in experiment_groups([r for r in records if leave_one_out(r)]).items():
+        columns = list(zip(*map(values, runs)))
+        rows.append([scenario, dataset, models_label(runs[0]), method,
+                     *(_spread([v for v in column if v is not None]) for column in columns), len(runs)])
+    return rows
+
+
+def case_values(record: RunRecord) -> list[float | None]:
+    """Each case's top-1 and mAP (percent, :data:`RETRIEVAL_COLUMNS`)."""
+    cases = record["retrieval"]["cases"]
+    return [None if cases.get(case) is None else cases[case][key] for case in PAPER_CASES
+            for key in ("top1", "mAP")]
+
+
+def backfilling_values(record: RunRecord) -> list[float | None]:
+    """Each order's top-1 and mAP AUC (percent) and the zero-shot change (:data:`BACKFILLING_COLUMNS`)."""
+    auc, zero_shot = record["retrieval"]["backfilling"]["auc"], record["retrieval"].get("zero_shot")
+    return [None if auc.get(order) is None else auc[order][key] for order in BACKFILL_ORDERS
+            for key in ("top1_auc", "mAP_auc")] + [zero_shot["change"] if zero_shot else None]
+
+
 def build(records: list[RunRecord], fmt: str = "github", names: Iterable[str] = TABLES,
           baseline: str = "er") -> dict[str, list[Table]]:
     """The tables of :data:`TABLES` among ``names`` that have rows for ``records``, in that order: one table
     each, except ``matrices``, one grid per experiment in github and latex but one long table (:func:`matrix_rows`)
     in csv. ``baseline`` is the strategy the timing table compares with."""
+    every = records
+    records = [r for r in every if not leave_one_out(r)]
     builders: dict[str, Callable[[], list[Table]]] = {
+        "retrieval": lambda: [Table(RETRIEVAL_COLUMNS, retrieval_rows(every, case_values))],
+        "backfilling": lambda: [Table(BACKFILLING_COLUMNS, retrieval_rows(every, backfilling_values))],
         "main": lambda: [Table(MAIN_COLUMNS, leaderboard_rows(records))],
         "noise": lambda: [Table(NOISE_COLUMNS, noise_rows(records))],
         "replacements": lambda: [Table(REPLACEMENT_COLUMNS, replacement_rows(records))],

@@ -5,6 +5,7 @@
     python runner.py sweep --strategy er dsimplex_hoc --seeds 0 1 2 --jobs 2  # a grid, one process per run
     python runner.py metrics FILE [--json] [--tie-rule strict|inclusive] [--scale auto|fraction|percent]
     python runner.py --scenario model_update --dataset tinyimagenet --adapter all   # old vs new model + adapters
+    python runner.py adapt --train TRAIN --test TEST --adapter all      # adapters on the user's own embeddings
     python runner.py list                                                # what can be run, one line each
     python runner.py leaderboard [--results DIR] [--format github|csv|latex] [--table NAME] [--timing] [--matrices]
     python runner.py plot RESULTS_DIR [--out DIR]      # redraw each run's figures, compare experiments
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("run", "pretrain", "sweep", "metrics", "leaderboard", "plot", "list")
+COMMANDS = ("run", "pretrain", "sweep", "metrics", "leaderboard", "plot", "list", "adapt")
 EXIT_DIVERGED = 3
 GRID_OPTIONS = ("scenario", "strategy", "adapter", "dataset")
 
@@ -97,9 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="github: markdown (default); latex: booktabs tabulars, ready to paste; csv: one table, "
                        "mean and std in columns NAME_mean, NAME_std, 12 significant digits")
     board.add_argument("--table", metavar="NAME",
-                       help="print only this table: main, noise, replacements, model_update, timing, across or "
-                       "matrices (the mean matrices; in csv, rows scenario, dataset, strategy, t, k, mean, std, "
-                       "seeds)")
+                       help="print only this table: main, noise, replacements, model_update, retrieval (leave-one-out "
+                       "cases), backfilling (their AUCs and zero-shot retention), timing, across or matrices (the mean "
+                       "matrices; in csv, rows scenario, dataset, strategy, t, k, mean, std, seeds)")
     board.add_argument("--timing", action="store_true",
                        help="also print each strategy's training time per iteration and its ratio to --baseline")
     board.add_argument("--baseline", default="er", help="the strategy --timing compares with (default %(default)s)")
@@ -120,6 +121,25 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--jobs", type=int, default=1, help="runs at a time with --launcher local (default "
                        "%(default)s)")
     add_slurm_options(sweep)
+    adapt = sub.add_parser("adapt", help="fit adapters on your own old and new embeddings and measure them by the "
+                           "adapter papers' leave-one-out protocol (docs/METHODS.md §7b)",
+                           description="TRAIN and TEST are each a .npz holding arrays old (N x d_old), new (N x d_new) "
+                           "and labels (N), or a folder holding old.npy, new.npy and labels.npy (or .pt tensors). The "
+                           "adapters are fitted on TRAIN; TEST is query and gallery, each query's own item left out.")
+    adapt.add_argument("--train", required=True, help="the fitting split's embeddings (.npz or folder)")
+    adapt.add_argument("--test", required=True, help="the evaluation split's embeddings (.npz or folder)")
+    adapt.add_argument("--adapter", required=True, help="an adapter (runner.py list), 'none', or 'all' (none and "
+                       "every adapter)")
+    adapt.add_argument("--seeds", type=int, nargs="+", default=[42], help="fit seeds (default %(default)s)")
+    adapt.add_argument("--name", help="the study's name in results folders (default: TRAIN's file name)")
+    adapt.add_argument("--json", action="store_true", help="print one JSON line per adapter and seed")
+    adapt.add_argument("--output", default="results", help="results folder: records go to "
+                       "OUTPUT/adapt/NAME/ADAPTER/seedK/ (default %(default)s)")
+    adapt.add_argument("--export", metavar="DIR", help="write each fitted adapter (last seed) to DIR/ADAPTER/: state "
+                       "dict, TorchScript maps and a README snippet for a production system")
+    adapt.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="adapter parameters "
+                       "(adapter_params.NAME.KEY=VALUE) or model_update.backfill_orders / backfill_steps")
+    adapt.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (fitting and scoring)")
     listing = sub.add_parser("list", help="what can be run: the scenarios, strategies, adapters, presets and data "
                              "sets, one line each")
     listing.add_argument("--params", action="store_true", help="also each strategy's and adapter's parameters with "
@@ -205,6 +225,11 @@ def command_run(args: argparse.Namespace) -> int:
                 print(f"\ninterrupted: finished tasks are saved in {run.dir}; continue with the same command and "
                       "--resume", file=sys.stderr)
                 return 130
+            if record.get("protocol") == "leave_one_out":
+                r = record["retrieval"]
+                say(case_line(s.adapter.name, s.seed, r["cases"], r["backfilling"]["auc"], r["zero_shot"]))
+                records.append(record)
+                continue
             m, noise = record["metrics"], record.get("noise")
             say(f"   AC {m['AC']:.3f}  AA {m['AA']:.2f}  ACA {_fmt(m['ACA'])}  BC {_fmt(m['BC'])}  "
                 f"FC {_fmt(m['FC'])}  -> {run.dir / 'metrics.json'}")
@@ -280,6 +305,67 @@ def command_pretrain(args: argparse.Namespace) -> int:
             done.add(key)
             parts.scenario.starting_models(parts.scenario.stream(), parts.head, parts.device, print)
     return 0
+
+
+def command_adapt(args: argparse.Namespace) -> int:
+    """Fit and measure adapters on the user's embeddings (:mod:`cl2r_bench.adapt`): every setting is checked
+    before the files are read, the files before any adapter is fitted."""
+    from cl2r_bench.adapt import evaluate_adapter, export_adapter, study_from_embeddings, study_record, summary_json
+    from cl2r_bench.adapters import list_adapters, make_adapter
+    from cl2r_bench.assembly import resolve_device
+    from cl2r_bench.config import adapt_settings, safe_name
+    from benchmarks.records import atomic_write_json, atomic_write_text
+
+    settings = adapt_settings(args.set)
+    names = ["none", *list_adapters()] if args.adapter == "all" else [args.adapter]
+    for name in names:
+        if name != "none":
+            settings["adapter_params"][name] = make_adapter(name, settings["adapter_params"]).parameters_used()
+    device = resolve_device(args.device)
+    study_name = safe_name(args.name or Path(args.train).stem, "--name")
+    study = study_from_embeddings(args.train, args.test)
+    study.train, study.test = study.train.to(device), study.test.to(device)
+    if not args.json:
+        print(f"{study_name}: fitting on {study.about['train_items']} items, evaluating on "
+              f"{study.about['test_items']} (old {study.about['old_dim']}-d, new {study.about['new_dim']}-d)")
+    for name in names:
+        for seed in args.seeds:
+            adapter, result = evaluate_adapter(study, name, adapter_params=settings["adapter_params"], seed=seed,
+                                               orders=settings["backfill_orders"], steps=settings["backfill_steps"])
+            config = {"command": "adapt", "train": str(Path(args.train).resolve()),
+                      "test": str(Path(args.test).resolve()), "adapter": {"name": name}, "seed": seed,
+                      "adapter_params": {name: settings["adapter_params"].get(name, {})} if name != "none" else {},
+                      "model_update": {k: settings[k] for k in ("backfill_orders", "backfill_steps")}}
+            record = study_record(result, study, scenario="adapt", method=name, dataset=study_name, config=config,
+                                  device=device, adapter=adapter)
+            folder = Path(args.output) / "adapt" / study_name / name / f"seed{seed}"
+            atomic_write_text(folder / "config.yaml", yaml_dump(config))
+            atomic_write_json(folder / "metrics.json", record)
+            print(json.dumps(summary_json(result), allow_nan=False) if args.json else
+                  case_line(name, seed, result["cases"], result["backfilling"]["auc"], result["zero_shot"]))
+        if args.export and adapter is not None:
+            written = export_adapter(adapter, Path(args.export) / name)
+            if not args.json:
+                print(f"   exported {name} to {written[0].parent} ({', '.join(p.name for p in written)})")
+    if not args.json:
+        print(f"\nrecords: {Path(args.output) / 'adapt' / study_name}; next: python runner.py leaderboard --results "
+              f"{args.output}")
+    return 0
+
+
+def yaml_dump(data: dict[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def case_line(adapter: str, seed: int, cases: dict[str, Any], auc: dict[str, Any], zero_shot: Any) -> str:
+    """One adapter and seed in two lines: top-1 / mAP (%) of each leave-one-out case it produces, its backfilling
+    AUCs and the zero-shot change."""
+    scores = "  ".join(f"{case} {v['top1']:.2f}/{v['mAP']:.2f}" for case, v in cases.items() if v)
+    areas = "  ".join(f"{order} {v['top1_auc']:.2f}/{v['mAP_auc']:.2f}" for order, v in auc.items() if v)
+    zs = f"  ZS {zero_shot['change']:+.2f} points" if zero_shot else ""
+    return f"   {adapter} seed {seed}: top-1/mAP %  {scores}\n   backfill AUC top-1/mAP %  {areas or '-'}{zs}"
 
 
 def command_metrics(args: argparse.Namespace) -> int:
@@ -462,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"`runner.py {args.command}` in one process")
         handler = {"run": command_run, "pretrain": command_pretrain, "sweep": command_sweep,
                    "metrics": command_metrics, "leaderboard": command_leaderboard, "plot": command_plot,
-                   "list": command_list}[args.command]
+                   "list": command_list, "adapt": command_adapt}[args.command]
         return handler(args)
     except DivergedError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -26,6 +26,8 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "evaluation.queries_per_class": (int, type(None)),
     "replacement.pretrain.images_per_class": (int, type(None)),
     "replacement.pretrain.seed": (int, list),
+    "model_update.fit_per_class": (int, type(None)),
+    "model_update.test_per_class": (int, type(None)),
 }
 
 
@@ -162,6 +164,28 @@ def resolve(user_layers: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     return with_part_parameters(config)
 
 
+ADAPT_KEYS = ("backfill_orders", "backfill_steps")
+
+
+def adapt_settings(assignments: list[str]) -> dict[str, Any]:
+    """The settings of ``runner.py adapt``: ``adapter_params`` and ``model_update.backfill_orders`` /
+    ``backfill_steps`` from ``configs/default.yaml``, overridden by ``--set`` assignments, checked like a run's."""
+    defaults = read_yaml(CONFIG_DIR / "default.yaml")
+    base = {"adapter_params": defaults["adapter_params"],
+            "model_update": {k: defaults["model_update"][k] for k in ADAPT_KEYS}}
+    merged = base
+    for assignment in assignments:
+        merged = merge(merged, parse_assignment(assignment), f"--set {assignment}")
+    from benchmarks.adapters import BACKFILL_ORDERS
+
+    orders, steps = merged["model_update"]["backfill_orders"], merged["model_update"]["backfill_steps"]
+    if not orders or any(o not in BACKFILL_ORDERS for o in orders):
+        raise ConfigError(f"model_update.backfill_orders = {orders!r}; give a list from {list(BACKFILL_ORDERS)}")
+    if steps < 1:
+        raise ConfigError(f"model_update.backfill_steps = {steps!r} must be at least 1")
+    return {"adapter_params": merged["adapter_params"], **merged["model_update"]}
+
+
 def with_part_parameters(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` whose ``strategy_params.<strategy>`` and ``adapter_params.<adapter>`` hold every parameter the
     run uses, defaults included (they are written once, in each part's ``Config`` dataclass), so that a result's
@@ -184,7 +208,8 @@ AT_LEAST_ONE = ("training.epochs", "training.batch_size", "training.new_batch_si
                 "data.synthetic_classes", "data.synthetic_train_per_class", "data.synthetic_test_per_class",
                 "replacement.pretrain.epochs", "replacement.pretrain.batch_size", "replacement.pretrain.patience",
                 "replacement.pretrain.images_per_class", "model.small_width", "model.small_out_dim",
-                "model_update.backfill_steps")
+                "model_update.backfill_steps", "model_update.fit_per_class", "model_update.test_per_class",
+                "model_update.encoder_batch_size")
 AT_LEAST_ZERO = ("seed", "stream.order_seed", "replacement.pretrain.drops", "training.lr_min",
                  "training.weight_decay", "replacement.pretrain.lr_min", "replacement.pretrain.min_delta")
 ABOVE_ZERO = ("training.lr", "replacement.pretrain.lr", "distributed.connect_timeout",
@@ -201,6 +226,7 @@ def validate(config: dict[str, Any]) -> None:
     _check_ranges(flat)
     _check_choices(flat)
     _check_replacements(config)
+    _check_encoders(config)
     _check_class_budget(config)
     _check_parts(config)
 
@@ -227,7 +253,7 @@ def _check_choices(flat: dict[str, Any]) -> None:
     from benchmarks.metrics import TIE_RULES
     from benchmarks.retrieval import GALLERY_MODES
     from cl2r_bench.models import BACKBONES
-    from cl2r_bench.settings import ADAPTER_AT, ADAPTER_DIRECTIONS, PRETRAIN_SCHEDULES
+    from cl2r_bench.settings import ADAPTER_AT, ADAPTER_DIRECTIONS, PRETRAIN_SCHEDULES, UPDATE_PROTOCOLS
     from scenarios import list_scenarios
     from scenarios.datasets import DATASETS, VERIFY_MODES
     from scenarios.model_update import HEADS as UPDATE_HEADS
@@ -236,7 +262,8 @@ def _check_choices(flat: dict[str, Any]) -> None:
     choices = {"scenario": list_scenarios(), "data.verify": VERIFY_MODES, "evaluation.dataset": EVALUATION_SETS, "evaluation.mode": GALLERY_MODES,
                "evaluation.tie_rule": TIE_RULES, "model.backbone": BACKBONES, "model_update.head": UPDATE_HEADS,
                "adapter.at": ADAPTER_AT, "adapter.direction": ADAPTER_DIRECTIONS,
-               "replacement.pretrain.schedule": PRETRAIN_SCHEDULES, "replacement.pretrain.dataset": DATASETS}
+               "replacement.pretrain.schedule": PRETRAIN_SCHEDULES, "replacement.pretrain.dataset": DATASETS,
+               "model_update.protocol": UPDATE_PROTOCOLS}
     for key, allowed in choices.items():
         if flat[key] not in allowed:
             raise ConfigError(f"{key} = {flat[key]!r}; choose from {list(allowed)}")
@@ -278,7 +305,11 @@ def _check_replacements(config: dict[str, Any]) -> None:
     if rep["checkpoints"]:
         if not all(isinstance(p, str) for p in rep["checkpoints"]) or len(rep["checkpoints"]) != len(tasks):
             raise ConfigError(f"replacement.checkpoints has {len(rep['checkpoints'])} entries for {len(tasks)} "
-                              f"replacement task(s) {tasks}; give one file path per task")
+                              f"replacement task(s) {tasks}; give one file path or encoder spec per task")
+        from cl2r_bench.encoders import check_spec, is_spec
+
+        for reference in filter(is_spec, rep["checkpoints"]):
+            check_spec(reference)
         return
     pre = rep["pretrain"]
     counts, seed = pre["class_counts"], pre["seed"]
@@ -295,6 +326,10 @@ def _check_class_budget(config: dict[str, Any]) -> None:
     from scenarios.datasets import class_count
 
     s, e = config["stream"], config["evaluation"]
+    from cl2r_bench.settings import ModelUpdateSettings
+
+    if config["scenario"] == "model_update" and ModelUpdateSettings(**config["model_update"]).leave_one_out:
+        return
     available = class_count(config["dataset"], config["data"]["synthetic_classes"])
     stream = s["initial_classes"] + s["increment"] * (s["num_tasks"] - 1)
     heldout = e["heldout_classes"] if e["dataset"] == "heldout" else 0
@@ -319,6 +354,29 @@ def _check_class_budget(config: dict[str, Any]) -> None:
             raise ConfigError(f"replacement.pretrain.class_counts asks up to {wanted} classes of {source}; only "
                               f"{pool} are free for pretraining (outside the stream and its evaluation classes); "
                               "lower the counts or pretrain on another replacement.pretrain.dataset")
+
+
+def _check_encoders(config: dict[str, Any]) -> None:
+    """``model_update.old`` / ``new``: both or neither, each a spec that exists in its library (nothing is built or
+    downloaded here; :func:`cl2r_bench.encoders.check_spec`), and the protocol that measures them."""
+    from cl2r_bench.encoders import check_spec
+
+    update = config["model_update"]
+    specs = [update["old"], update["new"]]
+    if config["scenario"] != "model_update" and any(specs):
+        raise ConfigError("model_update.old / model_update.new name the models of --scenario model_update; for "
+                          "IAM-CL2R's replacements use replacement.checkpoints")
+    if any(specs) and not all(specs):
+        raise ConfigError("give both model_update.old and model_update.new (encoder specs), or neither")
+    for spec in specs:
+        if spec:
+            check_spec(spec)
+    if all(specs) and update["protocol"] == "stream":
+        raise ConfigError("model_update.protocol=stream measures models the suite trains; encoder specs are measured "
+                          "by leave_one_out (or auto)")
+    if update["protocol"] == "leave_one_out" and not any(specs):
+        raise ConfigError("model_update.protocol=leave_one_out needs the two encoders: --set model_update.old=SPEC "
+                          "--set model_update.new=SPEC")
 
 
 def _check_parts(config: dict[str, Any]) -> None:

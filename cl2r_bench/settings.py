@@ -20,6 +20,7 @@ from cl2r_bench.config import CONFIG_DIR, ConfigError
 
 ADAPTER_AT = ("replacements", "every_task")
 ADAPTER_DIRECTIONS = ("auto", "backward", "forward")
+UPDATE_PROTOCOLS = ("auto", "leave_one_out", "stream")
 PRETRAIN_SCHEDULES = ("cosine", "plateau")
 AMP_DTYPES = ("float16", "bfloat16")
 EPOCH_LENGTHS = ("reference", "full_pass")
@@ -228,8 +229,25 @@ class ModelUpdateSettings:
     """``model_update``: the two-model scenario's head and partial backfilling (docs/METHODS.md §7-§8)."""
 
     head: str
+    old: str
+    new: str
+    protocol: str
+    fit_per_class: int | None
+    test_per_class: int | None
+    encoder_batch_size: int
+    feature_cache: str
     backfill_orders: list[str]
     backfill_steps: int
+
+    @property
+    def encoders(self) -> bool:
+        """Whether the old and new models are pretrained encoders named by spec (docs/METHODS.md §7b)."""
+        return bool(self.old or self.new)
+
+    @property
+    def leave_one_out(self) -> bool:
+        """Whether the papers' leave-one-out protocol measures the adapter (``protocol``, ``auto`` resolved)."""
+        return self.protocol == "leave_one_out" or (self.protocol == "auto" and self.encoders)
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,15 @@ class Scenario:
         """Fields the record adds after the last task; none by default."""
         return {}
 
+    def measures_features(self) -> bool:
+        """Whether the run measures two frozen encoders by the papers' leave-one-out protocol on their cached
+        features (docs/METHODS.md §7b) instead of running tasks; the run loop then asks :meth:`feature_study`."""
+        return False
+
+    def feature_study(self, device: torch.device, log: Callable[[str], None]) -> Any:
+        """The train and test features of both encoders (:class:`cl2r_bench.adapt.Study`)."""
+        raise NotImplementedError(f"scenario {self.name!r} does not measure features")
+
 
 def stream_from_settings(settings: RunSettings, replacement_tasks: list[int]) -> Stream:
     """The stream of the run's data set and evaluation protocol (``stream``, ``evaluation`` and ``data``)."""

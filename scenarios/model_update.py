@@ -8,6 +8,13 @@ No strategy fine-tunes them. The adapter is fitted at task 1 on every stream tra
 models; the run's 2x2 matrix ``[[old/old], [cross, new/new]]`` has the cross entry ``B(new)/old`` for an adapter
 with a backward map, ``new/F(old)`` for a forward-only one and ``new/old`` without adapter. The record adds the
 retrieval ``cases`` and the partial ``backfilling`` curves (``benchmarks/adapters.py``).
+
+With encoder specs (``model_update.old`` / ``model_update.new``: timm, torchvision or the suite's own models,
+:mod:`cl2r_bench.encoders`) the two models are pretrained encoders and, by default (``model_update.protocol``), the
+adapter papers' own protocol measures them (docs/METHODS.md §7b): the adapter is fitted on the data set's train
+split and the test split is query and gallery, each query's own image left out; CMC top-1 / top-5 and mAP of the nine
+cases, backfilling AUCs and zero-shot retention (:mod:`cl2r_bench.adapt`, :mod:`benchmarks.paper_protocol`). No
+stream runs: each split is embedded once per encoder into the feature cache, shared by every adapter and seed.
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ from typing import Any
 import torch
 
 from benchmarks.adapters import TwoModelFeatures, adapted_cases, partial_backfilling
+from cl2r_bench.adapt import Study, encoder_study
 from cl2r_bench.models import RetrievalModel, load_state
 from cl2r_bench.training.pretrain import pretrained_replacement
 
@@ -77,6 +85,13 @@ class ModelUpdate(Scenario):
 
     def adapter_seed(self, task: int) -> int:
         return self.settings.seed
+
+    def measures_features(self) -> bool:
+        """Encoder specs are measured by the leave-one-out protocol (``model_update.protocol``)."""
+        return self.settings.model_update.leave_one_out
+
+    def feature_study(self, device: torch.device, log: Callable[[str], None]) -> Study:
+        return encoder_study(self.settings, device, log)
 
     def finish(self, finished: Finished) -> dict[str, Any]:
         """The retrieval cases and the partial backfilling curves of the old and the new model."""

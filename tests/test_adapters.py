@@ -237,9 +237,24 @@ def test_area_under_curve_is_the_trapezoid_rule():
 def test_class_mean_distance_order_puts_outliers_first():
     gallery = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9], [0.0, -1.0]])
     labels = torch.tensor([0, 0, 1, 1, 1])
-    order = backfill_order("class_mean_distance", gallery_old=gallery, gallery_labels=labels, adapter=None,
+    order = backfill_order("class_mean_distance", stale=gallery, old=gallery, labels=labels, adapter=None,
                            generator=torch.Generator())
     assert order[0] == 4
+
+
+def test_class_mean_orders_rank_the_stale_gallery_by_l2_and_cosine_distance():
+    """Class 0's mean of the stale gallery is (2, 0): item 0 (4, 0) is 2 away in L2 but at cosine distance 0, item 1
+    (0, 1) is sqrt(5) away and at cosine distance 1; the old features (all equal) must not matter."""
+    stale = torch.tensor([[4.0, 0.0], [0.0, 1.0], [2.0, -1.0]])
+    labels = torch.tensor([0, 0, 0])
+    old = torch.ones(3, 2)
+    # mean (2, 0): L2 distances 2, sqrt(5), 1; cosine distances 0, 1, 1 - 2/sqrt(5) = 0.106
+    l2 = backfill_order("class_mean_distance", stale=stale, old=old, labels=labels, adapter=None,
+                        generator=torch.Generator())
+    cosine = backfill_order("class_mean_cosine", stale=stale, old=old, labels=labels, adapter=None,
+                            generator=torch.Generator())
+    assert l2.tolist() == [1, 0, 2]
+    assert cosine.tolist() == [1, 2, 0]
 
 
 class LinearFeatures(nn.Module):

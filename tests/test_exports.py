@@ -9,7 +9,7 @@ import pytest
 
 from cl2r_bench import cli as runner
 from benchmarks.leaderboard import TABLES, Column, Kind, Table, render
-from test_leaderboard_input import update_record, valid_record, write
+from test_leaderboard_input import retrieval_record, update_record, valid_record, write
 
 HOC = {1: {"AC": 0.5, "AA": 40.0, "ACA": 30.0}, 2: {"AC": 1.0, "AA": 43.0, "ACA": 31.0}}
 MATRICES = {1: [[0.5, None, None], [0.55, 0.6, None], [0.58, 0.62, 0.7]],
@@ -38,10 +38,12 @@ def hoc_record(seed: int) -> dict:
 
 @pytest.fixture
 def results(tmp_path):
-    """Two seeds of dsimplex_hoc (with noise, replacement models, timings and matrices) and one model_update run."""
+    """Two seeds of dsimplex_hoc (with noise, replacement models, timings and matrices), one model_update run and one
+    leave-one-out run of ``runner.py adapt``."""
     for seed in HOC:
         write(tmp_path, f"hoc{seed}", hoc_record(seed))
     write(tmp_path, "update", update_record())
+    write(tmp_path, "adapt", retrieval_record())
     return tmp_path
 
 

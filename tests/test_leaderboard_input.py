@@ -60,6 +60,25 @@ def update_record() -> dict:
     }
 
 
+def retrieval_record(seed: int = 1) -> dict:
+    """A complete leave-one-out record (``runner.py adapt``) as ``cl2r_bench.adapt.study_record`` writes it."""
+    scores = {"top1": 60.0, "top5": 80.0, "mAP": 40.0}
+    cases = {case: None for case in ("F/old", "B/F")} | {case: dict(scores) for case in (
+        "old/old", "new/old", "new/new", "F/F", "new/F", "B/old", "B/B")}
+    auc = {"top1_auc": 65.0, "mAP_auc": 45.0}
+    return {
+        "scenario": "adapt", "strategy": "adapt", "method": "procrustes", "dataset": "catalogue", "seed": seed,
+        "protocol": "leave_one_out", "num_tasks": 2, "tasks_completed": 2, "complete": True, "replacement_tasks": [],
+        "retrieval": {"cases": cases, "backfilling": {"betas": [0.0, 1.0], "curves": {}, "auc": {
+            "random": auc, "uncertainty": None, "class_mean_distance": auc, "class_mean_cosine": auc}},
+            "zero_shot": None, "queries": 100, "fitting_items": 200},
+        "models": {"train": "train.npz", "test": "test.npz"},
+        "adapter": {"name": "procrustes", "fits": [{"task": 1, "seconds": 0.1, "items": 200}]},
+        "config": {"command": "adapt", "adapter": {"name": "procrustes"}, "seed": seed},
+        "timings": {"tasks": [], "adapter_fit_seconds": 0.1, "evaluation_seconds": 0.2},
+    }
+
+
 DELETE = object()
 
 
@@ -100,6 +119,9 @@ BAD_FILES = {
                  "compatibility_matrix: row 0 has 4 entries"),
     "deep": (lambda: "[" * 100000, "nesting too deep"),
     "not_utf8": (lambda: b'{"scenario": "iamcl2r", "dataset": "synth\xe9tic"}', "not UTF-8"),
+    "case_above_100": (lambda: changed(retrieval_record(6), "retrieval.cases.B/old.mAP", 140.0),
+                       "'retrieval.cases.B/old' is"),
+    "no_retrieval": (lambda: changed(retrieval_record(7), "retrieval", DELETE), "'retrieval' must be an object"),
 }
 
 

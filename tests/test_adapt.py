@@ -1,0 +1,240 @@
+"""The adapter papers' protocol on the user's own embeddings (`runner.py adapt`) and on encoder specs
+(`model_update.old` / `new`): inputs checked in one line each, cases against values known in advance, the fitted
+adapter exported for production, and the records on the leaderboard (docs/METHODS.md §7b)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cl2r_bench.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def clustered(n_per_class: int, classes: int, dim: int, seed: int, spread: float = 0.6) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(classes, dim))
+    labels = np.repeat(np.arange(classes), n_per_class)
+    return (centres[labels] + spread * rng.normal(size=(len(labels), dim))).astype(np.float32), labels
+
+
+@pytest.fixture
+def rotated(tmp_path):
+    """Old features of 6 classes in 8 dimensions; the new model is an exact rotation of the old one (an isometry
+    loses nothing, so new/new equals old/old and Procrustes can recover the map)."""
+    rotation = np.linalg.qr(np.random.default_rng(9).normal(size=(8, 8)))[0].astype(np.float32)
+    paths = []
+    for split, seed in (("train", 1), ("test", 2)):
+        old, labels = clustered(20, 6, 8, seed)
+        path = tmp_path / f"{split}.npz"
+        np.savez(path, old=old, new=old @ rotation, labels=labels + 100)
+        paths.append(path)
+    return paths
+
+
+def adapt(*args, capsys=None):
+    code = main(["adapt", *map(str, args)])
+    return code, capsys.readouterr() if capsys else None
+
+
+def test_procrustes_recovers_a_rotation_and_the_cases_say_so(rotated, tmp_path, capsys):
+    train, test = rotated
+    code, out = adapt("--train", train, "--test", test, "--adapter", "procrustes", "--json", "--output",
+                      tmp_path / "out", capsys=capsys)
+    assert code == 0, out.err
+    line = json.loads(out.out.strip().splitlines()[-1])
+    cases = line["cases"]
+    assert line["adapter"] == "procrustes"
+    assert cases["new/new"] == pytest.approx(cases["old/old"], abs=1e-9)
+    for case in ("B/old", "B/B", "new/F", "F/F"):
+        for score in ("top1", "top5", "mAP"):
+            assert cases[case][score] == pytest.approx(cases["old/old"][score], abs=0.01), (case, score)
+    assert cases["F/old"] is None and cases["B/F"] is None
+    assert cases["new/old"]["mAP"] < cases["old/old"]["mAP"] - 10
+    for order, auc in line["backfilling"].items():
+        if auc is not None:
+            assert auc["top1_auc"] == pytest.approx(cases["new/new"]["top1"], abs=0.05), order
+    assert line["backfilling"]["uncertainty"] is None
+
+
+def test_without_adapter_only_the_models_own_cases_exist(rotated, tmp_path, capsys):
+    train, test = rotated
+    code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--json", "--output", tmp_path,
+                      capsys=capsys)
+    cases = json.loads(out.out.strip())["cases"]
+    assert [c for c, v in cases.items() if v is not None] == ["old/old", "new/old", "new/new"]
+
+
+def test_every_adapter_runs_records_land_on_the_leaderboard_and_the_export_serves_queries(rotated, tmp_path, capsys):
+    train, test = rotated
+    out_dir, export = tmp_path / "results", tmp_path / "export"
+    code, out = adapt("--train", train, "--test", test, "--adapter", "all", "--seeds", 1, 2, "--output", out_dir,
+                      "--export", export, "--set", "adapter_params.lambda_orth.epochs=5",
+                      "--set", "adapter_params.fct.epochs=5", "--set", "adapter_params.fastfill.epochs=5",
+                      "--set", "model_update.backfill_steps=4", capsys=capsys)
+    assert code == 0, out.err
+    from cl2r_bench.adapters import list_adapters
+
+    records = sorted((out_dir / "adapt" / "train").glob("*/seed*/metrics.json"))
+    assert len(records) == 2 * (1 + len(list_adapters()))
+    record = json.loads((out_dir / "adapt" / "train" / "lambda_orth" / "seed2" / "metrics.json").read_text())
+    assert record["protocol"] == "leave_one_out" and record["config"]["adapter_params"]["lambda_orth"]["epochs"] == 5
+    assert record["retrieval"]["backfilling"]["betas"] == [0, 0.25, 0.5, 0.75, 1.0]
+    assert main(["leaderboard", "--results", str(out_dir), "--table", "retrieval", "--format", "csv"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert len(rows) == 2 + len(list_adapters())
+    assert all(row.split(",")[-1] == "2" for row in rows[1:])
+
+    state = torch.load(export / "procrustes" / "adapter_state.pt", weights_only=True)
+    from cl2r_bench.adapters import make_adapter
+
+    adapter = make_adapter("procrustes", {}).restore(state)
+    to_old = torch.jit.load(str(export / "procrustes" / "backward.pt"))
+    old_frame = torch.jit.load(str(export / "procrustes" / "old_frame.pt"))
+    queries = torch.nn.functional.normalize(torch.randn(4, 8), dim=1)
+    expected = torch.nn.functional.normalize(adapter.backward(queries), dim=1)
+    torch.testing.assert_close(to_old(queries), expected)
+    torch.testing.assert_close(old_frame(queries), queries)
+    assert (export / "fct" / "forward.pt").is_file() and not (export / "fct" / "backward.pt").exists()
+    assert "torch.jit.load" in (export / "procrustes" / "README.md").read_text()
+
+
+def write_folder(folder: Path, suffix: str, old, new, labels) -> Path:
+    folder.mkdir()
+    for name, value in (("old", old), ("new", new), ("labels", labels)):
+        if suffix == ".npy":
+            np.save(folder / f"{name}.npy", value)
+        else:
+            torch.save(torch.as_tensor(value), folder / f"{name}.pt")
+    return folder
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".pt"])
+def test_folders_of_arrays_or_tensors_read_as_the_npz_does(rotated, tmp_path, suffix, capsys):
+    train, test = rotated
+    with np.load(train) as z:
+        folder = write_folder(tmp_path / "train_folder", suffix, z["old"], z["new"], z["labels"])
+    results = []
+    for source in (train, folder):
+        adapt("--train", source, "--test", test, "--adapter", "least_squares", "--json", "--output", tmp_path,
+              capsys=None)
+        results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["cases"])
+    assert results[0] == results[1]
+
+
+def bad_inputs(tmp_path: Path) -> list[tuple[Path, str]]:
+    old, labels = clustered(4, 3, 5, 0)
+    cases = []
+
+    def npz(name: str, **arrays) -> Path:
+        path = tmp_path / f"{name}.npz"
+        np.savez(path, **arrays)
+        return path
+
+    cases.append((npz("missing", old=old, labels=labels), "has no array 'new'"))
+    cases.append((npz("rows", old=old, new=old[:-1], labels=labels), "new has 11 rows but labels has 12"))
+    nan = old.copy()
+    nan[3, 1] = np.nan
+    cases.append((npz("nan", old=nan, new=old, labels=labels), r"old has 1 row\(s\) with NaN or inf \(first: row 3\)"))
+    cases.append((npz("text", old=old, new=old, labels=labels.astype(str)), "labels must be a 1-D array of integers"))
+    cases.append((npz("flat", old=old[:, 0], new=old, labels=labels), "old must be a 2-D float array"))
+    zero = old.copy()
+    zero[5] = 0
+    cases.append((npz("zero", old=old, new=zero, labels=labels), r"new has 1 all-zero row\(s\)"))
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    cases.append((tmp_path / "junk.npz", "is not a readable .npz file"))
+    cases.append((tmp_path / "absent.npz", "is neither a .npz file nor a folder"))
+    (tmp_path / "empty_folder").mkdir()
+    cases.append((tmp_path / "empty_folder", "has no old.npy or old.pt"))
+    return cases
+
+
+def test_each_bad_input_is_one_line_and_exit_2(tmp_path, rotated):
+    train, test = rotated
+    for path, message in bad_inputs(tmp_path):
+        out = subprocess.run([sys.executable, "runner.py", "adapt", "--train", str(path), "--test", str(test),
+                              "--adapter", "procrustes", "--output", str(tmp_path / "out")], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, (path, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+        import re
+
+        assert re.search(message, out.stderr), (message, out.stderr)
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_and_test_of_other_widths_or_a_test_without_repeats_are_one_line(tmp_path, rotated, capsys):
+    train, _ = rotated
+    old, labels = clustered(4, 3, 5, 0)
+    narrow = tmp_path / "narrow.npz"
+    np.savez(narrow, old=old, new=old, labels=labels)
+    assert main(["adapt", "--train", str(train), "--test", str(narrow), "--adapter", "none"]) == 2
+    assert "old has 8 dimensions in" in capsys.readouterr().err
+    _, test = rotated
+    with np.load(test) as z:
+        unique = tmp_path / "unique.npz"
+        np.savez(unique, old=z["old"][:6], new=z["new"][:6], labels=np.arange(6))
+    assert main(["adapt", "--train", str(train), "--test", str(unique), "--adapter", "none"]) == 2
+    assert "every label occurs once" in capsys.readouterr().err
+    assert main(["adapt", "--train", str(train), "--test", str(test), "--adapter", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert main(["adapt", "--train", str(train), "--test", str(test), "--adapter", "fct",
+                 "--set", "adapter_params.fct.layers=0"]) == 2
+    assert "layers" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def encoder_files(tmp_path_factory):
+    """Two small timm models of different widths (EfficientNet 256-d, ResNet 96-d) with random weights."""
+    import timm
+
+    folder = tmp_path_factory.mktemp("encoders")
+    files = []
+    for seed, name in ((0, "test_efficientnet"), (1, "test_resnet")):
+        torch.manual_seed(seed)
+        path = folder / f"{name}.pth"
+        torch.save(timm.create_model(name).state_dict(), path)
+        files.append(f"timm:{name}@{path}")
+    return files
+
+
+@pytest.mark.slow
+def test_model_update_on_two_encoders_embeds_each_split_once_for_every_adapter(encoder_files, tmp_path, capsys):
+    old, new = encoder_files
+    cache, out = tmp_path / "features", tmp_path / "results"
+    common = ["--scenario", "model_update", "--dataset", "synthetic", "--device", "cpu", "--no-progress",
+              "--output", str(out), "--set", "data.synthetic_classes=5", "--set", "data.synthetic_train_per_class=8",
+              "--set", "data.synthetic_test_per_class=4", "--set", f"model_update.old={old}",
+              "--set", f"model_update.new={new}", "--set", f"model_update.feature_cache={cache}",
+              "--set", "model_update.backfill_steps=2", "--set", "adapter_params.lambda_orth.epochs=2",
+              "--set", "adapter_params.fct.epochs=2", "--set", "adapter_params.fastfill.epochs=2"]
+    assert main([*common, "--adapter", "all"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("embedded in") == 4 and printed.count("(cached)") == 4 * 7
+    records = [json.loads(p.read_text()) for p in sorted(out.rglob("metrics.json"))]
+    from cl2r_bench.adapters import list_adapters
+
+    assert {r["method"] for r in records} == {"none", *list_adapters()}
+    by_name = {r["method"]: r for r in records}
+    cases = by_name["lambda_orth"]["retrieval"]["cases"]
+    assert cases["B/old"] is not None and cases["new/F"] is None and cases["F/old"] is not None
+    assert by_name["none"]["retrieval"]["cases"]["new/old"] is None
+    assert by_name["none"]["models"]["old"]["feature_dim"] == 256 and by_name["none"]["models"]["new"]["feature_dim"] == 96
+    assert by_name["procrustes"]["retrieval"]["queries"] == 20 and by_name["procrustes"]["retrieval"]["fitting_items"] == 40
+    assert len(list(cache.glob("*.pt"))) == 4
+    assert main(["leaderboard", "--results", str(out), "--table", "backfilling", "--format", "csv"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 2 + len(list_adapters())
+
+
+def test_encoder_specs_are_checked_before_any_data_is_read(tmp_path, capsys):
+    code = main(["--scenario", "model_update", "--dataset", "cifar10", "--data-root", str(tmp_path / "none"),
+                 "--set", "model_update.old=timm:no_such_net", "--set", "model_update.new=timm:resnet18",
+                 "--output", str(tmp_path / "o")])
+    assert code == 2 and "timm has no model 'no_such_net'" in capsys.readouterr().err
+    code = main(["--scenario", "model_update", "--set", "model_update.old=timm:resnet18", "--output", str(tmp_path)])
+    assert code == 2 and "give both model_update.old and model_update.new" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
