@@ -12,7 +12,8 @@ its ranking: the adapter papers' protocol, where the test split is both query an
   skipped and counted. This is scikit-learn's ``average_precision_score`` on the similarities when no two
   similarities tie; ties are broken by gallery index (a stable sort), the suite's choice.
 
-Every score is in percent. The queries are processed in chunks of at most ``chunk_elements`` query x gallery
+Every score is in percent; precisions are summed in float64, so chunking changes no digit that matters. The
+queries are processed in chunks of at most ``chunk_elements`` query x gallery
 entries, so a 50,000 x 50,000 evaluation holds one chunk's similarities, ranks and precisions at a time
 (``python -m cl2r_bench.tools.bench_ranking`` measures its time and peak memory).
 """
@@ -61,7 +62,7 @@ def retrieval_scores(queries: torch.Tensor, query_labels: torch.Tensor, gallery:
     step = max(1, chunk_elements // max(len(g), 1))
     hits1 = hits5 = 0
     ap_sum, with_positive = 0.0, 0
-    ranks = torch.arange(1, len(g) + 1, device=g.device, dtype=torch.float32)
+    ranks = torch.arange(1, len(g) + 1, device=g.device, dtype=torch.float64)
     for start in range(0, len(q), step):
         stop = min(start + step, len(q))
         relevant = ranked_relevance(q[start:stop], query_labels[start:stop].to(g.device), g, gallery_labels,
@@ -69,7 +70,7 @@ def retrieval_scores(queries: torch.Tensor, query_labels: torch.Tensor, gallery:
         hits1 += int(relevant[:, 0].sum())
         hits5 += int(relevant[:, :5].any(dim=1).sum())
         positives = relevant.sum(dim=1)
-        precision = relevant.cumsum(dim=1, dtype=torch.int32).float().div_(ranks).mul_(relevant)
+        precision = relevant.cumsum(dim=1, dtype=torch.int32).double().div_(ranks).mul_(relevant)
         has = positives > 0
         ap_sum += float((precision.sum(dim=1)[has] / positives[has]).sum())
         with_positive += int(has.sum())

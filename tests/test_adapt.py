@@ -238,3 +238,52 @@ def test_encoder_specs_are_checked_before_any_data_is_read(tmp_path, capsys):
     code = main(["--scenario", "model_update", "--set", "model_update.old=timm:resnet18", "--output", str(tmp_path)])
     assert code == 2 and "give both model_update.old and model_update.new" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_the_papers_command_with_download_runs_on_the_libraries_own_download_paths(tmp_path, monkeypatch, capsys):
+    """README's command for a user with internet (torchvision encoders, CIFAR-100 with --download), offline: the
+    data set comes through torchvision's downloader from an HTTP server on this machine's loopback (its downloader
+    reads HTTP only) and the weights from torch.hub's cache, as a first run leaves them; only the internet is
+    missing. The pair is smaller than ResNet-18 -> ViT-L/16 (whose random weights alone are 1.2 GB) but takes the
+    same path."""
+    import functools
+    import hashlib
+    import http.server
+    import tarfile
+    import threading
+
+    import torchvision
+    from scenarios import datasets
+    from test_data import write_cifar100
+
+    source = tmp_path / "source"
+    write_cifar100(source, per_class_train=2, per_class_test=2)
+    archive = tmp_path / "cifar-100-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(source / "cifar-100-python", arcname="cifar-100-python")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/{archive.name}"
+    official = datasets._CIFAR["cifar100"]
+    monkeypatch.setitem(datasets._CIFAR, "cifar100", {**official, "url": url,
+                                                      "archive_md5": hashlib.md5(archive.read_bytes()).hexdigest()})
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    cache = tmp_path / "torch" / "hub" / "checkpoints"
+    cache.mkdir(parents=True)
+    torch.save(torchvision.models.resnet18().state_dict(), cache / "resnet18-f37072fd.pth")
+    torch.save(torchvision.models.mobilenet_v3_small().state_dict(), cache / "mobilenet_v3_small-047dcff4.pth")
+    code = main(["--scenario", "model_update", "--dataset", "cifar100", "--download", "--data-root",
+                 str(tmp_path / "data"), "--set", "model_update.old=torchvision:resnet18:IMAGENET1K_V1",
+                 "--set", "model_update.new=torchvision:mobilenet_v3_small:IMAGENET1K_V1", "--adapter", "procrustes",
+                 "--set", "model_update.fit_per_class=1", "--set", "model_update.test_per_class=2", "--device", "cpu",
+                 "--no-progress", "--output", str(tmp_path / "out"),
+                 "--set", f"model_update.feature_cache={tmp_path / 'features'}"])
+    server.shutdown()
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "data" / "cifar-100-python" / "train").is_file()
+    record = json.loads(next((tmp_path / "out").rglob("metrics.json")).read_text())
+    assert record["models"]["old"]["feature_dim"] == 512 and record["models"]["new"]["feature_dim"] == 1024
+    assert record["retrieval"]["queries"] == 200 and record["retrieval"]["cases"]["B/old"] is not None

@@ -1,0 +1,105 @@
+"""Leave-one-out CMC and mAP (benchmarks/ranking.py; docs/METHODS.md §7b) against rankings worked out by hand,
+a brute-force reference, and chunking."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.ranking import retrieval_scores
+
+# Five unit vectors; cosines: (0,1) .8, (0,3) .6, (1,3) .96, (1,2) .6, (2,3) .8, (0,2) 0, (2,4) 0, (3,4) -.6,
+# (1,4) -.8, (0,4) -1. Item 4 is the only one of class 2.
+ITEMS = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8], [-1.0, 0.0]])
+LABELS = torch.tensor([0, 0, 1, 1, 2])
+
+
+def test_self_excluded_scores_by_hand():
+    """Rankings without the query's own item:
+    q0: 1 (.8, class 0), 3, 2, 4 -> hit, AP 1/1;     q1: 3 (.96, class 1), 0 (.8), ... -> miss, AP 1/2;
+    q2: 3 (.8, class 1), 1, then 0 and 4 tie at 0 -> hit, AP 1;   q3: 1 (.96), 2 (.8, class 1) -> miss, AP 1/2;
+    q4: no other item of class 2 -> miss, left out of the mAP.
+    top-1 2/5, top-5 4/5 (every query with a positive sees all four others), mAP (1 + .5 + 1 + .5) / 4."""
+    scores = retrieval_scores(ITEMS, LABELS, ITEMS, LABELS, exclude_self=True)
+    assert scores.top1 == pytest.approx(40.0)
+    assert scores.top5 == pytest.approx(80.0)
+    assert scores.mAP == pytest.approx(75.0)
+    assert (scores.queries, scores.queries_without_positive) == (5, 1)
+
+
+def test_with_the_own_item_kept_each_query_finds_itself_first():
+    """Own item at rank 1: q0 positives at ranks 1, 2 -> AP 1; q1 at 1 and 3 (after item 3, .96) -> (1 + 2/3) / 2;
+    q2 at 1, 2 -> 1; q3 at 1 and 3 -> (1 + 2/3) / 2; q4 itself -> 1."""
+    scores = retrieval_scores(ITEMS, LABELS, ITEMS, LABELS, exclude_self=False)
+    assert scores.top1 == pytest.approx(100.0)
+    assert scores.mAP == pytest.approx(100 * (1 + 5 / 6 + 1 + 5 / 6 + 1) / 5)
+    assert scores.queries_without_positive == 0
+
+
+def test_self_exclusion_is_by_position_whichever_model_embedded_each_side():
+    """Queries from another model (here the gallery rotated by 90 degrees and back, so identical up to rounding, and
+    scaled): query i must still not find gallery item i."""
+    rotated = 3.0 * ITEMS @ torch.tensor([[0.0, 1.0], [-1.0, 0.0]]) @ torch.tensor([[0.0, -1.0], [1.0, 0.0]])
+    assert retrieval_scores(rotated, LABELS, ITEMS, LABELS, exclude_self=True).as_dict() == pytest.approx(
+        retrieval_scores(ITEMS, LABELS, ITEMS, LABELS, exclude_self=True).as_dict())
+
+
+def test_top5_counts_a_positive_at_rank_5_but_not_at_rank_6():
+    """One query at angle 0; six gallery items at angles 10, 20, ..., 60 degrees. Query A (class 0) has its one
+    positive at rank 5 -> top-1 miss, top-5 hit, AP 1/5; query B (class 2) has it at rank 6 -> AP 1/6."""
+    angles = torch.deg2rad(torch.arange(1, 7) * 10.0)
+    gallery = torch.stack([torch.cos(angles), torch.sin(angles)], dim=1)
+    gallery_labels = torch.tensor([1, 1, 1, 1, 0, 2])
+    queries = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    scores = retrieval_scores(queries, torch.tensor([0, 2]), gallery, gallery_labels, exclude_self=False)
+    assert (scores.top1, scores.top5) == (0.0, 50.0)
+    assert scores.mAP == pytest.approx(100 * (1 / 5 + 1 / 6) / 2)
+
+
+def brute_force(queries: np.ndarray, labels: np.ndarray, exclude_self: bool) -> tuple[float, float, float]:
+    """top-1, top-5 and mAP by the definitions, one query at a time (stable descending sort)."""
+    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    top1 = top5 = 0
+    aps = []
+    for i in range(len(q)):
+        keep = np.array([j for j in range(len(q)) if not (exclude_self and j == i)])
+        order = keep[np.argsort(-(q[keep] @ q[i]), kind="stable")]
+        relevant = labels[order] == labels[i]
+        top1 += relevant[0]
+        top5 += relevant[:5].any()
+        if relevant.any():
+            ranks = np.flatnonzero(relevant) + 1
+            aps.append(np.mean(np.arange(1, len(ranks) + 1) / ranks))
+    return 100 * top1 / len(q), 100 * top5 / len(q), 100 * float(np.mean(aps))
+
+
+@pytest.mark.parametrize("exclude_self", [True, False])
+def test_random_clusters_match_the_brute_force_definition_and_chunking_changes_nothing(exclude_self):
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 7, size=120)
+    features = rng.normal(size=(7, 16))[labels] + 1.5 * rng.normal(size=(120, 16))
+    x, y = torch.tensor(features, dtype=torch.float32), torch.tensor(labels)
+    whole = retrieval_scores(x, y, x, y, exclude_self=exclude_self)
+    chunked = retrieval_scores(x, y, x, y, exclude_self=exclude_self, chunk_elements=250)
+    assert (whole.top1, whole.top5, whole.mAP) == pytest.approx(brute_force(features, labels, exclude_self), abs=1e-4)
+    assert chunked.as_dict() == pytest.approx(whole.as_dict(), abs=1e-9)
+    assert 0 < whole.mAP < 100 and not math.isnan(whole.mAP)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"gallery": torch.zeros(3, 4)}, "one feature width"),
+    ({"query_labels": torch.zeros(2, dtype=torch.long)}, "one label"),
+    ({"topk": (1, 10)}, "topk must be"),
+])
+def test_bad_shapes_are_one_line(kwargs, message):
+    args = {"queries": ITEMS, "query_labels": LABELS, "gallery": ITEMS, "gallery_labels": LABELS, **kwargs}
+    gallery_labels = torch.zeros(3, dtype=torch.long) if "gallery" in kwargs else args.pop("gallery_labels")
+    args.pop("gallery_labels", None)
+    with pytest.raises(ValueError, match=message):
+        retrieval_scores(args["queries"], args["query_labels"], args["gallery"], gallery_labels,
+                         exclude_self=False, **({"topk": kwargs["topk"]} if "topk" in kwargs else {}))
+
+
+def test_exclude_self_needs_the_same_items_on_both_sides():
+    with pytest.raises(ValueError, match="same items"):
+        retrieval_scores(ITEMS[:3], LABELS[:3], ITEMS, LABELS, exclude_self=True)
