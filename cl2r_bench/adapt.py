@@ -20,6 +20,7 @@ train split (a nearest-class-mean classifier: the suite's choice, the same for e
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -282,7 +283,10 @@ def export_adapter(adapter: Adapter, directory: str | Path) -> list[Path]:
     written = [directory / "adapter_state.pt"]
     for which in EXPORT_FILES[direction]:
         width = new_dim if which == "backward" else old_dim
-        module = torch.jit.trace(DeployedMap(adapter.cpu().eval(), which), torch.randn(3, width))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch 2.14 deprecates TorchScript; the issue asks for it
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)  # shapes are fixed by the fitted adapter
+            module = torch.jit.trace(DeployedMap(adapter.cpu().eval(), which), torch.randn(3, width))
         module.save(str(directory / f"{which}.pt"))
         written.append(directory / f"{which}.pt")
     files = "".join(f"- `{p.name}`: TorchScript, `torch.jit.load`.\n" for p in written[1:])

@@ -300,6 +300,10 @@ def command_pretrain(args: argparse.Namespace) -> int:
     for cfg in resolved_configs(args):
         parts = assemble(cfg)
         s = parts.settings
+        if parts.scenario.measures_features():
+            print(f"{s.scenario} on encoder specs trains nothing: each split is embedded once per encoder into "
+                  f"{s.model_update.feature_cache} when it first runs")
+            continue
         key = (s.scenario, replacement_family(parts.head), s.dataset, s.replacement.pretrain.dataset)
         if key not in done:
             done.add(key)

@@ -30,10 +30,15 @@ from cl2r_bench.adapters import list_adapters
 from cl2r_bench.assembly import assemble
 from cl2r_bench.config import resolve
 from cl2r_bench.run import RunFolder
+from benchmarks.adapters import BACKFILL_ORDERS
 from benchmarks.records import atomic_write_json
 
 DATASETS = {"cifar10": {"fit_per_class": 200, "test_per_class": 100},
             "tinyimagenet": {"fit_per_class": 10, "test_per_class": 10}}
+LAMBDA_VARIANTS = {"lambda_orth-strict": {"constraint": "strict"}, "lambda_orth-lam22": {"lam": 22.0},
+                   "lambda_orth-affine": {"constraint": "none"}}
+"""The λ ablation (λ-orth's CUB table: strict, λ = 12 as ``lambda_orth``, λ = 22, affine), run where zero-shot
+retention is measured: Lite0 -> Lite2 on Tiny ImageNet."""
 RESNET_PRETRAINING = {"epochs": 8, "images_per_class": 300, "lr": 0.1, "lr_min": 0.0001, "batch_size": 128,
                       "seed": 0}
 
@@ -67,11 +72,15 @@ def suite_resnet(data_root: str, cache_dir: Path, log: Any) -> Path:
 
 def run_config(args: argparse.Namespace, pair: dict[str, str], dataset: str, adapter: str, seed: int,
                output: Path) -> dict[str, Any]:
-    """The resolved config of one run, as ``runner.py --scenario model_update ...`` would resolve it."""
+    """The resolved config of one run, as ``runner.py --scenario model_update ...`` would resolve it; an adapter of
+    :data:`LAMBDA_VARIANTS` is λ-orthogonal with its parameters, labelled by its name."""
+    variant = {"name": "lambda_orth", "label": adapter} if adapter in LAMBDA_VARIANTS else {"name": adapter}
     layer = {"scenario": "model_update", "dataset": dataset, "data_root": args.data_root, "device": args.device,
-             "seed": seed, "output": str(output), "adapter": {"name": adapter},
+             "seed": seed, "output": str(output), "adapter": variant,
+             "adapter_params": {"lambda_orth": LAMBDA_VARIANTS[adapter]} if adapter in LAMBDA_VARIANTS else {},
              "training": {"progress": False},
              "model_update": {"old": pair["old"], "new": pair["new"], "protocol": "leave_one_out",
+                              "backfill_orders": list(BACKFILL_ORDERS),
                               "feature_cache": str(Path(args.output) / "feature_cache"), **DATASETS[dataset]}}
     return resolve([("pretrained study", layer)])
 
@@ -105,13 +114,15 @@ def main(argv: list[str] | None = None) -> int:
         for dataset in args.datasets:
             first = assemble(run_config(args, pairs[pair_name], dataset, "none", args.seeds[0], output / pair_name))
             study = encoder_study(first.settings, first.device, print)
-            for adapter in ["none", *list_adapters()]:
+            ablation = list(LAMBDA_VARIANTS) if (pair_name, dataset) == ("lite0-lite2", "tinyimagenet") else []
+            for adapter in ["none", *list_adapters(), *ablation]:
                 for seed in args.seeds:
                     parts = assemble(run_config(args, pairs[pair_name], dataset, adapter, seed, output / pair_name))
                     if complete(parts.directory):
                         continue
                     with RunFolder(parts.directory, resume=False, overwrite=True).writing(parts.config):
-                        fitted, result = evaluate_adapter(study, adapter, adapter_params=parts.settings.adapter_params,
+                        fitted, result = evaluate_adapter(study, parts.settings.adapter.name,
+                                                          adapter_params=parts.settings.adapter_params,
                                                           seed=seed, orders=parts.settings.model_update.backfill_orders,
                                                           steps=parts.settings.model_update.backfill_steps)
                         record = study_record(result, study, scenario="model_update", method=parts.label,

@@ -1,0 +1,161 @@
+"""Tables and a figure of the pretrained-encoder study (``results/pretrained/``, docs/METHODS.md §7b), from its
+records alone.
+
+Per pair of encoders and data set: the retrieval cases in the λ-orth paper's layout (rows: adapters; columns:
+query/gallery cases; cells: CMC top-1 / mAP in percent, mean over seeds, with the seed std of top-1), the
+backfilling AUCs per order, zero-shot retention and fit times; then the paper's own Table 1b and Table 2 rows,
+marked as other models and data. The figure draws the backfilling curves (top-1 and mAP against β, λ-orth's
+class-mean order, mean over seeds) of every adapter.
+
+    python -m cl2r_bench.tools.pretrained_report [--results results/pretrained] [--out results/pretrained]
+"""
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.adapters import BACKFILL_ORDERS
+from benchmarks.paper_protocol import PAPER_CASES
+from benchmarks.published import LAMBDA_ORTH_SOURCE, LAMBDA_ORTH_TABLE_1B, LAMBDA_ORTH_TABLE_2
+from benchmarks.record import checked_records, leave_one_out
+
+Group = tuple[str, str]
+
+
+def grouped(results: Path) -> dict[Group, dict[str, list[dict[str, Any]]]]:
+    """Leave-one-out records by (pair folder, data set), then by adapter label."""
+    groups: dict[Group, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for path, record, _ in checked_records(results):
+        if record is not None and leave_one_out(record):
+            pair = path.relative_to(results).parts[0]
+            groups[pair, record["dataset"]][record["method"]].append(record)
+    return groups
+
+
+def mean_std(values: list[float]) -> tuple[float, float] | None:
+    if not values:
+        return None
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def case_cell(runs: list[dict[str, Any]], case: str) -> str:
+    top1 = mean_std([r["retrieval"]["cases"][case]["top1"] for r in runs if r["retrieval"]["cases"].get(case)])
+    mAP = mean_std([r["retrieval"]["cases"][case]["mAP"] for r in runs if r["retrieval"]["cases"].get(case)])
+    if top1 is None:
+        return "-"
+    return f"{top1[0]:.2f} / {mAP[0]:.2f}" + (f" (±{top1[1]:.2f})" if len(runs) > 1 else "")
+
+
+def auc_cell(runs: list[dict[str, Any]], order: str) -> str:
+    areas = [r["retrieval"]["backfilling"]["auc"].get(order) for r in runs]
+    areas = [a for a in areas if a]
+    if not areas:
+        return "-"
+    return f"{np.mean([a['top1_auc'] for a in areas]):.2f} / {np.mean([a['mAP_auc'] for a in areas]):.2f}"
+
+
+def zero_shot_cell(runs: list[dict[str, Any]]) -> str:
+    shots = [r["retrieval"]["zero_shot"] for r in runs if r["retrieval"].get("zero_shot")]
+    if not shots:
+        return "-"
+    change = mean_std([z["change"] for z in shots])
+    return f"{np.mean([z['before'] for z in shots]):.2f} -> {np.mean([z['after'] for z in shots]):.2f} " \
+           f"({change[0]:+.2f} ± {change[1]:.2f})"
+
+
+def fit_seconds(runs: list[dict[str, Any]]) -> str:
+    seconds = [r["timings"]["adapter_fit_seconds"] for r in runs]
+    return f"{np.mean(seconds):.1f}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def group_tables(pair: str, dataset: str, by_adapter: dict[str, list[dict[str, Any]]]) -> str:
+    names = sorted(by_adapter, key=lambda n: (n != "none", n))
+    first = by_adapter[names[0]][0]
+    models = first["models"]
+    about = (f"`{models['old']['spec']}` ({models['old']['feature_dim']}-d) -> `{models['new']['spec']}` "
+             f"({models['new']['feature_dim']}-d); fitted on {first['retrieval']['fitting_items']} train images, "
+             f"{first['retrieval']['queries']} test images as query and gallery; seeds per row: "
+             f"{', '.join(f'{n} {len(by_adapter[n])}' for n in names)}")
+    cases = table(["adapter", *PAPER_CASES], [[n, *(case_cell(by_adapter[n], c) for c in PAPER_CASES)]
+                                               for n in names])
+    backfill = table(["adapter", *(f"AUC {o}" for o in BACKFILL_ORDERS), "zero-shot top-1 (change)", "fit s"],
+                     [[n, *(auc_cell(by_adapter[n], o) for o in BACKFILL_ORDERS), zero_shot_cell(by_adapter[n]),
+                       fit_seconds(by_adapter[n])] for n in names])
+    return (f"### {pair}, {dataset}\n\n{about}\n\nCMC top-1 / mAP (%), mean over seeds (± seed std of top-1):\n\n"
+            f"{cases}\n\nBackfilling AUC top-1 / mAP (%), zero-shot ImageNet-1k top-1 of the new encoder before -> "
+            f"after B (change in points), mean adapter fit time:\n\n{backfill}\n")
+
+
+def published_tables() -> str:
+    t1 = LAMBDA_ORTH_TABLE_1B
+    rows = [[name, *(f"{v[0]:.2f} / {v[1]:.2f}" if (v := cells.get(c)) else "-" for c in PAPER_CASES),
+             f"{cells['auc'][0]:.2f} / {cells['auc'][1]:.2f}" if "auc" in cells else "-"]
+            for name, cells in t1["rows"].items()]
+    t2 = LAMBDA_ORTH_TABLE_2
+    rows2 = [[name, *(f"{cells[c]:.2f}" if c in cells else "-" for c in PAPER_CASES),
+              f"{cells['ZS']:+.3f}" if "ZS" in cells else "-"] for name, cells in t2["rows"].items()]
+    return (f"### Published (other models and data: {LAMBDA_ORTH_SOURCE})\n\n{t1['setting']}, top-1 / mAP (%):\n\n"
+            + table(["adapter", *PAPER_CASES, "backfill AUC"], rows)
+            + f"\n\n{t2['setting']}:\n\n" + table(["adapter", *PAPER_CASES, "ZS"], rows2) + "\n")
+
+
+def curves_figure(groups: dict[Group, dict[str, list[dict[str, Any]]]], path: Path,
+                  order: str = "class_mean_distance") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(groups)
+    fig, axes = plt.subplots(len(keys), 2, figsize=(11, 3.2 * len(keys)), squeeze=False)
+    for row, key in zip(axes, keys):
+        for name, runs in sorted(groups[key].items()):
+            curves = [r["retrieval"]["backfilling"]["curves"].get(order) for r in runs]
+            curves = [c for c in curves if c]
+            if not curves:
+                continue
+            betas = runs[0]["retrieval"]["backfilling"]["betas"]
+            for ax, score in zip(row, ("top1", "mAP")):
+                ax.plot(betas, np.mean([c[score] for c in curves], axis=0), label=name,
+                        linestyle="--" if name == "none" else "-")
+        for ax, score in zip(row, ("CMC top-1 (%)", "mAP (%)")):
+            ax.set_title(f"{key[0]}, {key[1]}: {score}", fontsize=9)
+            ax.set_xlabel("backfilled fraction β (class-mean L2 order)")
+            ax.grid(alpha=0.3)
+        row[1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", default="results/pretrained")
+    parser.add_argument("--out", default=None, help="folder of tables.md and backfilling.png (default --results)")
+    args = parser.parse_args(argv)
+    results = Path(args.results)
+    out = Path(args.out or results)
+    groups = grouped(results)
+    if not groups:
+        print(f"no leave-one-out records under {results}; run python -m cl2r_bench.tools.pretrained_study first")
+        return 2
+    text = "\n".join(group_tables(pair, dataset, groups[pair, dataset]) for pair, dataset in sorted(groups))
+    (out / "tables.md").write_text("# Pretrained-encoder study: tables\n\nWritten by `python -m "
+                                   "cl2r_bench.tools.pretrained_report` from the records under this folder.\n\n"
+                                   + text + "\n" + published_tables())
+    curves_figure(groups, out / "backfilling.png")
+    print(f"wrote {out / 'tables.md'} and {out / 'backfilling.png'} ({len(groups)} pair and data set groups)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
