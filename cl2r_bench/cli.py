@@ -211,8 +211,11 @@ def command_run(args: argparse.Namespace) -> int:
     from cl2r_bench.distributed import leave
     from cl2r_bench.run import Run
 
+    from cl2r_bench.sweep import distinct_runs
+
     try:
-        runs = [Run(assemble(cfg), resume=args.resume, overwrite=args.overwrite) for cfg in resolved_configs(args)]
+        parts = distinct_runs([assemble(cfg) for cfg in resolved_configs(args)])
+        runs = [Run(part, resume=args.resume, overwrite=args.overwrite) for part in parts]
         say = print if runs[0].main else (lambda *_, **__: None)
         records = []
         for run in runs:

@@ -183,6 +183,10 @@ def adapt_settings(assignments: list[str]) -> dict[str, Any]:
         raise ConfigError(f"model_update.backfill_orders = {orders!r}; give a list from {list(BACKFILL_ORDERS)}")
     if steps < 1:
         raise ConfigError(f"model_update.backfill_steps = {steps!r} must be at least 1")
+    from cl2r_bench.adapters import make_adapter
+
+    for name in merged["adapter_params"]:
+        make_adapter(name, merged["adapter_params"])
     return {"adapter_params": merged["adapter_params"], **merged["model_update"]}
 
 
@@ -379,6 +383,18 @@ def _check_encoders(config: dict[str, Any]) -> None:
                           "--set model_update.new=SPEC")
 
 
+def _check_part_names(config: dict[str, Any], section: str, check: Any) -> None:
+    """Every name under ``strategy_params`` / ``adapter_params`` is a registered part whose parameters are valid, used
+    or not, so that a typo is an error as an unknown key is everywhere else (issue 29)."""
+    from cl2r_bench.registry import PartError
+
+    for name in config[section]:
+        try:
+            check(name)
+        except PartError as exc:
+            raise ConfigError(str(exc) if str(exc).startswith(section) else f"{section}.{name}: {exc}") from None
+
+
 def _check_parts(config: dict[str, Any]) -> None:
     """The strategy, the adapter and the training settings, checked by the classes that use them."""
     from cl2r_bench.adapters import make_adapter
@@ -389,6 +405,8 @@ def _check_parts(config: dict[str, Any]) -> None:
     for path in config["plugins"]:
         load_plugin(path)
     strategy_parameters(config["strategy"], config["strategy_params"])
+    _check_part_names(config, "strategy_params", lambda name: strategy_parameters(name, config["strategy_params"]))
+    _check_part_names(config, "adapter_params", lambda name: make_adapter(name, config["adapter_params"]))
     TrainSettings(**config["training"])
     if config["adapter"]["name"] != "none":
         adapter = make_adapter(config["adapter"]["name"], config["adapter_params"])

@@ -44,14 +44,6 @@ class CachedFeatures:
     seconds: float
 
 
-def data_digest(images: ImageSet) -> str:
-    """sha256 of the images' and labels' bytes and shapes: the identity of the data actually embedded."""
-    digest = hashlib.sha256(f"{tuple(images.images.shape)}|{images.images.dtype}".encode())
-    digest.update(images.images.cpu().contiguous().numpy().tobytes())
-    digest.update(images.labels.cpu().to(torch.int64).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def cache_key(description: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -65,7 +57,7 @@ def cached_features(encoder: Encoder, images: ImageSet, *, data: dict[str, Any],
     device = torch.device(device)
     precision = str(autocast_dtype(amp, device) or "float32")
     description = json.loads(json.dumps({"encoder": encoder.describe(), "precision": precision,
-                                         "data": {**data, "images": len(images), "sha256": data_digest(images)}}))
+                                         "data": {**data, "images": len(images), "sha256": images.digest()}}))
     path = Path(cache_dir) / f"{cache_key(description)}.pt"
     entry = read_entry(path, description)
     if entry is not None:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from cl2r_bench.config import ConfigError, flatten, parse_assignment, safe_name
+from cl2r_bench.config import FLOAT_TEXT, ConfigError, flatten, parse_assignment, safe_name
 
 if TYPE_CHECKING:
     from cl2r_bench.assembly import Assembly
@@ -86,6 +86,11 @@ def set_grid(assignments: list[str], lists: set[str]) -> list[tuple[list[str], s
     point of the product, its ``--set`` assignments and the name of its results folder under ``--output``
     (``KEY=v1,KEY2=w1``, characters a folder name cannot hold written ``-``; ``""`` without a grid)."""
     choices = [_choices(text, lists) for text in assignments]
+    keys = [text.split("=", 1)[0].strip() for text in assignments]
+    for key, options in zip(keys, choices):
+        if options[0][1] and keys.count(key) > 1:
+            raise ConfigError(f"--set {key} is given {keys.count(key)} times and one of them is a grid; the last "
+                              "would silently replace the grid at every point: give it once")
     points = []
     for chosen in itertools.product(*choices):
         folder = ",".join(name for _, name in chosen if name)
@@ -107,6 +112,11 @@ def _choices(text: str, lists: set[str]) -> list[tuple[str, str]]:
                           "their own folders under it")
     if not value:
         raise ConfigError(f"--set {text}: a grid dimension needs at least one value")
+    numbers = [float(v) if isinstance(v, str) and FLOAT_TEXT.fullmatch(v.strip()) else v for v in value]
+    repeated = [v for i, v in enumerate(numbers) if v in numbers[:i]]
+    if repeated:
+        raise ConfigError(f"--set {text}: the value {repeated[0]!r} is given twice (as the settings read it); give "
+                          "each value of a grid dimension once")
     return [(f"{key}={json.dumps(v)}", UNSAFE.sub("-", f"{key}={v if isinstance(v, str) else json.dumps(v)}"))
             for v in value]
 
@@ -137,14 +147,8 @@ def plan(runs: list[Assembly], folder: Path) -> list[Job]:
     them could be run and recorded there."""
     from benchmarks.records import atomic_write_text
 
-    first: dict[Path, Assembly] = {}
-    for run in runs:
-        if run.directory in first:
-            _same_point(first[run.directory], run)
-        else:
-            first[run.directory] = run
     jobs = []
-    for run in first.values():
+    for run in distinct_runs(runs):
         name = "-".join(run.directory.relative_to(folder.parent).parts)
         job = Job(run.directory, name, folder / "jobs" / f"{name}.yaml", folder / "logs" / f"{name}.log")
         atomic_write_text(job.job_file, yaml.safe_dump(run.config, sort_keys=False))
@@ -152,12 +156,25 @@ def plan(runs: list[Assembly], folder: Path) -> list[Job]:
     return jobs
 
 
+def distinct_runs(runs: list[Assembly]) -> list[Assembly]:
+    """One run per run folder: runs with the same resolved config are one, and runs whose configs differ but whose
+    folders are the same are a :class:`ConfigError` naming what differs (only one of them could be recorded there;
+    e.g. ``--adapter all --set adapter.label=x``), raised before anything runs."""
+    first: dict[Path, Assembly] = {}
+    for run in runs:
+        if run.directory in first:
+            _same_point(first[run.directory], run)
+        else:
+            first[run.directory] = run
+    return list(first.values())
+
+
 def _same_point(one: Assembly, other: Assembly) -> None:
     flat, other_flat = flatten(one.config), flatten(other.config)
     differ = sorted(k for k in flat.keys() | other_flat.keys() if flat.get(k) != other_flat.get(k))
     if differ:
         shown = "; ".join(f"{k}={flat.get(k)!r} and {k}={other_flat.get(k)!r}" for k in differ[:3])
-        raise ConfigError(f"two points of the sweep would share the run folder {one.directory}: {shown}"
+        raise ConfigError(f"two runs asked for would share the run folder {one.directory}: {shown}"
                           f"{'; ...' if len(differ) > 3 else ''}; give them their own folders (separate sweeps with "
                           "--output, or a setting that names the folder, such as adapter.label)")
 

@@ -73,6 +73,14 @@ class ImageSet:
     def select(self, index: torch.Tensor) -> "ImageSet":
         return ImageSet(self.images[index], self.labels[index])
 
+    def digest(self) -> str:
+        """sha256 of the images' shape, dtype and bytes and of the labels: the identity of the data, for cache keys
+        that must change with every setting that changes the data (issue 29)."""
+        digest = hashlib.sha256(f"{tuple(self.images.shape)}|{self.images.dtype}".encode())
+        digest.update(self.images.cpu().contiguous().numpy().tobytes())
+        digest.update(self.labels.cpu().to(torch.int64).numpy().tobytes())
+        return digest.hexdigest()
+
 
 @dataclass
 class DataSplits:

@@ -278,3 +278,28 @@ def test_a_second_pretraining_of_the_same_model_waits_for_the_first(tmp_path):
     holder.wait()
     assert said == [f"waiting for pid {holder.pid} on host {socket.gethostname()}, which holds the pretraining of "
                     "model.pt"]
+
+
+@pytest.mark.parametrize("change", [{"train_per_class": 6}, {"test_per_class": 3}, {"image_size": 20},
+                                    {"num_classes": 9}])
+def test_a_pretrained_model_is_cached_per_data_so_no_data_setting_is_served_anothers_model(tmp_path, change):
+    """Issue 29: every setting that changes the data a replacement model is trained (or validated) on changes its
+    cache key: the key holds the data's digest, not only the data set's name."""
+    from cl2r_bench.settings import TrainSettings
+    from cl2r_bench.training.pretrain import pretrained_replacement
+    from scenarios.datasets import make_synthetic
+
+    base = {"num_classes": 8, "train_per_class": 4, "test_per_class": 2, "image_size": 16}
+    settings = TrainSettings.with_defaults(epochs=1, batch_size=16, progress=False)
+    kwargs = {"backbone": "small_cnn", "simplex_vertices_count": 16, "small_width": 4, "small_out_dim": 8}
+
+    def path(data):
+        return pretrained_replacement(data, [0, 1, 2], head="learnable", model_kwargs=kwargs, settings=settings,
+                                      images_per_class=None, device=torch.device("cpu"), seed=0,
+                                      cache_dir=tmp_path, log=lambda _: None)
+
+    first, _ = path(make_synthetic(**base))
+    again, cached = path(make_synthetic(**base))
+    other, other_cached = path(make_synthetic(**{**base, **change}))
+    assert again == first and cached
+    assert other != first and not other_cached

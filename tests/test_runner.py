@@ -197,3 +197,30 @@ def test_a_run_ends_by_saying_where_the_figures_are_and_what_to_do_next(tiny, tm
     assert last[0] == f"figures: {out}/cl2r/synthetic/er/seed42/*.png"
     assert last[1].startswith(f"next: python runner.py leaderboard --results {out}")
     assert last[2].startswith("note: on the generated data these numbers show that the pipeline runs end to end")
+
+
+def test_runs_of_one_command_that_would_share_a_folder_are_refused_before_any_runs(tmp_path, capsys):
+    """Issue 29: --adapter all with one adapter.label would write every adapter into one folder, each replacing the
+    last; it is one line, exit 2, and nothing is written."""
+    from cl2r_bench.cli import main
+
+    code = main(["--scenario", "model_update", "--dataset", "synthetic", "--adapter", "all", "--set",
+                 "adapter.label=same", "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "two runs asked for would share the run folder" in err and "adapter.name" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("strategy_params.err.lr=1", "strategy_params.err: unknown strategy 'err'"),
+    ("adapter_params.procrusts.anchors=3", "adapter_params.procrusts: unknown adapter 'procrusts'"),
+    ("adapter_params.procrustes.anchors=-3", "anchors must be at least 1, not -3"),
+    ("adapter_params.irp.anchors=0", "anchors must be at least 1, not 0"),
+])
+def test_parameters_of_parts_a_run_does_not_use_are_still_checked(setting, message, tmp_path, capsys):
+    """Issue 29: a typo in a part's name, or an invalid value of a part the run does not use, is an error, as an
+    unknown key is everywhere else."""
+    from cl2r_bench.cli import main
+
+    assert main(["--dataset", "synthetic", "--set", setting, "--output", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err

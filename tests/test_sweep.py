@@ -90,7 +90,10 @@ def test_the_points_of_a_set_grid_get_their_own_folders_and_list_settings_stay_v
 
 @pytest.mark.parametrize("args, message", [
     (["--strategy", "er", "cores", "--adapter", "fct", "--set", "adapter.label=mine"],
-     "two points of the sweep would share the run folder"),
+     "two runs asked for would share the run folder"),
+    (["--strategy", "er", "--set", "training.lr=[0.1,0.2]", "--set", "training.lr=0.05"],
+     "--set training.lr is given 2 times and one of them is a grid"),
+    (["--strategy", "er", "--set", "training.lr=[0.01,1e-2]"], "the value 0.01 is given twice"),
     (["--strategy", "er", "--set", "output=[a,b]"], "a sweep has one results folder (--output)"),
     (["--strategy", "er", "--set", "training.lr=[]"], "a grid dimension needs at least one value"),
     (["--strategy", "er", "--set", f"data_root=[{'d' * 100}]"], "cannot name a results folder"),

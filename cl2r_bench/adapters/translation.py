@@ -60,6 +60,10 @@ class LinearMap(nn.Module):
 class AnchorConfig:
     anchors: int = 2048              # fitting items used as parallel anchors (all when fewer)
 
+    def __post_init__(self) -> None:
+        if self.anchors < 1:
+            raise ValueError(f"anchors must be at least 1, not {self.anchors}")
+
 
 @dataclass(frozen=True)
 class IRPConfig:
@@ -68,6 +72,8 @@ class IRPConfig:
     subspaces: int = 16              # ω: prunings from random starts, averaged
 
     def __post_init__(self) -> None:
+        if self.anchors < 1:
+            raise ValueError(f"anchors must be at least 1, not {self.anchors}")
         if not 0 <= self.delta <= 1:
             raise ValueError(f"delta must be in [0, 1], not {self.delta}")
         if self.subspaces < 1:

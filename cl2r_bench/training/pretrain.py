@@ -182,7 +182,8 @@ def pretrained_replacement(data: DataSplits, classes: list[int], *, head: str, m
     ``keep_classifier`` saves the whole model, classifier included (the model_update scenario's models).
     ``plateau`` selects the plateau schedule (module docstring); ``None`` is the cosine schedule. The spec and
     the training log are written to ``<model>.json``."""
-    spec = {"dataset": data.name, "classes": classes, "head": head, **model_kwargs,
+    spec = {"dataset": data.name, "data_sha256": [data.train.digest(), data.test.digest()], "classes": classes,
+            "head": head, **model_kwargs,
             "settings": {k: v for k, v in settings.__dict__.items() if k not in SPEED_OPTIONS} | {"progress": None},
             "images_per_class": images_per_class,
             "seed": seed, "image_size": int(data.train.images.shape[-1])}
