@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from cl2r_bench.adapters import Adapter, AdapterError, make_adapter
-from cl2r_bench.config import ConfigError, safe_name
+from cl2r_bench.config import ConfigError, safe_name, writable_folder
 from cl2r_bench.distributed import SINGLE, Processes, place
 from cl2r_bench.encoders import encoder_model
 from cl2r_bench.models import RetrievalModel, build_model
@@ -114,7 +114,10 @@ def run_directory(settings: RunSettings, label: str) -> Path:
     before it becomes a path component, so no setting can point outside ``output``."""
     names = [safe_name(settings.scenario, "scenario"), safe_name(settings.dataset, "dataset"),
              safe_name(label, "adapter.label" if settings.adapter.label else "strategy")]
-    return Path(settings.output).joinpath(*names, f"seed{int(settings.seed)}")
+    for folder, setting in ((settings.replacement.pretrain.cache_dir, "replacement.pretrain.cache_dir"),
+                            (settings.model_update.feature_cache, "model_update.feature_cache")):
+        writable_folder(folder, setting)
+    return writable_folder(settings.output, "output").joinpath(*names, f"seed{int(settings.seed)}")
 
 
 def resolve_device(name: str) -> torch.device:

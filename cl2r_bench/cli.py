@@ -66,8 +66,16 @@ def _add_run_options(p: argparse.ArgumentParser, several: bool = False) -> None:
                    "and AC_t / AA_t to <run folder>/tensorboard/ (needs pip install tensorboard)")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with bad input as one line (what is wrong and where the options are listed), exit code 2, instead
+    of the whole usage block (issue 29); every subcommand's parser is one too."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="runner.py", description=__doc__,
+    parser = OneLineParser(prog="runner.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="train and evaluate (the default command)")
@@ -320,10 +328,13 @@ def command_adapt(args: argparse.Namespace) -> int:
     from cl2r_bench.adapt import evaluate_adapter, export_adapter, study_from_embeddings, study_record, summary_json
     from cl2r_bench.adapters import list_adapters, make_adapter
     from cl2r_bench.assembly import resolve_device
-    from cl2r_bench.config import adapt_settings, safe_name
+    from cl2r_bench.config import adapt_settings, safe_name, writable_folder
     from benchmarks.records import atomic_write_json, atomic_write_text
 
     settings = adapt_settings(args.set)
+    writable_folder(args.output, "--output")
+    if args.export is not None:
+        writable_folder(args.export, "--export")
     names = ["none", *list_adapters()] if args.adapter == "all" else [args.adapter]
     for name in names:
         if name != "none":

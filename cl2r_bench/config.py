@@ -49,12 +49,32 @@ def safe_name(name: object, setting: str) -> str:
     return name
 
 
+def writable_folder(path: str | Path, setting: str) -> Path:
+    """``path`` when it is, or can be made, a folder this process writes in: not empty, no existing part of it a
+    file, and its nearest existing folder writable; else a one-line :class:`ConfigError` naming ``setting`` (issue
+    29), raised before any data is read."""
+    import os
+
+    if not str(path).strip():
+        raise ConfigError(f"{setting} is empty; give a folder (e.g. results)")
+    folder = Path(path)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"{setting} = {path}: {existing} is a file, not a folder; give another folder")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{setting} = {path}: {existing} is not writable; give a folder you can write in")
+    return folder
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping; a missing, unreadable or non-mapping file is a :class:`ConfigError`."""
     try:
         data = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at position "
+                          f"{exc.start}); save it as UTF-8") from None
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if data is None:

@@ -303,3 +303,31 @@ def test_a_pretrained_model_is_cached_per_data_so_no_data_setting_is_served_anot
     other, other_cached = path(make_synthetic(**{**base, **change}))
     assert again == first and cached
     assert other != first and not other_cached
+
+
+def bad_paths(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    (tmp_path / "latin1.yaml").write_bytes(b"\xff\xfeseed: 1")
+    return [(["--output", str(afile / "sub")], "is a file, not a folder"),
+            (["--output", str(afile)], "is a file, not a folder"),
+            (["--output", ""], "output is empty"),
+            (["--set", f"replacement.pretrain.cache_dir={afile / 'c'}"], "replacement.pretrain.cache_dir"),
+            (["--set", f"model_update.feature_cache={afile}"], "model_update.feature_cache"),
+            (["--config", str(tmp_path / "latin1.yaml")], "is not UTF-8 text (byte 0xff at position 0)"),
+            (["--epochs", "abc"], "argument --epochs: invalid int value: 'abc'")]
+
+
+def test_bad_paths_files_and_values_are_one_line_before_anything_runs(tmp_path, capsys):
+    """Issue 29: output folders below a file, an empty output, a config file that is not UTF-8 and a value of the
+    wrong type are one line and exit 2, and nothing is written."""
+    from cl2r_bench.cli import main
+
+    for args, message in bad_paths(tmp_path):
+        try:
+            code = main(["--dataset", "synthetic", *args])
+        except SystemExit as exit_:
+            code = exit_.code
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (args, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "latin1.yaml"]
