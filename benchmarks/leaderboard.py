@@ -143,19 +143,25 @@ def collect(results_dir: str | Path) -> tuple[list[RunRecord], list[tuple[Path, 
     into a row nor crashes a table.
     """
     complete, skipped = [], []
+    seen: dict[str, Path] = {}
     for path, record, problem in checked_records(results_dir):
+        identity = None if problem else json.dumps(record, sort_keys=True, default=str)
         if problem:
             skipped.append((path, problem))
+        elif identity in seen:
+            skipped.append((path, f"a copy of {seen[identity]} (the same record), counted once"))
         else:
+            seen[identity] = path
             complete.append(record)
     return complete, skipped
 
 
-def _spread(values: list[float]) -> tuple[float, float] | None:
-    """``(mean, sample std)`` of ``values`` (std 0 for one value), or None when there is none."""
+def _spread(values: list[float]) -> tuple[float, float | None] | None:
+    """``(mean, sample std)`` of ``values``, or None when there is none. One value has no spread: its std is None,
+    shown as no "±" and an empty csv cell, never as a std of 0 (issue 28)."""
     if not values:
         return None
-    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else None
 
 
 def experiment_settings(record: RunRecord) -> dict[str, Any]:

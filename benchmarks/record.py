@@ -25,6 +25,7 @@ wrote them; a hand-made record may lack them, so a reader that needs them checks
 import json
 import math
 import reprlib
+import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -325,9 +326,19 @@ def checked_records(results_dir: str | Path) -> Iterator[tuple[Path, RunRecord |
             yield path, None, exc.problem
 
 
+MAX_RECORD_BYTES = 64 << 20
+"""A metrics.json is a few hundred kB (the per-entry noise intervals of a 31-task run); larger is not a record."""
+
+
 def _parse(path: Path) -> tuple[Any, str | None]:
-    """``(parsed JSON, None)``, or ``(None, why the file cannot be read)`` in one line."""
+    """``(parsed JSON, None)``, or ``(None, why the file cannot be read)`` in one line. Only regular files of at
+    most :data:`MAX_RECORD_BYTES` are read, so a FIFO or a link to a device never hangs a reader (issue 29)."""
     try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            return None, "not a regular file (a FIFO, device or link to one); a metrics.json is a file"
+        if info.st_size > MAX_RECORD_BYTES:
+            return None, f"{info.st_size} bytes, more than a record holds ({MAX_RECORD_BYTES >> 20} MB)"
         return json.loads(path.read_text(encoding="utf-8")), None
     except OSError as exc:
         return None, f"unreadable ({exc.strerror or exc})"

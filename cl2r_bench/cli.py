@@ -128,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "machine, one GPU each when there are several; slurm: one SLURM job array (submitit)")
     sweep.add_argument("--jobs", type=int, default=1, help="runs at a time with --launcher local (default "
                        "%(default)s)")
+    sweep.add_argument("--max-runs", type=int, default=1000, help="refuse a grid of more runs than this before "
+                       "planning it (default %(default)s), so a typo in a grid never plans for hours")
     add_slurm_options(sweep)
     adapt = sub.add_parser("adapt", help="fit adapters on your own old and new embeddings and measure them by the "
                            "adapter papers' leave-one-out protocol (docs/METHODS.md §7b)",
@@ -432,8 +434,7 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     if args.format == "csv" and args.table is None and args.timing and args.matrices:
         raise UsageError("--format csv prints one table but --timing and --matrices ask for several; choose one "
                          "with --table timing, --table across or --table matrices")
-    if not Path(args.results).is_dir():
-        raise UsageError(f"results folder {args.results} does not exist; pass --results DIR")
+    existing_folder(args.results, "; pass --results DIR")
     records, skipped = collect(args.results)
     for path, reason in skipped:
         print(f"skipped {path}: {reason}", file=sys.stderr)
@@ -459,14 +460,21 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def existing_folder(path: str, hint: str = "") -> Path:
+    """``path`` when it is a folder; a file or a missing path is a :class:`UsageError` saying which."""
+    folder = Path(path)
+    if not folder.is_dir():
+        state = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise UsageError(f"results folder {folder} {state}{hint or '; pass a folder that holds metrics.json files'}")
+    return folder
+
+
 def command_plot(args: argparse.Namespace) -> int:
     """Redraw each complete run's figures and draw comparisons (``benchmarks.plots.plot_results``) from the
     records alone, so figures follow plotting fixes and compare experiments without retraining."""
     from benchmarks.plots import plot_results
 
-    results = Path(args.results_dir)
-    if not results.is_dir():
-        raise UsageError(f"results folder {results} does not exist; pass a folder that holds metrics.json files")
+    results = existing_folder(args.results_dir)
     out = Path(args.out) if args.out else results / "plots"
     try:
         run_figures, comparisons, skipped = plot_results(results, out)

@@ -39,6 +39,23 @@ class ConfigError(ValueError):
     """A config file, key or value is invalid; the message says which and how to fix it."""
 
 
+class PlainLoader(yaml.SafeLoader):
+    """YAML without aliases: a config never needs them, and a few hundred bytes of nested aliases expand into
+    gigabytes (a "billion laughs" file hangs a run; issue 29)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise ConfigError(f"YAML aliases (*name) are not accepted in settings (line {mark.line + 1}); write the "
+                              "values out")
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse settings text as YAML without aliases (:class:`PlainLoader`)."""
+    return yaml.load(text, Loader=PlainLoader)
+
+
 def safe_name(name: object, setting: str) -> str:
     """``name`` when it can be one path component (letters, digits and ``_ . + = , -``, not starting with a dot,
     at most 100 characters), else a :class:`ConfigError`: no setting may lead a run to write or delete outside its
@@ -69,7 +86,7 @@ def writable_folder(path: str | Path, setting: str) -> Path:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping; a missing, unreadable or non-mapping file is a :class:`ConfigError`."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = load_yaml(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except UnicodeDecodeError as exc:
@@ -149,7 +166,7 @@ def parse_assignment(text: str) -> dict[str, Any]:
         raise ConfigError(f"--set {text!r}: use section.key=value, e.g. --set training.epochs=5")
     dotted, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw)
+        value = load_yaml(raw)
     except yaml.YAMLError:
         raise ConfigError(f"--set {text!r}: the value is not valid YAML") from None
     if isinstance(value, bool) and raw.strip().lower() not in ("true", "false"):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import math
 import json
 import os
 import re
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from benchmarks.record import RecordError, read_record
 from cl2r_bench.config import FLOAT_TEXT, ConfigError, flatten, parse_assignment, safe_name
 
 if TYPE_CHECKING:
@@ -54,13 +56,13 @@ class Job:
     log_file: Path
 
     def status(self) -> str:
-        """``complete``, ``partial`` (a run state to resume) or ``new``."""
+        """``complete`` (a record the leaderboard accepts: the same check, :func:`benchmarks.record.read_record`),
+        ``partial`` (a run state to resume) or ``new``."""
         try:
-            if json.loads((self.directory / "metrics.json").read_text()).get("complete") is True:
-                return "complete"
-        except (OSError, ValueError, AttributeError):
-            pass
-        return "partial" if (self.directory / "state.pt").exists() else "new"
+            read_record(self.directory / "metrics.json")
+            return "complete"
+        except RecordError:
+            return "partial" if (self.directory / "state.pt").exists() else "new"
 
     def command(self) -> list[str]:
         """The run command of the job, with ``--resume`` when its folder holds an interrupted run (asked when the
@@ -128,7 +130,13 @@ def grid_runs(args: argparse.Namespace) -> tuple[list[Assembly], Path]:
     from cl2r_bench.assembly import assemble
     from cl2r_bench.cli import GRID_OPTIONS, resolved_configs
 
-    points = set_grid(args.set, list_settings())
+    lists = list_settings()
+    planned = math.prod(len(_choices(text, lists)) for text in args.set) * len(args.seeds or [None]) * math.prod(
+        len(getattr(args, name) or [None]) for name in GRID_OPTIONS)
+    if planned > args.max_runs:
+        raise ConfigError(f"the sweep asks for {planned} runs (before 'all' expands), more than --max-runs "
+                          f"{args.max_runs}; narrow the grid, or pass --max-runs {planned} if you mean it")
+    points = set_grid(args.set, lists)
     output, runs = None, []
     for values in itertools.product(*((getattr(args, name) or [None]) for name in GRID_OPTIONS)):
         for assignments, folder in points:

@@ -141,7 +141,8 @@ def test_leaderboard_skips_and_names_bad_files(results, capsys):
     (header, row), = [list(csv.reader(io.StringIO(out)))]
     assert header[3:9] == ["AC_mean", "AC_std", "AA_mean", "AA_std", "ACA_mean", "ACA_std"]
     assert row[:3] == ["iamcl2r", "synthetic", "er"] and row[-1] == "1"
-    assert [float(v) for v in row[3:9]] == pytest.approx([metrics["AC"], 0, metrics["AA"], 0, metrics["ACA"], 0])
+    assert [float(v) for v in row[3:9:2]] == pytest.approx([metrics["AC"], metrics["AA"], metrics["ACA"]])
+    assert row[4:10:2] == ["", "", ""]
     assert "skipped" not in out and not any(str(path) in out for path in bad.values())
     notes = err.strip().splitlines()
     assert len(notes) == len(BAD_FILES)
@@ -251,3 +252,21 @@ def test_matrices_of_different_sizes_in_one_group_do_not_crash(tmp_path, capsys)
     assert runner.main(["leaderboard", "--results", str(tmp_path), "--matrices"]) == 0
     out = capsys.readouterr().out
     assert "#### iamcl2r / synthetic / er [2 tasks] (1 seed)" in out and "er [3 tasks] (1 seed)" in out
+
+
+def test_fifos_device_links_and_copies_are_named_never_read_or_counted_twice(tmp_path, capsys):
+    """Issue 29: a metrics.json that is a FIFO or a link to /dev/zero would hang or fill memory: it is skipped with
+    its reason; a copy of a record is counted once, not as a second seed."""
+    import os
+
+    write(tmp_path, "run", valid_record(1))
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "metrics.json").write_bytes((tmp_path / "run" / "metrics.json").read_bytes())
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "metrics.json")
+    (tmp_path / "zero").mkdir()
+    (tmp_path / "zero" / "metrics.json").symlink_to("/dev/zero")
+    assert runner.main(["leaderboard", "--results", str(tmp_path), "--format", "csv", "--table", "main"]) == 0
+    out, err = capsys.readouterr()
+    assert list(csv.DictReader(io.StringIO(out)))[0]["seeds"] == "1"
+    assert err.count("not a regular file") == 2 and "a copy of" in err

@@ -331,3 +331,31 @@ def test_bad_paths_files_and_values_are_one_line_before_anything_runs(tmp_path, 
         err = capsys.readouterr().err
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (args, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "latin1.yaml"]
+
+
+def test_yaml_aliases_are_refused_in_config_files_and_set_values(tmp_path, capsys):
+    """Issue 29: nested aliases ("billion laughs") expand a few hundred bytes into gigabytes; settings never need
+    them, so any alias is one line, exit 2."""
+    from cl2r_bench.cli import main
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text('a: &a ["x", "x"]\nb: &b [*a, *a]\nc: [*b, *b]\n')
+    assert main(["--dataset", "synthetic", "--config", str(bomb), "--output", str(tmp_path / "o")]) == 2
+    assert "YAML aliases (*name) are not accepted in settings (line 2)" in capsys.readouterr().err
+    assert main(["--dataset", "synthetic", "--set", "replacement.tasks=[&a 0, *a]", "--output", str(tmp_path)]) == 2
+    assert "YAML aliases" in capsys.readouterr().err
+
+
+def test_a_sweep_reruns_a_point_whose_record_the_leaderboard_would_reject(tmp_path):
+    """Issue 29: a hand-written {"complete": true} is not a finished run for the sweep either (one record check)."""
+    from cl2r_bench.sweep import Job
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "metrics.json").write_text('{"complete": true}')
+    job = Job(folder, "run", tmp_path / "job.yaml", tmp_path / "job.log")
+    assert job.status() == "new"
+    from test_leaderboard_input import valid_record
+
+    (folder / "metrics.json").write_text(json.dumps(valid_record()))
+    assert job.status() == "complete"
