@@ -47,6 +47,7 @@ import functools
 import inspect
 import math
 import time
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -162,9 +163,43 @@ def check_params(name: str, params: dict[str, Any] | None) -> dict[str, Any]:
     if missing:
         raise AvalancheStrategyError(f"strategy_params of {name}: {missing} have no default and must be set; "
                                      f"valid keys: {sorted(settable)}")
+    for key, value in params.items():
+        problem = _value_problem(value, settable[key])
+        if problem:
+            raise AvalancheStrategyError(f"strategy_params of {name}: {key} = {value!r} {problem}")
     defaults = {k: p.default for k, p in settable.items() if p.default is not inspect.Parameter.empty
                 and _plain(p.default)}
     return {**defaults, **params}
+
+
+PLAIN_TYPES = (bool, int, float, str)
+
+
+def _value_problem(value: Any, parameter: inspect.Parameter) -> str | None:
+    """Why ``value`` cannot be the constructor argument ``parameter``, judged by its annotation (``float``, ``int``,
+    ``bool``, ``str``, optionally ``Optional``) or, without one, its plain default's type; None when it can, or when
+    the annotation says nothing checkable. A negative number is refused where the default is a number at least 0 or
+    the annotation is ``int`` without a default (sizes, counts and weights; issue 29)."""
+    annotation = parameter.annotation
+    allowed = [a for a in typing.get_args(annotation) if a is not type(None)] if typing.get_origin(
+        annotation) is typing.Union else [annotation]
+    if value is None and (type(None) in typing.get_args(annotation) or parameter.default is None):
+        return None
+    kinds = [a for a in allowed if a in PLAIN_TYPES] or ([type(parameter.default)] if isinstance(
+        parameter.default, PLAIN_TYPES) else [])
+    if not kinds:
+        return None
+    fits = any(isinstance(value, bool) if kind is bool else isinstance(value, str) if kind is str else
+               isinstance(value, (int, float)) and not isinstance(value, bool) and (kind is float or
+                                                                                   isinstance(value, int))
+               for kind in kinds)
+    if not fits:
+        return f"has type {type(value).__name__}; the constructor takes {' or '.join(k.__name__ for k in kinds)}"
+    counts = isinstance(parameter.default, (int, float)) and not isinstance(parameter.default, bool) and \
+        parameter.default >= 0 or parameter.default is inspect.Parameter.empty and int in kinds
+    if counts and isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+        return "is negative; it is a size, count or weight (at least 0)"
+    return None
 
 
 class LogitsOnly(nn.Module):

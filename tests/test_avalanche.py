@@ -117,6 +117,7 @@ def test_strategy_names_and_their_checks():
     assert check_params("avalanche:EWC", {"ewc_lambda": 0.4}) == {
         "ewc_lambda": 0.4, "mode": "separate", "decay_factor": None, "keep_importance_data": False, "eval_every": -1}
     assert check_params("avalanche:Replay", {"mem_size": 50})["mem_size"] == 50
+    assert check_params("avalanche:EWC", {"ewc_lambda": 1, "decay_factor": None})["ewc_lambda"] == 1
 
 
 @pytest.mark.parametrize("name, params, words", [
@@ -125,6 +126,10 @@ def test_strategy_names_and_their_checks():
     ("avalanche:EWC", {"ewc_lambda": 0.4, "lamda": 1}, ["unknown key(s) ['lamda']", "'ewc_lambda'"]),
     ("avalanche:Naive", {"optimizer": "adam"}, ["['optimizer'] are set by the suite", "valid keys"]),
     ("avalanche:EWC", {}, ["['ewc_lambda'] have no default and must be set"]),
+    ("avalanche:EWC", {"ewc_lambda": "abc"}, ["ewc_lambda = 'abc' has type str; the constructor takes float"]),
+    ("avalanche:Replay", {"mem_size": -5}, ["mem_size = -5 is negative"]),
+    ("avalanche:Replay", {"mem_size": 2.5}, ["mem_size = 2.5 has type float; the constructor takes int"]),
+    ("avalanche:EWC", {"ewc_lambda": 0.4, "keep_importance_data": "yes"}, ["has type str; the constructor takes bool"]),
 ])
 def test_the_bridge_refuses_in_one_line(name, params, words):
     with pytest.raises(AvalancheStrategyError) as caught:
