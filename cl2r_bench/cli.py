@@ -320,7 +320,10 @@ def command_pretrain(args: argparse.Namespace) -> int:
         key = (s.scenario, replacement_family(parts.head), s.dataset, s.replacement.pretrain.dataset)
         if key not in done:
             done.add(key)
-            parts.scenario.starting_models(parts.scenario.stream(), parts.head, parts.device, print)
+            made = parts.scenario.starting_models(parts.scenario.stream(), parts.head, parts.device, print)
+            if not made:
+                print(f"{s.scenario} starts from no pretrained model: nothing to pretrain (iamcl2r pretrains its "
+                      "replacement models, model_update its old and new models)")
     return 0
 
 

@@ -177,7 +177,8 @@ def load_plugin(path: str) -> None:
 
     file = Path(path)
     if not file.is_file():
-        raise StrategyError(f"plugin {path} does not exist; pass the path of a Python file that registers a strategy")
+        state = "is a folder" if file.is_dir() else "does not exist"
+        raise StrategyError(f"plugin {path} {state}; pass the path of a Python file that registers a strategy")
     module_name = f"cl2r_plugin_{file.stem}"
     if module_name in sys.modules:
         return

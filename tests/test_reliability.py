@@ -359,3 +359,14 @@ def test_a_sweep_reruns_a_point_whose_record_the_leaderboard_would_reject(tmp_pa
 
     (folder / "metrics.json").write_text(json.dumps(valid_record()))
     assert job.status() == "complete"
+
+
+def test_a_plugin_folder_and_an_empty_pretrain_say_what_they_are(tmp_path, capsys):
+    """Issue 29: `--plugin DIR.py` names a folder, and `pretrain` on a scenario without starting models says so."""
+    from cl2r_bench.cli import main
+
+    (tmp_path / "dir.py").mkdir()
+    assert main(["--dataset", "synthetic", "--plugin", str(tmp_path / "dir.py"), "--output", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    assert main(["pretrain", "--scenario", "cl2r", "--dataset", "synthetic"]) == 0
+    assert "nothing to pretrain" in capsys.readouterr().out
