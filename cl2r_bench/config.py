@@ -349,8 +349,13 @@ def _check_replacements(config: dict[str, Any]) -> None:
                               f"replacement task(s) {tasks}; give one file path or encoder spec per task")
         from cl2r_bench.encoders import check_spec, is_spec
 
-        for reference in filter(is_spec, rep["checkpoints"]):
-            check_spec(reference)
+        for reference in rep["checkpoints"]:
+            if is_spec(reference):
+                check_spec(reference)
+            elif not Path(reference).is_file():
+                raise ConfigError(f"replacement.checkpoints: {reference} "
+                                  f"{'is a folder' if Path(reference).is_dir() else 'does not exist'}; give one "
+                                  "state-dict file (or encoder spec) per replacement task")
         return
     pre = rep["pretrain"]
     counts, seed = pre["class_counts"], pre["seed"]

@@ -370,3 +370,12 @@ def test_a_plugin_folder_and_an_empty_pretrain_say_what_they_are(tmp_path, capsy
     assert "is a folder" in capsys.readouterr().err
     assert main(["pretrain", "--scenario", "cl2r", "--dataset", "synthetic"]) == 0
     assert "nothing to pretrain" in capsys.readouterr().out
+
+
+def test_missing_replacement_checkpoints_are_named_before_any_data_is_read(tiny, tmp_path, capsys):
+    from cl2r_bench.cli import main
+
+    code = main(["--config", str(tiny), "--set", f"replacement.checkpoints=[{tmp_path / 'a.pt'},{tmp_path}]",
+                 "--data-root", str(tmp_path / "no_data"), "--output", str(tmp_path / "o")])
+    assert code == 2 and f"{tmp_path / 'a.pt'} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
