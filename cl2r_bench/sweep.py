@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import math
 import json
+import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -200,14 +201,51 @@ def progress(done: int, running: int, failed: int, waiting: int) -> str:
     return f"sweep: {done} done, {running} running, {failed} failed, {waiting} waiting"
 
 
+class SweepStopped(Exception):
+    """The sweep process was sent SIGTERM: its runs are stopped like after Ctrl-C, and it exits with 143."""
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise SweepStopped()
+
+
 def run_local(jobs: list[Job], *, parallel: int, log: Callable[[str], None] = print, poll: float = 0.5) -> int:
     """Run the jobs that are not complete, ``parallel`` at a time; returns 0 when every job is complete, else 1
-    (the failed jobs and their logs are named)."""
+    (the failed jobs and their logs are named). Ctrl-C, ``kill -INT`` or ``kill -TERM`` of the sweep pass SIGINT to
+    its running runs, which keep their finished tasks and stop; the sweep waits for them and exits with 130 (143 for
+    SIGTERM) after one line, so no run is left training as an orphan and the same command resumes (issue 29)."""
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    running: dict[int, tuple[Job, subprocess.Popen, Any]] = {}
+    try:
+        return _run_pool(jobs, running, parallel=parallel, log=log, poll=poll)
+    except (KeyboardInterrupt, SweepStopped) as stop:
+        code = 143 if isinstance(stop, SweepStopped) else 130
+        for job, process, handle in running.values():
+            process.send_signal(signal.SIGINT)
+        for job, process, handle in running.values():
+            try:
+                process.wait(timeout=STOP_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            handle.close()
+        print(f"\nsweep interrupted: {len(running)} running run(s) stopped, their finished tasks kept; the same "
+              "sweep command resumes them", file=sys.stderr)
+        return code
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+STOP_GRACE_SECONDS = 60.0
+"""How long an interrupted sweep waits for each run to stop after SIGINT before killing it."""
+
+
+def _run_pool(jobs: list[Job], running: dict[int, tuple[Job, subprocess.Popen, Any]], *, parallel: int,
+              log: Callable[[str], None], poll: float) -> int:
     waiting = [job for job in jobs if job.status() != "complete"]
     done = len(jobs) - len(waiting)
     log(f"sweep: {len(jobs)} runs, {done} already complete, {len(waiting)} to run, {parallel} at a time")
     slots = gpu_slots(parallel)
-    running: dict[int, tuple[Job, subprocess.Popen, Any]] = {}
     failed: list[tuple[Job, int]] = []
     last = None
     while waiting or running:
