@@ -92,8 +92,15 @@ class RunFolder:
         self.path, self.resume, self.overwrite, self.writer = path, resume, overwrite, writer
         self.lock = path.with_name(path.name + ".lock")
         self.state = path / "state.pt"
+        self.check()
+
+    def check(self) -> None:
+        """Refuse a folder whose results this run may not write over: called when the run is set up (to fail before
+        any data is read) and again once the lock is held (:meth:`writing`), since another run may have written the
+        folder in between (issue 29)."""
+        path, resume = self.path, self.resume
         results = self.state.exists() or (path / "metrics.json").exists()
-        if results and not (resume or overwrite):
+        if results and not (resume or self.overwrite):
             raise RunError(f"{path} holds results of an earlier run; pass --resume to continue it or --overwrite to "
                            "start over (or --output elsewhere)")
         if resume and results and not self.state.exists():
@@ -151,12 +158,16 @@ class RunFolder:
 
     @contextlib.contextmanager
     def writing(self, config: dict[str, Any]) -> Iterator[None]:
-        """Hold the folder's lock; delete an earlier run first with ``overwrite``; mark the folder and save
-        ``config.yaml`` (nothing for a process that is not the writer)."""
+        """Hold the folder's lock; check the folder again under it (:meth:`check`, and the settings of a run to
+        resume); delete an earlier run first with ``overwrite``; mark the folder and save ``config.yaml`` (nothing
+        for a process that is not the writer). The run decides whether it resumes only after this (``resuming``)."""
         if not self.writer:
             yield
             return
         with exclusive(self.lock, f"run folder {self.path}"):
+            self.check()
+            if self.resuming:
+                self.check_resumable(config)
             if self.overwrite and self.path.exists():
                 shutil.rmtree(self.path)
             atomic_write_text(self.path / RUN_MARKER, "a run folder of the cl2r benchmark suite\n")
@@ -262,6 +273,7 @@ class Run:
         connect(self.processes, self.settings.distributed, self.device)
         self.stream = self.processes.main_first(self.scenario.stream)
         with self.folder.writing(self.parts.config):
+            self.resume = self.folder.resuming
             self.tracker = self.parts.tracker()
             try:
                 return self._execute(started)

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -379,3 +380,34 @@ def test_missing_replacement_checkpoints_are_named_before_any_data_is_read(tiny,
                  "--data-root", str(tmp_path / "no_data"), "--output", str(tmp_path / "o")])
     assert code == 2 and f"{tmp_path / 'a.pt'} does not exist" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_a_second_run_on_a_held_folder_never_trains_beside_the_first_under_load(tmp_path):
+    """Issue 29's reproduction, three times with a busy process on the other core: while the first run holds its
+    folder's lock, the same command with --resume is either refused (the lock) or, when it gets the lock after the
+    first finished, resumes after its last task; it never trains task 0 beside the first. The folder's results are
+    checked again under the lock, so the state seen before reading the data cannot mislead it."""
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    command = [sys.executable, "runner.py", "--scenario", "cl2r", "--strategy", "er", "--dataset", "synthetic",
+               "--preset", "quick", "--epochs", "1", "--no-progress", "--set", "stream.num_tasks=3",
+               "--output", str(out)]
+    lock = out / "cl2r/synthetic/er/seed42.lock"
+    load = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        for attempt in range(3):
+            first = subprocess.Popen([*command, "--overwrite"] if attempt else command, cwd=root,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            deadline = time.monotonic() + 120
+            while not lock.exists() and time.monotonic() < deadline and first.poll() is None:
+                time.sleep(0.02)
+            second = subprocess.run([*command, "--resume"], cwd=root, capture_output=True, text=True, timeout=300)
+            first_out, _ = first.communicate(timeout=300)
+            assert first.returncode == 0, first_out
+            refused = second.returncode == 2 and "is in use by pid" in second.stderr
+            resumed = second.returncode == 0 and "resuming" in second.stdout and "task 0:" not in second.stdout
+            assert refused or resumed, (second.returncode, second.stdout[-500:], second.stderr[-500:])
+            assert json.loads((out / "cl2r/synthetic/er/seed42/metrics.json").read_text())["complete"]
+    finally:
+        load.kill()
