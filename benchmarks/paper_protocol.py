@@ -31,14 +31,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from cl2r_bench.adapters.protocol import FeatureAdapter
 
-from .adapters import BACKFILL_ORDERS, backfill_order
+from .adapters import BACKFILL_ORDERS, area_under_curve, backfill_order
 from .ranking import retrieval_scores
 
 PAPER_CASES = ("old/old", "new/old", "new/new", "F/old", "F/F", "new/F", "B/old", "B/F", "B/B")
@@ -105,11 +104,6 @@ def paper_cases(test: PairedFeatures, adapter: FeatureAdapter | None) -> dict[st
                 for case, pair in case_sides(test, adapter).items()}
 
 
-def area(betas: list[float], values: list[float]) -> float:
-    """Trapezoid-rule area under ``values`` against β in [0, 1] (a mean score, in the values' unit)."""
-    return float(np.trapezoid(values, betas))
-
-
 def backfilling(test: PairedFeatures, adapter: FeatureAdapter | None, *, orders: list[str], steps: int,
                 generator: torch.Generator) -> dict[str, Any]:
     """``{"betas", "curves": {order: {"top1": [...], "mAP": [...]}}, "auc": {order: {"top1_auc", "mAP_auc"}}}``
@@ -126,7 +120,8 @@ def backfilling(test: PairedFeatures, adapter: FeatureAdapter | None, *, orders:
                                    generator=generator)
             curves[kind] = None if order is None or stale.shape[1] != fresh.shape[1] else \
                 backfilling_curve(fresh, stale, test.labels, order, betas)
-    auc = {kind: None if c is None else {"top1_auc": area(betas, c["top1"]), "mAP_auc": area(betas, c["mAP"])}
+    auc = {kind: None if c is None else {"top1_auc": area_under_curve(betas, c["top1"]),
+                                         "mAP_auc": area_under_curve(betas, c["mAP"])}
            for kind, c in curves.items()}
     return {"betas": betas, "curves": curves, "auc": auc}
 

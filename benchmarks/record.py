@@ -315,6 +315,16 @@ def read_record(path: str | Path) -> RunRecord:
     return record
 
 
+def holds_complete_record(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a ``metrics.json`` that :func:`read_record` accepts: the one test of "this run is
+    finished" for the sweep and the study tools, the same as the leaderboard's."""
+    try:
+        read_record(Path(folder) / RECORD_FILE)
+    except RecordError:
+        return False
+    return True
+
+
 def checked_records(results_dir: str | Path) -> Iterator[tuple[Path, RunRecord | None, str | None]]:
     """``(path, record, None)`` for every :data:`RECORD_FILE` under ``results_dir`` that :func:`read_record`
     accepts and ``(path, None, why not)`` for the others, in path order: the one walk over a results folder

@@ -12,7 +12,8 @@ Either gives a :class:`Study`: the train split's features of both models (the ad
 split's (query and gallery). :func:`evaluate_adapter` fits one adapter with one seed (:func:`fit_adapter`) and
 measures it (:mod:`benchmarks.paper_protocol`): the nine cases, the partial-backfilling AUCs and, where the new
 encoder has an ImageNet classifier and the data have ImageNet classes, the zero-shot retention. Labels are
-renumbered 0..C-1 in order of first appearance in the train split (retrieval compares labels only).
+renumbered 0..C-1 in order of first appearance in the train split, then the test split's other labels in sorted
+order (retrieval compares labels only).
 FastFill's discriminative loss reads "the new model's classifier" for the data's classes; a pretrained encoder's
 own classifier does not know a downstream data set's classes, so the rows are the new model's class means of the
 train split (a nearest-class-mean classifier: the suite's choice, the same for every input).
@@ -109,7 +110,8 @@ def _read_array(path: Path) -> np.ndarray:
                               "torch.save(tensor)") from None
     if not isinstance(value, torch.Tensor):
         raise EmbeddingsError(f"{path} holds a {type(value).__name__}, not a tensor; save it with torch.save(tensor)")
-    return value.numpy()
+    value = value.detach().cpu()
+    return (value.float() if value.is_floating_point() else value).numpy()
 
 
 def _checked(path: Path, arrays: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:

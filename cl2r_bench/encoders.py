@@ -33,7 +33,6 @@ A spec that cannot be built (unknown family or name, missing file, weights that 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -44,13 +43,13 @@ import torch
 from torch import nn
 
 from cl2r_bench.config import read_yaml, resolve
-from cl2r_bench.models import IDENTITY_MEAN, IDENTITY_STD, DSimplexHead, RetrievalModel, build_head, build_model
+from cl2r_bench.models import (IDENTITY_MEAN, IDENTITY_STD, DSimplexHead, RetrievalModel, build_head, build_model,
+                               state_sha256)
 from cl2r_bench.registry import PartError
 from cl2r_bench.settings import RunSettings
 from scenarios.datasets import dataset_statistics
 
 FAMILIES = ("timm", "torchvision", "suite")
-INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 
 
 class EncoderError(PartError):
@@ -120,7 +119,9 @@ class ClassifierHead(nn.Module):
 
 class Encoder(RetrievalModel):
     """A frozen pretrained image encoder (module docstring). ``spec`` is the string it was built from and
-    ``weights_sha256`` the digest of its state dict (:func:`state_sha256`), the identity of its features."""
+    ``weights_sha256`` the digest of its state dict (:func:`cl2r_bench.models.state_sha256`); with its
+    preprocessing, the normalisation of a suite model and the libraries' versions (:meth:`describe`) it identifies
+    its features."""
 
     def __init__(self, trunk: nn.Module, classifier: nn.Module | None, preprocessing: Preprocessing, out_dim: int,
                  *, spec: str) -> None:
@@ -143,19 +144,20 @@ class Encoder(RetrievalModel):
         return self.head.classifier
 
     def describe(self) -> dict[str, Any]:
-        """What identifies the encoder's features: spec, weights digest, preprocessing, feature size, classes."""
+        """What identifies the encoder's features: spec, weights digest, preprocessing (and a suite model's own
+        normalisation, a non-persistent buffer the weights digest does not see), feature size, classes, and the
+        versions of the libraries that run it."""
+        import timm
+        import torchvision
+
+        inner = getattr(self.backbone.trunk, "model", None)
+        normalisation = {name: getattr(inner, name).flatten().tolist() for name in ("input_mean", "input_std")
+                         if isinstance(getattr(inner, name, None), torch.Tensor)}
         return {"spec": self.spec, "weights_sha256": self.weights_sha256, "feature_dim": self.feature_dim,
-                "classes": self.head.num_classes, "preprocessing": self.preprocessing.as_dict()}
-
-
-def state_sha256(model: nn.Module) -> str:
-    """sha256 over the names, shapes, dtypes and bytes of every tensor of ``model``'s state dict, in order."""
-    digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        t = tensor.detach().cpu().contiguous().reshape(-1)
-        digest.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return digest.hexdigest()
+                "classes": self.head.num_classes, "preprocessing": self.preprocessing.as_dict(),
+                "normalisation": normalisation,
+                "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__,
+                             "timm": timm.__version__}}
 
 
 @dataclass(frozen=True)
@@ -224,12 +226,6 @@ def is_spec(reference: str) -> bool:
     """Whether a model reference (a ``replacement.checkpoints`` entry) is an encoder spec rather than a file path."""
     family, sep, rest = str(reference).partition(":")
     return bool(sep and rest) and family in FAMILIES
-
-
-def spec_files(spec: str) -> list[Path]:
-    """The local files an encoder spec reads (its checkpoint), for keys that must change when they do."""
-    parsed = parse_spec(spec)
-    return [Path(p) for p in (parsed.file, parsed.name if parsed.family == "suite" else None) if p]
 
 
 def encoder_model(spec: str, *, head: str, num_classes: int, simplex_vertices_count: int) -> RetrievalModel:
@@ -307,7 +303,11 @@ def _torchvision_parts(parsed: EncoderSpec, spec: str):
     except Exception as exc:  # noqa: BLE001 - network, cache and file failures of torch.hub
         raise unavailable(spec, exc, f"with no internet, put the file {weights.url.rsplit('/', 1)[-1]} in "
                           "torch.hub's cache ($TORCH_HOME/hub/checkpoints/)") from None
-    name, classifier = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)][-1]
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise EncoderError(f"encoder {spec!r}: {parsed.name} has no linear classifier whose input is the pooled "
+                           "feature (e.g. SqueezeNet); use a timm spec of the model instead")
+    name, classifier = linears[-1]
     parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
     setattr(parent, name.rpartition(".")[2], nn.Identity())
     transforms = weights.transforms()

@@ -12,7 +12,7 @@ lock, so two processes embedding the same set wait for one another instead of do
 Usage::
 
     features = cached_features(encoder, test_images, data={"dataset": "cifar10", "split": "test"},
-                               cache_dir="results/feature_cache", device=device)
+                               cache_dir="results/feature_cache", batch_size=64, device=device)
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def cache_key(description: dict[str, Any]) -> str:
 
 
 def cached_features(encoder: Encoder, images: ImageSet, *, data: dict[str, Any], cache_dir: str | Path,
-                    device: torch.device | str = "cpu", batch_size: int = 128, amp: bool | str = DEFAULT_AMP,
+                    batch_size: int, device: torch.device | str = "cpu", amp: bool | str = DEFAULT_AMP,
                     progress: bool = True, log: Callable[[str], Any] = print) -> CachedFeatures:
     """The features of ``images`` under ``encoder``, from the cache or embedded now and cached (module docstring).
 

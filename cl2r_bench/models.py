@@ -34,6 +34,7 @@ Usage::
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -57,6 +58,17 @@ class CheckpointError(ValueError):
 
 class NonFiniteError(ArithmeticError):
     """Training or a model produced NaN or infinite values (a diverged run, issue 16): never a result."""
+
+
+def state_sha256(model: nn.Module) -> str:
+    """sha256 over the names, shapes, dtypes and bytes of every tensor of ``model``'s state dict, in order: the
+    identity of its weights, for cache keys."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
 
 
 def first_nonfinite_tensor(model: nn.Module) -> str | None:

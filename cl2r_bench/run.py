@@ -47,8 +47,8 @@ from cl2r_bench.adapters import embed_pair, fit_adapter
 from cl2r_bench.assembly import Assembly
 from cl2r_bench.config import flatten
 from cl2r_bench.distributed import connect
-from cl2r_bench.encoders import is_spec, spec_files
-from cl2r_bench.models import NonFiniteError, RetrievalModel
+from cl2r_bench.encoders import is_spec
+from cl2r_bench.models import NonFiniteError, RetrievalModel, state_sha256
 from cl2r_bench.settings import task_seed
 from cl2r_bench.training.engine import ReplayMemory
 from cl2r_bench.training.pretrain import save_state
@@ -194,18 +194,17 @@ def evaluation_fingerprint(stream: Stream, mode: str, device: torch.device, auto
     return digest.hexdigest()
 
 
-def replacement_score_key(checkpoint: str | Path, evaluation: str) -> str:
-    """The cache key of a starting model's own accuracy: its checkpoint's content (an encoder spec: the spec and
-    the files it reads) and the evaluation."""
+def replacement_score_key(checkpoint: str | Path, evaluation: str, model: torch.nn.Module | None = None) -> str:
+    """The cache key of a starting model's own accuracy: its checkpoint's content and the evaluation; for an
+    encoder spec, the built starting model's whole state (:func:`cl2r_bench.models.state_sha256`: the encoder's
+    weights and the head the run puts on it)."""
     digest = hashlib.sha256(evaluation.encode())
-    files = [checkpoint]
-    if is_spec(str(checkpoint)):
-        digest.update(str(checkpoint).encode())
-        files = spec_files(str(checkpoint))
-    for file in files:
-        with open(file, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
+    if model is not None:
+        digest.update(state_sha256(model).encode())
+        return digest.hexdigest()[:24]
+    with open(checkpoint, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
     return digest.hexdigest()[:24]
 
 
@@ -363,10 +362,14 @@ class Run:
 
     def _starting_model(self, task: int, path: str) -> RetrievalModel:
         """The model task ``task`` starts from: the file ``path`` loaded into a fresh model, or, for an encoder
-        spec, its pretrained trunk under a fresh head."""
+        spec, its pretrained trunk under a fresh head initialised from the task's seed (so the model whose own
+        accuracy is scored is the one the task trains)."""
+        if is_spec(path):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(task_seed(self.settings.seed, task))
+                return self._new_model(task).to(self.device)
         model = self._new_model(task)
-        if not is_spec(path):
-            self.scenario.load_starting_model(model, path)
+        self.scenario.load_starting_model(model, path)
         return model.to(self.device)
 
     def _score_starting_models(self, evaluator: CompatibilityEvaluator) -> None:
@@ -380,11 +383,12 @@ class Run:
         evaluation = evaluation_fingerprint(self.stream, e.mode, self.device, self.amp)
         scores = Path(self.settings.replacement.pretrain.cache_dir) / "scores"
         for r in pending:
-            cached = scores / f"{replacement_score_key(r['path'], evaluation)}.json"
+            model = self._starting_model(r["task"], r["path"]) if is_spec(r["path"]) else None
+            cached = scores / f"{replacement_score_key(r['path'], evaluation, model)}.json"
             r["own_accuracy"] = cached_score(cached)
             if self.processes.any(r["own_accuracy"] is None, self.device):
                 try:
-                    r["own_accuracy"] = evaluator.self_test(self._starting_model(r["task"], r["path"]))
+                    r["own_accuracy"] = evaluator.self_test(model or self._starting_model(r["task"], r["path"]))
                 except NonFiniteError as exc:
                     raise RunError(f"a replacement model is broken: {exc}; check replacement.checkpoints or delete "
                                    f"the cached models in {self.settings.replacement.pretrain.cache_dir}") from None

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from benchmarks.record import RecordError, read_record
+from benchmarks.record import holds_complete_record
 from cl2r_bench.config import FLOAT_TEXT, ConfigError, flatten, parse_assignment, safe_name
 
 if TYPE_CHECKING:
@@ -59,11 +59,9 @@ class Job:
     def status(self) -> str:
         """``complete`` (a record the leaderboard accepts: the same check, :func:`benchmarks.record.read_record`),
         ``partial`` (a run state to resume) or ``new``."""
-        try:
-            read_record(self.directory / "metrics.json")
+        if holds_complete_record(self.directory):
             return "complete"
-        except RecordError:
-            return "partial" if (self.directory / "state.pt").exists() else "new"
+        return "partial" if (self.directory / "state.pt").exists() else "new"
 
     def command(self) -> list[str]:
         """The run command of the job, with ``--resume`` when its folder holds an interrupted run (asked when the
@@ -214,17 +212,21 @@ def run_local(jobs: list[Job], *, parallel: int, log: Callable[[str], None] = pr
     (the failed jobs and their logs are named). Ctrl-C, ``kill -INT`` or ``kill -TERM`` of the sweep pass SIGINT to
     its running runs, which keep their finished tasks and stop; the sweep waits for them and exits with 130 (143 for
     SIGTERM) after one line, so no run is left training as an orphan and the same command resumes (issue 29)."""
-    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, _raise_stopped)
     running: dict[int, tuple[Job, subprocess.Popen, Any]] = {}
     try:
         return _run_pool(jobs, running, parallel=parallel, log=log, poll=poll)
     except (KeyboardInterrupt, SweepStopped) as stop:
         code = 143 if isinstance(stop, SweepStopped) else 130
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for job, process, handle in running.values():
             process.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
         for job, process, handle in running.values():
             try:
-                process.wait(timeout=STOP_GRACE_SECONDS)
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
@@ -233,11 +235,13 @@ def run_local(jobs: list[Job], *, parallel: int, log: Callable[[str], None] = pr
               "sweep command resumes them", file=sys.stderr)
         return code
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 STOP_GRACE_SECONDS = 60.0
-"""How long an interrupted sweep waits for each run to stop after SIGINT before killing it."""
+"""How long an interrupted sweep waits for its runs to stop after SIGINT before killing them. The runs are in
+sessions of their own, so a terminal's Ctrl-C reaches them once, through the sweep."""
 
 
 def _run_pool(jobs: list[Job], running: dict[int, tuple[Job, subprocess.Popen, Any]], *, parallel: int,
@@ -256,7 +260,7 @@ def _run_pool(jobs: list[Job], running: dict[int, tuple[Job, subprocess.Popen, A
                 handle = open(job.log_file, "a")
                 env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slots[slot]} if slots[slot] is not None else {}))
                 running[slot] = (job, subprocess.Popen(job.command(), stdout=handle, stderr=subprocess.STDOUT,
-                                                       env=env), handle)
+                                                       env=env, start_new_session=True), handle)
         for slot, (job, process, handle) in list(running.items()):
             code = process.poll()
             if code is None:

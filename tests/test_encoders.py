@@ -236,3 +236,14 @@ def test_a_replacement_spec_that_cannot_be_built_is_one_line_before_anything_run
     assert code == 2
     assert "timm has no model 'no_such_net'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_torchvision_model_without_a_linear_classifier_is_one_line(tmp_path, monkeypatch):
+    import torchvision
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    (tmp_path / "hub" / "checkpoints").mkdir(parents=True)
+    torch.save(torchvision.models.squeezenet1_0().state_dict(), tmp_path / "hub" / "checkpoints" /
+               "squeezenet1_0-b66bff10.pth")
+    with pytest.raises(EncoderError, match="has no linear classifier"):
+        build_encoder("torchvision:squeezenet1_0:IMAGENET1K_V1")

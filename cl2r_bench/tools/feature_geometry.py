@@ -97,11 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     query = to_device(ImageSet(stream.query.images[::args.query_stride], stream.query.labels[::args.query_stride]),
                       device)
     gallery, mode = to_device(stream.gallery, device), parts.settings.evaluation.mode
+    replacements = torch.load(args.run / "state.pt", map_location="cpu", weights_only=True)["replacements"] \
+        if (args.run / "state.pt").is_file() else []
     embedded = []
     for t in range(len(stream.tasks)):
         if not (args.run / "checkpoints" / f"task{t}.pt").is_file():
             break
-        model = load_task_model(parts, stream, t, args.run).to(device)
+        model = load_task_model(parts, stream, t, args.run, replacements=replacements).to(device)
         features = [embed(model, images.images, amp=amp) for images in (query, gallery)]
         embedded.append((features[0], searchable_gallery(features[1], gallery.labels, mode)))
     labels = query.labels

@@ -17,7 +17,6 @@ Then :mod:`cl2r_bench.tools.pretrained_report` writes the tables and the figure.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from cl2r_bench.assembly import assemble
 from cl2r_bench.config import resolve
 from cl2r_bench.run import RunFolder
 from benchmarks.adapters import BACKFILL_ORDERS
+from benchmarks.record import holds_complete_record
 from benchmarks.records import atomic_write_json
 
 DATASETS = {"cifar10": {"fit_per_class": 200, "test_per_class": 100},
@@ -85,13 +85,6 @@ def run_config(args: argparse.Namespace, pair: dict[str, str], dataset: str, ada
     return resolve([("pretrained study", layer)])
 
 
-def complete(directory: Path) -> bool:
-    try:
-        return json.loads((directory / "metrics.json").read_text()).get("complete") is True
-    except (OSError, ValueError):
-        return False
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", required=True, help="folder holding cifar-10-batches-py/ and tiny-imagenet-200/")
@@ -118,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             for adapter in ["none", *list_adapters(), *ablation]:
                 for seed in args.seeds:
                     parts = assemble(run_config(args, pairs[pair_name], dataset, adapter, seed, output / pair_name))
-                    if complete(parts.directory):
+                    if holds_complete_record(parts.directory):
                         continue
                     with RunFolder(parts.directory, resume=False, overwrite=True).writing(parts.config):
                         fitted, result = evaluate_adapter(study, parts.settings.adapter.name,
