@@ -21,10 +21,12 @@ starts as the stale F(old) (the old features without a forward map) and the firs
 sequence, is replaced by the fresh new-frame features; top-1 and mAP against β = 0, 1/s, ..., 1 and their area
 (trapezoid rule; :func:`benchmarks.adapters.backfill_order` gives the orders).
 
-Zero-shot retention (λ-orth's "ZS"): the new encoder's own classifier on its raw features h, then on the direction
-of ``B(h / ‖h‖)`` at the norm ``‖h‖`` (B is fitted on normalised features, so each feature keeps its own norm: the
-suite's choice); both top-1 accuracies in percent and their difference. Only for an adapter whose backward map keeps the
-new model's width.
+Zero-shot retention (λ-orth's "ZS"): how much the backward map distorts the new model's own space. Its classifier
+(rows w_c, biases) scores the raw features h, then the same classifier moved with the features by B's linear part
+L(x) = B(x) - B(0): logits ``L(h) · L(w_c) + bias_c``. An orthogonal L keeps every logit, so strict orthogonality
+keeps the accuracy exactly (the paper's 0.000) and an affine B loses most (its -3.5 on CUB); the new classifier on
+B(h) alone would score features in the old model's frame. Both top-1 accuracies in percent and their difference;
+only for an affine backward map that keeps the new model's width (the suite's reading; METHODS.md §7b).
 """
 from __future__ import annotations
 
@@ -141,22 +143,37 @@ def backfilling_curve(fresh: torch.Tensor, stale: torch.Tensor, labels: torch.Te
     return curve
 
 
-def zero_shot_retention(features: torch.Tensor, classes: torch.Tensor, classifier: nn.Module,
+def zero_shot_retention(features: torch.Tensor, classes: torch.Tensor, classifier: nn.Linear,
                         adapter: FeatureAdapter | None) -> dict[str, float] | None:
     """The new encoder's classification accuracy (percent) on raw ``features`` whose true class indices in its
-    classifier are ``classes``, before and after the backward adapter, and the change in points (module
-    docstring); None without a backward map that keeps the classifier's width."""
+    classifier are ``classes``, before and after the backward adapter's linear part L(x) = B(x) - B(0) moves both
+    the features and the classifier's rows, and the change in points (module docstring); None without an affine
+    backward map that keeps the classifier's width."""
     if adapter is None or "backward" not in adapter.directions:
         return None
     with torch.no_grad():
         raw = features.float()
-        adapted = adapter.backward(F.normalize(raw, dim=1))
-        if adapted.shape[1] != raw.shape[1]:
+        origin = adapter.backward(raw.new_zeros(1, raw.shape[1]))
+        if origin.shape[1] != raw.shape[1] or not affine(adapter, raw[:2], origin):
             return None
-        adapted = F.normalize(adapted, dim=1) * raw.norm(dim=1, keepdim=True)
-        before = accuracy(classifier(raw), classes)
-        after = accuracy(classifier(adapted), classes)
+
+        def linear(x: torch.Tensor) -> torch.Tensor:
+            return adapter.backward(x) - origin
+
+        weight = classifier.weight.float().to(raw.device)
+        bias = classifier.bias.float().to(raw.device) if classifier.bias is not None else 0.0
+        before = accuracy(raw @ weight.t() + bias, classes)
+        after = accuracy(linear(raw) @ linear(weight).t() + bias, classes)
     return {"before": before, "after": after, "change": after - before}
+
+
+def affine(adapter: FeatureAdapter, samples: torch.Tensor, origin: torch.Tensor) -> bool:
+    """Whether the backward map is affine on ``samples`` (B(a + b) - B(0) = L(a) + L(b)): IRP's normalising map is
+    not, so its classifier rows cannot be moved with it."""
+    a, b = samples[:1], samples[1:2]
+    combined = adapter.backward(a + b) - origin
+    parts = adapter.backward(a) - origin + adapter.backward(b) - origin
+    return bool(torch.allclose(combined, parts, rtol=1e-3, atol=1e-3 * float(parts.abs().max().clamp(min=1))))
 
 
 def accuracy(logits: torch.Tensor, classes: torch.Tensor) -> float:
