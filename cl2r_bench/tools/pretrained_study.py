@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     parser.add_argument("--pairs", nargs="+", default=["lite0-lite2", "resnet18-lite2"])
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--ablation-seeds", type=int, default=1, help="seeds of the λ ablation (the first N of "
+                        "--seeds; strict orthogonality's matrix exponential is slow on a CPU)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     output = Path(args.output)
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             study = encoder_study(first.settings, first.device, print)
             ablation = list(LAMBDA_VARIANTS) if (pair_name, dataset) == ("lite0-lite2", "tinyimagenet") else []
             for adapter in ["none", *list_adapters(), *ablation]:
-                for seed in args.seeds:
+                for seed in args.seeds[:args.ablation_seeds] if adapter in LAMBDA_VARIANTS else args.seeds:
                     parts = assemble(run_config(args, pairs[pair_name], dataset, adapter, seed, output / pair_name))
                     if holds_complete_record(parts.directory):
                         continue
