@@ -29,7 +29,7 @@ setup(
         "filelock>=4.2.1",
         "timm>=1.0",
     ],
-    extras_require={"test": ["pytest", "tensorboard", "submitit", *LITE_WEIGHTS], "tensorboard": ["tensorboard"],
+    extras_require={"test": ["pytest", "tensorboard", "submitit", "scikit-learn", *LITE_WEIGHTS], "tensorboard": ["tensorboard"],
                     "imagenet-lite": LITE_WEIGHTS,
                     "slurm": ["submitit"]},
     entry_points={"console_scripts": ["cl2r-bench=cl2r_bench.cli:main"]},

@@ -103,3 +103,41 @@ def test_bad_shapes_are_one_line(kwargs, message):
 def test_exclude_self_needs_the_same_items_on_both_sides():
     with pytest.raises(ValueError, match="same items"):
         retrieval_scores(ITEMS[:3], LABELS[:3], ITEMS, LABELS, exclude_self=True)
+
+
+def test_ties_are_broken_by_gallery_index():
+    """Query (1, 0); gallery items 0 and 1 are both (1, 0) (cosine 1, a tie), item 2 is (0, 1) (cosine 0), and
+    items 0 and 2 are the query's class in the first gallery, items 1 and 2 in the second. Ties go to the lower
+    index: first gallery positives at ranks 1, 3 -> top-1 hit, AP (1/1 + 2/3) / 2 = 5/6; second gallery at
+    ranks 2, 3 -> top-1 miss, AP (1/2 + 2/3) / 2 = 7/12 (scikit-learn, which groups ties, gives 7/12 for both)."""
+    gallery = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    query, label = torch.tensor([[2.0, 0.0]]), torch.tensor([0])
+    first = retrieval_scores(query, label, gallery, torch.tensor([0, 1, 0]), exclude_self=False)
+    second = retrieval_scores(query, label, gallery, torch.tensor([1, 0, 0]), exclude_self=False)
+    assert (first.top1, first.mAP) == (100.0, pytest.approx(100 * 5 / 6))
+    assert (second.top1, second.mAP) == (0.0, pytest.approx(100 * 7 / 12))
+
+
+@pytest.mark.parametrize("exclude_self", [True, False])
+def test_map_matches_scikit_learn_average_precision_without_ties(exclude_self):
+    """Per query, scikit-learn's ``average_precision_score`` on the cosines (own item dropped when excluded),
+    averaged over the queries with a positive; the queries are the gallery items plus noise (another "model")."""
+    metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 9, size=100)
+    gallery = rng.normal(size=(9, 12))[labels] + 1.2 * rng.normal(size=(100, 12))
+    queries = gallery + 0.3 * rng.normal(size=gallery.shape)
+    labels[-1] = 9  # one class with a single item: without a positive when excluded
+    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    g = gallery / np.linalg.norm(gallery, axis=1, keepdims=True)
+    aps = []
+    for i in range(len(q)):
+        keep = np.arange(len(g)) != i if exclude_self else np.ones(len(g), dtype=bool)
+        relevant = labels[keep] == labels[i]
+        if relevant.any():
+            aps.append(metrics.average_precision_score(relevant, g[keep] @ q[i]))
+    scores = retrieval_scores(torch.tensor(queries, dtype=torch.float32), torch.tensor(labels),
+                              torch.tensor(gallery, dtype=torch.float32), torch.tensor(labels),
+                              exclude_self=exclude_self, chunk_elements=700)
+    assert scores.mAP == pytest.approx(100 * float(np.mean(aps)), abs=1e-4)
+    assert scores.queries_without_positive == (1 if exclude_self else 0)
