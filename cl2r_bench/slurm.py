@@ -23,6 +23,7 @@ import contextlib
 import getpass
 import io
 import json
+import math
 import shutil
 import subprocess
 import time
@@ -91,8 +92,8 @@ def sbatch_parameters(args: argparse.Namespace) -> dict[str, Any]:
                                  ("--array-parallelism", args.array_parallelism, 1)):
         if value < least:
             raise UsageError(f"{option} must be at least {least}, not {value}")
-    if not args.mem_per_job > 0:
-        raise UsageError(f"--mem-per-job is in GB and must be above 0, not {args.mem_per_job}")
+    if not (0 < args.mem_per_job < math.inf):
+        raise UsageError(f"--mem-per-job is in GB and must be a finite number above 0, not {args.mem_per_job}")
     extra = {}
     for text in args.slurm_extra:
         key, equals, value = text.partition("=")
