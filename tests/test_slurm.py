@@ -221,7 +221,7 @@ def test_a_job_at_its_time_limit_is_requeued_by_submitit_and_resumes(cluster, ti
     assert code == 0, printed
     job_id = json.loads((out / "sweep" / "slurm" / "submitted.json").read_text())["iamcl2r-synthetic-er-seed1"]
     run = out / "iamcl2r/synthetic/er/seed1"
-    wait_until((run / "metrics.json").exists, 120, "the job finished no task")
+    wait_until((run / "metrics.json").exists, 300, "the job finished no task")
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
     wait_until(lambda: "Restarts=1" in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
                                                       text=True, timeout=30).stdout, 60, "the job was not requeued")
