@@ -140,11 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument("--test", required=True, help="the evaluation split's embeddings (.npz or folder)")
     adapt.add_argument("--adapter", required=True, help="an adapter (runner.py list), 'none', or 'all' (none and "
                        "every adapter)")
-    adapt.add_argument("--seeds", type=int, nargs="+", default=[42], help="fit seeds (default %(default)s)")
+    adapt.add_argument("--seeds", type=int, nargs="+", help="fit seeds (default: the seed of configs/default.yaml)")
     adapt.add_argument("--name", help="the study's name in results folders (default: TRAIN's file name)")
     adapt.add_argument("--json", action="store_true", help="print one JSON line per adapter and seed")
-    adapt.add_argument("--output", default="results", help="results folder: records go to "
-                       "OUTPUT/adapt/NAME/ADAPTER/seedK/ (default %(default)s)")
+    adapt.add_argument("--output", help="results folder: records go to OUTPUT/adapt/NAME/ADAPTER/seedK/ (default: "
+                       "the output of configs/default.yaml)")
     adapt.add_argument("--export", metavar="DIR", help="write each fitted adapter (last seed) to DIR/ADAPTER/: state "
                        "dict, TorchScript maps and a README snippet for a production system")
     adapt.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="adapter parameters "
@@ -337,6 +337,8 @@ def command_adapt(args: argparse.Namespace) -> int:
     from benchmarks.records import atomic_write_json, atomic_write_text
 
     settings = adapt_settings(args.set)
+    args.output = settings["output"] if args.output is None else args.output
+    args.seeds = args.seeds or [settings["seed"]]
     writable_folder(args.output, "--output")
     if args.export is not None:
         writable_folder(args.export, "--export")

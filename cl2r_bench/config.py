@@ -206,7 +206,8 @@ ADAPT_KEYS = ("backfill_orders", "backfill_steps")
 
 def adapt_settings(assignments: list[str]) -> dict[str, Any]:
     """The settings of ``runner.py adapt``: ``adapter_params`` and ``model_update.backfill_orders`` /
-    ``backfill_steps`` from ``configs/default.yaml``, overridden by ``--set`` assignments, checked like a run's."""
+    ``backfill_steps`` from ``configs/default.yaml``, overridden by ``--set`` assignments, checked like a run's, and
+    the default ``seed`` and ``output`` (written once, there)."""
     defaults = read_yaml(CONFIG_DIR / "default.yaml")
     base = {"adapter_params": defaults["adapter_params"],
             "model_update": {k: defaults["model_update"][k] for k in ADAPT_KEYS}}
@@ -224,7 +225,8 @@ def adapt_settings(assignments: list[str]) -> dict[str, Any]:
 
     for name in merged["adapter_params"]:
         make_adapter(name, merged["adapter_params"])
-    return {"adapter_params": merged["adapter_params"], **merged["model_update"]}
+    return {"adapter_params": merged["adapter_params"], **merged["model_update"], "seed": defaults["seed"],
+            "output": defaults["output"]}
 
 
 def with_part_parameters(config: dict[str, Any]) -> dict[str, Any]:
