@@ -12,7 +12,8 @@
 
 Usage errors print one line and exit with code 2; an interrupted run keeps every finished task (``--resume``); a
 diverged run (NaN or infinite loss, weights or features) prints one line, exits with code 3 and keeps the tasks
-finished before it, never marked complete.
+finished before it, never marked complete; a strategy whose own code fails mid-run (it raises, or its loss is not a
+scalar tensor with a gradient) does the same with code 4, its traceback in the run folder's ``error.log``.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from typing import Any
 
 COMMANDS = ("run", "pretrain", "sweep", "metrics", "leaderboard", "plot", "list", "adapt")
 EXIT_DIVERGED = 3
+EXIT_STRATEGY_FAILED = 4
 GRID_OPTIONS = ("scenario", "strategy", "adapter", "dataset")
 
 
@@ -566,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     from cl2r_bench.distributed import LaunchError, torchrun_ranks
     from cl2r_bench.models import CheckpointError
     from cl2r_bench.registry import PartError
-    from cl2r_bench.run import DivergedError, RunError
+    from cl2r_bench.run import DivergedError, RunError, StrategyFailedError
     from cl2r_bench.tracking import TrackingError
     from scenarios.datasets import DataError
 
@@ -584,6 +586,9 @@ def main(argv: list[str] | None = None) -> int:
     except DivergedError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_DIVERGED
+    except StrategyFailedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_STRATEGY_FAILED
     except user_errors + (RunError,) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

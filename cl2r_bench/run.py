@@ -19,8 +19,8 @@ matrix (what the system delivers without re-embedding its gallery) and ``unadapt
 ``model_update``: its retrieval cases, backfilling curves and 2x2 matrix).
 
 Layout of ``<output>/<scenario>/<dataset>/<label>/seed<k>/``: ``config.yaml`` (resolved config), ``metrics.json``
-(:mod:`benchmarks.record`), ``state.pt``, ``checkpoints/task<t>.pt`` (plain state dicts), figures, and with
-``tracking.tensorboard`` a ``tensorboard/`` folder.
+(:mod:`benchmarks.record`), ``state.pt``, ``checkpoints/task<t>.pt`` (plain state dicts), figures, with
+``tracking.tensorboard`` a ``tensorboard/`` folder, and ``error.log`` with the traceback of a strategy that failed.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ import hashlib
 import json
 import shutil
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from cl2r_bench.training.pretrain import save_state
 from scenarios.base import Finished
 from scenarios.datasets import ImageSet
 from scenarios.streams import Stream
+from strategies.base import StrategyFailure
 
 IGNORED_ON_RESUME = ("training.progress", "training.channels_last", "training.compile", "evaluation.plots",
                      "tracking.", "distributed.connect_timeout", "distributed.timeout", "device", "output")
@@ -72,6 +74,11 @@ class RunError(RuntimeError):
 
 class DivergedError(RunError):
     """Training produced NaN or infinite values: the run stops, keeps its finished tasks and is never complete."""
+
+
+class StrategyFailedError(RunError):
+    """The strategy's own code failed (:class:`strategies.base.StrategyFailure`): the run stops, keeps its finished
+    tasks and its traceback in the run folder's ``error.log``, and is never complete."""
 
 
 def to_device(images: ImageSet, device: torch.device) -> ImageSet:
@@ -329,10 +336,14 @@ class Run:
             try:
                 outgoing, model, adapter = self._run_task(t, model, memory, evaluator, starting)
             except NonFiniteError as exc:
-                kept = f"tasks 0-{t - 1} are kept in {self.dir}" if t else "no task finished"
-                raise DivergedError(f"task {t} diverged: {exc}; {kept}, and the run is not complete; lower "
+                raise DivergedError(f"task {t} diverged: {exc}; {self._kept(t)}, and the run is not complete; lower "
                                     f"training.lr (now {self.settings.training.lr:g}) and start over with "
                                     "--overwrite") from None
+            except StrategyFailure as exc:
+                log = self._log_failure(exc)
+                raise StrategyFailedError(f"{exc} (traceback in {log}); {self._kept(t)}, and the run is not complete; "
+                                          "fix the strategy, then continue with the same command and --resume"
+                                          ) from None
         if outgoing is None and self.stream.num_tasks > 1:
             outgoing = self._restore_model(self.stream.num_tasks - 2)
         extra = self.scenario.finish(Finished(self.stream, outgoing, model, adapter, self.embed))
@@ -342,6 +353,19 @@ class Run:
 
             save_plots(record, self.dir)
         return record
+
+    def _kept(self, t: int) -> str:
+        """What a run stopped at task ``t`` keeps."""
+        return f"tasks 0-{t - 1} are kept in {self.dir}" if t else "no task finished"
+
+    def _log_failure(self, exc: BaseException) -> Path:
+        """Append ``exc``'s whole traceback (its cause included) to the run folder's ``error.log``; returns it."""
+        log = self.dir / "error.log"
+        if self.main:
+            with log.open("a", encoding="utf-8") as out:
+                out.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} {exc}\n")
+                out.write("".join(traceback.format_exception(exc)))
+        return log
 
     def _prepare_starting_models(self, start: int) -> None:
         """Find or pretrain the scenario's starting models once per run (kept in the state for resuming)."""

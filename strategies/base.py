@@ -40,6 +40,8 @@ model deployed before it (whose classifier knows the old classes). A task that s
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -54,6 +56,49 @@ REPLACEMENT_TEACHERS = ("incoming", "outgoing")
 
 class StrategyError(PartError):
     """Unknown strategy or invalid strategy parameters."""
+
+
+class StrategyFailure(Exception):
+    """A strategy's own code failed mid-run (its ``before_task`` or ``loss`` raised) or broke the loss contract
+    (a scalar floating-point tensor with a gradient); the message names the strategy and where, the cause is chained
+    so the run can keep its traceback in the run folder's log."""
+
+
+@contextmanager
+def failures_reported(strategy: "Strategy", where: str) -> Iterator[None]:
+    """Run a strategy's own code (``before_task``, ``loss``): anything it raises becomes a
+    :class:`StrategyFailure` saying which strategy failed ``where`` (e.g. ``task 1, iteration 5 of 40``)."""
+    try:
+        yield
+    except StrategyFailure:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a strategy's failure, whatever it is, is reported in one line
+        raise StrategyFailure(f"strategy {strategy.name!r} failed at {where}: {type(exc).__name__}: {exc}") from exc
+
+
+def strategy_loss(strategy: "Strategy", step: "Step", where: str) -> torch.Tensor:
+    """``strategy.loss(step)``, checked: a failure, or a value that cannot be back-propagated, is a
+    :class:`StrategyFailure` (:func:`failures_reported`)."""
+    with failures_reported(strategy, where):
+        loss = strategy.loss(step)
+    problem = loss_contract_problem(loss)
+    if problem:
+        raise StrategyFailure(f"strategy {strategy.name!r} failed at {where}: its loss {problem}")
+    return loss
+
+
+def loss_contract_problem(loss: Any) -> str | None:
+    """What makes ``loss`` unusable as a training loss (None when it is a scalar floating-point tensor with a
+    gradient)."""
+    if not isinstance(loss, torch.Tensor):
+        return f"is a {type(loss).__name__}, not a scalar tensor"
+    if loss.ndim != 0:
+        return f"has shape {tuple(loss.shape)}, not a scalar: reduce it (e.g. .mean())"
+    if not loss.is_floating_point():
+        return f"has dtype {loss.dtype}, not a floating-point type"
+    if not loss.requires_grad:
+        return "has no gradient (detached, or built under torch.no_grad): compute it from step.logits / step.features"
+    return None
 
 
 @dataclass
@@ -169,8 +214,11 @@ list_strategies = STRATEGIES.names
 def load_plugin(path: str) -> None:
     """Import a strategy file from outside the package; its ``@register_strategy`` classes join the registry.
 
-    Raises :class:`StrategyError` with one line when the file is missing or fails to import.
+    Each file is its own module (named after its resolved path, so two files of one name both load, and loading
+    one file again does nothing). Raises :class:`StrategyError` with one line when the file is missing, fails to
+    import (naming the plugin's line) or calls ``sys.exit`` while it is imported.
     """
+    import hashlib
     import importlib.util
     import sys
     from pathlib import Path
@@ -179,10 +227,11 @@ def load_plugin(path: str) -> None:
     if not file.is_file():
         state = "is a folder" if file.is_dir() else "does not exist"
         raise StrategyError(f"plugin {path} {state}; pass the path of a Python file that registers a strategy")
-    module_name = f"cl2r_plugin_{file.stem}"
+    resolved = file.resolve()
+    module_name = f"cl2r_plugin_{file.stem}_{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}"
     if module_name in sys.modules:
         return
-    spec = importlib.util.spec_from_file_location(module_name, file)
+    spec = importlib.util.spec_from_file_location(module_name, resolved)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
@@ -190,6 +239,20 @@ def load_plugin(path: str) -> None:
     except StrategyError:
         del sys.modules[module_name]
         raise
+    except SystemExit as exc:
+        del sys.modules[module_name]
+        raise StrategyError(f"plugin {path} called sys.exit({exc.code!r}) while being imported{_line_in(exc, resolved)}"
+                            "; a plugin file defines and registers strategies, it does not exit") from None
     except Exception as exc:  # noqa: BLE001 - any failure in user code is reported in one line
         del sys.modules[module_name]
-        raise StrategyError(f"plugin {path} failed to import: {type(exc).__name__}: {exc}") from None
+        raise StrategyError(f"plugin {path} failed to import{_line_in(exc, resolved)}: {type(exc).__name__}: {exc}"
+                            ) from None
+
+
+def _line_in(exc: BaseException, file: "Path") -> str:
+    """`` (line N)``: the last line of ``file`` in ``exc``'s traceback, or nothing (e.g. a syntax error names its
+    line itself)."""
+    import traceback
+
+    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == str(file)]
+    return f" (line {lines[-1]})" if lines else ""

@@ -21,7 +21,7 @@ from cl2r_bench.distributed import Processes
 from cl2r_bench.models import NonFiniteError, RetrievalModel, first_nonfinite_tensor
 from cl2r_bench.settings import TrainSettings
 from cl2r_bench.tracking import Tracker
-from strategies.base import Step, Strategy
+from strategies.base import Step, Strategy, strategy_loss
 
 from .engine import DeviceBatches, EpochHook, ReplayMemory, scheduled_lr
 
@@ -105,7 +105,8 @@ class CompatibilityTemplate(SupervisedTemplate):
         return gathered
 
     def criterion(self):
-        return self.compat_strategy.loss(self._step)
+        where = f"task {self.task_index}, iteration {self.step_count + 1} of {self.total_steps}"
+        return strategy_loss(self.compat_strategy, self._step, where)
 
     def backward(self) -> None:
         (self.loss if self.scaler is None else self.scaler.scale(self.loss)).backward()

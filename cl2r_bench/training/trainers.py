@@ -20,6 +20,7 @@ from cl2r_bench.settings import RunSettings, TrainSettings
 from cl2r_bench.tracking import Tracker
 from scenarios.streams import Task
 from strategies import Strategy, TaskContext, get_strategy
+from strategies.base import failures_reported
 from strategies.avalanche import AvalancheStrategyError, is_avalanche_strategy
 
 from .engine import ReplayMemory, train_task
@@ -49,10 +50,11 @@ class StrategyTrainer:
 
     def train(self, model: RetrievalModel, task: Task, memory: ReplayMemory, *, teacher: RetrievalModel | None,
               teacher_classes: int, replacement: bool, tracker: Tracker, description: str) -> dict[str, float]:
-        self.strategy.before_task(TaskContext(
-            index=task.index, num_old_classes=task.num_seen_classes - len(task.new_classes),
-            num_new_classes=len(task.new_classes), replacement=replacement, teacher_classes=teacher_classes,
-            teacher=teacher, new_data=task.train, memory=memory.items, amp=self.settings.autocast))
+        with failures_reported(self.strategy, f"task {task.index}, before_task"):
+            self.strategy.before_task(TaskContext(
+                index=task.index, num_old_classes=task.num_seen_classes - len(task.new_classes),
+                num_new_classes=len(task.new_classes), replacement=replacement, teacher_classes=teacher_classes,
+                teacher=teacher, new_data=task.train, memory=memory.items, amp=self.settings.autocast))
         return train_task(model, self.strategy, task.train, memory, self.settings, teacher=teacher,
                           experience=task.experience, description=description, tracker=tracker,
                           task_index=task.index, processes=self.processes)
