@@ -14,7 +14,10 @@ missing.
 
 Every problem that stops a submission (submitit missing, no ``sbatch`` or ``srun``, a controller that does not
 answer, an unknown partition, sbatch refusing the options) is one :class:`cl2r_bench.cli.UsageError` before anything
-is submitted.
+is submitted, and so is a job that could never start: ``sbatch --test-only`` with the jobs' resources must accept
+it, and ``--time`` must fit the partition's time limit (SLURM would queue such jobs and leave them pending for
+ever, with the reason ``PartitionConfig`` or ``PartitionTimeLimit``); the line says what each job asks and what the
+partition offers. While jobs wait, the progress line shows SLURM's pending reasons.
 """
 from __future__ import annotations
 
@@ -28,9 +31,10 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cl2r_bench.cli import UsageError
 from cl2r_bench.sweep import Job, progress
@@ -79,10 +83,89 @@ def check_cluster(args: argparse.Namespace) -> None:
     if missing:
         raise UsageError(f"--launcher slurm: no {' or '.join(missing)} on PATH, so SLURM is not reachable from this "
                          "machine; run the sweep where jobs are submitted (a login node), or use --launcher local")
-    partitions = [name.rstrip("*") for name in _ask("sinfo", "-h", "-o", "%P").split()]
-    if args.partition is not None and args.partition not in partitions:
+    limits = partition_time_limits()
+    if args.partition is not None and args.partition not in limits:
         raise UsageError(f"SLURM partition {args.partition!r} does not exist; partitions here: "
-                         f"{', '.join(partitions) or 'none'}")
+                         f"{', '.join(limits) or 'none'}")
+    check_startable(args, limits)
+
+
+def partition_time_limits() -> dict[str, float | None]:
+    """Each partition's time limit in minutes (``math.inf`` without one, None when sinfo does not say); the
+    default partition is listed first."""
+    limits: dict[str, float | None] = {}
+    for line in sorted(_ask("sinfo", "-h", "-o", "%P %l").splitlines(), key=lambda text: "*" not in text.split()[0]
+                       if text.split() else True):
+        name, *limit = line.split()
+        limits.setdefault(name.rstrip("*"), slurm_minutes(limit[0]) if limit else None)
+    return limits
+
+
+def slurm_minutes(text: str) -> float | None:
+    """SLURM's time format (``infinite``, ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM[:SS]``) in minutes;
+    None for anything else."""
+    if text in ("infinite", "UNLIMITED"):
+        return math.inf
+    days, dash, clock = text.rpartition("-") if "-" in text else ("0", "", text)
+    try:
+        parts = [int(part) for part in clock.split(":")]
+        day_count = int(days)
+    except ValueError:
+        return None
+    if dash:
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    else:
+        hours, minutes, seconds = {1: [0, parts[0], 0], 2: [0, *parts], 3: parts}.get(len(parts), [0, 0, 0])
+    return day_count * 1440 + hours * 60 + minutes + seconds / 60
+
+
+def check_startable(args: argparse.Namespace, limits: dict[str, float | None]) -> None:
+    """Refuse jobs that SLURM would queue but never start: ``--time`` above the partition's limit, or resources no
+    node of the partition has (``sbatch --test-only`` with the jobs' own options refuses them)."""
+    partition = args.partition if args.partition is not None else next(iter(limits), None)
+    limit = limits.get(partition)
+    if limit is not None and args.time > limit:
+        raise UsageError(f"each job asks --time {args.time} minutes but partition {partition!r} allows at most "
+                         f"{limit:g}; lower --time (a job at its limit is requeued and resumes) or pick another "
+                         "--partition")
+    test = _call("sbatch", "--test-only", *sbatch_flags(sbatch_parameters(args)), "--wrap", "true")
+    if test.returncode != 0:
+        said = " ".join(line.strip() for line in test.stderr.splitlines() if line.strip()) or \
+            f"exit code {test.returncode}"
+        raise UsageError(f"SLURM would never start the sweep's jobs: each asks {asked(args)}"
+                         f"{f' on partition {partition}' if partition else ''}, and sbatch --test-only says "
+                         f"{said!r}; the partition offers {offer(partition)}; ask less with --cpus-per-job, "
+                         "--mem-per-job, --gpus-per-job or --slurm-extra, or pick another --partition")
+
+
+def sbatch_flags(parameters: dict[str, Any]) -> list[str]:
+    """The sbatch options that submitit writes for :func:`sbatch_parameters`."""
+    extra = parameters.get("additional_parameters", {})
+    plain = {key: value for key, value in parameters.items() if key not in ("additional_parameters",
+                                                                          "array_parallelism")}
+    return [f"--{key.replace('_', '-')}={value}" for key, value in {**plain, **extra}.items()]
+
+
+def asked(args: argparse.Namespace) -> str:
+    """What each job of the sweep asks, in words."""
+    gpus = f"{args.gpus_per_job} GPU{'s' * (args.gpus_per_job != 1)}" if args.gpus_per_job else "no GPU"
+    return f"{args.cpus_per_job} CPUs, {args.mem_per_job:g} GB, {gpus}, {args.time} minutes"
+
+
+def offer(partition: str | None) -> str:
+    """What the nodes of ``partition`` have (sinfo: CPUs, memory, generic resources), in words."""
+    try:
+        lines = _ask("sinfo", "-h", "-N", *(["-p", partition] if partition else []), "-o", "%N %c %m %G")
+    except UsageError:
+        return "unknown (sinfo does not answer)"
+    nodes = []
+    for line in sorted(set(lines.splitlines())):
+        fields = line.split()
+        if len(fields) == 4:
+            name, cpus, memory, gres = fields
+            memory_text = f"{int(memory) / 1024:.0f} GB" if memory.isdigit() else f"{memory} MB"
+            nodes.append(f"{name}: {cpus} CPUs, {memory_text}, {'no GPU' if gres == '(null)' else gres}")
+    return "; ".join(nodes) if nodes else "unknown (sinfo lists no node)"
 
 
 def sbatch_parameters(args: argparse.Namespace) -> dict[str, Any]:
@@ -109,12 +192,17 @@ def sbatch_parameters(args: argparse.Namespace) -> dict[str, Any]:
     return parameters
 
 
-def _ask(*command: str) -> str:
-    """The output of a SLURM client command; a controller that does not answer is a :class:`UsageError`."""
+def _call(*command: str) -> subprocess.CompletedProcess:
+    """A SLURM client command's result; one that cannot start or does not end is a :class:`UsageError`."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=ANSWER_SECONDS)
+        return subprocess.run(command, capture_output=True, text=True, timeout=ANSWER_SECONDS)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UsageError(f"the SLURM controller does not answer ({command[0]}: {exc}); try again later") from None
+
+
+def _ask(*command: str) -> str:
+    """The output of a SLURM client command; a controller that does not answer is a :class:`UsageError`."""
+    done = _call(*command)
     if done.returncode != 0:
         reason = (done.stderr.strip() or f"exit code {done.returncode}").splitlines()[0]
         raise UsageError(f"the SLURM controller does not answer ({command[0]}: {reason}); try again later")
@@ -147,7 +235,8 @@ def run_slurm(jobs: list[Job], args: argparse.Namespace, folder: Path, *,
     record = folder / "submitted.json"
     submitted = json.loads(record.read_text()) if record.exists() else {}
     states = queue_states()
-    queued = {name: job_id for name, job_id in submitted.items() if job_id in states and states[job_id] not in ENDED}
+    queued = {name: job_id for name, job_id in submitted.items() if job_id in states
+              and states[job_id].state not in ENDED}
     missing = [job for job in jobs if job.status() != "complete"]
     new = [job for job in missing if job.name not in queued]
     log(f"sweep: {len(jobs)} runs, {len(jobs) - len(missing)} already complete, "
@@ -192,11 +281,23 @@ def _save(path: Path, submitted: dict[str, str]) -> None:
     atomic_write_text(path, json.dumps(submitted, indent=1, sort_keys=True))
 
 
-def queue_states() -> dict[str, str]:
+class QueueEntry(NamedTuple):
+    """A job's state in the queue and SLURM's reason for it (why a pending job waits, e.g. ``Resources``)."""
+
+    state: str
+    reason: str = ""
+
+
+def queue_states() -> dict[str, QueueEntry]:
     """The state of every job of this user that the controller still knows (``squeue``, one line per array task,
-    ended jobs included while the controller keeps them)."""
-    lines = _ask("squeue", "--user", getpass.getuser(), "-h", "-r", "-t", "all", "-o", "%i %T").splitlines()
-    return dict(line.split(maxsplit=1) for line in lines if line.strip())
+    ended jobs included while the controller keeps them), with its reason."""
+    lines = _ask("squeue", "--user", getpass.getuser(), "-h", "-r", "-t", "all", "-o", "%i %T %r").splitlines()
+    entries = {}
+    for line in lines:
+        job_id, state, *reason = line.split(maxsplit=2) + [""]
+        if state:
+            entries[job_id] = QueueEntry(state, reason[0].strip() if reason[0].strip() != "None" else "")
+    return entries
 
 
 def follow(jobs: list[Job], queued: dict[str, str], folder: Path, log: Callable[[str], None]) -> int:
@@ -219,16 +320,20 @@ def follow(jobs: list[Job], queued: dict[str, str], folder: Path, log: Callable[
             continue
         silent_since = None
         running = waiting = 0
+        reasons = Counter()
         for name, job_id in queued.items():
-            state = states.get(job_id, "gone from the queue")
-            if name in ended or state in ENDED or job_id not in states:
-                ended.setdefault(name, state)
-            elif state in RUNNING:
+            entry = states.get(job_id, QueueEntry("gone from the queue"))
+            if name in ended or entry.state in ENDED or job_id not in states:
+                ended.setdefault(name, entry.state)
+            elif entry.state in RUNNING:
                 running += 1
             else:
                 waiting += 1
+                reasons.update([entry.reason] if entry.reason else [])
         failed = {job.name: ended[job.name] for job in jobs if job.name in ended and job.status() != "complete"}
         line = progress(len(jobs) - len(failed) - running - waiting, running, len(failed), waiting)
+        if reasons:
+            line += f" (SLURM: {', '.join(f'{reason} {count}' for reason, count in sorted(reasons.items()))})"
         if line != last:
             log(line)
             last = line

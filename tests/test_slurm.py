@@ -72,11 +72,81 @@ def test_a_slurm_sweep_that_cannot_be_submitted_is_one_line_before_anything_is_w
 def test_options_sbatch_refuses_are_one_line(tmp_path, capsys, monkeypatch):
     pytest.importorskip("submitit")
     fake_slurm(tmp_path, monkeypatch, sinfo="echo 'debug*'", squeue="exit 0", srun="exit 0",
-               sbatch="echo 'sbatch: error: Batch job submission failed: Invalid account' >&2; exit 1")
+               sbatch='case "$*" in *--test-only*) exit 0;; esac\n'
+                      "echo 'sbatch: error: Batch job submission failed: Invalid account' >&2; exit 1")
     assert slurm_sweep(tmp_path / "out", "--slurm-extra", "account=nope") == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: sbatch refused the sweep's jobs: sbatch: error: Batch job submission failed: Invalid account"
     assert not (tmp_path / "out" / "sweep" / "slurm" / "submitted.json").exists()
+
+
+@pytest.mark.parametrize("text, minutes", [("infinite", float("inf")), ("UNLIMITED", float("inf")), ("30", 30),
+                                           ("30:00", 30), ("1:00:00", 60), ("2-00", 2880), ("1-02:03:00", 1563),
+                                           ("n/a", None)])
+def test_slurm_time_limits_are_read_in_minutes(text, minutes):
+    assert slurm.slurm_minutes(text) == minutes
+
+
+PARTITION = "debug* 1:00:00"  # sinfo -o '%P %l': the default partition and its time limit
+NODES = "n1 2 8000 (null)"    # sinfo -N -o '%N %c %m %G': a node with 2 CPUs, 8000 MB and no GPU
+
+
+def test_jobs_no_node_can_run_are_refused_before_submitting_with_what_was_asked_and_what_is_offered(
+        tmp_path, capsys, monkeypatch):
+    pytest.importorskip("submitit")
+    fake_slurm(tmp_path, monkeypatch, srun="exit 0", squeue="exit 0",
+               sinfo=f'case "$*" in *-N*) echo "{NODES}";; *) echo "{PARTITION}";; esac',
+               sbatch=f'echo "$*" > {tmp_path / "asked"}; echo "sbatch: error: Invalid generic resource (gres) '
+                      'specification" >&2\necho "allocation failure: Requested node configuration is not available"'
+                      ' >&2; exit 1')
+    assert slurm_sweep(tmp_path / "out", "--time", "60") == 2
+    assert refused(capsys, tmp_path / "out",
+                   "SLURM would never start the sweep's jobs: each asks 4 CPUs, 16 GB, 1 GPU, 60 minutes on partition "
+                   "debug, and sbatch --test-only says 'sbatch: error: Invalid generic resource (gres) specification "
+                   "allocation failure: Requested node configuration is not available'; the partition offers n1: 2 "
+                   "CPUs, 8 GB, no GPU; ask less with --cpus-per-job")
+    assert (tmp_path / "asked").read_text().split() == [
+        "--test-only", "--time=60", "--cpus-per-task=4", "--mem=16384M", "--job-name=cl2r-sweep",
+        "--gpus-per-node=1", "--wrap", "true"]
+
+
+def test_a_time_limit_above_the_partitions_is_refused_before_submitting(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("submitit")
+    fake_slurm(tmp_path, monkeypatch, srun="exit 0", squeue="exit 0", sbatch="exit 0",
+               sinfo=f'echo "{PARTITION}"; echo "long 2-00:00:00"')
+    assert slurm_sweep(tmp_path / "out", *SMALL[:-2], "--time", "90") == 2
+    assert refused(capsys, tmp_path / "out", "each job asks --time 90 minutes but partition 'debug' allows at most "
+                                             "60; lower --time")
+    assert slurm_sweep(tmp_path / "out", *SMALL[:-2], "--time", "3000", "--partition", "long") == 2
+    assert refused(capsys, tmp_path / "out", "partition 'long' allows at most 2880")
+
+
+def test_waiting_jobs_show_slurms_pending_reasons(tmp_path, monkeypatch):
+    pytest.importorskip("submitit")
+    a, b, c = jobs_in(tmp_path, "a", "b", "c")
+    queue = iter([{"4_0": slurm.QueueEntry("PENDING", "Resources"), "4_1": slurm.QueueEntry("PENDING", "Priority"),
+                   "4_2": slurm.QueueEntry("PENDING", "Resources")},
+                  {"4_0": slurm.QueueEntry("RUNNING"), "4_1": slurm.QueueEntry("PENDING"),
+                   "4_2": slurm.QueueEntry("PENDING", "Resources")}, {}])
+    monkeypatch.setattr(slurm, "queue_states", lambda: next(queue))
+    monkeypatch.setattr(slurm.time, "sleep", lambda seconds: None)
+    lines = []
+    slurm.follow([a, b, c], {"a": "4_0", "b": "4_1", "c": "4_2"}, tmp_path, lines.append)
+    assert lines[:2] == ["sweep: 0 done, 0 running, 0 failed, 3 waiting (SLURM: Priority 1, Resources 2)",
+                         "sweep: 0 done, 1 running, 0 failed, 2 waiting (SLURM: Resources 1)"]
+
+
+def test_squeue_lines_are_read_with_their_reasons(tmp_path, monkeypatch):
+    fake_slurm(tmp_path, monkeypatch, squeue="printf '5_0 PENDING PartitionConfig\\n5_1 RUNNING None\\n5_2 PENDING "
+                                             "(ReqNodeNotAvail, UnavailableNodes:n1)\\n'")
+    assert slurm.queue_states() == {"5_0": slurm.QueueEntry("PENDING", "PartitionConfig"),
+                                    "5_1": slurm.QueueEntry("RUNNING", ""),
+                                    "5_2": slurm.QueueEntry("PENDING", "(ReqNodeNotAvail, UnavailableNodes:n1)")}
+
+
+def entries(states):
+    """squeue's answer: each job id's state, without a reason."""
+    return {job_id: slurm.QueueEntry(state) for job_id, state in states.items()}
 
 
 def jobs_in(tmp_path, *names):
@@ -94,9 +164,9 @@ def complete(job):
 def test_jobs_are_followed_in_the_queue_and_the_run_folders_not_through_submitit(tmp_path, monkeypatch):
     pytest.importorskip("submitit")
     ok, cancelled, lost = jobs_in(tmp_path, "ok", "cancelled", "lost")
-    queue = iter([{"7_0": "PENDING", "7_1": "PENDING", "7_2": "PENDING"},
-                  {"7_0": "RUNNING", "7_1": "RUNNING", "7_2": "RUNNING"},
-                  {"7_0": "COMPLETED", "7_1": "CANCELLED"}])
+    queue = iter([entries({"7_0": "PENDING", "7_1": "PENDING", "7_2": "PENDING"}),
+                  entries({"7_0": "RUNNING", "7_1": "RUNNING", "7_2": "RUNNING"}),
+                  entries({"7_0": "COMPLETED", "7_1": "CANCELLED"})])
     monkeypatch.setattr(slurm, "queue_states", lambda: next(queue))
     monkeypatch.setattr(slurm.time, "sleep", lambda seconds: complete(ok) if not ok.directory.exists() else None)
     lines = []
@@ -115,7 +185,7 @@ def test_a_controller_that_stops_answering_is_asked_again_then_given_up_on(tmp_p
     pytest.importorskip("submitit")
     ok, = jobs_in(tmp_path, "ok")
     clock = [0.0]
-    answers = iter([{"3_0": "RUNNING"}, None, None, {"3_0": "COMPLETED"}])
+    answers = iter([entries({"3_0": "RUNNING"}), None, None, entries({"3_0": "COMPLETED"})])
 
     def states():
         answer = next(answers, None)
@@ -137,7 +207,7 @@ def test_a_controller_that_stops_answering_is_asked_again_then_given_up_on(tmp_p
                      "sweep: asking SLURM again for up to 10 minutes: the SLURM controller does not answer (squeue: "
                      "Socket timed out); try again later",
                      "sweep: 1 done, 0 running, 0 failed, 0 waiting"]
-    answers = iter([{"3_0": "RUNNING"}])
+    answers = iter([entries({"3_0": "RUNNING"})])
     with pytest.raises(UsageError, match="Socket timed out.*the same sweep command follows them again"):
         slurm.follow([ok], {"ok": "3_0"}, tmp_path, lines.append)
     assert clock[0] > slurm.QUEUE_PATIENCE_SECONDS
@@ -149,7 +219,8 @@ def test_jobs_still_queued_are_followed_not_submitted_again(tmp_path, monkeypatc
     folder = tmp_path / "slurm"
     folder.mkdir()
     (folder / "submitted.json").write_text(json.dumps({"done": "5_0", "queued": "5_1", "failed": "5_2"}))
-    monkeypatch.setattr(slurm, "queue_states", lambda: {"5_0": "COMPLETED", "5_1": "PENDING", "5_2": "FAILED"})
+    monkeypatch.setattr(slurm, "queue_states", lambda: entries({"5_0": "COMPLETED", "5_1": "PENDING",
+                                                                "5_2": "FAILED"}))
     submitted = []
     monkeypatch.setattr(slurm, "submit", lambda jobs, args, folder: submitted.extend(jobs) or {
         job.name: f"9_{i}" for i, job in enumerate(jobs)})
@@ -231,3 +302,16 @@ def test_a_job_at_its_time_limit_is_requeued_by_submitit_and_resumes(cluster, ti
     assert "Caught signal SIGUSR2" in (out / "sweep" / "slurm" / f"{job_id}_0_log.err").read_text()
     assert f"resuming {run} at task" in log
     assert json.loads((run / "metrics.json").read_text())["complete"]
+
+
+@pytest.mark.slurm
+def test_the_sweeps_default_resources_on_a_small_node_are_refused_before_anything_is_submitted(cluster, tmp_path,
+                                                                                                 capsys):
+    """The test cluster's one node has no GPU: jobs asking one would pend for ever; sbatch --test-only says so."""
+    before = subprocess.run(["squeue", "-h", "-t", "all"], capture_output=True, text=True, timeout=30).stdout
+    assert slurm_sweep(tmp_path / "out") == 2
+    err = capsys.readouterr().err.strip()
+    assert "SLURM would never start the sweep's jobs: each asks 4 CPUs, 16 GB, 1 GPU, 180 minutes" in err, err
+    assert "the partition offers localhost:" in err and "no GPU" in err
+    assert not (tmp_path / "out").exists()
+    assert subprocess.run(["squeue", "-h", "-t", "all"], capture_output=True, text=True, timeout=30).stdout == before
