@@ -138,6 +138,15 @@ class Processes:
                                             f"{len(images)} images")
         return self.gather(part, self.shares(len(images)))
 
+    def from_main(self, value: T) -> T:
+        """Rank 0's ``value`` on every rank (any picklable object; the other ranks' ``value`` is ignored), so that
+        every rank acts on the decision rank 0 took."""
+        if not self.distributed:
+            return value
+        box = [value if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def main_first(self, work: Callable[[], T]) -> T:
         """``work()`` on rank 0, then on the other ranks, which find what rank 0 left (a cache of pretrained
         models); with one process, just ``work()``."""

@@ -47,7 +47,7 @@ from cl2r_bench.adapt import evaluate_adapter, study_record
 from cl2r_bench.adapters import embed_pair, fit_adapter
 from cl2r_bench.assembly import Assembly
 from cl2r_bench.config import flatten
-from cl2r_bench.distributed import connect
+from cl2r_bench.distributed import SINGLE, Processes, connect
 from cl2r_bench.encoders import is_spec
 from cl2r_bench.models import NonFiniteError, RetrievalModel, state_sha256
 from cl2r_bench.settings import task_seed
@@ -99,6 +99,7 @@ class RunFolder:
         self.path, self.resume, self.overwrite, self.writer = path, resume, overwrite, writer
         self.lock = path.with_name(path.name + ".lock")
         self.state = path / "state.pt"
+        self.decided_resuming: bool | None = None
         self.check()
 
     def check(self) -> None:
@@ -119,6 +120,10 @@ class RunFolder:
 
     @property
     def resuming(self) -> bool:
+        """Whether the run continues the folder's results: rank 0's decision under the lock once :meth:`writing`
+        has taken it, until then what the folder holds now."""
+        if self.decided_resuming is not None:
+            return self.decided_resuming
         return self.resume and self.state.exists()
 
     def made_by_suite(self) -> bool:
@@ -164,22 +169,36 @@ class RunFolder:
         return state
 
     @contextlib.contextmanager
-    def writing(self, config: dict[str, Any]) -> Iterator[None]:
+    def writing(self, config: dict[str, Any], processes: Processes = SINGLE) -> Iterator[None]:
         """Hold the folder's lock; check the folder again under it (:meth:`check`, and the settings of a run to
-        resume); delete an earlier run first with ``overwrite``; mark the folder and save ``config.yaml`` (nothing
-        for a process that is not the writer). The run decides whether it resumes only after this (``resuming``)."""
+        resume); delete an earlier run first with ``overwrite``; mark the folder and save ``config.yaml``. The run
+        decides whether it resumes only after this (``resuming``). Under torchrun the other ranks write nothing and
+        take rank 0's outcome: whether it resumes, or the error that refused the folder, which they raise too."""
         if not self.writer:
+            refused, resuming = processes.from_main(None)
+            if refused is not None:
+                raise refused
+            self.decided_resuming = resuming
             yield
             return
-        with exclusive(self.lock, f"run folder {self.path}"):
-            self.check()
-            if self.resuming:
-                self.check_resumable(config)
-            if self.overwrite and self.path.exists():
-                shutil.rmtree(self.path)
-            atomic_write_text(self.path / RUN_MARKER, "a run folder of the cl2r benchmark suite\n")
-            atomic_write_text(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
-            yield
+        told = False
+        try:
+            with exclusive(self.lock, f"run folder {self.path}"):
+                self.check()
+                if self.resuming:
+                    self.check_resumable(config)
+                if self.overwrite and self.path.exists():
+                    shutil.rmtree(self.path)
+                atomic_write_text(self.path / RUN_MARKER, "a run folder of the cl2r benchmark suite\n")
+                atomic_write_text(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+                self.decided_resuming = self.resuming
+                processes.from_main((None, self.decided_resuming))
+                told = True
+                yield
+        except Exception as exc:
+            if not told:
+                processes.from_main((exc, False))
+            raise
 
 
 def _run_defining(config: dict[str, Any]) -> dict[str, Any]:
@@ -278,7 +297,7 @@ class Run:
             return self._measure_features(started)
         connect(self.processes, self.settings.distributed, self.device)
         self.stream = self.processes.main_first(self.scenario.stream)
-        with self.folder.writing(self.parts.config):
+        with self.folder.writing(self.parts.config, self.processes):
             self.resume = self.folder.resuming
             self.tracker = self.parts.tracker()
             try:

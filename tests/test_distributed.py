@@ -143,6 +143,47 @@ def test_a_two_process_model_update_fits_the_adapter_of_one_process(tiny, tmp_pa
         assert curves[order] == (None if curve is None else pytest.approx(curve, abs=1e-6)), order
 
 
+def test_a_held_run_folder_refuses_every_rank_with_rank_0s_error(tiny, tmp_path):
+    """Rank 0 checks the folder under its lock and every other rank takes its outcome: here the refusal (the lock is
+    held by this test), which each rank raises, so none trains or waits on the others."""
+    from benchmarks.records import exclusive
+
+    out = tmp_path / "out"
+    with exclusive(out / "iamcl2r/synthetic/er/seed42.lock", "the test"):
+        done = torchrun(str(TESTS.parent / "runner.py"), "--config", str(tiny), "--strategy", "er", "--output",
+                        str(out), "--resume")
+    assert done.returncode != 0
+    assert done.stderr.count(f"is in use by pid {os.getpid()}") == 2, done.stderr[-2000:]
+    assert "task 0" not in done.stdout
+
+
+class FromMain:
+    """A rank other than 0 that receives ``outcome`` from rank 0."""
+
+    def __init__(self, outcome):
+        self.outcome = outcome
+
+    def from_main(self, value):
+        return self.outcome
+
+
+def test_a_rank_other_than_0_takes_rank_0s_decision_not_its_own_view_of_the_folder(tmp_path):
+    from cl2r_bench.run import RunError, RunFolder
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / ".cl2r-run").touch()
+    (folder / "state.pt").touch()  # what this rank sees; rank 0 decided under its lock not to resume
+    reader = RunFolder(folder, resume=True, overwrite=False, writer=False)
+    assert reader.resuming
+    with reader.writing({}, FromMain((None, False))):
+        assert not reader.resuming
+    with pytest.raises(RunError, match="refused by rank 0"):
+        with RunFolder(folder, resume=True, overwrite=False, writer=False).writing(
+                {}, FromMain((RunError("refused by rank 0"), False))):
+            pass
+
+
 def launched(monkeypatch, rank: int = 0, port: int | None = None) -> None:
     for name, value in {"RANK": rank, "WORLD_SIZE": 2, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": 2,
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port or free_port()}.items():
