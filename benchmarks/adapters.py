@@ -29,8 +29,8 @@ from cl2r_bench.adapters.protocol import FeatureAdapter
 from cl2r_bench.models import class_means
 
 from .retrieval import gallery_accuracy
+from cl2r_bench.settings import BACKFILL_ORDERS
 
-BACKFILL_ORDERS = ("random", "uncertainty", "class_mean_distance", "class_mean_cosine")
 
 
 @dataclass

@@ -2,14 +2,14 @@
 
 :class:`CompatibilityPlugin` wraps :class:`benchmarks.retrieval.CompatibilityEvaluator` (METHODS.md §1, §3): after
 each training experience it deploys the strategy's current model (its ``retrieval_model`` when it has one, as a
-``strategies.avalanche.LogitsOnly`` wrapper does, else the model itself, which must return ``(logits, features)``)
+``cl2r_bench.training.avalanche.LogitsOnly`` wrapper does, else the model itself, which must return ``(logits, features)``)
 and appends its row ``M[t][0..t]`` to the
 compatibility matrix, embedding the gallery once per model (kept for later rows) and the queries once. AC, AA and
 the suite's other metrics (METHODS.md §2) come from :meth:`CompatibilityPlugin.metrics`. When the strategy's
 evaluator has loggers, ``Compatibility/AC`` and ``Compatibility/AA`` of the top-left block (AC_t, AA_t) are
 published to them after each experience.
 
-Usage, with a stream built by the suite (``scenarios/streams.py``)::
+Usage, with a stream built by the suite (``cl2r_bench/data/streams.py``)::
 
     plugin = CompatibilityPlugin.from_stream(stream)
     strategy = Naive(model=LogitsOnly(model), optimizer=..., plugins=[plugin], ...)
@@ -30,8 +30,8 @@ import torch
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.models import DEFAULT_AMP
-from scenarios.datasets import ImageSet
-from scenarios.streams import avalanche_warnings_filtered
+from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.data.streams import avalanche_warnings_filtered
 
 with avalanche_warnings_filtered():
     from avalanche.core import SupervisedPlugin

@@ -40,7 +40,7 @@ import numpy as np
 
 from cl2r_bench.config import flatten
 
-from .adapters import BACKFILL_ORDERS
+from cl2r_bench.settings import BACKFILL_ORDERS
 from cl2r_bench.adapters.protocol import ORTHOGONALITY_GAP
 
 from .metrics import across_replacements, as_matrix

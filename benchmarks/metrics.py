@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cl2r_bench.settings import TIE_RULES
 
-TIE_RULES = ("strict", "inclusive")
 SCALES = {"auto": (100, "fractions in [0, 1] or percent in [0, 100]"), "fraction": (1, "fractions in [0, 1]"),
           "percent": (100, "percent in [0, 100]")}
 

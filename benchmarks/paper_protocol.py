@@ -39,7 +39,9 @@ from torch import nn
 
 from cl2r_bench.adapters.protocol import FeatureAdapter
 
-from .adapters import BACKFILL_ORDERS, area_under_curve, backfill_order
+from cl2r_bench.settings import BACKFILL_ORDERS
+
+from .adapters import area_under_curve, backfill_order
 from .ranking import retrieval_scores
 
 PAPER_CASES = ("old/old", "new/old", "new/new", "F/old", "F/F", "new/F", "B/old", "B/F", "B/B")

@@ -33,7 +33,7 @@ from typing import Any, Literal, TypedDict
 
 from cl2r_bench.adapters.protocol import ORTHOGONALITY_GAP
 
-from .adapters import BACKFILL_ORDERS
+from cl2r_bench.settings import BACKFILL_ORDERS
 from .metrics import MatrixError, as_matrix, is_number
 from .paper_protocol import PAPER_CASES, SCORES
 

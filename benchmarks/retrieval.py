@@ -33,9 +33,9 @@ import torch.nn.functional as F
 
 from cl2r_bench.adapters.protocol import FeatureAdapter
 from cl2r_bench.models import DEFAULT_AMP, class_means, embed
-from scenarios.datasets import ImageSet
+from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.settings import GALLERY_MODES
 
-GALLERY_MODES = ("templates", "images")
 ADAPTED_DIRECTIONS = ("backward", "forward")
 
 

@@ -24,6 +24,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -33,14 +34,37 @@ from torch import nn
 
 from benchmarks.paper_protocol import PairedFeatures, backfilling, paper_cases, zero_shot_retention
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
+from cl2r_bench.config import CONFIG_DIR, merge, parse_assignment, read_yaml
 from cl2r_bench.models import class_means
-from scenarios.datasets import DataError
+from cl2r_bench.settings import at_least, check_backfill_orders, check_rules
+from cl2r_bench.data.datasets import DataError
 
 ARRAYS = ("old", "new", "labels")
 
 
 class EmbeddingsError(DataError):
     """The user's embedding files cannot be used; the message names the file and the fix."""
+
+
+ADAPT_KEYS = ("backfill_orders", "backfill_steps")
+
+
+def adapt_settings(assignments: list[str]) -> dict[str, Any]:
+    """The settings of ``runner.py adapt``: ``adapter_params`` and ``model_update.backfill_orders`` /
+    ``backfill_steps`` from ``configs/default.yaml``, overridden by ``--set`` assignments, checked like a run's
+    (each adapter's parameters by its own ``Config``), and the default ``seed`` and ``output`` (written once,
+    there)."""
+    defaults = read_yaml(CONFIG_DIR / "default.yaml")
+    merged = {"adapter_params": defaults["adapter_params"],
+              "model_update": {k: defaults["model_update"][k] for k in ADAPT_KEYS}}
+    for assignment in assignments:
+        merged = merge(merged, parse_assignment(assignment), f"--set {assignment}")
+    check_backfill_orders(merged["model_update"]["backfill_orders"])
+    check_rules("model_update", SimpleNamespace(**merged["model_update"]), at_least(1, "backfill_steps"))
+    for name in merged["adapter_params"]:
+        make_adapter(name, merged["adapter_params"])
+    return {"adapter_params": merged["adapter_params"], **merged["model_update"], "seed": defaults["seed"],
+            "output": defaults["output"]}
 
 
 @dataclass
@@ -304,8 +328,8 @@ def encoder_study(settings: Any, device: torch.device, log: Any = print) -> Stud
     encoders are built before the data are read, so a spec that cannot be built fails first."""
     from cl2r_bench.encoders import build_encoder
     from cl2r_bench.feature_cache import cached_features
-    from scenarios.datasets import NATIVE_IMAGE_SIZES, load_dataset
-    from scenarios.streams import first_per_class
+    from cl2r_bench.data.datasets import NATIVE_IMAGE_SIZES, load_dataset
+    from cl2r_bench.data.streams import first_per_class
 
     u, d = settings.model_update, settings.data
     encoders = {"old": build_encoder(u.old), "new": build_encoder(u.new)}

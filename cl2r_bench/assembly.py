@@ -1,9 +1,11 @@
 """The one assembly step: a resolved config in, the typed settings and every built part of a run out.
 
-This is the only code that reads the config mapping (:func:`cl2r_bench.config.resolve` merged and validated it);
-everything downstream (:mod:`cl2r_bench.run`, the scenarios, the trainers, the evaluator) receives
-:class:`Assembly`'s attributes. The flow is one way: config -> assembly -> scenario -> training -> measuring ->
-record (README, Layout).
+This is the only code that reads the config mapping (:func:`cl2r_bench.config.resolve` merged it); everything
+downstream (:mod:`cl2r_bench.run`, the scenarios, the trainers, the evaluator) receives :class:`Assembly`'s
+attributes. Building is checking: each settings section checks its own values, the scenario the rules between
+sections (:meth:`scenarios.base.Scenario.check_settings`), the strategy and the adapter their parameters (their
+``Config`` dataclasses), so every bad setting is a one-line error here, before any data is read. The flow is one
+way: config -> assembly -> scenario -> training -> measuring -> record (docs/layout.md).
 """
 from __future__ import annotations
 
@@ -14,13 +16,13 @@ from typing import Any
 import torch
 
 from cl2r_bench.adapters import Adapter, AdapterError, make_adapter
-from cl2r_bench.config import ConfigError, safe_name, writable_folder
+from cl2r_bench.errors import ConfigError, PartError, safe_name, writable_folder
 from cl2r_bench.distributed import SINGLE, Processes, place
 from cl2r_bench.encoders import encoder_model
 from cl2r_bench.models import RetrievalModel, build_model
 from cl2r_bench.settings import RunSettings
 from cl2r_bench.tracking import Tracker, make_tracker
-from cl2r_bench.training.trainers import Trainer, make_trainer
+from cl2r_bench.training.trainers import Trainer, make_trainer, strategy_parameters
 from scenarios import get_scenario
 from scenarios.base import Scenario
 from strategies import load_plugin
@@ -80,21 +82,44 @@ class Assembly:
 
 
 def assemble(config: dict[str, Any]) -> Assembly:
-    """Build a run's parts from a resolved config (:func:`cl2r_bench.config.resolve`)."""
+    """Build, and thereby check, a run's parts from a resolved config (:func:`cl2r_bench.config.resolve`). The
+    assembly's ``config`` names every parameter of the run's strategy and adapter, defaults included (they are
+    written once, in each part's ``Config`` dataclass), so that a result's saved config says exactly what ran."""
+    load_plugins(config["plugins"])
     settings = RunSettings.from_config(config)
-    for path in settings.plugins:
-        load_plugin(path)
     scenario = get_scenario(settings.scenario)(settings)
+    used = dict(config, strategy_params=dict(config["strategy_params"]), adapter_params=dict(config["adapter_params"]))
+    used["strategy_params"][settings.strategy] = strategy_parameters(settings.strategy, settings.strategy_params)
+    check_part_names(settings)
+    adapter = make_adapter(settings.adapter.name, settings.adapter_params) if settings.adapter.used else None
+    if adapter is not None:
+        used["adapter_params"][adapter.name] = adapter.parameters_used()
     processes, device = place(settings.distributed, resolve_device(settings.device))
     trainer = make_trainer(settings, device, processes) if scenario.trains else None
     label = scenario.label()
-    direction = None
-    if settings.adapter.used and scenario.trains:
-        direction = adapted_direction(make_adapter(settings.adapter.name, settings.adapter_params),
-                                      settings.adapter.direction)
-    return Assembly(config=config, settings=settings, scenario=scenario, trainer=trainer, label=label,
+    direction = adapted_direction(adapter, settings.adapter.direction) if adapter and scenario.trains else None
+    return Assembly(config=used, settings=settings, scenario=scenario, trainer=trainer, label=label,
                     directory=run_directory(settings, label), device=device, direction=direction,
                     processes=processes)
+
+
+def load_plugins(paths: list[str]) -> None:
+    """Import the user's strategy files (``plugins``), whose strategies then join the registry."""
+    for path in paths:
+        load_plugin(path)
+
+
+def check_part_names(settings: RunSettings) -> None:
+    """Every name under ``strategy_params`` / ``adapter_params`` is a registered part whose parameters are valid,
+    used or not, so that a typo is an error as an unknown key is everywhere else (issue 29)."""
+    sections = (("strategy_params", lambda name: strategy_parameters(name, settings.strategy_params)),
+                ("adapter_params", lambda name: make_adapter(name, settings.adapter_params)))
+    for section, check in sections:
+        for name in getattr(settings, section):
+            try:
+                check(name)
+            except PartError as exc:
+                raise ConfigError(str(exc) if str(exc).startswith(section) else f"{section}.{name}: {exc}") from None
 
 
 def adapted_direction(adapter: Adapter, direction: str) -> str:
@@ -110,7 +135,7 @@ def adapted_direction(adapter: Adapter, direction: str) -> str:
 
 
 def run_directory(settings: RunSettings, label: str) -> Path:
-    """``<output>/<scenario>/<dataset>/<label>/seed<k>``; every name is checked (:func:`cl2r_bench.config.safe_name`)
+    """``<output>/<scenario>/<dataset>/<label>/seed<k>``; every name is checked (:func:`cl2r_bench.errors.safe_name`)
     before it becomes a path component, so no setting can point outside ``output``."""
     names = [safe_name(settings.scenario, "scenario"), safe_name(settings.dataset, "dataset"),
              safe_name(label, "adapter.label" if settings.adapter.label else "strategy")]

@@ -20,52 +20,17 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from cl2r_bench.errors import UsageError
+from cl2r_bench.run_options import add_run_options
+
 COMMANDS = ("run", "pretrain", "sweep", "metrics", "leaderboard", "plot", "list", "adapt")
 EXIT_DIVERGED = 3
 EXIT_STRATEGY_FAILED = 4
-GRID_OPTIONS = ("scenario", "strategy", "adapter", "dataset")
-
-
-class UsageError(Exception):
-    """Bad command-line input."""
-
-
-def _add_run_options(p: argparse.ArgumentParser, several: bool = False) -> None:
-    """The options of one run; ``several``: the grid options take several values (the sweep command)."""
-    many = {"nargs": "+"} if several else {}
-    p.add_argument("--scenario", **many, help="cl2r | iamcl2r | model_update (default from configs/default.yaml: "
-                   "iamcl2r)")
-    p.add_argument("--strategy", **many, help="a registered strategy, avalanche:<Class> (any Avalanche strategy, "
-                   "e.g. avalanche:EWC), or 'all' (the registered ones)")
-    p.add_argument("--adapter", **many, help="a post-hoc adapter between model updates (cl2r_bench/adapters/), "
-                   "'none', or 'all' (none and every adapter, one run each)")
-    p.add_argument("--dataset", **many, help="training stream: cifar100 | tinyimagenet | synthetic")
-    p.add_argument("--eval-dataset", help="open-set evaluation: cifar10 (query = its 50,000 train images, gallery = "
-                   "templates of its test images) | heldout (classes after the stream's)")
-    p.add_argument("--data-root", help="folder with cifar-100-python/, cifar-10-batches-py/, tiny-imagenet-200/")
-    p.add_argument("--download", action="store_true", default=None, help="download missing data sets")
-    p.add_argument("--preset", help="paper (published protocol) | quick (minutes on a CPU)")
-    p.add_argument("--seed", type=int, help="one seed")
-    p.add_argument("--seeds", type=int, nargs="+", help="several seeds, run one after the other")
-    p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--epochs", type=int, help="epochs per task (replacement pretraining has its own: --set "
-                   "replacement.pretrain.epochs=N)")
-    p.add_argument("--output", help="results folder (default results/)")
-    p.add_argument("--config", help="a YAML file of settings (same keys as configs/default.yaml)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=(
-        "any setting; KEY=[v1,v2,...] makes a grid dimension (each point in its own folder OUTPUT/KEY=v1/) unless "
-        "the setting holds a list itself (its default in configs/default.yaml is a list, e.g. replacement.tasks, "
-        "or it takes one, stream.class_order): then it is that list") if several else
-        "any setting, e.g. --set stream.num_tasks=31 --set replacement.tasks=[0,10,20]")
-    p.add_argument("--plugin", action="append", metavar="FILE",
-                   help="a Python file that registers a strategy (repeatable; see strategies/base.py)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--tensorboard", action="store_true", help="log losses, learning rate, each task's matrix row "
-                   "and AC_t / AA_t to <run folder>/tensorboard/ (needs pip install tensorboard)")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -81,13 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="train and evaluate (the default command)")
-    _add_run_options(run)
+    add_run_options(run)
     run.add_argument("--resume", action="store_true", help="continue an interrupted run after its last task")
     run.add_argument("--overwrite", action="store_true", help="discard an earlier run in the same folder")
     parser.epilog = ("The run options (the default command: `runner.py --scenario ...` is `runner.py run "
                      "--scenario ...`):\n\n" + run.format_help().split("\n\n", 1)[1])
     pre = sub.add_parser("pretrain", help="pretrain (or find cached) replacement models for a configuration")
-    _add_run_options(pre)
+    add_run_options(pre)
     met = sub.add_parser("metrics", help="AC / AA / ACA / BC / FC of a compatibility matrix in a JSON file")
     met.add_argument("file", help="JSON: a list of rows, or an object with 'compatibility_matrix'")
     met.add_argument("--json", action="store_true", help="print one JSON object keyed by metric name")
@@ -122,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", help="folder of the comparison figures (default RESULTS_DIR/plots)")
     sweep = sub.add_parser("sweep", help="a grid of runs (several scenarios, strategies, adapters, data sets and "
                            "seeds), one process per run: complete runs are skipped, interrupted ones resumed")
-    _add_run_options(sweep, several=True)
+    add_run_options(sweep, several=True)
     from cl2r_bench.slurm import add_slurm_options
     from cl2r_bench.sweep import LAUNCHERS
 
@@ -159,74 +124,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
-    """The config overrides given on the command line."""
-    from cl2r_bench.config import parse_assignment
-
-    flat = {"scenario": args.scenario, "dataset": args.dataset, "data_root": args.data_root,
-            "download": args.download, "preset": args.preset, "seed": args.seed, "device": args.device,
-            "output": args.output}
-    layer: dict[str, Any] = {k: v for k, v in flat.items() if v is not None}
-    if args.strategy and args.strategy != "all":
-        layer["strategy"] = args.strategy
-    if args.plugin:
-        layer["plugins"] = args.plugin
-    if args.adapter and args.adapter != "all":
-        layer["adapter"] = {"name": args.adapter}
-    if args.eval_dataset is not None:
-        layer.setdefault("evaluation", {})["dataset"] = args.eval_dataset
-    if args.epochs is not None:
-        layer.setdefault("training", {})["epochs"] = args.epochs
-    if args.tensorboard:
-        layer.setdefault("tracking", {})["tensorboard"] = True
-    if args.no_progress:
-        layer.setdefault("training", {})["progress"] = False
-    for assignment in args.set:
-        layer = _deep_update(layer, parse_assignment(assignment))
-    return layer
-
-
-def _deep_update(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _deep_update(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def resolved_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One resolved and validated config per (strategy, adapter, seed) the command asks for: every bad setting
-    is an error here, before any data is read or model trained."""
-    from cl2r_bench.config import read_yaml, resolve
-    from strategies import list_strategies
-    from cl2r_bench.adapters import list_adapters
-
-    layers = [(args.config, read_yaml(args.config))] if args.config else []
-    layers.append(("command line", cli_layer(args)))
-    if args.seeds and args.seed is not None:
-        raise UsageError("give --seed or --seeds, not both")
-    resolve(layers)  # loads the plugins, so that --strategy all lists their strategies
-    strategies = list_strategies() if args.strategy == "all" else [None]
-    adapters = [{"name": a} for a in ["none", *list_adapters()]] if args.adapter == "all" else [None]
-    seeds = args.seeds or [None]
-    configs = []
-    for strategy, adapter, seed in itertools.product(strategies, adapters, seeds):
-        extra = {k: v for k, v in (("strategy", strategy), ("adapter", adapter), ("seed", seed)) if v is not None}
-        configs.append(resolve(layers + ([("command line", extra)] if extra else [])))
-    return configs
-
-
 def command_run(args: argparse.Namespace) -> int:
     """Run each asked configuration (one per seed); under torchrun every process runs them together and rank 0
     prints (:mod:`cl2r_bench.distributed`)."""
     from benchmarks.leaderboard import tables
-    from cl2r_bench.assembly import assemble
     from cl2r_bench.distributed import leave
     from cl2r_bench.run import Run
-
+    from cl2r_bench.run_options import requested_runs
     from cl2r_bench.sweep import distinct_runs
 
     try:
-        parts = distinct_runs([assemble(cfg) for cfg in resolved_configs(args)])
+        parts = distinct_runs(requested_runs(args))
         runs = [Run(part, resume=args.resume, overwrite=args.overwrite) for part in parts]
         say = print if runs[0].main else (lambda *_, **__: None)
         records = []
@@ -308,12 +216,11 @@ def command_sweep(args: argparse.Namespace) -> int:
 
 def command_pretrain(args: argparse.Namespace) -> int:
     """Find or pretrain the starting models of each asked run (the scenario's replacement or old/new models)."""
-    from cl2r_bench.assembly import assemble
     from cl2r_bench.models import replacement_family
+    from cl2r_bench.run_options import requested_runs
 
     done = set()
-    for cfg in resolved_configs(args):
-        parts = assemble(cfg)
+    for parts in requested_runs(args):
         s = parts.settings
         if parts.scenario.measures_features():
             print(f"{s.scenario} on encoder specs trains nothing: each split is embedded once per encoder into "
@@ -332,10 +239,11 @@ def command_pretrain(args: argparse.Namespace) -> int:
 def command_adapt(args: argparse.Namespace) -> int:
     """Fit and measure adapters on the user's embeddings (:mod:`cl2r_bench.adapt`): every setting is checked
     before the files are read, the files before any adapter is fitted."""
-    from cl2r_bench.adapt import evaluate_adapter, export_adapter, study_from_embeddings, study_record, summary_json
+    from cl2r_bench.adapt import (adapt_settings, evaluate_adapter, export_adapter, study_from_embeddings,
+                                  study_record, summary_json)
     from cl2r_bench.adapters import list_adapters, make_adapter
     from cl2r_bench.assembly import resolve_device
-    from cl2r_bench.config import adapt_settings, safe_name, writable_folder
+    from cl2r_bench.errors import safe_name, writable_folder
     from benchmarks.records import atomic_write_json, atomic_write_text
 
     settings = adapt_settings(args.set)
@@ -511,7 +419,7 @@ def command_list(args: argparse.Namespace) -> int:
     from strategies import get_strategy, list_strategies
 
     def first_line(text: str | None) -> str:
-        return text.strip().splitlines()[0] if text and text.strip() else ""
+        return plain_text(text.strip().splitlines()[0]) if text and text.strip() else ""
 
     def params(cls: type) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in asdict(cls.Config()).items()) if args.params else ""
@@ -534,11 +442,22 @@ def command_list(args: argparse.Namespace) -> int:
     return 0
 
 
+REST_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")
+REST_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain_text(text: str) -> str:
+    """A docstring line as plain words: reST roles (``:mod:`strategies.bct```, ``:class:`~a.B```) become their
+    target (its last part after ``~``), double back-quoted literals their text."""
+    text = REST_ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    return REST_LITERAL.sub(r"\1", text)
+
+
 def show_notices_as_one_line() -> None:
-    """Print data notices (:class:`scenarios.datasets.DataNotice`) as ``notice: ...`` lines, once each."""
+    """Print data notices (:class:`cl2r_bench.data.datasets.DataNotice`) as ``notice: ...`` lines, once each."""
     import warnings
 
-    from scenarios.datasets import DataNotice
+    from cl2r_bench.data.datasets import DataNotice
 
     default = warnings.formatwarning
     if getattr(default, "prints_notices", False):
@@ -564,13 +483,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from benchmarks.metrics import MatrixError
     from benchmarks.records import FolderBusyError
-    from cl2r_bench.config import ConfigError
     from cl2r_bench.distributed import LaunchError, torchrun_ranks
+    from cl2r_bench.errors import ConfigError, PartError
     from cl2r_bench.models import CheckpointError
-    from cl2r_bench.registry import PartError
     from cl2r_bench.run import DivergedError, RunError, StrategyFailedError
     from cl2r_bench.tracking import TrackingError
-    from scenarios.datasets import DataError
+    from cl2r_bench.data.datasets import DataError
 
     show_notices_as_one_line()
     user_errors = (UsageError, ConfigError, DataError, CheckpointError, PartError, MatrixError, FolderBusyError,

@@ -45,6 +45,7 @@ from torch import nn
 
 BACKBONES = ("resnet18", "resnet18_cifar", "small_cnn")
 HEADS = ("learnable", "cosine", "dsimplex")
+
 CLASSIFIER_PREFIX = "head.classifier."
 IDENTITY_MEAN: tuple[float, float, float] = (0.0, 0.0, 0.0)
 IDENTITY_STD: tuple[float, float, float] = (1.0, 1.0, 1.0)

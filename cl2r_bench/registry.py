@@ -1,7 +1,7 @@
 """Named plug-ins of one kind (strategies, adapters, scenarios): each registered once by a class decorator.
 
 A registry is the one line that makes a new file part of the suite (``@register_strategy("name")`` and the like);
-its names become folder names, so each is checked by :func:`cl2r_bench.config.safe_name` (issue 16).
+its names become folder names, so each is checked by :func:`cl2r_bench.errors.safe_name` (issue 16).
 """
 from __future__ import annotations
 
@@ -9,11 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from cl2r_bench.config import ConfigError, safe_name
-
-
-class PartError(ValueError):
-    """An unknown strategy, adapter or scenario, or invalid parameters of one (a one-line message)."""
+from cl2r_bench.errors import ConfigError, PartError, safe_name
 
 
 @dataclass(frozen=True)

@@ -54,8 +54,8 @@ from cl2r_bench.settings import task_seed
 from cl2r_bench.training.engine import ReplayMemory
 from cl2r_bench.training.pretrain import save_state
 from scenarios.base import Finished
-from scenarios.datasets import ImageSet
-from scenarios.streams import Stream
+from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.data.streams import Stream
 from strategies.base import StrategyFailure
 
 IGNORED_ON_RESUME = ("training.progress", "training.channels_last", "training.compile", "evaluation.plots",

@@ -1,23 +1,42 @@
-"""The typed settings of a run: one frozen dataclass per section of ``configs/default.yaml``.
+"""The typed settings of a run: one frozen dataclass per section of ``configs/default.yaml``, each checking its own
+values.
 
 ``configs/default.yaml`` is the one place where a setting's default is written; these classes have no defaults
-(``tests/test_structure.py`` checks that each field matches one YAML key, both ways). They are built by
-:func:`RunSettings.from_config` from a config that :func:`cl2r_bench.config.resolve` has merged and validated,
-inside the assembly step (:mod:`cl2r_bench.assembly`), so the code downstream reads attributes, never string keys.
+(``tests/test_structure.py`` checks that each field matches one YAML key, both ways). This module is also where
+each setting's allowed values are declared (:data:`DATASETS`, :data:`GALLERY_MODES`, ...; the model's are the
+model module's own): the parts that interpret
+a setting import its vocabulary from here, and each section checks its ranges, choices and the rules between its own
+fields when it is built (``__post_init__``), with a one-line :class:`~cl2r_bench.errors.ConfigError` naming the
+setting. Rules that tie sections to a scenario are the scenario's (:meth:`scenarios.base.Scenario.check_settings`),
+a strategy's or adapter's parameters are its own ``Config``'s. :func:`RunSettings.from_config` builds them from a
+config that :func:`cl2r_bench.config.resolve` has merged, inside the assembly step (:mod:`cl2r_bench.assembly`), so
+the code downstream reads attributes, never string keys.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import yaml
 
-from cl2r_bench.config import CONFIG_DIR, ConfigError
+from cl2r_bench.config import CONFIG_DIR
+from cl2r_bench.errors import ConfigError, safe_name
+from cl2r_bench.models import BACKBONES
 
+DATASETS = ("cifar100", "cifar10", "tinyimagenet", "synthetic")
+VERIFY_MODES = ("warn", "strict", "off")
+CLASS_ORDERS = ("natural", "seeded")
+EVALUATION_SETS = ("cifar10", "heldout")
+GALLERY_MODES = ("templates", "images")
+TIE_RULES = ("strict", "inclusive")
+UPDATE_HEADS = ("learnable", "dsimplex")
+BACKFILL_ORDERS = ("random", "uncertainty", "class_mean_distance", "class_mean_cosine")
 ADAPTER_AT = ("replacements", "every_task")
 ADAPTER_DIRECTIONS = ("auto", "backward", "forward")
 UPDATE_PROTOCOLS = ("auto", "leave_one_out", "stream")
@@ -25,8 +44,55 @@ PRETRAIN_SCHEDULES = ("cosine", "plateau")
 AMP_DTYPES = ("float16", "bfloat16")
 EPOCH_LENGTHS = ("reference", "full_pass")
 SCHEDULE_STEPS = ("epoch", "iteration")
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 Section = TypeVar("Section")
+Rule = tuple[str, Callable[[Any], bool], str]
+
+
+def at_least(bound: int, *keys: str) -> list[Rule]:
+    return [(key, lambda value: value >= bound, f"at least {bound}") for key in keys]
+
+
+def above_zero(*keys: str) -> list[Rule]:
+    return [(key, lambda value: value > 0, "above 0") for key in keys]
+
+
+def check_rules(section: str, settings: Any, rules: list[Rule]) -> None:
+    """Each ``(key, ok, allowed)`` of ``rules`` holds for the value of ``section.key`` (None passes: "not set")."""
+    for key, ok, allowed in rules:
+        value = getattr(settings, key)
+        if value is not None and not ok(value):
+            raise ConfigError(f"{_dotted(section, key)} = {value!r} must be {allowed}")
+
+
+def check_choices(section: str, settings: Any, choices: dict[str, tuple[str, ...]]) -> None:
+    """The value of each ``section.key`` is one of ``choices[key]``."""
+    for key, allowed in choices.items():
+        if getattr(settings, key) not in allowed:
+            raise ConfigError(f"{_dotted(section, key)} = {getattr(settings, key)!r}; choose from {list(allowed)}")
+
+
+def check_schedule(section: str, settings: Any) -> None:
+    """The cosine schedule goes down from ``lr`` to ``lr_min``."""
+    if settings.lr_min > settings.lr:
+        raise ConfigError(f"{section}.lr_min = {settings.lr_min:g} is above {section}.lr = {settings.lr:g}; the "
+                          "cosine schedule goes down from lr to lr_min")
+
+
+def _dotted(section: str, key: str) -> str:
+    return f"{section}.{key}" if section else key
+
+
+def int_list(values: Any) -> bool:
+    """Whether ``values`` is a list of ints (booleans are not)."""
+    return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def check_backfill_orders(orders: list[str]) -> None:
+    """``model_update.backfill_orders``: a non-empty list of :data:`BACKFILL_ORDERS` (also ``runner.py adapt``'s)."""
+    if not orders or any(order not in BACKFILL_ORDERS for order in orders):
+        raise ConfigError(f"model_update.backfill_orders = {orders!r}; give a list from {list(BACKFILL_ORDERS)}")
 
 
 def task_seed(seed: int, task: int) -> int:
@@ -75,6 +141,10 @@ class TrainSettings:
     compile: bool
 
     def __post_init__(self) -> None:
+        check_rules("training", self, at_least(1, "epochs", "batch_size", "new_batch_size", "memory_batch_size",
+                                               "memory_per_class") + at_least(0, "lr_min", "weight_decay")
+                    + above_zero("lr") + [("momentum", lambda v: 0 <= v < 1, "in [0, 1)")])
+        check_schedule("training", self)
         for key, allowed in (("amp_dtype", AMP_DTYPES), ("epoch_length", EPOCH_LENGTHS),
                              ("schedule_step", SCHEDULE_STEPS)):
             if getattr(self, key) not in allowed:
@@ -115,9 +185,14 @@ class DataSettings:
     synthetic_train_per_class: int
     synthetic_test_per_class: int
 
+    def __post_init__(self) -> None:
+        check_rules("data", self, at_least(1, "image_size", "synthetic_classes", "synthetic_train_per_class",
+                                           "synthetic_test_per_class"))
+        check_choices("data", self, {"verify": VERIFY_MODES})
+
     @property
     def synthetic(self) -> dict[str, int]:
-        """The ``synthetic_*`` settings as keyword arguments of :func:`scenarios.datasets.load_dataset`."""
+        """The ``synthetic_*`` settings as keyword arguments of :func:`cl2r_bench.data.datasets.load_dataset`."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name.startswith("synthetic_")}
 
 
@@ -131,6 +206,15 @@ class StreamSettings:
     images_per_class: int | None
     class_order: str | list[int]
     order_seed: int
+
+    def __post_init__(self) -> None:
+        check_rules("stream", self, at_least(1, "initial_classes", "increment", "num_tasks", "images_per_class")
+                    + at_least(0, "order_seed"))
+        order = self.class_order
+        if isinstance(order, str) and order not in CLASS_ORDERS or isinstance(order, list) and (
+                not int_list(order) or len(set(order)) != len(order) or min(order, default=0) < 0):
+            raise ConfigError(f"stream.class_order = {order!r}; use {' or '.join(CLASS_ORDERS)} or a list of distinct "
+                              "class ids (ints >= 0)")
 
 
 @dataclass(frozen=True)
@@ -152,9 +236,17 @@ class PretrainSettings:
     seed: int | list[int]
     cache_dir: str
 
+    def __post_init__(self) -> None:
+        section = "replacement.pretrain"
+        check_rules(section, self, at_least(1, "epochs", "batch_size", "patience", "images_per_class")
+                    + at_least(0, "drops", "lr_min", "min_delta") + above_zero("lr")
+                    + [("decay", lambda v: 0 < v <= 1, "in (0, 1]")])
+        check_schedule(section, self)
+        check_choices(section, self, {"schedule": PRETRAIN_SCHEDULES, "dataset": DATASETS})
+
     def seeds(self, count: int) -> list[int]:
         """The initialisation seed of each of ``count`` pretrained models: one int shared by all, or one per
-        model (the list's length is checked by :func:`cl2r_bench.config.validate`)."""
+        model (the list's length is checked by the scenario: :meth:`scenarios.base.Scenario.check_settings`)."""
         return [self.seed] * count if isinstance(self.seed, int) else list(self.seed[:count])
 
     def train_settings(self, training: TrainSettings) -> TrainSettings:
@@ -188,6 +280,10 @@ class ModelSettings:
     small_width: int
     small_out_dim: int
 
+    def __post_init__(self) -> None:
+        check_rules("model", self, at_least(1, "small_width", "small_out_dim") + at_least(2, "simplex_classes"))
+        check_choices("model", self, {"backbone": BACKBONES})
+
     @property
     def build_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :func:`cl2r_bench.models.build_model`."""
@@ -209,6 +305,12 @@ class EvaluationSettings:
     confidence: float
     resamples: int
 
+    def __post_init__(self) -> None:
+        check_rules("evaluation", self, at_least(1, "batch_size", "resamples", "heldout_classes", "queries_per_class")
+                    + [("confidence", lambda v: 0 < v < 1, "between 0 and 1 (e.g. 0.95)")])
+        check_choices("evaluation", self, {"dataset": EVALUATION_SETS, "mode": GALLERY_MODES,
+                                           "tie_rule": TIE_RULES})
+
 
 @dataclass(frozen=True)
 class AdapterSettings:
@@ -218,6 +320,11 @@ class AdapterSettings:
     label: str
     at: str
     direction: str
+
+    def __post_init__(self) -> None:
+        check_choices("adapter", self, {"at": ADAPTER_AT, "direction": ADAPTER_DIRECTIONS})
+        if self.label:
+            safe_name(self.label, "adapter.label")
 
     @property
     def used(self) -> bool:
@@ -238,6 +345,20 @@ class ModelUpdateSettings:
     feature_cache: str
     backfill_orders: list[str]
     backfill_steps: int
+
+    def __post_init__(self) -> None:
+        check_rules("model_update", self, at_least(1, "backfill_steps", "fit_per_class", "test_per_class",
+                                                   "encoder_batch_size"))
+        check_choices("model_update", self, {"head": UPDATE_HEADS, "protocol": UPDATE_PROTOCOLS})
+        check_backfill_orders(self.backfill_orders)
+        if self.encoders and not (self.old and self.new):
+            raise ConfigError("give both model_update.old and model_update.new (encoder specs), or neither")
+        if self.encoders and self.protocol == "stream":
+            raise ConfigError("model_update.protocol=stream measures models the suite trains; encoder specs are "
+                              "measured by leave_one_out (or auto)")
+        if self.protocol == "leave_one_out" and not self.encoders:
+            raise ConfigError("model_update.protocol=leave_one_out needs the two encoders: --set "
+                              "model_update.old=SPEC --set model_update.new=SPEC")
 
     @property
     def encoders(self) -> bool:
@@ -264,6 +385,9 @@ class DistributedSettings:
     sync_batchnorm: bool
     connect_timeout: float
     timeout: float
+
+    def __post_init__(self) -> None:
+        check_rules("distributed", self, above_zero("connect_timeout", "timeout"))
 
 
 @dataclass(frozen=True)
@@ -293,9 +417,14 @@ class RunSettings:
     strategy_params: dict[str, dict[str, Any]]
     adapter_params: dict[str, dict[str, Any]]
 
+    def __post_init__(self) -> None:
+        check_rules("", self, at_least(0, "seed"))
+        if not DEVICE.fullmatch(str(self.device)):
+            raise ConfigError(f"device = {self.device!r}; use auto, cpu, cuda or cuda:N")
+
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "RunSettings":
-        """Build from a resolved config (:func:`cl2r_bench.config.resolve`)."""
+        """Build from a resolved config (:func:`cl2r_bench.config.resolve`); each section checks itself."""
         return _build(cls, config)
 
 

@@ -13,7 +13,7 @@ command later follows the jobs still queued or running instead of submitting the
 missing.
 
 Every problem that stops a submission (submitit missing, no ``sbatch`` or ``srun``, a controller that does not
-answer, an unknown partition, sbatch refusing the options) is one :class:`cl2r_bench.cli.UsageError` before anything
+answer, an unknown partition, sbatch refusing the options) is one :class:`cl2r_bench.errors.UsageError` before anything
 is submitted, and so is a job that could never start: ``sbatch --test-only`` with the jobs' resources must accept
 it, and ``--time`` must fit the partition's time limit (SLURM would queue such jobs and leave them pending for
 ever, with the reason ``PartitionConfig`` or ``PartitionTimeLimit``); the line says what each job asks and what the
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from cl2r_bench.cli import UsageError
+from cl2r_bench.errors import UsageError
 from cl2r_bench.sweep import Job, progress
 
 JOB_NAME = "cl2r-sweep"

@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from benchmarks.record import holds_complete_record
-from cl2r_bench.config import FLOAT_TEXT, ConfigError, flatten, parse_assignment, safe_name
+from cl2r_bench.config import FLOAT_TEXT, flatten, parse_assignment
+from cl2r_bench.errors import ConfigError, safe_name
+from cl2r_bench.run_options import GRID_OPTIONS, requested_runs
 
 if TYPE_CHECKING:
     from cl2r_bench.assembly import Assembly
@@ -126,9 +128,6 @@ def grid_runs(args: argparse.Namespace) -> tuple[list[Assembly], Path]:
     """The assembled runs of every point of a sweep (the grid options times the ``--set`` grid) and the sweep's
     results folder; the points of a ``--set`` grid get their own folders under it (:func:`set_grid`), since the
     setting they differ in does not name their run folders."""
-    from cl2r_bench.assembly import assemble
-    from cl2r_bench.cli import GRID_OPTIONS, resolved_configs
-
     lists = list_settings()
     planned = math.prod(len(_choices(text, lists)) for text in args.set) * len(args.seeds or [None]) * math.prod(
         len(getattr(args, name) or [None]) for name in GRID_OPTIONS)
@@ -141,9 +140,9 @@ def grid_runs(args: argparse.Namespace) -> tuple[list[Assembly], Path]:
         for assignments, folder in points:
             point = argparse.Namespace(**{**vars(args), **dict(zip(GRID_OPTIONS, values)), "set": assignments})
             if folder:
-                output = output or Path(assemble(resolved_configs(point)[0]).settings.output)
+                output = output or Path(requested_runs(point)[0].settings.output)
                 point.output = str(output / folder)
-            runs += [assemble(config) for config in resolved_configs(point)]
+            runs += requested_runs(point)
     return runs, output or Path(runs[0].settings.output)
 
 

@@ -25,7 +25,7 @@ the replacement models included)::
 4. **The strategy.** Any ``SupervisedTemplate`` you like, here Avalanche's ``Naive`` (fine-tuning) with your own
    optimizer and settings, and two plugins:
    ``ReplacementPlugin.from_files({task: path}, build, load=suite.scenario.load_starting_model)`` from
-   ``strategies.avalanche`` swaps in ``build()`` with the file loaded (classifier dropped) at each replacement
+   ``cl2r_bench.training.avalanche`` swaps in ``build()`` with the file loaded (classifier dropped) at each replacement
    experience, re-points your optimizer at the new parameters, and grows the head to the classes seen so far
    before every experience (no ``model.head.grow`` by hand); ``CompatibilityPlugin`` from
    ``benchmarks.avalanche_plugin`` measures.
@@ -50,8 +50,8 @@ from benchmarks.avalanche_plugin import CompatibilityPlugin
 from cl2r_bench.assembly import assemble
 from cl2r_bench.config import resolve
 from cl2r_bench.models import RetrievalModel
-from scenarios.streams import avalanche_warnings_filtered
-from strategies.avalanche import LogitsOnly, ReplacementPlugin
+from cl2r_bench.data.streams import avalanche_warnings_filtered
+from cl2r_bench.training.avalanche import LogitsOnly, ReplacementPlugin
 
 TINY = {"data": {"synthetic_classes": 24, "synthetic_train_per_class": 24, "synthetic_test_per_class": 6},
         "stream": {"initial_classes": 4, "increment": 4, "num_tasks": 3, "images_per_class": 24},

@@ -1,30 +1,6 @@
-"""Data sets, class-incremental streams, evaluation sets and the scenarios (one file each, registered by name; the
-template is in ``scenarios/base.py``).
+"""The scenarios: what the run loop does at each task (one file each, registered by name; the template is in
+``scenarios/base.py``). The data they run on are :mod:`cl2r_bench.data`'s."""
+from . import cl2r, iamcl2r, model_update  # noqa: F401  (each registers one)
+from .base import Scenario, get_scenario, list_scenarios, register_scenario
 
-The scenario files are imported on first lookup, so that reading data (``scenarios.datasets``) does not import the
-training code the scenarios use."""
-from __future__ import annotations
-
-SCENARIO_MODULES = ("cl2r", "iamcl2r", "model_update")
-
-
-def _register_all() -> None:
-    import importlib
-
-    for module in SCENARIO_MODULES:
-        importlib.import_module(f"{__name__}.{module}")
-
-
-def get_scenario(name: str) -> type:
-    """The scenario class registered as ``name`` (:class:`scenarios.base.Scenario`)."""
-    from .base import SCENARIOS
-
-    _register_all()
-    return SCENARIOS.get(name)
-
-
-def list_scenarios() -> list[str]:
-    from .base import SCENARIOS
-
-    _register_all()
-    return SCENARIOS.names()
+__all__ = ["Scenario", "get_scenario", "list_scenarios", "register_scenario"]

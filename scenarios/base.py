@@ -24,16 +24,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
+from cl2r_bench.encoders import check_spec, is_spec
+from cl2r_bench.errors import ConfigError
 from cl2r_bench.models import RetrievalModel, load_replacement
 from cl2r_bench.registry import Registry
-from cl2r_bench.settings import RunSettings, task_seed
+from cl2r_bench.settings import RunSettings, int_list, task_seed
 
-from .datasets import DataError, ImageSet
-from .streams import Stream, build_stream
+from cl2r_bench.data.datasets import DataError, ImageSet, class_count
+from cl2r_bench.data.streams import Stream, build_stream
 
 
 class ScenarioError(DataError):
@@ -63,6 +66,19 @@ class Scenario:
 
     def __init__(self, settings: RunSettings) -> None:
         self.settings = settings
+        self.check_settings()
+
+    def check_settings(self) -> None:
+        """Refuse, with a one-line :class:`~cl2r_bench.errors.ConfigError`, settings this scenario cannot run (each
+        section has checked its own values): by default the replacements (tasks in the stream, one checkpoint or
+        pretraining class count per replacement task) and the classes the stream, its held-out evaluation and the
+        pretrained replacement models need from the data set."""
+        s = self.settings
+        if s.model_update.encoders:
+            raise ConfigError("model_update.old / model_update.new name the models of --scenario model_update; for "
+                              "IAM-CL2R's replacements use replacement.checkpoints")
+        check_replacements(s)
+        check_class_budget(s)
 
     def label(self) -> str:
         """The run's name in folders and leaderboards: ``adapter.label`` when set, else the strategy (``avalanche:X``
@@ -117,6 +133,62 @@ class Scenario:
     def feature_study(self, device: torch.device, log: Callable[[str], None]) -> Any:
         """The train and test features of both encoders (:class:`cl2r_bench.adapt.Study`)."""
         raise NotImplementedError(f"scenario {self.name!r} does not measure features")
+
+
+def check_replacements(s: RunSettings) -> None:
+    """Replacement tasks are distinct tasks of the stream, each with its checkpoint (a file or an encoder spec) or
+    a pretraining class count and seed."""
+    rep, num_tasks = s.replacement, s.stream.num_tasks
+    tasks = rep.tasks
+    if not int_list(tasks) or len(set(tasks)) != len(tasks) or any(not 0 <= t < num_tasks for t in tasks):
+        raise ConfigError(f"replacement.tasks = {tasks!r} must list distinct task numbers in 0..{num_tasks - 1} "
+                          "(e.g. [0, 2, 4] for 7 tasks)")
+    if rep.checkpoints:
+        if not all(isinstance(p, str) for p in rep.checkpoints) or len(rep.checkpoints) != len(tasks):
+            raise ConfigError(f"replacement.checkpoints has {len(rep.checkpoints)} entries for {len(tasks)} "
+                              f"replacement task(s) {tasks}; give one file path or encoder spec per task")
+        for reference in rep.checkpoints:
+            if is_spec(reference):
+                check_spec(reference)
+            elif not Path(reference).is_file():
+                raise ConfigError(f"replacement.checkpoints: {reference} "
+                                  f"{'is a folder' if Path(reference).is_dir() else 'does not exist'}; give one "
+                                  "state-dict file (or encoder spec) per replacement task")
+        return
+    counts, seed = rep.pretrain.class_counts, rep.pretrain.seed
+    if tasks and (not int_list(counts) or len(counts) < len(tasks) or min(counts) < 1):
+        raise ConfigError(f"replacement.pretrain.class_counts = {counts!r}: give one positive class count per "
+                          f"replacement task ({len(tasks)})")
+    if isinstance(seed, list) and (not int_list(seed) or len(seed) < len(tasks)):
+        raise ConfigError(f"replacement.pretrain.seed = {seed!r}: give one int, or a list of {len(tasks)} ints "
+                          "(one per pretrained model)")
+
+
+def check_class_budget(s: RunSettings, *, pretrains_replacements: bool = True) -> None:
+    """The stream, the held-out evaluation classes and (``pretrains_replacements``) the classes of the replacement
+    models the suite pretrains must fit the data set; the message gives a ``--set`` that fits."""
+    st, e = s.stream, s.evaluation
+    available = class_count(s.dataset, s.data.synthetic_classes)
+    stream = st.initial_classes + st.increment * (st.num_tasks - 1)
+    heldout = e.heldout_classes if e.dataset == "heldout" else 0
+    if stream + heldout > available:
+        fits = (available - heldout - st.initial_classes) // st.increment + 1
+        fix = (f"--set stream.num_tasks={fits}" if fits >= 2 and pretrains_replacements else
+               f"--set stream.initial_classes={max(1, (available - heldout) // 2)} --set stream.increment="
+               f"{max(1, (available - heldout) // 2)}")
+        raise ConfigError(f"the stream needs {stream} classes ({st.initial_classes} + {st.increment} x "
+                          f"{st.num_tasks - 1}){f' + {heldout} held out' if heldout else ''}; {s.dataset} "
+                          f"has {available}; e.g. {fix}")
+    rep = s.replacement
+    if pretrains_replacements and rep.tasks and not rep.checkpoints:
+        source = rep.pretrain.dataset
+        pool = (available - stream - heldout if source == s.dataset
+                else class_count(source, s.data.synthetic_classes))
+        wanted = max(rep.pretrain.class_counts[:len(rep.tasks)])
+        if wanted > pool:
+            raise ConfigError(f"replacement.pretrain.class_counts asks up to {wanted} classes of {source}; only "
+                              f"{pool} are free for pretraining (outside the stream and its evaluation classes); "
+                              "lower the counts or pretrain on another replacement.pretrain.dataset")
 
 
 def stream_from_settings(settings: RunSettings, replacement_tasks: list[int]) -> Stream:

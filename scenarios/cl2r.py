@@ -5,9 +5,17 @@ model's queries with every earlier model's gallery. Replacement tasks are IAM-CL
 """
 from __future__ import annotations
 
+from cl2r_bench.errors import ConfigError
+
 from .base import Scenario, register_scenario
 
 
 @register_scenario("cl2r")
 class CL2R(Scenario):
     """Sequential fine-tuning from a random model, no replacements."""
+
+    def check_settings(self) -> None:
+        if self.settings.replacement.tasks:
+            raise ConfigError(f"replacement.tasks = {self.settings.replacement.tasks}: CL2R has no replacements; use "
+                              "--scenario iamcl2r")
+        super().check_settings()

@@ -19,8 +19,8 @@ from cl2r_bench.models import replacement_family
 from cl2r_bench.training.pretrain import pretrained_replacement
 
 from .base import Scenario, register_scenario
-from .datasets import load_dataset
-from .streams import Stream
+from cl2r_bench.data.datasets import load_dataset
+from cl2r_bench.data.streams import Stream
 
 
 @register_scenario("iamcl2r")

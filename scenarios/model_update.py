@@ -28,11 +28,14 @@ from cl2r_bench.adapt import Study, encoder_study
 from cl2r_bench.models import RetrievalModel, load_state
 from cl2r_bench.training.pretrain import pretrained_replacement
 
-from .base import Finished, Scenario, ScenarioError, register_scenario, stream_from_settings
-from .datasets import ImageSet, load_dataset
-from .streams import Stream
+from cl2r_bench.encoders import check_spec
+from cl2r_bench.errors import ConfigError
+from cl2r_bench.settings import int_list
 
-HEADS = ("learnable", "dsimplex")
+from .base import Finished, Scenario, ScenarioError, check_class_budget, register_scenario, stream_from_settings
+from cl2r_bench.data.datasets import ImageSet, load_dataset
+from cl2r_bench.data.streams import Stream
+
 
 
 @register_scenario("model_update")
@@ -41,6 +44,24 @@ class ModelUpdate(Scenario):
 
     trains = False
     scores_starting_models = False
+
+    def check_settings(self) -> None:
+        """Two models: encoder specs that exist in their library (nothing is built or downloaded here), or two
+        models the suite pretrains on the stream's 2 tasks (old classes, then the new ones)."""
+        s = self.settings
+        seed = s.replacement.pretrain.seed
+        if isinstance(seed, list) and (not int_list(seed) or len(seed) < 2):
+            raise ConfigError(f"replacement.pretrain.seed = {seed!r}: give one int, or a list of 2 ints (the old and "
+                              "the new model)")
+        for spec in (s.model_update.old, s.model_update.new):
+            if spec:
+                check_spec(spec)
+        if s.model_update.leave_one_out:
+            return
+        if s.stream.num_tasks != 2:
+            raise ConfigError(f"model_update needs stream.num_tasks = 2 (old classes, then the new ones), not "
+                              f"{s.stream.num_tasks}")
+        check_class_budget(s, pretrains_replacements=False)
 
     def label(self) -> str:
         """``adapter.label`` when set, else the adapter's name (``none`` without adapter)."""

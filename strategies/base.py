@@ -30,7 +30,7 @@ The training template (``cl2r_bench/training/template.py``) owns the loop, the o
 frozen teacher; a strategy turns one mini-batch's outputs into a loss and may prepare per-task state (class means,
 a frozen classifier) in :meth:`Strategy.before_task`. Its defaults are written once, in its ``Config`` dataclass
 (``python runner.py list --params`` prints them; a run's ``config.yaml`` records the values used). Any Avalanche
-strategy runs without a file here: ``--strategy avalanche:<Class>`` (``strategies/avalanche.py``).
+strategy runs without a file here: ``--strategy avalanche:<Class>`` (``cl2r_bench/training/avalanche.py``).
 
 **The teacher** (the frozen old model) is the model the task *started from*: the previous task's model, or at
 task 0 and at every replacement task the freshly loaded replacement model (the authors' code, METHODS.md §6).
@@ -47,8 +47,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from cl2r_bench.registry import NoParams, PartError, Registry, config_from_params
-from cl2r_bench.models import DEFAULT_AMP, HEADS, forward_in_batches
+from cl2r_bench.registry import NoParams, Registry, config_from_params
+from cl2r_bench.errors import PartError
+from cl2r_bench.models import DEFAULT_AMP, forward_in_batches
+from cl2r_bench.models import HEADS
 
 REPLACEMENT_TEACHERS = ("incoming", "outgoing")
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.models import class_means
-from scenarios.datasets import ImageSet
+from cl2r_bench.data.datasets import ImageSet
 
 from cl2r_bench.registry import check_choice
 

@@ -14,7 +14,7 @@ from cl2r_bench.distributed import connect, place
 from cl2r_bench.models import build_model
 from cl2r_bench.settings import DistributedSettings, TrainSettings
 from cl2r_bench.training.engine import ReplayMemory, train_task
-from scenarios.datasets import ImageSet
+from cl2r_bench.data.datasets import ImageSet
 from strategies import TaskContext, get_strategy
 
 

@@ -14,10 +14,11 @@ from cl2r_bench import cli as runner
 from benchmarks.adapters import (TwoModelFeatures, adapted_cases, area_under_curve, backfill_order,
                                  partial_backfilling)
 from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy
+from cl2r_bench.assembly import assemble
 from cl2r_bench.config import CONFIG_DIR, resolve
 from cl2r_bench.models import normalize
 from conftest import interrupt_run_at
-from scenarios.datasets import ImageSet
+from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.adapters import AdapterError, FeaturePair, fit_adapter, get_adapter, list_adapters, make_adapter
 from cl2r_bench.adapters.lambda_orth import (fit_dimension, lambda_orthogonality_penalty, orthogonality_gap,
                                              supervised_contrastive)
@@ -318,7 +319,7 @@ def test_each_adapter_default_is_written_once_and_saved_with_the_run_config():
     assert yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())["adapter_params"] == {}
     for name in list_adapters():
         defaults = {f.name: f.default for f in dataclasses.fields(get_adapter(name).Config)}
-        resolved = resolve([("test", {"scenario": "model_update", "adapter": {"name": name}})])
+        resolved = assemble(resolve([("test", {"scenario": "model_update", "adapter": {"name": name}})])).config
         assert resolved["adapter_params"] == {name: defaults}, name
 
 

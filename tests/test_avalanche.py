@@ -15,9 +15,9 @@ import torch
 from benchmarks.avalanche_plugin import CompatibilityPlugin
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.models import build_model
-from scenarios.streams import avalanche_warnings_filtered, build_stream
+from cl2r_bench.data.streams import avalanche_warnings_filtered, build_stream
 from cl2r_bench.models import CheckpointError
-from strategies.avalanche import (AvalancheStrategyError, HeadGrowthPlugin, LogitsOnly, ReplacementPlugin,
+from cl2r_bench.training.avalanche import (AvalancheStrategyError, HeadGrowthPlugin, LogitsOnly, ReplacementPlugin,
                                   build_avalanche_strategy, check_params, is_avalanche_strategy, rebind,
                                   strategy_names, train_on_experience, unwrap)
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from scenarios.datasets import DataError, load_dataset, make_synthetic, read_cifar, read_tiny_imagenet
-from scenarios.streams import build_stream, first_per_class, make_class_order, task_class_counts
+from cl2r_bench.data.datasets import DataError, load_dataset, make_synthetic, read_cifar, read_tiny_imagenet
+from cl2r_bench.data.streams import build_stream, first_per_class, make_class_order, task_class_counts
 
 
 def write_cifar100(root, per_class_train=6, per_class_test=2, classes=100):

@@ -18,7 +18,7 @@ from cl2r_bench import cli
 from cl2r_bench.distributed import LaunchError, Processes, place
 from cl2r_bench.settings import DistributedSettings
 from cl2r_bench.training.engine import DeviceBatches
-from scenarios.datasets import ImageSet
+from cl2r_bench.data.datasets import ImageSet
 
 TESTS = Path(__file__).resolve().parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]

@@ -6,7 +6,9 @@ import pytest
 import yaml
 
 from cl2r_bench import cli as runner
-from cl2r_bench.config import ConfigError, resolve
+from cl2r_bench.assembly import assemble
+from cl2r_bench.config import resolve
+from cl2r_bench.errors import ConfigError
 from scenarios import list_scenarios
 from strategies import list_strategies
 from cl2r_bench.adapters import list_adapters
@@ -45,7 +47,7 @@ def test_every_adapter_runs_along_a_stream_on_the_built_in_data(tiny, tmp_path):
 @pytest.mark.parametrize("preset", ["quick", "paper"])
 @pytest.mark.parametrize("scenario", list_scenarios())
 def test_every_scenario_fits_the_built_in_data_by_default(scenario, preset):
-    config = resolve([("command line", {"scenario": scenario, "dataset": "synthetic", "preset": preset})])
+    config = assemble(resolve([("command line", {"scenario": scenario, "dataset": "synthetic", "preset": preset})])).config
     s, e = config["stream"], config["evaluation"]
     stream = s["initial_classes"] + s["increment"] * (s["num_tasks"] - 1)
     assert stream + (e["heldout_classes"] if e["dataset"] == "heldout" else 0) <= config["data"]["synthetic_classes"]
@@ -53,15 +55,15 @@ def test_every_scenario_fits_the_built_in_data_by_default(scenario, preset):
 
 def test_the_fidelity_preset_is_tiny_imagenets_and_says_so_on_other_data():
     with pytest.raises(ConfigError, match=r"synthetic has 80; e\.g\. --set stream\.num_tasks=5"):
-        resolve([("command line", {"scenario": "iamcl2r", "dataset": "synthetic", "preset": "fidelity"})])
+        assemble(resolve([("command line", {"scenario": "iamcl2r", "dataset": "synthetic", "preset": "fidelity"})]))
 
 
 def test_a_stream_too_long_for_the_data_names_the_setting_that_fixes_it():
     with pytest.raises(ConfigError, match=r"synthetic has 80; e\.g\. --set stream\.num_tasks=13"):
-        resolve([("command line", {"dataset": "synthetic", "stream": {"num_tasks": 20}})])
+        assemble(resolve([("command line", {"dataset": "synthetic", "stream": {"num_tasks": 20}})]))
 
 
 def test_replacement_classes_must_fit_another_pretraining_data_set():
     with pytest.raises(ConfigError, match=r"asks up to 30 classes of cifar10; only 10 are free for pretraining"):
-        resolve([("command line", {"dataset": "synthetic", "replacement": {"pretrain": {
-            "dataset": "cifar10", "class_counts": [10, 20, 30]}}})])
+        assemble(resolve([("command line", {"dataset": "synthetic", "replacement": {"pretrain": {
+            "dataset": "cifar10", "class_counts": [10, 20, 30]}}})]))

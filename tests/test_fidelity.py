@@ -9,7 +9,7 @@ import yaml
 
 from cl2r_bench import cli as runner
 from cl2r_bench.config import resolve
-from scenarios.datasets import DataNotice, make_synthetic
+from cl2r_bench.data.datasets import DataNotice, make_synthetic
 from cl2r_bench.settings import PlateauSettings
 from cl2r_bench.training.pretrain import PlateauProgress, load_cached_model, pretrain_model
 from cl2r_bench.settings import TrainSettings

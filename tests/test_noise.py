@@ -10,7 +10,7 @@ from cl2r_bench import cli as runner
 from benchmarks.noise import (bootstrap_accuracies, entry_index, noise_metrics, wilson_interval)
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.models import normalize
-from scenarios.datasets import ImageSet
+from cl2r_bench.data.datasets import ImageSet
 
 
 def test_wilson_interval_matches_the_formula_and_known_values():

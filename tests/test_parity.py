@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cl2r_bench.models import build_model, feature_extractor_state
-from scenarios.datasets import ImageSet, read_cifar
+from cl2r_bench.data.datasets import ImageSet, read_cifar
 
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cl2r_bench import cli, slurm
-from cl2r_bench.cli import UsageError
+from cl2r_bench.errors import UsageError
 from cl2r_bench.sweep import Job
 
 CLUSTER = Path(os.environ.get("CL2R_SLURM_DIR", "/tmp/cl2r-slurm")) / "slurm.conf"

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.models import build_model, simplex_vertices
-from scenarios.datasets import ImageSet
-from scenarios.transforms import random_crop_flip
+from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.data.transforms import random_crop_flip
 from strategies import Step, Strategy, StrategyError, get_strategy, list_strategies, register_strategy
 from strategies.dsimplex_hoc import DSimplexHOC, hoc_loss
 from strategies.er import ExperienceReplay

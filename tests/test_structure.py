@@ -12,6 +12,7 @@ import typing
 import pytest
 import yaml
 
+from cl2r_bench.assembly import assemble
 from cl2r_bench.config import CONFIG_DIR, flatten, resolve
 from cl2r_bench.settings import RunSettings, section_fields
 
@@ -46,7 +47,7 @@ def test_the_typed_settings_declare_no_default_of_their_own():
 
 
 def test_a_resolved_config_names_every_parameter_of_its_strategy_and_adapter():
-    config = resolve([("test", {"strategy": "dsimplex_hoc", "adapter": {"name": "fct"}})])
+    config = assemble(resolve([("test", {"strategy": "dsimplex_hoc", "adapter": {"name": "fct"}})])).config
     assert config["strategy_params"]["dsimplex_hoc"] == {"ce_weight": 0.1, "hoc_weight": 0.9, "mu": 10.0,
                                                          "mask": "zero", "replacement_teacher": "incoming"}
     assert config["adapter_params"]["fct"]["hidden"] == 1024

@@ -11,9 +11,10 @@ import torch.nn.functional as F
 import yaml
 
 from cl2r_bench import cli as runner
+from cl2r_bench.assembly import assemble
 from cl2r_bench.config import CONFIG_DIR, resolve
 from cl2r_bench.models import build_model, simplex_vertices
-from scenarios.datasets import ImageSet
+from cl2r_bench.data.datasets import ImageSet
 from strategies import Step, StrategyError, TaskContext, get_strategy, list_strategies
 from strategies.bct import influence_loss, old_classifier
 from strategies.cvs import nearest_negative_triplet_loss, prototype_loss
@@ -72,7 +73,7 @@ def test_each_strategy_default_is_written_once_and_saved_with_the_run_config():
     assert set(ZOO) <= set(built_in)
     for name in built_in:
         defaults = {f.name: f.default for f in dataclasses.fields(get_strategy(name).Config)}
-        assert resolve([("test", {"strategy": name})])["strategy_params"] == {name: defaults}, name
+        assert assemble(resolve([("test", {"strategy": name})])).config["strategy_params"] == {name: defaults}, name
 
 
 @pytest.mark.parametrize("name", [n for n in ZOO if get_strategy(n).needs_teacher])
@@ -354,7 +355,7 @@ def test_plugin_strategy_runs_end_to_end(tiny, tmp_path, capsys):
     assert record["config"]["plugins"] == [str(plugin)]
     assert record["config"]["strategy_params"]["toy_smoothing"] == {"smoothing": 0.1}
     assert [len(row) for row in record["compatibility_matrix"]] == [3, 3, 3]
-    assert sys.modules["cl2r_plugin_toy_plugin"].CALLS == [0, 1, 2]
+    assert sys.modules[get_strategy("toy_smoothing").__module__].CALLS == [0, 1, 2]
     assert "toy_smoothing" in capsys.readouterr().out
 
 

@@ -52,7 +52,8 @@ import torch
 from torch import nn
 
 from cl2r_bench.models import classifier_rows
-from cl2r_bench.registry import NoParams, PartError, Registry, config_from_params
+from cl2r_bench.registry import NoParams, Registry, config_from_params
+from cl2r_bench.errors import PartError
 
 DIRECTIONS = ("backward", "forward")
 

@@ -4,7 +4,7 @@ One evaluation (``CompatibilityEvaluator.deploy``, docs/METHODS.md §3) embeds t
 images, reduced to 10 class templates) and the queries (CIFAR-10 train, 50,000 images) with
 :func:`cl2r_bench.models.embed`, ``evaluation.batch_size`` images at a time, under the training autocast setting,
 from images already on the device. This tool times those two calls for a freshly built model on generated images of
-the same shape and counts (``scenarios.datasets.make_synthetic`` with 10 classes: the cost does not depend on the
+the same shape and counts (``cl2r_bench.data.datasets.make_synthetic`` with 10 classes: the cost does not depend on the
 pixels), the model optionally in the channels-last format that ``training.channels_last`` leaves it in (the images
 stay as stored, as in a run). ``--images N`` embeds fewer images (five queries to one gallery image, as the
 protocol) and scales the time to the protocol's counts by the measured images/s. The template reduction and the
@@ -33,7 +33,7 @@ from benchmarks.noise import noise_metrics
 from cl2r_bench.config import resolve
 from cl2r_bench.models import autocast_dtype, build_model, embed
 from cl2r_bench.settings import RunSettings
-from scenarios.datasets import ImageSet, make_synthetic
+from cl2r_bench.data.datasets import ImageSet, make_synthetic
 
 CIFAR10_CLASSES, CIFAR10_TRAIN_PER_CLASS, CIFAR10_TEST_PER_CLASS = 10, 5000, 1000
 AMP_CHOICES = ("none", "float16", "bfloat16")

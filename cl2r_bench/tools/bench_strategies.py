@@ -19,7 +19,7 @@ import torch
 
 
 from cl2r_bench.models import build_model
-from scenarios.datasets import ImageSet, make_synthetic
+from cl2r_bench.data.datasets import ImageSet, make_synthetic
 from strategies import TaskContext, get_strategy, list_strategies
 from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training.engine import ReplayMemory, train_task, update_memory

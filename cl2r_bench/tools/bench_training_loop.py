@@ -44,8 +44,8 @@ from cl2r_bench.tools.bench_evaluation import (AMP_CHOICES, EvaluationTiming, ev
                                                memory_text, paper_settings, peak_memory, reset_peak_memory,
                                                synchronize, time_evaluation, time_records)
 from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr, train_task
-from scenarios.datasets import ImageSet, make_synthetic
-from scenarios.streams import task_class_counts
+from cl2r_bench.data.datasets import ImageSet, make_synthetic
+from cl2r_bench.data.streams import task_class_counts
 from strategies import Strategy, get_strategy
 from strategies.base import Step
 

@@ -33,7 +33,7 @@ from cl2r_bench.config import read_yaml, resolve
 from cl2r_bench.models import embed
 from cl2r_bench.assembly import assemble
 from cl2r_bench.run import load_task_model, to_device
-from scenarios.datasets import DataError, ImageSet
+from cl2r_bench.data.datasets import DataError, ImageSet
 
 
 def mean_resultant_length(features: torch.Tensor) -> float:

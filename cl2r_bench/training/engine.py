@@ -30,9 +30,9 @@ from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.models import NonFiniteError, RetrievalModel, autocast_dtype, first_nonfinite_tensor
 from cl2r_bench.settings import TrainSettings, task_seed
 from cl2r_bench.tracking import NullTracker, Tracker
-from scenarios.datasets import ImageSet
-from scenarios.streams import single_experience
-from scenarios.transforms import crop_flip, crop_flip_draws
+from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.data.streams import single_experience
+from cl2r_bench.data.transforms import crop_flip, crop_flip_draws
 
 from strategies.base import Strategy
 

@@ -33,8 +33,8 @@ import torch
 from benchmarks.records import atomic_write, atomic_write_json, exclusive
 from cl2r_bench.models import (CheckpointError, RetrievalModel, build_model, feature_extractor_state, forward_in_batches,
                     load_replacement)
-from scenarios.datasets import DataSplits, ImageSet
-from scenarios.streams import first_per_class, relabel
+from cl2r_bench.data.datasets import DataSplits, ImageSet
+from cl2r_bench.data.streams import first_per_class, relabel
 
 from strategies.base import Strategy
 from strategies.er import ExperienceReplay

@@ -3,13 +3,14 @@
 :class:`StrategyTrainer` runs a strategy of ``strategies/``: its loss on the suite's Avalanche template
 (:mod:`cl2r_bench.training.template`), whose hooks freeze the teacher the run loop hands over and add the task's
 exemplars to the run's :class:`~cl2r_bench.training.engine.ReplayMemory`.
-:class:`AvalancheTrainer` runs an Avalanche strategy named ``avalanche:<Class>`` (``strategies/avalanche.py``) on
+:class:`AvalancheTrainer` runs an Avalanche strategy named ``avalanche:<Class>`` (``cl2r_bench/training/avalanche.py``) on
 the task's Avalanche experience, keeping its own state (its replay buffer, its old model, its importances) across
 tasks; the run loop swaps its model at replacement tasks. Both are measured by the same run loop into the same
 compatibility matrix, metrics and leaderboard.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 import torch
@@ -18,11 +19,11 @@ from cl2r_bench.distributed import SINGLE, LaunchError, Processes
 from cl2r_bench.models import RetrievalModel
 from cl2r_bench.settings import RunSettings, TrainSettings
 from cl2r_bench.tracking import Tracker
-from scenarios.streams import Task
+from cl2r_bench.data.streams import Task
 from strategies import Strategy, TaskContext, get_strategy
 from strategies.base import failures_reported
-from strategies.avalanche import AvalancheStrategyError, is_avalanche_strategy
 
+from .avalanche import AvalancheStrategyError, check_params, is_avalanche_strategy, train_on_experience
 from .engine import ReplayMemory, train_task
 
 
@@ -74,11 +75,19 @@ class AvalancheTrainer:
 
     def train(self, model: RetrievalModel, task: Task, memory: ReplayMemory, *, teacher: RetrievalModel | None,
               teacher_classes: int, replacement: bool, tracker: Tracker, description: str) -> dict[str, float]:
-        from strategies.avalanche import train_on_experience
-
         self.strategy, timing = train_on_experience(self.strategy, self.name, self.params, model, task.experience,
                                                     self.settings, device=self.device, description=description)
         return timing
+
+
+def strategy_parameters(name: str, strategy_params: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Every parameter of strategy ``name`` given ``strategy_params`` (the config's), defaults included: those of
+    the strategy's ``Config`` dataclass, or of the Avalanche class's constructor for ``avalanche:<Class>``. Unknown
+    names and invalid parameters raise a one-line :class:`~strategies.base.StrategyError`."""
+    params = strategy_params.get(name, {})
+    if is_avalanche_strategy(name):
+        return check_params(name, params)
+    return dataclasses.asdict(get_strategy(name).from_params(params).config)
 
 
 def make_trainer(settings: RunSettings, device: torch.device,
@@ -94,4 +103,5 @@ def make_trainer(settings: RunSettings, device: torch.device,
     return StrategyTrainer(get_strategy(settings.strategy).from_params(params), settings.training, processes)
 
 
-__all__ = ["AvalancheStrategyError", "AvalancheTrainer", "StrategyTrainer", "Trainer", "make_trainer"]
+__all__ = ["AvalancheStrategyError", "AvalancheTrainer", "StrategyTrainer", "Trainer", "make_trainer",
+           "strategy_parameters"]

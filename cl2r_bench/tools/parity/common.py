@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from cl2r_bench.models import simplex_vertices
-from scenarios.datasets import ImageSet
+from cl2r_bench.data.datasets import ImageSet
 
 ROOT = Path(__file__).resolve().parents[3]
 

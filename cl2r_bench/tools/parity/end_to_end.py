@@ -38,7 +38,7 @@ from cl2r_bench.tools.parity.common import (ROOT, ParityError, first_per_class, 
 from benchmarks.record import RECORD_FILE, read_record
 from cl2r_bench.config import resolve
 from cl2r_bench.models import replacement_family
-from scenarios.datasets import DataError, read_cifar, read_tiny_imagenet
+from cl2r_bench.data.datasets import DataError, read_cifar, read_tiny_imagenet
 from cl2r_bench.training.pretrain import pretrained_replacement
 from cl2r_bench.settings import RunSettings
 

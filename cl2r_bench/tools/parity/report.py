@@ -15,12 +15,13 @@ from pathlib import Path
 
 from cl2r_bench.tools.parity.common import ROOT  # noqa: I001
 from benchmarks.metrics import all_metrics, as_matrix
+from cl2r_bench.assembly import assemble
 from cl2r_bench.config import resolve
 
 
 def protocol() -> list[dict]:
     """``{"setting", "reference", "suite", "agree"}`` rows; ``agree`` is False only for a real difference."""
-    cfg = resolve([("paper", {"preset": "paper"})])
+    cfg = assemble(resolve([("paper", {"preset": "paper"})])).config
     t, s, e = cfg["training"], cfg["stream"], cfg["evaluation"]
     rows = [
         ("stream", "CIFAR-100, natural order, 10 + 15 x 6 classes, first 300 train images per class "

@@ -24,7 +24,7 @@ from cl2r_bench.tools.parity.common import (ROOT, ParityError, first_per_class, 
                     reference_python, save_reference_checkpoint, to_reference_state, write_cifar_pickles)
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.models import build_model, load_replacement, normalize, simplex_vertices
-from scenarios.datasets import CIFAR100_MEAN, CIFAR100_STD, DataError, ImageSet, read_cifar
+from cl2r_bench.data.datasets import CIFAR100_MEAN, CIFAR100_STD, DataError, ImageSet, read_cifar
 from strategies import Step, TaskContext, get_strategy
 from cl2r_bench.adapters import make_adapter
 from strategies.dsimplex_hoc import hoc_loss

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from cl2r_bench.settings import DATASETS, VERIFY_MODES
 
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)
 SYNTHETIC_MEAN, SYNTHETIC_STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -45,11 +46,9 @@ _CIFAR = {
     },
 }
 TINY_URL, TINY_MD5 = "http://cs231n.stanford.edu/tiny-imagenet-200.zip", "90528d7ca1a48142e341f4ef8d21d0de"
-DATASETS = ("cifar100", "cifar10", "tinyimagenet", "synthetic")
 CLASS_COUNTS = {"cifar100": 100, "cifar10": 10, "tinyimagenet": 200}
 NATIVE_IMAGE_SIZES = {"cifar100": 32, "cifar10": 32, "tinyimagenet": 64}
 """The side of each real data set's images as released (the generated one is as large as configured)."""
-VERIFY_MODES = ("warn", "strict", "off")
 
 
 class DataError(RuntimeError):

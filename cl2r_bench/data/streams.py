@@ -5,7 +5,7 @@ The stream is an Avalanche ``class_incremental_benchmark`` with explicit per-exp
 data: items are ``(uint8 image 3 x H x W, label, task label 0)``, with two transform groups, ``train`` (random crop
 with zero padding 4 and horizontal flip, METHODS.md §4, on the uint8 image) and ``eval`` (none). The models
 normalise their own input, so an Avalanche strategy trains on ``experience.dataset`` as it is
-(``strategies/avalanche.py``).
+(``cl2r_bench/training/avalanche.py``).
 
 Each :class:`Task` keeps its experience and an :class:`ImageSet` read back from that experience's ``eval`` view in
 Avalanche's sample order: the suite's own trainer draws its batches from it on the device (no per-image work on the
@@ -36,8 +36,6 @@ import torch.nn.functional as F
 from .datasets import DataError, DataSplits, ImageSet, load_dataset
 from .transforms import CROP_PADDING
 
-CLASS_ORDERS = ("natural", "seeded")
-EVALUATION_SETS = ("cifar10", "heldout")
 
 
 @dataclass
@@ -83,7 +81,7 @@ def task_class_counts(initial: int, increment: int, num_tasks: int) -> list[int]
 
 def make_class_order(num_classes: int, order: str | list[int], seed: int) -> list[int]:
     """``"natural"`` (0..n-1), ``"seeded"`` (permutation from ``seed``) or an explicit list of class ids
-    (:data:`CLASS_ORDERS`)."""
+    (:data:`cl2r_bench.settings.CLASS_ORDERS`)."""
     if order == "natural":
         return list(range(num_classes))
     if order == "seeded":
@@ -129,7 +127,7 @@ def avalanche_warnings_filtered() -> Iterator[None]:
 
 class CropFlip:
     """Random crop (zero padding ``padding``) and horizontal flip with probability 1/2 of one uint8 ``3 x H x W``
-    image: the per-sample form of :func:`scenarios.transforms.random_crop_flip` (the same distribution, METHODS.md
+    image: the per-sample form of :func:`cl2r_bench.data.transforms.random_crop_flip` (the same distribution, METHODS.md
     §4), the stream's ``train`` transform. Plain slicing, so it costs microseconds per image."""
 
     def __init__(self, padding: int = CROP_PADDING) -> None:

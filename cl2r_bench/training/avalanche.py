@@ -3,7 +3,7 @@
 A strategy named ``avalanche:<Class>`` (``avalanche:Naive``, ``avalanche:LwF``, ``avalanche:EWC``,
 ``avalanche:Replay``, ...; :func:`strategy_names` lists them) is the Avalanche class of that name, built on the
 suite's model and trained by Avalanche itself on the stream's experiences, which carry the images
-(``scenarios/streams.py``). Its constructor arguments come from ``strategy_params`` (e.g.
+(``cl2r_bench/data/streams.py``). Its constructor arguments come from ``strategy_params`` (e.g.
 ``{"avalanche:EWC": {"ewc_lambda": 0.4}}``), checked against the class's signature by :func:`check_params`; the
 suite supplies :data:`RESERVED_PARAMS` itself.
 
@@ -55,10 +55,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from cl2r_bench.config import ConfigError
+from cl2r_bench.errors import ConfigError
 from cl2r_bench.models import (DSimplexHead, NonFiniteError, RetrievalModel, first_nonfinite_tensor,
                                load_replacement)
-from scenarios.streams import avalanche_warnings_filtered
+from cl2r_bench.data.streams import avalanche_warnings_filtered
+
+from .engine import make_optimizer
 
 AVALANCHE_PREFIX = "avalanche:"
 RESERVED_PARAMS = ("model", "optimizer", "criterion", "train_mb_size", "train_epochs", "eval_mb_size", "device",
@@ -224,7 +226,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 PUBLIC_PLUGINS = ("HeadGrowthPlugin", "ReplacementPlugin")
 """The Avalanche plugins importable from this module; each is built on first access (Avalanche's import costs
-seconds), so ``from strategies.avalanche import ReplacementPlugin`` imports Avalanche and nothing else does."""
+seconds), so ``from cl2r_bench.training.avalanche import ReplacementPlugin`` imports Avalanche and nothing else does."""
 
 
 @functools.cache
@@ -447,7 +449,6 @@ def train_on_experience(strategy: Any, name: str, params: dict[str, Any] | None,
     first. A non-finite loss or non-finite weights raise :class:`~cl2r_bench.models.NonFiniteError`."""
     from tqdm import tqdm
 
-    from cl2r_bench.training.engine import make_optimizer
 
     if strategy is None:
         strategy = build_avalanche_strategy(
