@@ -27,10 +27,9 @@ import torch.nn.functional as F
 
 from cl2r_bench.adapters.protocol import FeatureAdapter
 from cl2r_bench.models import class_means
-
-from .retrieval import gallery_accuracy
 from cl2r_bench.settings import BACKFILL_ORDERS
 
+from .retrieval import gallery_accuracy
 
 
 @dataclass

@@ -29,9 +29,9 @@ import torch
 
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.retrieval import CompatibilityEvaluator
-from cl2r_bench.models import DEFAULT_AMP
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import avalanche_warnings_filtered
+from cl2r_bench.models import DEFAULT_AMP
 
 with avalanche_warnings_filtered():
     from avalanche.core import SupervisedPlugin
@@ -58,7 +58,7 @@ class CompatibilityPlugin(SupervisedPlugin):
         self.evaluator, self.tie_rule = evaluator, tie_rule
 
     @classmethod
-    def from_stream(cls, stream: Any, **kwargs: Any) -> "CompatibilityPlugin":
+    def from_stream(cls, stream: Any, **kwargs: Any) -> CompatibilityPlugin:
         """The plugin on a suite stream's evaluation sets (``stream.query``, ``stream.gallery``)."""
         return cls(stream.query, stream.gallery, **kwargs)
 

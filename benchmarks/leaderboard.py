@@ -38,10 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from cl2r_bench.config import flatten
-
-from cl2r_bench.settings import BACKFILL_ORDERS
 from cl2r_bench.adapters.protocol import ORTHOGONALITY_GAP
+from cl2r_bench.config import flatten
+from cl2r_bench.settings import BACKFILL_ORDERS
 
 from .metrics import across_replacements, as_matrix
 from .paper_protocol import PAPER_CASES
@@ -221,7 +220,7 @@ def noise_rows(records: list[RunRecord]) -> list[list[Any]]:
         noisy = [r for r in runs if r.get("noise")]
         if not noisy:
             continue
-        def mean(get) -> float | None:
+        def mean(get, noisy=noisy) -> float | None:
             values = [v for v in map(get, noisy) if v is not None]
             return float(np.mean(values)) if values else None
 
@@ -348,7 +347,7 @@ def update_rows(records: list[RunRecord]) -> list[list[Any]]:
     for (scenario, dataset, method), runs in experiment_groups(records).items():
         if scenario != "model_update":
             continue
-        def column(get) -> tuple[float, float] | None:
+        def column(get, runs=runs) -> tuple[float, float] | None:
             return _spread([100 * v for v in map(get, runs) if v is not None])
 
         cases = [column(lambda r, c=c: r["cases"].get(c)) for c in UPDATE_CASES]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from cl2r_bench.settings import TIE_RULES
 
 SCALES = {"auto": (100, "fractions in [0, 1] or percent in [0, 100]"), "fraction": (1, "fractions in [0, 1]"),

@@ -39,8 +39,6 @@ from torch import nn
 
 from cl2r_bench.adapters.protocol import FeatureAdapter
 
-from cl2r_bench.settings import BACKFILL_ORDERS
-
 from .adapters import area_under_curve, backfill_order
 from .ranking import retrieval_scores
 
@@ -58,13 +56,13 @@ class PairedFeatures:
     labels: torch.Tensor
 
     @classmethod
-    def normalised(cls, old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor) -> "PairedFeatures":
+    def normalised(cls, old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor) -> PairedFeatures:
         return cls(F.normalize(old.float(), dim=1), F.normalize(new.float(), dim=1), labels)
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def to(self, device: torch.device | str) -> "PairedFeatures":
+    def to(self, device: torch.device | str) -> PairedFeatures:
         return PairedFeatures(self.old.to(device), self.new.to(device), self.labels.to(device))
 
 

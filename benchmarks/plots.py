@@ -24,7 +24,7 @@ import numpy as np
 
 from .metrics import is_number
 from .record import RunRecord, checked_records
-from .records import atomic_write
+from cl2r_bench.files import atomic_write
 
 ANNOTATED_TASKS = 16
 INTERVAL_TASKS = 12

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 from cl2r_bench.adapters.protocol import ORTHOGONALITY_GAP
-
 from cl2r_bench.settings import BACKFILL_ORDERS
+
 from .metrics import MatrixError, as_matrix, is_number
 from .paper_protocol import PAPER_CASES, SCORES
 

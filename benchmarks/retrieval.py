@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.adapters.protocol import FeatureAdapter
-from cl2r_bench.models import DEFAULT_AMP, class_means, embed
 from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.models import DEFAULT_AMP, class_means, embed
 from cl2r_bench.settings import GALLERY_MODES
 
 ADAPTED_DIRECTIONS = ("backward", "forward")
@@ -189,7 +189,7 @@ class CompatibilityEvaluator:
 
     def state_dict(self) -> dict:
         """Kept galleries, rows, per-query hits and adapters: plain tensors and lists (``weights_only`` safe)."""
-        return {"galleries": [(g.cpu(), l.cpu()) for g, l in self.galleries], "rows": self.rows,
+        return {"galleries": [(g.cpu(), labels.cpu()) for g, labels in self.galleries], "rows": self.rows,
                 "hits": self.hits, "adapted_hits": self.adapted_hits,
                 "extractions": dict(self.extractions), "adapted_rows": self.adapted_rows,
                 "adapters": [None if a is None else a.export() for a in self.adapters],
@@ -197,7 +197,7 @@ class CompatibilityEvaluator:
 
     def load_state_dict(self, state: dict) -> None:
         device = self.query.images.device
-        self.galleries = [(g.to(device), l.to(device)) for g, l in state["galleries"]]
+        self.galleries = [(g.to(device), labels.to(device)) for g, labels in state["galleries"]]
         self.rows = [list(r) for r in state["rows"]]
         self.extractions = dict(state["extractions"])
         self.adapted_rows = [list(r) for r in state.get("adapted_rows", [])]

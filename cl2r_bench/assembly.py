@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from cl2r_bench.adapters import Adapter, AdapterError, make_adapter
-from cl2r_bench.errors import ConfigError, PartError, safe_name, writable_folder
 from cl2r_bench.distributed import SINGLE, Processes, place
 from cl2r_bench.encoders import encoder_model
+from cl2r_bench.errors import ConfigError, PartError, safe_name, writable_folder
 from cl2r_bench.models import RetrievalModel, build_model
 from cl2r_bench.settings import RunSettings
 from cl2r_bench.tracking import Tracker, make_tracker

@@ -18,7 +18,6 @@ scalar tensor with a gradient) does the same with code 4, its traceback in the r
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import re
 import sys
@@ -239,12 +238,18 @@ def command_pretrain(args: argparse.Namespace) -> int:
 def command_adapt(args: argparse.Namespace) -> int:
     """Fit and measure adapters on the user's embeddings (:mod:`cl2r_bench.adapt`): every setting is checked
     before the files are read, the files before any adapter is fitted."""
-    from cl2r_bench.adapt import (adapt_settings, evaluate_adapter, export_adapter, study_from_embeddings,
-                                  study_record, summary_json)
+    from cl2r_bench.files import atomic_write_json, atomic_write_text
+    from cl2r_bench.adapt import (
+        adapt_settings,
+        evaluate_adapter,
+        export_adapter,
+        study_from_embeddings,
+        study_record,
+        summary_json,
+    )
     from cl2r_bench.adapters import list_adapters, make_adapter
     from cl2r_bench.assembly import resolve_device
     from cl2r_bench.errors import safe_name, writable_folder
-    from benchmarks.records import atomic_write_json, atomic_write_text
 
     settings = adapt_settings(args.set)
     args.output = settings["output"] if args.output is None else args.output
@@ -316,7 +321,7 @@ def command_metrics(args: argparse.Namespace) -> int:
         metrics["noise"] = noise_metrics(matrix, args.queries, replacement_tasks=args.replacement_tasks,
                                          tie_rule=args.tie_rule)
     if args.json:
-        from benchmarks.records import strict_json
+        from cl2r_bench.files import strict_json
 
         print(json.dumps(strict_json(metrics), allow_nan=False))
         return 0
@@ -482,13 +487,13 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().print_help()
         return 0
     from benchmarks.metrics import MatrixError
-    from benchmarks.records import FolderBusyError
+    from cl2r_bench.files import FolderBusyError
+    from cl2r_bench.data.datasets import DataError
     from cl2r_bench.distributed import LaunchError, torchrun_ranks
     from cl2r_bench.errors import ConfigError, PartError
     from cl2r_bench.models import CheckpointError
     from cl2r_bench.run import DivergedError, RunError, StrategyFailedError
     from cl2r_bench.tracking import TrackingError
-    from cl2r_bench.data.datasets import DataError
 
     show_notices_as_one_line()
     user_errors = (UsageError, ConfigError, DataError, CheckpointError, PartError, MatrixError, FolderBusyError,

@@ -5,7 +5,7 @@ environment torchrun sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_AD
 process group: NCCL on GPUs (one GPU per process, the one of its local rank), gloo on the CPU. Every rank runs the
 same run loop (:class:`cl2r_bench.run.Run`) on the same data; what differs:
 
-* **training** (:func:`cl2r_bench.training.engine.train_task`): the model is wrapped in
+* **training** (:func:`cl2r_bench.training.loop.train_task`): the model is wrapped in
   ``DistributedDataParallel``, which averages the gradients over ranks. Every rank draws the same global batch from
   the task's seeded random stream (the protocol's 64 new + 64 replay samples, docs/METHODS.md §4, with their crops
   and flips) and trains on its own contiguous share of each half

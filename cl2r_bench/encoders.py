@@ -43,11 +43,18 @@ import torch
 from torch import nn
 
 from cl2r_bench.config import read_yaml, resolve
-from cl2r_bench.models import (IDENTITY_MEAN, IDENTITY_STD, DSimplexHead, RetrievalModel, build_head, build_model,
-                               state_sha256)
-from cl2r_bench.errors import PartError
-from cl2r_bench.settings import RunSettings
 from cl2r_bench.data.datasets import dataset_statistics
+from cl2r_bench.errors import PartError
+from cl2r_bench.models import (
+    IDENTITY_MEAN,
+    IDENTITY_STD,
+    DSimplexHead,
+    RetrievalModel,
+    build_head,
+    build_model,
+    state_sha256,
+)
+from cl2r_bench.settings import RunSettings
 
 FAMILIES = ("timm", "torchvision", "suite")
 

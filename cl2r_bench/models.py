@@ -371,7 +371,8 @@ def load_replacement(model: RetrievalModel, path: str | Path) -> None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path} does not exist; pass an existing file or let the suite pretrain one")
+        raise CheckpointError(f"checkpoint {path} does not exist; pass an existing file or let the suite pretrain "
+                              "one") from None
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means an unreadable file
         raise CheckpointError(f"cannot read checkpoint {path} as a plain state dict ({type(exc).__name__}); "
                               "save it with torch.save(model.state_dict())") from None

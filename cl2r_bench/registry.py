@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from cl2r_bench.errors import ConfigError, PartError, safe_name
+from cl2r_bench.errors import ConfigError, safe_name
 
 
 @dataclass(frozen=True)

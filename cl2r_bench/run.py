@@ -41,12 +41,14 @@ import yaml
 
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
-from benchmarks.records import atomic_write_json, atomic_write_text, device_description, exclusive, package_versions
+from cl2r_bench.files import atomic_write_json, atomic_write_text, device_description, exclusive, package_versions
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.adapt import evaluate_adapter, study_record
 from cl2r_bench.adapters import embed_pair, fit_adapter
 from cl2r_bench.assembly import Assembly
 from cl2r_bench.config import flatten
+from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.data.streams import Stream
 from cl2r_bench.distributed import SINGLE, Processes, connect
 from cl2r_bench.encoders import is_spec
 from cl2r_bench.models import NonFiniteError, RetrievalModel, state_sha256
@@ -54,8 +56,6 @@ from cl2r_bench.settings import task_seed
 from cl2r_bench.training.engine import ReplayMemory
 from cl2r_bench.training.pretrain import save_state
 from scenarios.base import Finished
-from cl2r_bench.data.datasets import ImageSet
-from cl2r_bench.data.streams import Stream
 from strategies.base import StrategyFailure
 
 IGNORED_ON_RESUME = ("training.progress", "training.channels_last", "training.compile", "evaluation.plots",

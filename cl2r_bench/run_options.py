@@ -11,9 +11,7 @@ import argparse
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cl2r_bench.config import parse_assignment, read_yaml, resolve
 from cl2r_bench.errors import UsageError
@@ -114,7 +112,7 @@ def _deep_update(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def requested_runs(args: argparse.Namespace) -> list["Assembly"]:
+def requested_runs(args: argparse.Namespace) -> list[Assembly]:
     """One assembled run per (strategy, adapter, seed) the command asks for (``all`` expands to the registered
     strategies, after the plugins are loaded, and to ``none`` and every adapter): every bad setting is an error
     here, before any data is read or model trained."""

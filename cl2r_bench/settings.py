@@ -151,7 +151,7 @@ class TrainSettings:
                 raise ConfigError(f"training.{key} must be one of {list(allowed)}, not {getattr(self, key)!r}")
 
     @classmethod
-    def with_defaults(cls, **changes: Any) -> "TrainSettings":
+    def with_defaults(cls, **changes: Any) -> TrainSettings:
         """The default training settings with ``changes`` (:func:`with_defaults`)."""
         return with_defaults(cls, "training", **changes)
 
@@ -171,7 +171,7 @@ class PlateauSettings:
     min_delta: float
 
     @classmethod
-    def with_defaults(cls, **changes: Any) -> "PlateauSettings":
+    def with_defaults(cls, **changes: Any) -> PlateauSettings:
         return with_defaults(cls, "replacement.pretrain", **changes)
 
 
@@ -423,7 +423,7 @@ class RunSettings:
             raise ConfigError(f"device = {self.device!r}; use auto, cpu, cuda or cuda:N")
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "RunSettings":
+    def from_config(cls, config: dict[str, Any]) -> RunSettings:
         """Build from a resolved config (:func:`cl2r_bench.config.resolve`); each section checks itself."""
         return _build(cls, config)
 

@@ -30,8 +30,8 @@ import math
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -276,7 +276,7 @@ def submit(jobs: list[Job], args: argparse.Namespace, folder: Path) -> dict[str,
 
 
 def _save(path: Path, submitted: dict[str, str]) -> None:
-    from benchmarks.records import atomic_write_text
+    from cl2r_bench.files import atomic_write_text
 
     atomic_write_text(path, json.dumps(submitted, indent=1, sort_keys=True))
 

@@ -151,7 +151,7 @@ def plan(runs: list[Assembly], folder: Path) -> list[Job]:
     sweep's ``folder`` (``<output>/sweep``). Points with the same resolved config are one job; points whose configs
     differ but whose run folders are the same are a :class:`ConfigError` naming what differs, since only one of
     them could be run and recorded there."""
-    from benchmarks.records import atomic_write_text
+    from cl2r_bench.files import atomic_write_text
 
     jobs = []
     for run in distinct_runs(runs):
@@ -220,10 +220,10 @@ def run_local(jobs: list[Job], *, parallel: int, log: Callable[[str], None] = pr
         code = 143 if isinstance(stop, SweepStopped) else 130
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for job, process, handle in running.values():
+        for _job, process, _handle in running.values():
             process.send_signal(signal.SIGINT)
         deadline = time.monotonic() + STOP_GRACE_SECONDS
-        for job, process, handle in running.values():
+        for _job, process, handle in running.values():
             try:
                 process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

@@ -49,8 +49,8 @@ import torch
 from benchmarks.avalanche_plugin import CompatibilityPlugin
 from cl2r_bench.assembly import assemble
 from cl2r_bench.config import resolve
-from cl2r_bench.models import RetrievalModel
 from cl2r_bench.data.streams import avalanche_warnings_filtered
+from cl2r_bench.models import RetrievalModel
 from cl2r_bench.training.avalanche import LogitsOnly, ReplacementPlugin
 
 TINY = {"data": {"synthetic_classes": 24, "synthetic_train_per_class": 24, "synthetic_test_per_class": 6},

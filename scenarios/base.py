@@ -29,14 +29,13 @@ from typing import Any, ClassVar
 
 import torch
 
+from cl2r_bench.data.datasets import DataError, ImageSet, class_count
+from cl2r_bench.data.streams import Stream, build_stream
 from cl2r_bench.encoders import check_spec, is_spec
 from cl2r_bench.errors import ConfigError
 from cl2r_bench.models import RetrievalModel, load_replacement
 from cl2r_bench.registry import Registry
 from cl2r_bench.settings import RunSettings, int_list, task_seed
-
-from cl2r_bench.data.datasets import DataError, ImageSet, class_count
-from cl2r_bench.data.streams import Stream, build_stream
 
 
 class ScenarioError(DataError):

@@ -25,17 +25,15 @@ import torch
 
 from benchmarks.adapters import TwoModelFeatures, adapted_cases, partial_backfilling
 from cl2r_bench.adapt import Study, encoder_study
-from cl2r_bench.models import RetrievalModel, load_state
-from cl2r_bench.training.pretrain import pretrained_replacement
-
-from cl2r_bench.encoders import check_spec
-from cl2r_bench.errors import ConfigError
-from cl2r_bench.settings import int_list
-
-from .base import Finished, Scenario, ScenarioError, check_class_budget, register_scenario, stream_from_settings
 from cl2r_bench.data.datasets import ImageSet, load_dataset
 from cl2r_bench.data.streams import Stream
+from cl2r_bench.encoders import check_spec
+from cl2r_bench.errors import ConfigError
+from cl2r_bench.models import RetrievalModel, load_state
+from cl2r_bench.settings import int_list
+from cl2r_bench.training.pretrain import pretrained_replacement
 
+from .base import Finished, Scenario, ScenarioError, check_class_budget, register_scenario, stream_from_settings
 
 
 @register_scenario("model_update")

@@ -1,8 +1,15 @@
 """Training strategies: one file each, registered by name (see ``strategies/base.py`` for the template)."""
-from .base import (Step, Strategy, StrategyError, TaskContext, get_strategy, list_strategies, load_plugin,
-                   register_strategy)
 from . import bct, bct_er, cores, cvs, dsimplex_fd, dsimplex_hoc, er, fd, lwf  # noqa: F401  (each registers one)
-
+from .base import (
+                   Step,
+                   Strategy,
+                   StrategyError,
+                   TaskContext,
+                   get_strategy,
+                   list_strategies,
+                   load_plugin,
+                   register_strategy,
+)
 
 __all__ = ["Step", "Strategy", "StrategyError", "TaskContext", "get_strategy", "list_strategies", "load_plugin",
            "register_strategy"]

@@ -40,17 +40,21 @@ model deployed before it (whose classifier knows the old classes). A task that s
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import sys
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from cl2r_bench.registry import NoParams, Registry, config_from_params
 from cl2r_bench.errors import PartError
-from cl2r_bench.models import DEFAULT_AMP, forward_in_batches
-from cl2r_bench.models import HEADS
+from cl2r_bench.models import DEFAULT_AMP, HEADS, forward_in_batches
+from cl2r_bench.registry import NoParams, Registry, config_from_params
 
 REPLACEMENT_TEACHERS = ("incoming", "outgoing")
 
@@ -67,7 +71,7 @@ class StrategyFailure(Exception):
 
 
 @contextmanager
-def failures_reported(strategy: "Strategy", where: str) -> Iterator[None]:
+def failures_reported(strategy: Strategy, where: str) -> Iterator[None]:
     """Run a strategy's own code (``before_task``, ``loss``): anything it raises becomes a
     :class:`StrategyFailure` saying which strategy failed ``where`` (e.g. ``task 1, iteration 5 of 40``)."""
     try:
@@ -78,7 +82,7 @@ def failures_reported(strategy: "Strategy", where: str) -> Iterator[None]:
         raise StrategyFailure(f"strategy {strategy.name!r} failed at {where}: {type(exc).__name__}: {exc}") from exc
 
 
-def strategy_loss(strategy: "Strategy", step: "Step", where: str) -> torch.Tensor:
+def strategy_loss(strategy: Strategy, step: Step, where: str) -> torch.Tensor:
     """``strategy.loss(step)``, checked: a failure, or a value that cannot be back-propagated, is a
     :class:`StrategyFailure` (:func:`failures_reported`)."""
     with failures_reported(strategy, where):
@@ -185,7 +189,7 @@ class Strategy:
         self.config = config
 
     @classmethod
-    def from_params(cls, params: dict[str, Any]) -> "Strategy":
+    def from_params(cls, params: dict[str, Any]) -> Strategy:
         """Build from ``strategy_params.<name>``; unknown keys or wrong types raise :class:`StrategyError`."""
         return cls(config_from_params(cls.Config, params, f"strategy_params.{cls.name}", StrategyError))
 
@@ -220,11 +224,6 @@ def load_plugin(path: str) -> None:
     one file again does nothing). Raises :class:`StrategyError` with one line when the file is missing, fails to
     import (naming the plugin's line) or calls ``sys.exit`` while it is imported.
     """
-    import hashlib
-    import importlib.util
-    import sys
-    from pathlib import Path
-
     file = Path(path)
     if not file.is_file():
         state = "is a folder" if file.is_dir() else "does not exist"
@@ -251,10 +250,9 @@ def load_plugin(path: str) -> None:
                             ) from None
 
 
-def _line_in(exc: BaseException, file: "Path") -> str:
+def _line_in(exc: BaseException, file: Path) -> str:
     """`` (line N)``: the last line of ``file`` in ``exc``'s traceback, or nothing (e.g. a syntax error names its
     line itself)."""
-    import traceback
 
     lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == str(file)]
     return f" (line {lines[-1]})" if lines else ""

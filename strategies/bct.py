@@ -22,9 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.models import class_means
 from cl2r_bench.data.datasets import ImageSet
-
+from cl2r_bench.models import class_means
 from cl2r_bench.registry import check_choice
 
 from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy

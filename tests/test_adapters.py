@@ -8,21 +8,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from conftest import interrupt_run_at
 from torch import nn
 
-from cl2r_bench import cli as runner
-from benchmarks.adapters import (TwoModelFeatures, adapted_cases, area_under_curve, backfill_order,
-                                 partial_backfilling)
+from benchmarks.adapters import TwoModelFeatures, adapted_cases, area_under_curve, backfill_order, partial_backfilling
 from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy
+from cl2r_bench import cli as runner
+from cl2r_bench.adapters import AdapterError, FeaturePair, fit_adapter, get_adapter, list_adapters, make_adapter
+from cl2r_bench.adapters.lambda_orth import (
+    fit_dimension,
+    lambda_orthogonality_penalty,
+    orthogonality_gap,
+    supervised_contrastive,
+)
+from cl2r_bench.adapters.translation import farthest_point_subset
 from cl2r_bench.assembly import assemble
 from cl2r_bench.config import CONFIG_DIR, resolve
-from cl2r_bench.models import normalize
-from conftest import interrupt_run_at
 from cl2r_bench.data.datasets import ImageSet
-from cl2r_bench.adapters import AdapterError, FeaturePair, fit_adapter, get_adapter, list_adapters, make_adapter
-from cl2r_bench.adapters.lambda_orth import (fit_dimension, lambda_orthogonality_penalty, orthogonality_gap,
-                                             supervised_contrastive)
-from cl2r_bench.adapters.translation import farthest_point_subset
+from cl2r_bench.models import normalize
 
 FAST = {"lambda_orth": {"epochs": 60, "batch_size": 256, "lr": 0.01}, "fct": {"epochs": 60, "hidden": 128},
         "fastfill": {"epochs": 60, "hidden": 128}}

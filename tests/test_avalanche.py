@@ -1,25 +1,33 @@
 """Avalanche for real (issue 17): streams whose experiences carry the data, the compatibility plugin, the bridge
 that runs any Avalanche strategy, and the example."""
 import copy
+import json
 import pathlib
 import subprocess
 import sys
 import time
 from types import SimpleNamespace
 
-import json
-
 import pytest
 import torch
 
 from benchmarks.avalanche_plugin import CompatibilityPlugin
 from benchmarks.retrieval import CompatibilityEvaluator
-from cl2r_bench.models import build_model
 from cl2r_bench.data.streams import avalanche_warnings_filtered, build_stream
-from cl2r_bench.models import CheckpointError
-from cl2r_bench.training.avalanche import (AvalancheStrategyError, HeadGrowthPlugin, LogitsOnly, ReplacementPlugin,
-                                  build_avalanche_strategy, check_params, is_avalanche_strategy, rebind,
-                                  strategy_names, train_on_experience, unwrap)
+from cl2r_bench.models import CheckpointError, build_model
+from cl2r_bench.training.avalanche import (
+    AvalancheStrategyError,
+    HeadGrowthPlugin,
+    LogitsOnly,
+    ReplacementPlugin,
+    build_avalanche_strategy,
+    check_params,
+    is_avalanche_strategy,
+    rebind,
+    strategy_names,
+    train_on_experience,
+    unwrap,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS = SimpleNamespace(lr=0.05, lr_min=0.001, momentum=0.9, weight_decay=5e-4, epochs=1, batch_size=16,

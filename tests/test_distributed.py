@@ -15,10 +15,10 @@ import torch
 import yaml
 
 from cl2r_bench import cli
+from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.distributed import LaunchError, Processes, place
 from cl2r_bench.settings import DistributedSettings
 from cl2r_bench.training.engine import DeviceBatches
-from cl2r_bench.data.datasets import ImageSet
 
 TESTS = Path(__file__).resolve().parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
@@ -146,7 +146,7 @@ def test_a_two_process_model_update_fits_the_adapter_of_one_process(tiny, tmp_pa
 def test_a_held_run_folder_refuses_every_rank_with_rank_0s_error(tiny, tmp_path):
     """Rank 0 checks the folder under its lock and every other rank takes its outcome: here the refusal (the lock is
     held by this test), which each rank raises, so none trains or waits on the others."""
-    from benchmarks.records import exclusive
+    from cl2r_bench.files import exclusive
 
     out = tmp_path / "out"
     with exclusive(out / "iamcl2r/synthetic/er/seed42.lock", "the test"):

@@ -54,9 +54,9 @@ def test_a_timm_spec_with_a_file_gives_timms_own_pre_logits_on_its_own_preproces
 def test_the_tensor_preprocessing_matches_timms_pil_pipeline_up_to_interpolation_rounding(timm_file):
     """Same resize, crop and standardisation as timm's own transform of the PIL image: differences are the
     rounding of PIL's 8-bit resampling (a few hundredths of a standard deviation)."""
+    import timm
     from PIL import Image
     from timm.data import create_transform, resolve_data_config
-    import timm
 
     encoder = build_encoder(f"timm:test_efficientnet@{timm_file}")
     transform = create_transform(**resolve_data_config({}, model=timm.create_model("test_efficientnet")))

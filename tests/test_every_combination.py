@@ -4,15 +4,15 @@ import json
 
 import pytest
 import yaml
+from test_adapters import FAST
 
 from cl2r_bench import cli as runner
+from cl2r_bench.adapters import list_adapters
 from cl2r_bench.assembly import assemble
 from cl2r_bench.config import resolve
 from cl2r_bench.errors import ConfigError
 from scenarios import list_scenarios
 from strategies import list_strategies
-from cl2r_bench.adapters import list_adapters
-from test_adapters import FAST
 
 
 def run_cli(*args):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cl2r_bench import cli as runner
-from benchmarks import records
+from cl2r_bench import files as records
 from benchmarks.retrieval import CompatibilityEvaluator
+from cl2r_bench import cli as runner
 from cl2r_bench.training.engine import DeviceBatches
 
 RUN = Path("cl2r/synthetic/er/seed42")

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
+from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.encoders import build_encoder
 from cl2r_bench.feature_cache import cached_features
-from cl2r_bench.data.datasets import ImageSet
 
 IMAGES = ImageSet(torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)),
                   torch.tensor([0, 0, 1, 1, 2, 2]))

@@ -6,14 +6,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_data import write_cifar10
 
 from cl2r_bench import cli as runner
 from cl2r_bench.config import resolve
 from cl2r_bench.data.datasets import DataNotice, make_synthetic
-from cl2r_bench.settings import PlateauSettings
+from cl2r_bench.settings import PlateauSettings, TrainSettings
 from cl2r_bench.training.pretrain import PlateauProgress, load_cached_model, pretrain_model
-from cl2r_bench.settings import TrainSettings
-from test_data import write_cifar10
 
 
 def test_plateau_rule_decays_then_stops():
@@ -111,9 +110,9 @@ def test_a_short_seed_list_is_a_usage_error(tiny, capsys):
 
 
 def test_cross_model_table_has_own_accuracy_on_its_diagonal(tiny, tmp_path, capsys):
-    from cl2r_bench.tools import cross_model
     from benchmarks.retrieval import CompatibilityEvaluator
     from cl2r_bench.assembly import assemble
+    from cl2r_bench.tools import cross_model
 
     assert runner.main(["pretrain", "--config", str(tiny), "--set", "replacement.pretrain.seed=[3,4]"]) == 0
     paths = sorted((tmp_path / "cache").glob("*.pt"))

@@ -3,8 +3,8 @@ import math
 
 import numpy as np
 import pytest
+from conftest import HOC_REFERENCE_ROWS as HOC_ROWS
 
-from cl2r_bench import cli as runner
 from benchmarks.metrics import (
     MatrixError,
     across_replacements,
@@ -19,7 +19,7 @@ from benchmarks.metrics import (
     matrix_to_json,
     replacement_pairs,
 )
-from conftest import HOC_REFERENCE_ROWS as HOC_ROWS
+from cl2r_bench import cli as runner
 
 ER_ROWS = [
     [63.42],

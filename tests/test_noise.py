@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from cl2r_bench import cli as runner
-from benchmarks.noise import (bootstrap_accuracies, entry_index, noise_metrics, wilson_interval)
+from benchmarks.noise import bootstrap_accuracies, entry_index, noise_metrics, wilson_interval
 from benchmarks.retrieval import CompatibilityEvaluator
-from cl2r_bench.models import normalize
+from cl2r_bench import cli as runner
 from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.models import normalize
 
 
 def test_wilson_interval_matches_the_formula_and_known_values():

@@ -6,9 +6,8 @@ import sys
 import pytest
 import torch
 
-from cl2r_bench.models import build_model, feature_extractor_state
 from cl2r_bench.data.datasets import ImageSet, read_cifar
-
+from cl2r_bench.models import build_model, feature_extractor_state
 
 
 def load(name: str):

@@ -5,13 +5,13 @@ import json
 
 import numpy as np
 import pytest
+from test_leaderboard_input import DELETE, changed, update_record, valid_record, write
 
-from cl2r_bench import cli as runner
 from benchmarks import plots
 from benchmarks.leaderboard import experiment_groups
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics
-from test_leaderboard_input import DELETE, changed, update_record, valid_record, write
+from cl2r_bench import cli as runner
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

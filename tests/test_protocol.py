@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from cl2r_bench.errors import ConfigError
 from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.errors import ConfigError
 from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training.engine import DeviceBatches, scheduled_lr
 

@@ -3,13 +3,24 @@ or fails in one line naming the file, and the ``TypedDict`` s name every field t
 import typing
 
 import pytest
+from test_leaderboard_input import MATRIX, changed, update_record, valid_record, write
 
 from benchmarks import leaderboard
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics
-from benchmarks.record import (RECORD_FILE, Metrics, Noise, NoiseSummary, PairDecision, RecordError, RunRecord,
-                               UpdateCases, checked_records, read_record, record_problem)
-from test_leaderboard_input import MATRIX, changed, update_record, valid_record, write
+from benchmarks.record import (
+    RECORD_FILE,
+    Metrics,
+    Noise,
+    NoiseSummary,
+    PairDecision,
+    RecordError,
+    RunRecord,
+    UpdateCases,
+    checked_records,
+    read_record,
+    record_problem,
+)
 
 
 def keys(typed: type) -> set[str]:

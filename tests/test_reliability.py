@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
-from cl2r_bench import cli as runner
-from benchmarks.records import atomic_write, atomic_write_json, exclusive
-from cl2r_bench.data.datasets import DataError, read_cifar
 from test_data import write_cifar10
+
+from cl2r_bench.files import atomic_write, atomic_write_json, exclusive
+from cl2r_bench import cli as runner
+from cl2r_bench.data.datasets import DataError, read_cifar
 
 
 class Payload:
@@ -228,12 +228,12 @@ def _truncate(path):
 
 
 def test_a_damaged_plateau_progress_file_or_image_cache_is_one_line(tmp_path):
-    from cl2r_bench.models import CheckpointError, build_model
-    from cl2r_bench.data.datasets import read_tiny_imagenet
-    from cl2r_bench.settings import PlateauSettings
-    from cl2r_bench.training.pretrain import PlateauTraining
-    from cl2r_bench.settings import TrainSettings
     from test_data import write_tiny_imagenet
+
+    from cl2r_bench.data.datasets import read_tiny_imagenet
+    from cl2r_bench.models import CheckpointError, build_model
+    from cl2r_bench.settings import PlateauSettings, TrainSettings
+    from cl2r_bench.training.pretrain import PlateauTraining
 
     partial = tmp_path / "model.partial.pt"
     partial.write_bytes(b"PK\x03\x04 truncated")
@@ -286,9 +286,9 @@ def test_a_second_pretraining_of_the_same_model_waits_for_the_first(tmp_path):
 def test_a_pretrained_model_is_cached_per_data_so_no_data_setting_is_served_anothers_model(tmp_path, change):
     """Issue 29: every setting that changes the data a replacement model is trained (or validated) on changes its
     cache key: the key holds the data's digest, not only the data set's name."""
+    from cl2r_bench.data.datasets import make_synthetic
     from cl2r_bench.settings import TrainSettings
     from cl2r_bench.training.pretrain import pretrained_replacement
-    from cl2r_bench.data.datasets import make_synthetic
 
     base = {"num_classes": 8, "train_per_class": 4, "test_per_class": 2, "image_size": 16}
     settings = TrainSettings.with_defaults(epochs=1, batch_size=16, progress=False)

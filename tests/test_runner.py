@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from cl2r_bench import cli as runner
-from benchmarks.metrics import all_metrics, as_matrix
 from conftest import HOC_REFERENCE_ROWS as HOC_ROWS
 from conftest import interrupt_run_at
+
+from benchmarks.metrics import all_metrics, as_matrix
+from cl2r_bench import cli as runner
 
 
 def run_cli(*args):
@@ -176,8 +176,8 @@ def test_leaderboard_never_merges_different_experiments(tmp_path, capsys):
 
 
 def test_help_and_list_show_what_can_be_run(capsys):
-    from strategies import list_strategies
     from cl2r_bench.adapters import list_adapters
+    from strategies import list_strategies
 
     with pytest.raises(SystemExit):
         run_cli("--help")

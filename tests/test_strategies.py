@@ -6,14 +6,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.models import build_model, simplex_vertices
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.transforms import random_crop_flip
+from cl2r_bench.models import build_model, simplex_vertices
+from cl2r_bench.settings import TrainSettings
+from cl2r_bench.training.engine import cosine_lr, make_optimizer, update_memory
+from cl2r_bench.training.loop import train_task
 from strategies import Step, Strategy, StrategyError, get_strategy, list_strategies, register_strategy
 from strategies.dsimplex_hoc import DSimplexHOC, hoc_loss
 from strategies.er import ExperienceReplay
-from cl2r_bench.settings import TrainSettings
-from cl2r_bench.training.engine import cosine_lr, make_optimizer, train_task, update_memory
 
 OLD = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
 NEW = torch.tensor([[0.6, 0.8], [1.0, 0.0], [-0.6, 0.8]])

@@ -13,15 +13,16 @@ import yaml
 from cl2r_bench import cli as runner
 from cl2r_bench.assembly import assemble
 from cl2r_bench.config import CONFIG_DIR, resolve
-from cl2r_bench.models import build_model, simplex_vertices
 from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.models import build_model, simplex_vertices
+from cl2r_bench.settings import TrainSettings
+from cl2r_bench.training.engine import ReplayMemory
+from cl2r_bench.training.loop import train_task
 from strategies import Step, StrategyError, TaskContext, get_strategy, list_strategies
 from strategies.bct import influence_loss, old_classifier
 from strategies.cvs import nearest_negative_triplet_loss, prototype_loss
 from strategies.fd import distillation_weight, feature_distillation_loss
 from strategies.lwf import distillation_loss
-from cl2r_bench.settings import TrainSettings
-from cl2r_bench.training.engine import ReplayMemory, train_task
 
 ZOO = ["bct", "bct_er", "cores", "cvs", "dsimplex_fd", "dsimplex_hoc", "er", "fd", "lwf"]
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)

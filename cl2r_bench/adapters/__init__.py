@@ -1,7 +1,16 @@
 """Post-hoc adapters between an old and a new model: one file each, registered by name (template in ``base.py``)."""
-from .base import (Adapter, AdapterError, FeaturePair, embed_pair, fit_adapter, get_adapter, list_adapters,
-                   make_adapter, register_adapter)
 from . import fct, lambda_orth, translation  # noqa: F401  (each registers its adapters)
+from .base import (
+                   Adapter,
+                   AdapterError,
+                   FeaturePair,
+                   embed_pair,
+                   fit_adapter,
+                   get_adapter,
+                   list_adapters,
+                   make_adapter,
+                   register_adapter,
+)
 
 __all__ = ["Adapter", "AdapterError", "FeaturePair", "embed_pair", "fit_adapter", "get_adapter", "list_adapters",
            "make_adapter", "register_adapter"]

@@ -44,16 +44,16 @@ those dimensions plus its ``state_dict`` (:meth:`Adapter.export`) and restored w
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from cl2r_bench.errors import PartError
 from cl2r_bench.models import classifier_rows
 from cl2r_bench.registry import NoParams, Registry, config_from_params
-from cl2r_bench.errors import PartError
 
 DIRECTIONS = ("backward", "forward")
 
@@ -96,7 +96,7 @@ class Adapter(nn.Module):
         self.dims: tuple[int, int, int] | None = None
 
     @classmethod
-    def from_params(cls, params: dict[str, Any]) -> "Adapter":
+    def from_params(cls, params: dict[str, Any]) -> Adapter:
         """Build from ``adapter_params.<name>``; unknown keys or wrong types raise :class:`AdapterError`."""
         return cls(config_from_params(cls.Config, params, f"adapter_params.{cls.name}", AdapterError))
 
@@ -137,7 +137,7 @@ class Adapter(nn.Module):
         """``{"dims": [d_old, d_new, d_side], "state": state_dict}``: plain tensors and lists."""
         return {"dims": list(self.dims), "state": {k: v.detach().cpu() for k, v in self.state_dict().items()}}
 
-    def restore(self, exported: dict[str, Any], device: torch.device | str = "cpu") -> "Adapter":
+    def restore(self, exported: dict[str, Any], device: torch.device | str = "cpu") -> Adapter:
         """Rebuild from :meth:`export`'s output (same config) and return ``self``."""
         self.dims = tuple(exported["dims"])
         self.build(*self.dims)

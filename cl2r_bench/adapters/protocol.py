@@ -41,5 +41,5 @@ class FeatureAdapter(Protocol):
     def export(self) -> dict[str, Any]:
         """The fitted adapter as plain tensors and numbers (kept in a run's state for resuming)."""
 
-    def restore(self, exported: dict[str, Any], device: torch.device | str = "cpu") -> "FeatureAdapter":
+    def restore(self, exported: dict[str, Any], device: torch.device | str = "cpu") -> FeatureAdapter:
         """Rebuild from :meth:`export`'s output."""

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from cl2r_bench.settings import DATASETS, VERIFY_MODES
 
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)
@@ -69,7 +70,7 @@ class ImageSet:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def select(self, index: torch.Tensor) -> "ImageSet":
+    def select(self, index: torch.Tensor) -> ImageSet:
         return ImageSet(self.images[index], self.labels[index])
 
     def digest(self) -> str:

@@ -37,7 +37,6 @@ from .datasets import DataError, DataSplits, ImageSet, load_dataset
 from .transforms import CROP_PADDING
 
 
-
 @dataclass
 class Task:
     """One experience: its new classes (stream labels), the number of classes seen so far, its images (read from

@@ -31,9 +31,9 @@ import torch
 
 from benchmarks.noise import noise_metrics
 from cl2r_bench.config import resolve
+from cl2r_bench.data.datasets import ImageSet, make_synthetic
 from cl2r_bench.models import autocast_dtype, build_model, embed
 from cl2r_bench.settings import RunSettings
-from cl2r_bench.data.datasets import ImageSet, make_synthetic
 
 CIFAR10_CLASSES, CIFAR10_TRAIN_PER_CLASS, CIFAR10_TEST_PER_CLASS = 10, 5000, 1000
 AMP_CHOICES = ("none", "float16", "bfloat16")

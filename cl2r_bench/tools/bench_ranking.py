@@ -25,7 +25,7 @@ def resident_high_water_gb() -> float | None:
     status = Path("/proc/self/status")
     if not status.is_file():
         return None
-    line = next((l for l in status.read_text().splitlines() if l.startswith("VmHWM:")), None)
+    line = next((text for text in status.read_text().splitlines() if text.startswith("VmHWM:")), None)
     return None if line is None else int(line.split()[1]) / 2**20
 
 

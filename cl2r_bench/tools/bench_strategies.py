@@ -17,12 +17,12 @@ import time
 
 import torch
 
-
-from cl2r_bench.models import build_model
 from cl2r_bench.data.datasets import ImageSet, make_synthetic
-from strategies import TaskContext, get_strategy, list_strategies
+from cl2r_bench.models import build_model
 from cl2r_bench.settings import TrainSettings
-from cl2r_bench.training.engine import ReplayMemory, train_task, update_memory
+from cl2r_bench.training.engine import ReplayMemory, update_memory
+from cl2r_bench.training.loop import train_task
+from strategies import TaskContext, get_strategy, list_strategies
 
 OLD_CLASSES, NEW_CLASSES = 10, 15
 

@@ -38,14 +38,25 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.models import RetrievalModel, autocast_dtype, build_model
-from cl2r_bench.settings import RunSettings, TrainSettings
-from cl2r_bench.tools.bench_evaluation import (AMP_CHOICES, EvaluationTiming, evaluation_counts, evaluation_images,
-                                               memory_text, paper_settings, peak_memory, reset_peak_memory,
-                                               synchronize, time_evaluation, time_records)
-from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr, train_task
 from cl2r_bench.data.datasets import ImageSet, make_synthetic
 from cl2r_bench.data.streams import task_class_counts
+from cl2r_bench.models import RetrievalModel, autocast_dtype, build_model
+from cl2r_bench.settings import RunSettings, TrainSettings
+from cl2r_bench.tools.bench_evaluation import (
+    AMP_CHOICES,
+    EvaluationTiming,
+    evaluation_counts,
+    evaluation_images,
+    memory_text,
+    paper_settings,
+    peak_memory,
+    reset_peak_memory,
+    synchronize,
+    time_evaluation,
+    time_records,
+)
+from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr
+from cl2r_bench.training.loop import train_task
 from strategies import Strategy, get_strategy
 from strategies.base import Step
 

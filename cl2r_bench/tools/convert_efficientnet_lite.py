@@ -12,7 +12,7 @@ each tensor has the shape of the tensor at the same position of timm's state dic
 loaded that way gives the reference package's logits (``tests/test_convert_efficientnet_lite.py`` checks this). The
 converter maps the tensors by position onto ``timm.create_model("tf_efficientnet_<variant>").state_dict()`` keys,
 refuses a source whose count or any shape differs, loads the result into timm with ``strict=True`` and saves a plain
-timm state dict (atomically: :func:`benchmarks.records.atomic_write`).
+timm state dict (atomically: :func:`cl2r_bench.files.atomic_write`).
 
 Usage::
 
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.records import atomic_write
+from cl2r_bench.files import atomic_write
 
 TIMM_NAMES = {"lite0": "tf_efficientnet_lite0", "lite1": "tf_efficientnet_lite1", "lite2": "tf_efficientnet_lite2"}
 
@@ -108,7 +108,7 @@ def convert(variant: str, source: str | Path | None = None) -> dict[str, torch.T
 
 
 def save_atomic(state: dict[str, torch.Tensor], out: Path) -> str:
-    """Save ``state`` to ``out`` atomically (:func:`benchmarks.records.atomic_write`); the file's sha256.
+    """Save ``state`` to ``out`` atomically (:func:`cl2r_bench.files.atomic_write`); the file's sha256.
 
     Saving through a file object keeps torch's archive name fixed (``archive/``), so the bytes and the sha256 depend
     on the tensors only, not on the (temporary) file name."""

@@ -16,17 +16,16 @@ import argparse
 import sys
 from pathlib import Path
 
-
 import torch
 from tabulate import tabulate
 
 from benchmarks.noise import wilson_interval
 from benchmarks.retrieval import gallery_accuracy
-from cl2r_bench.config import read_yaml, resolve
-from cl2r_bench.models import DEFAULT_AMP, embed
 from cl2r_bench.assembly import assemble
-from cl2r_bench.run import to_device
+from cl2r_bench.config import read_yaml, resolve
 from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.models import DEFAULT_AMP, embed
+from cl2r_bench.run import to_device
 from cl2r_bench.training.pretrain import load_cached_model
 
 

@@ -23,17 +23,16 @@ import argparse
 import sys
 from pathlib import Path
 
-
 import torch
 import torch.nn.functional as F
 from tabulate import tabulate
 
 from benchmarks.retrieval import class_templates
-from cl2r_bench.config import read_yaml, resolve
-from cl2r_bench.models import embed
 from cl2r_bench.assembly import assemble
-from cl2r_bench.run import load_task_model, to_device
+from cl2r_bench.config import read_yaml, resolve
 from cl2r_bench.data.datasets import DataError, ImageSet
+from cl2r_bench.models import embed
+from cl2r_bench.run import load_task_model, to_device
 
 
 def mean_resultant_length(features: torch.Tensor) -> float:

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from cl2r_bench.settings import BACKFILL_ORDERS
 from benchmarks.paper_protocol import PAPER_CASES
 from benchmarks.published import LAMBDA_ORTH_SOURCE, LAMBDA_ORTH_TABLE_1B, LAMBDA_ORTH_TABLE_2
 from benchmarks.record import checked_records, leave_one_out
+from cl2r_bench.settings import BACKFILL_ORDERS
 
 Group = tuple[str, str]
 

@@ -24,14 +24,14 @@ from typing import Any
 
 import torch
 
+from benchmarks.record import holds_complete_record
+from cl2r_bench.files import atomic_write_json
 from cl2r_bench.adapt import encoder_study, evaluate_adapter, study_record
 from cl2r_bench.adapters import list_adapters
 from cl2r_bench.assembly import assemble
 from cl2r_bench.config import resolve
 from cl2r_bench.run import RunFolder
 from cl2r_bench.settings import BACKFILL_ORDERS
-from benchmarks.record import holds_complete_record
-from benchmarks.records import atomic_write_json
 
 DATASETS = {"cifar10": {"fit_per_class": 200, "test_per_class": 100},
             "tinyimagenet": {"fit_per_class": 10, "test_per_class": 10}}
@@ -55,9 +55,9 @@ def lite_weights(variant: str, folder: Path) -> Path:
 
 def suite_resnet(data_root: str, cache_dir: Path, log: Any) -> Path:
     """The suite's ResNet-18 on all 200 Tiny ImageNet classes at 32x32, its classifier kept (cached)."""
+    from cl2r_bench.data.datasets import load_dataset
     from cl2r_bench.settings import TrainSettings
     from cl2r_bench.training.pretrain import pretrained_replacement
-    from cl2r_bench.data.datasets import load_dataset
 
     p = RESNET_PRETRAINING
     settings = TrainSettings.with_defaults(epochs=p["epochs"], batch_size=p["batch_size"], lr=p["lr"],

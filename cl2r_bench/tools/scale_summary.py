@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-
 from tabulate import tabulate
 
 from benchmarks.leaderboard import collect

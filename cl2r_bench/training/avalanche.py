@@ -55,10 +55,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from cl2r_bench.errors import ConfigError
-from cl2r_bench.models import (DSimplexHead, NonFiniteError, RetrievalModel, first_nonfinite_tensor,
-                               load_replacement)
 from cl2r_bench.data.streams import avalanche_warnings_filtered
+from cl2r_bench.errors import ConfigError
+from cl2r_bench.models import DSimplexHead, NonFiniteError, RetrievalModel, first_nonfinite_tensor, load_replacement
 
 from .engine import make_optimizer
 
@@ -338,7 +337,7 @@ def _plugin_classes() -> dict[str, type]:
         @classmethod
         def from_files(cls, paths: Mapping[int, str | Path], build: Callable[[], RetrievalModel],
                        load: Callable[[RetrievalModel, str], None] = load_replacement,
-                       **kwargs: Any) -> "ReplacementPlugin":
+                       **kwargs: Any) -> ReplacementPlugin:
             """The plugin replacing the model at experience ``t`` by ``build()`` with ``paths[t]`` loaded by
             ``load(model, path)``: by default :func:`~cl2r_bench.models.load_replacement`, which loads the feature
             extractor and drops a learnable classifier (METHODS.md §4); the suite's runs use
@@ -476,6 +475,7 @@ def train_on_experience(strategy: Any, name: str, params: dict[str, Any] | None,
                       "images": counter.images, "final_loss": counter.last_loss}
 
 
+# HeadGrowthPlugin, ReplacementPlugin and the other plugins are built on first access (__getattr__ below).
 __all__ = ["AVALANCHE_PREFIX", "PUBLIC_PLUGINS", "RESERVED_PARAMS", "UNSUPPORTED", "AvalancheStrategyError",
            "HeadGrowthPlugin", "LogitsOnly", "ReplacementPlugin", "avalanche_strategy_class",
            "build_avalanche_strategy", "check_params", "cosine_lr_plugin", "is_avalanche_strategy", "rebind",

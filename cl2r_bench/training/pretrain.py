@@ -30,16 +30,21 @@ from typing import Any
 
 import torch
 
-from benchmarks.records import atomic_write, atomic_write_json, exclusive
-from cl2r_bench.models import (CheckpointError, RetrievalModel, build_model, feature_extractor_state, forward_in_batches,
-                    load_replacement)
 from cl2r_bench.data.datasets import DataSplits, ImageSet
 from cl2r_bench.data.streams import first_per_class, relabel
-
+from cl2r_bench.files import atomic_write, atomic_write_json, exclusive
+from cl2r_bench.models import (
+    CheckpointError,
+    RetrievalModel,
+    build_model,
+    feature_extractor_state,
+    forward_in_batches,
+    load_replacement,
+)
+from cl2r_bench.settings import SPEED_OPTIONS, PlateauSettings, TrainSettings
+from cl2r_bench.training.loop import train_task
 from strategies.base import Strategy
 from strategies.er import ExperienceReplay
-from cl2r_bench.settings import SPEED_OPTIONS, PlateauSettings, TrainSettings
-from cl2r_bench.training.engine import train_task
 
 
 def cache_path(cache_dir: str | Path, spec: dict[str, Any]) -> Path:
@@ -168,7 +173,7 @@ def pretrain_model(data: DataSplits, classes: list[int], *, head: str, model_kwa
 
 
 def save_state(state: dict[str, torch.Tensor], path: Path) -> None:
-    """``torch.save`` atomically (:func:`benchmarks.records.atomic_write`): a crash never leaves a half-written
+    """``torch.save`` atomically (:func:`cl2r_bench.files.atomic_write`): a crash never leaves a half-written
     checkpoint."""
     atomic_write(path, lambda f: torch.save(state, f))
 

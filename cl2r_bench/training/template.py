@@ -2,12 +2,13 @@
 
 ``CompatibilityTemplate`` is Avalanche's ``SupervisedTemplate`` with the suite's parts in its own hooks: the data
 are :class:`~cl2r_bench.training.engine.DeviceBatches` (``make_train_dataloader``), the loss is the strategy's
-(``criterion``) on one forward of the model and the frozen teacher (``forward``; the teacher is frozen in
-``_before_training_exp``), the replay memory takes the task's exemplars in ``_after_training_exp``, the learning rate follows the cosine schedule or an epoch hook (``optimizer_step``),
+(``criterion``, checked by :func:`strategies.base.strategy_loss`) on one forward of the model and the frozen teacher
+(``forward``; the teacher is frozen in ``_before_training_exp``), the replay memory takes the task's exemplars in
+``_after_training_exp``, the learning rate follows the cosine schedule or an epoch hook (``optimizer_step``),
 float16 autocast with gradient scaling on GPU, and the divergence check and the loss log run where the loss is read
 (``_after_training_iteration``). A model swap at a replacement task happens outside ``train()``
 (:class:`cl2r_bench.run.Run`), as Avalanche requires (the optimizer is built for the model being trained). This
-module imports Avalanche (seconds), so :func:`~cl2r_bench.training.engine.train_task` imports it on first use.
+module imports Avalanche (seconds), so :func:`~cl2r_bench.training.loop.train_task` imports it on first use.
 """
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
 :class:`StrategyTrainer` runs a strategy of ``strategies/``: its loss on the suite's Avalanche template
 (:mod:`cl2r_bench.training.template`), whose hooks freeze the teacher the run loop hands over and add the task's
 exemplars to the run's :class:`~cl2r_bench.training.engine.ReplayMemory`.
-:class:`AvalancheTrainer` runs an Avalanche strategy named ``avalanche:<Class>`` (``cl2r_bench/training/avalanche.py``) on
-the task's Avalanche experience, keeping its own state (its replay buffer, its old model, its importances) across
-tasks; the run loop swaps its model at replacement tasks. Both are measured by the same run loop into the same
+:class:`AvalancheTrainer` runs an Avalanche strategy named ``avalanche:<Class>``
+(``cl2r_bench/training/avalanche.py``) on the task's Avalanche experience, keeping its own state (its replay buffer,
+its old model, its importances) across tasks; the run loop swaps its model at replacement tasks. Both are measured by the same run loop into the same
 compatibility matrix, metrics and leaderboard.
 """
 from __future__ import annotations
@@ -15,16 +15,17 @@ from typing import Any, Protocol
 
 import torch
 
+from cl2r_bench.data.streams import Task
 from cl2r_bench.distributed import SINGLE, LaunchError, Processes
 from cl2r_bench.models import RetrievalModel
 from cl2r_bench.settings import RunSettings, TrainSettings
 from cl2r_bench.tracking import Tracker
-from cl2r_bench.data.streams import Task
 from strategies import Strategy, TaskContext, get_strategy
 from strategies.base import failures_reported
 
 from .avalanche import AvalancheStrategyError, check_params, is_avalanche_strategy, train_on_experience
-from .engine import ReplayMemory, train_task
+from .engine import ReplayMemory
+from .loop import train_task
 
 
 class Trainer(Protocol):

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cl2r_bench.models import simplex_vertices
 from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.models import simplex_vertices
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -33,14 +33,22 @@ from pathlib import Path
 import torch
 import yaml
 
-from cl2r_bench.tools.parity.common import (ROOT, ParityError, first_per_class, reference_checkout, reference_python,  # noqa: I001
-                    save_reference_checkpoint, to_reference_state, write_cifar_pickles)
 from benchmarks.record import RECORD_FILE, read_record
 from cl2r_bench.config import resolve
-from cl2r_bench.models import replacement_family
 from cl2r_bench.data.datasets import DataError, read_cifar, read_tiny_imagenet
-from cl2r_bench.training.pretrain import pretrained_replacement
+from cl2r_bench.models import replacement_family
 from cl2r_bench.settings import RunSettings
+from cl2r_bench.tools.parity.common import (  # noqa: I001
+    ROOT,
+    ParityError,
+    first_per_class,
+    reference_checkout,
+    reference_python,
+    save_reference_checkpoint,
+    to_reference_state,
+    write_cifar_pickles,
+)
+from cl2r_bench.training.pretrain import pretrained_replacement
 
 STREAM_CLASSES = 100
 PRETRAIN_COUNTS = (25, 50, 100)

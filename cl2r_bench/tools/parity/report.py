@@ -13,10 +13,10 @@ import math
 import statistics
 from pathlib import Path
 
-from cl2r_bench.tools.parity.common import ROOT  # noqa: I001
 from benchmarks.metrics import all_metrics, as_matrix
 from cl2r_bench.assembly import assemble
 from cl2r_bench.config import resolve
+from cl2r_bench.tools.parity.common import ROOT  # noqa: I001
 
 
 def protocol() -> list[dict]:

@@ -20,17 +20,26 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.tools.parity.common import (ROOT, ParityError, first_per_class, reference_checkout, reference_name,  # noqa: I001
-                    reference_python, save_reference_checkpoint, to_reference_state, write_cifar_pickles)
 from benchmarks.retrieval import CompatibilityEvaluator
-from cl2r_bench.models import build_model, load_replacement, normalize, simplex_vertices
-from cl2r_bench.data.datasets import CIFAR100_MEAN, CIFAR100_STD, DataError, ImageSet, read_cifar
-from strategies import Step, TaskContext, get_strategy
 from cl2r_bench.adapters import make_adapter
+from cl2r_bench.data.datasets import CIFAR100_MEAN, CIFAR100_STD, DataError, ImageSet, read_cifar
+from cl2r_bench.models import build_model, load_replacement, normalize, simplex_vertices
+from cl2r_bench.settings import TrainSettings
+from cl2r_bench.tools.parity.common import (  # noqa: I001
+    ROOT,
+    ParityError,
+    first_per_class,
+    reference_checkout,
+    reference_name,
+    reference_python,
+    save_reference_checkpoint,
+    to_reference_state,
+    write_cifar_pickles,
+)
+from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr
+from strategies import Step, TaskContext, get_strategy
 from strategies.dsimplex_hoc import hoc_loss
 from strategies.fd import distillation_weight
-from cl2r_bench.settings import TrainSettings
-from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr
 
 CLASSES = 10
 EPOCH = 10
@@ -138,7 +147,7 @@ def compare(ref: dict, ours: dict) -> list[dict]:
                     5e-4, f"theirs {ref['hoc_loss']['worked_example']:.4f}, ours {ours['hoc_example']:.4f}"))
     rows.append(row("L_hoc value, mask true", abs(ours["hoc_true"] - ours["hoc_true_loops"]), 1e-5,
                     "the authors' code has no true mask: compared with the formula of METHODS.md §6 by loops"))
-    for name, head in (("hoc", "dsimplex"), ("er", "learnable")):
+    for name in ("hoc", "er"):
         mine, theirs = ours[f"{name}_step"], ref[f"{name}_step"]
         label = "d-Simplex-HOC (0.1 CE + 0.9 L_hoc, mask zero)" if name == "hoc" else "ER (CE)"
         rows.append(row(f"{label}: loss of one training step", abs(mine["loss"] - theirs["loss"]), 1e-5,
