@@ -195,8 +195,3 @@ def all_metrics(matrix: np.ndarray, tie_rule: str = "strict") -> dict[str, Any]:
         "tie_rule": tie_rule,
         "ACA_definition": "mean of the strictly lower-triangular entries (t > k), percent",
     }
-
-
-def matrix_to_json(matrix: np.ndarray) -> list[list[float | None]]:
-    """Rows with ``None`` above the diagonal (JSON ``null``, never 0)."""
-    return [[None if math.isnan(v) else float(v) for v in row] for row in matrix]

@@ -19,7 +19,7 @@ Cases, ``query/gallery`` (λ-orth Table 1b), each computed only where both sides
 Backfilling: queries are the new model's features in the adapter's new frame (B(new) for λ-orth); the gallery
 starts as the stale F(old) (the old features without a forward map) and the first β of it, in the order's
 sequence, is replaced by the fresh new-frame features; top-1 and mAP against β = 0, 1/s, ..., 1 and their area
-(trapezoid rule; :func:`benchmarks.adapters.backfill_order` gives the orders).
+(trapezoid rule; :func:`benchmarks.adapter_cases.backfill_order` gives the orders).
 
 Zero-shot retention (λ-orth's "ZS"): how much the backward map distorts the new model's own space. Its classifier
 (rows w_c, biases) scores the raw features h, then the same classifier moved with the features by B's linear part
@@ -39,7 +39,7 @@ from torch import nn
 
 from cl2r_bench.adapters.protocol import FeatureAdapter
 
-from .adapters import area_under_curve, backfill_order
+from .adapter_cases import area_under_curve, backfill_order
 from .ranking import retrieval_scores
 
 PAPER_CASES = ("old/old", "new/old", "new/new", "F/old", "F/F", "new/F", "B/old", "B/F", "B/B")

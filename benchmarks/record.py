@@ -214,7 +214,7 @@ class Stream(TypedDict):
 UpdateCases = TypedDict("UpdateCases", {
     "old/old": float | None, "new/new": float | None, "new/old": float | None, "B(new)/old": float | None,
     "new/F(old)": float | None, "B(new)/B(new)": float | None, "full backfill": float | None})
-UpdateCases.__doc__ = """The ``model_update`` retrieval cases (``benchmarks/adapters.py``), top-1 accuracies
+UpdateCases.__doc__ = """The ``model_update`` retrieval cases (``benchmarks/adapter_cases.py``), top-1 accuracies
 (fractions) named "query features / gallery features": ``old/old`` and ``new/new`` (each model alone), ``new/old``
 (untransformed), ``B(new)/old`` (backward-adapted queries, no backfilling), ``new/F(old)`` (forward-adapted
 gallery), ``B(new)/B(new)`` (adapted on both sides) and ``full backfill``; None where the adapter cannot
@@ -222,7 +222,7 @@ produce a case."""
 
 
 class Backfilling(TypedDict):
-    """Partial backfilling of a ``model_update`` run (``benchmarks/adapters.py``). ``betas``: the backfilled shares
+    """Partial backfilling of a ``model_update`` run (``benchmarks/adapter_cases.py``). ``betas``: the backfilled shares
     of the gallery, 0 to 1; ``curves``: per order (``random``, ``uncertainty``, ``class_mean_distance``) the
     accuracy (fraction) at each beta, None where the adapter cannot rank the gallery; ``area``: the area under
     each curve over beta in [0, 1] (a mean accuracy, fraction), None likewise."""

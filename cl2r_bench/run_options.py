@@ -112,6 +112,17 @@ def _deep_update(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def requested_layers(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    """The user's config layers of a command: its ``--config`` file, then its options."""
+    layers = [(args.config, read_yaml(args.config))] if args.config else []
+    return layers + [("command line", command_line_layer(args))]
+
+
+def requested_output(args: argparse.Namespace) -> str:
+    """The results folder the command's settings name (nothing is assembled)."""
+    return resolve(requested_layers(args))["output"]
+
+
 def requested_runs(args: argparse.Namespace) -> list[Assembly]:
     """One assembled run per (strategy, adapter, seed) the command asks for (``all`` expands to the registered
     strategies, after the plugins are loaded, and to ``none`` and every adapter): every bad setting is an error
@@ -121,8 +132,7 @@ def requested_runs(args: argparse.Namespace) -> list[Assembly]:
     from cl2r_bench.assembly import assemble, load_plugins
     from strategies import list_strategies
 
-    layers = [(args.config, read_yaml(args.config))] if args.config else []
-    layers.append(("command line", command_line_layer(args)))
+    layers = requested_layers(args)
     if args.seeds and args.seed is not None:
         raise UsageError("give --seed or --seeds, not both")
     load_plugins(resolve(layers)["plugins"])

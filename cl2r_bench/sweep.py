@@ -39,7 +39,7 @@ import yaml
 from benchmarks.record import holds_complete_record
 from cl2r_bench.config import FLOAT_TEXT, flatten, parse_assignment
 from cl2r_bench.errors import ConfigError, safe_name
-from cl2r_bench.run_options import GRID_OPTIONS, requested_runs
+from cl2r_bench.run_options import GRID_OPTIONS, requested_output, requested_runs
 
 if TYPE_CHECKING:
     from cl2r_bench.assembly import Assembly
@@ -140,7 +140,7 @@ def grid_runs(args: argparse.Namespace) -> tuple[list[Assembly], Path]:
         for assignments, folder in points:
             point = argparse.Namespace(**{**vars(args), **dict(zip(GRID_OPTIONS, values)), "set": assignments})
             if folder:
-                output = output or Path(requested_runs(point)[0].settings.output)
+                output = output or Path(requested_output(point))
                 point.output = str(output / folder)
             runs += requested_runs(point)
     return runs, output or Path(runs[0].settings.output)

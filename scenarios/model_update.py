@@ -7,7 +7,7 @@ adapter and seed of a study shares them; the run seed drives the adapter's fit a
 No strategy fine-tunes them. The adapter is fitted at task 1 on every stream training image embedded by both
 models; the run's 2x2 matrix ``[[old/old], [cross, new/new]]`` has the cross entry ``B(new)/old`` for an adapter
 with a backward map, ``new/F(old)`` for a forward-only one and ``new/old`` without adapter. The record adds the
-retrieval ``cases`` and the partial ``backfilling`` curves (``benchmarks/adapters.py``).
+retrieval ``cases`` and the partial ``backfilling`` curves (``benchmarks/adapter_cases.py``).
 
 With encoder specs (``model_update.old`` / ``model_update.new``: timm, torchvision or the suite's own models,
 :mod:`cl2r_bench.encoders`) the two models are pretrained encoders and, by default (``model_update.protocol``), the
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.adapters import TwoModelFeatures, adapted_cases, partial_backfilling
+from benchmarks.adapter_cases import TwoModelFeatures, adapted_cases, partial_backfilling
 from cl2r_bench.adapt import Study, encoder_study
 from cl2r_bench.data.datasets import ImageSet, load_dataset
 from cl2r_bench.data.streams import Stream

@@ -11,7 +11,7 @@ import yaml
 from conftest import interrupt_run_at
 from torch import nn
 
-from benchmarks.adapters import TwoModelFeatures, adapted_cases, area_under_curve, backfill_order, partial_backfilling
+from benchmarks.adapter_cases import TwoModelFeatures, adapted_cases, area_under_curve, backfill_order, partial_backfilling
 from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy
 from cl2r_bench import cli as runner
 from cl2r_bench.adapters import AdapterError, FeaturePair, fit_adapter, get_adapter, list_adapters, make_adapter
@@ -164,7 +164,7 @@ def clustered_spaces(seed=0, n=1200, d=32, classes=8, spread=1.2):
     return old, new, labels, F.normalize(centres @ rotation, dim=1)
 
 
-@pytest.mark.parametrize("name", ["lambda_orth", "fct", "fastfill", "irp", "procrustes", "least_squares", "affine"])
+@pytest.mark.parametrize("name", list_adapters())
 def test_every_adapter_beats_the_untransformed_cross_model_entry(name):
     old, new, labels, classifier = clustered_spaces()
     fit, test = slice(0, 900), slice(900, None)

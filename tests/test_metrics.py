@@ -16,7 +16,6 @@ from benchmarks.metrics import (
     backward_compatibility,
     forward_compatibility,
     load_matrix,
-    matrix_to_json,
     replacement_pairs,
 )
 from cl2r_bench import cli as runner
@@ -168,13 +167,6 @@ def test_load_matrix_rejects_malformed(tmp_path, text):
 def test_load_matrix_missing_file(tmp_path):
     with pytest.raises(MatrixError, match="does not exist"):
         load_matrix(tmp_path / "absent.json")
-
-
-def test_matrix_to_json_puts_none_above_diagonal():
-    rows = matrix_to_json(as_matrix(TIE_ROWS))
-    assert rows == [[0.5, None, None], [0.5, 0.6, None], [0.6, 0.4, 0.7]]
-    assert json.loads(json.dumps(rows))[0][1] is None
-    np.testing.assert_array_equal(as_matrix(rows), as_matrix(TIE_ROWS))
 
 
 def test_across_replacements_on_the_reference_matrices():

@@ -226,12 +226,3 @@ def load_cached_model(path: str | Path, *, mean: Sequence[float], std: Sequence[
                         input_size=spec.get("image_size", 32))
     load_replacement(model, path)
     return model.eval(), spec
-
-
-def training_log(path: str | Path) -> dict[str, Any] | None:
-    """The training log saved beside a suite-pretrained model (None for user checkpoints)."""
-    info = Path(path).with_suffix(".json")
-    try:
-        return json.loads(info.read_text()).get("training")
-    except (OSError, json.JSONDecodeError):
-        return None

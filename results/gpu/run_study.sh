@@ -14,7 +14,7 @@ read -r -a seeds <<< "${SEEDS:-42 1 2}"
 mkdir -p "$OUT/logs"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 PYTHON=${PYTHON:-python}
-"$PYTHON" -c "import sys; from scenarios.datasets import read_tiny_imagenet; read_tiny_imagenet(sys.argv[1])" "$DATA"
+"$PYTHON" -c "import sys; from cl2r_bench.data.datasets import read_tiny_imagenet; read_tiny_imagenet(sys.argv[1])" "$DATA"
 
 study() {  # study BACKBONE STRATEGY...: pretrain both head families, then all runs of the backbone at once
   local backbone=$1 strategy seed family

@@ -177,7 +177,7 @@ def cl2r_fd(inputs: dict) -> dict:
 
 
 def ml_fct(inputs: dict) -> dict:
-    from cl2r_bench.models.transformations import MLP_BN_SIDE_PROJECTION
+    from models.transformations import MLP_BN_SIDE_PROJECTION  # ml-fct's own models package (--ml-fct on sys.path)
 
     old, side = inputs["fct_old"], inputs["fct_side"]
     net = MLP_BN_SIDE_PROJECTION(old.shape[1], inputs["fct_new"].shape[1], side.shape[1])
