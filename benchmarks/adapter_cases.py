@@ -106,8 +106,8 @@ def area_under_curve(betas: list[float], accuracies: list[float]) -> float:
     return float(np.trapezoid(accuracies, betas))
 
 
-def partial_backfilling(f: TwoModelFeatures, adapter: FeatureAdapter | None, *, orders: list[str], steps: int, mode: str,
-                        generator: torch.Generator) -> dict[str, Any]:
+def partial_backfilling(f: TwoModelFeatures, adapter: FeatureAdapter | None, *, orders: list[str], steps: int,
+                        mode: str, generator: torch.Generator) -> dict[str, Any]:
     """``{"betas", "curves": {order: [...]}, "area": {order: AUC}}`` (orders the adapter cannot rank are None)."""
     betas = [i / steps for i in range(steps + 1)]
     queries = f.query_new if adapter is None else adapter.new_frame(f.query_new)

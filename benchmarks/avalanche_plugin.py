@@ -2,8 +2,8 @@
 
 :class:`CompatibilityPlugin` wraps :class:`benchmarks.retrieval.CompatibilityEvaluator` (METHODS.md §1, §3): after
 each training experience it deploys the strategy's current model (its ``retrieval_model`` when it has one, as a
-``cl2r_bench.training.avalanche.LogitsOnly`` wrapper does, else the model itself, which must return ``(logits, features)``)
-and appends its row ``M[t][0..t]`` to the
+``cl2r_bench.training.avalanche.LogitsOnly`` wrapper does, else the model itself, which must return
+``(logits, features)``) and appends its row ``M[t][0..t]`` to the
 compatibility matrix, embedding the gallery once per model (kept for later rows) and the queries once. AC, AA and
 the suite's other metrics (METHODS.md §2) come from :meth:`CompatibilityPlugin.metrics`. When the strategy's
 evaluator has loggers, ``Compatibility/AC`` and ``Compatibility/AA`` of the top-left block (AC_t, AA_t) are

@@ -111,7 +111,8 @@ REPLACEMENT_COLUMNS = (*IDENTITY, Column("replacement task", "replacement_task",
 UPDATE_COLUMNS = (Column("dataset", "dataset", Kind.TEXT), Column("adapter", "adapter", Kind.TEXT),
                   *(Column(f"{case} (%)", case, Kind.SPREAD) for case in UPDATE_CASES),
                   *(Column(title, f"backfill_area_{order}", Kind.SPREAD) for title, order in
-                    zip(("backfill area: random", "uncertainty", "class-mean L2", "class-mean cosine"), BACKFILL_ORDERS)),
+                    zip(("backfill area: random", "uncertainty", "class-mean L2", "class-mean cosine"),
+                        BACKFILL_ORDERS)),
                   Column("f(W)", ORTHOGONALITY_GAP, Kind.SPREAD), SEEDS)
 LOO_IDENTITY = (Column("scenario", "scenario", Kind.TEXT), Column("dataset", "dataset", Kind.TEXT),
                 Column("models", "models", Kind.TEXT), Column("adapter", "adapter", Kind.TEXT))

@@ -22,9 +22,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from cl2r_bench.files import atomic_write
+
 from .metrics import is_number
 from .record import RunRecord, checked_records
-from cl2r_bench.files import atomic_write
 
 ANNOTATED_TASKS = 16
 INTERVAL_TASKS = 12

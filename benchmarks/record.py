@@ -161,8 +161,8 @@ class Adapter(TypedDict):
 class TaskTiming(TypedDict):
     """One task's cost. ``seconds``: training (0 where the scenario does not train); ``iterations``: optimiser
     steps; ``images``: training images seen, each epoch counted (by all ranks together under torchrun);
-    ``final_loss``: the last batch's loss (the global batch's; None without training); ``eval_seconds``: deploying the model (embedding and scoring); ``images_per_second``:
-    ``images / seconds``."""
+    ``final_loss``: the last batch's loss (the global batch's; None without training); ``eval_seconds``: deploying the
+    model (embedding and scoring); ``images_per_second``: ``images / seconds``."""
     seconds: float
     iterations: int
     images: int

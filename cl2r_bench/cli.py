@@ -238,7 +238,6 @@ def command_pretrain(args: argparse.Namespace) -> int:
 def command_adapt(args: argparse.Namespace) -> int:
     """Fit and measure adapters on the user's embeddings (:mod:`cl2r_bench.adapt`): every setting is checked
     before the files are read, the files before any adapter is fitted."""
-    from cl2r_bench.files import atomic_write_json, atomic_write_text
     from cl2r_bench.adapt import (
         adapt_settings,
         evaluate_adapter,
@@ -250,6 +249,7 @@ def command_adapt(args: argparse.Namespace) -> int:
     from cl2r_bench.adapters import list_adapters, make_adapter
     from cl2r_bench.assembly import resolve_device
     from cl2r_bench.errors import safe_name, writable_folder
+    from cl2r_bench.files import atomic_write_json, atomic_write_text
 
     settings = adapt_settings(args.set)
     args.output = settings["output"] if args.output is None else args.output
@@ -487,10 +487,10 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().print_help()
         return 0
     from benchmarks.metrics import MatrixError
-    from cl2r_bench.files import FolderBusyError
     from cl2r_bench.data.datasets import DataError
     from cl2r_bench.distributed import LaunchError, torchrun_ranks
     from cl2r_bench.errors import ConfigError, PartError
+    from cl2r_bench.files import FolderBusyError
     from cl2r_bench.models import CheckpointError
     from cl2r_bench.run import DivergedError, RunError, StrategyFailedError
     from cl2r_bench.tracking import TrackingError

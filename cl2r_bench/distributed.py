@@ -17,9 +17,9 @@ same run loop (:class:`cl2r_bench.run.Run`) on the same data; what differs:
   only) syncs them over the global batch; the running statistics are averaged over ranks after each task;
 * **evaluation**: each rank embeds its share of the gallery and of the queries, and the features are gathered
   (:meth:`Processes.embed`), so every rank holds the whole compatibility matrix;
-* **writing**: only rank 0 reads (or downloads) the data first, writes the run folder (config, checkpoints, run state, ``metrics.json`` with its
-  ``world_size``, plots, TensorBoard), pretrains the scenario's starting models (the other ranks wait, then find them
-  in the cache: :meth:`Processes.main_first`) and prints.
+* **writing**: only rank 0 reads (or downloads) the data first, writes the run folder (config, checkpoints, run state,
+  ``metrics.json`` with its ``world_size``, plots, TensorBoard), pretrains the scenario's starting models (the other
+  ranks wait, then find them in the cache: :meth:`Processes.main_first`) and prints.
 """
 from __future__ import annotations
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from cl2r_bench.files import atomic_write, atomic_write_json, exclusive
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.encoders import Encoder
+from cl2r_bench.files import atomic_write, atomic_write_json, exclusive
 from cl2r_bench.models import DEFAULT_AMP, autocast_dtype, forward_in_batches
 
 

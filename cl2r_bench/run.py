@@ -41,7 +41,6 @@ import yaml
 
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
-from cl2r_bench.files import atomic_write_json, atomic_write_text, device_description, exclusive, package_versions
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.adapt import evaluate_adapter, study_record
 from cl2r_bench.adapters import embed_pair, fit_adapter
@@ -51,6 +50,7 @@ from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import Stream
 from cl2r_bench.distributed import SINGLE, Processes, connect
 from cl2r_bench.encoders import is_spec
+from cl2r_bench.files import atomic_write_json, atomic_write_text, device_description, exclusive, package_versions
 from cl2r_bench.models import NonFiniteError, RetrievalModel, state_sha256
 from cl2r_bench.settings import task_seed
 from cl2r_bench.training.engine import ReplayMemory
@@ -88,10 +88,10 @@ def to_device(images: ImageSet, device: torch.device) -> ImageSet:
 class RunFolder:
     """A run's folder (issue 16): what may be resumed or overwritten, and the lock held while a run writes.
 
-    ``state.pt`` (or a ``metrics.json`` of an older run without one) means results exist. ``--overwrite`` deletes only a folder the suite
-    made (a ``.cl2r-run`` marker, or the ``config.yaml`` of a run made before the marker existed). The lock is
-    ``<folder>.lock`` beside the folder, so it survives the folder's deletion; a second process on the same
-    folder is refused. Under torchrun only rank 0 is the ``writer``; the others read the folder only."""
+    ``state.pt`` (or a ``metrics.json`` of an older run without one) means results exist. ``--overwrite`` deletes only
+    a folder the suite made (a ``.cl2r-run`` marker, or the ``config.yaml`` of a run made before the marker existed).
+    The lock is ``<folder>.lock`` beside the folder, so it survives the folder's deletion; a second process on the
+    same folder is refused. Under torchrun only rank 0 is the ``writer``; the others read the folder only."""
 
     def __init__(self, path: Path, *, resume: bool, overwrite: bool, writer: bool = True) -> None:
         if resume and overwrite:
@@ -522,7 +522,8 @@ class Run:
         s, extra = self.settings, dict(extra or {})
         tie_rule = s.evaluation.tie_rule
         direction = self.parts.direction
-        matrix = extra.pop("compatibility_matrix", None) or (evaluator.adapted_matrix if direction else evaluator.matrix)
+        matrix = extra.pop("compatibility_matrix", None) or (evaluator.adapted_matrix if direction else
+                                                             evaluator.matrix)
         hits = None if "cases" in extra else evaluator.hit_matrix(adapted=bool(direction))
         timings = self.state["timings"]
         record = {

@@ -1,4 +1,5 @@
-"""IAM-CL2R: CL2R in which the model is replaced at ``replacement.tasks`` by an improved pretrained one (docs/METHODS.md §4).
+"""IAM-CL2R: CL2R in which the model is replaced at ``replacement.tasks`` by an improved pretrained one
+(docs/METHODS.md §4).
 
 A replacement task starts from the user's checkpoint or a pretrained encoder named by spec (``replacement.checkpoints``:
 a file, or ``timm:...`` / ``torchvision:...`` / ``suite:...`` of :mod:`cl2r_bench.encoders`, whose trunk and
@@ -35,7 +36,8 @@ class IAMCL2R(Scenario):
         tasks = stream.replacement_tasks
         if rep.checkpoints:
             return [{"task": t, "path": p, "source": "encoder"} if is_spec(p) else
-                    {"task": t, "path": str(Path(p).resolve()), "source": "user"} for t, p in zip(tasks, rep.checkpoints)]
+                    {"task": t, "path": str(Path(p).resolve()), "source": "user"}
+                    for t, p in zip(tasks, rep.checkpoints)]
         pre = rep.pretrain
         source = load_dataset(pre.dataset, s.data_root, download=s.download, image_size=s.data.image_size,
                               verify=s.data.verify, **s.data.synthetic)

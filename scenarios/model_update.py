@@ -100,7 +100,8 @@ class ModelUpdate(Scenario):
 
     def adapter_data(self, stream: Stream, task: int, memory: ImageSet | None) -> ImageSet:
         """Every stream training image (the new model's training set)."""
-        return ImageSet(torch.cat([t.train.images for t in stream.tasks]), torch.cat([t.train.labels for t in stream.tasks]))
+        return ImageSet(torch.cat([t.train.images for t in stream.tasks]),
+                        torch.cat([t.train.labels for t in stream.tasks]))
 
     def adapter_seed(self, task: int) -> int:
         return self.settings.seed

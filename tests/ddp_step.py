@@ -1,5 +1,5 @@
-"""One training step of a strategy with a teacher and a replay memory, in one process or under torchrun; saves the loss and every
-parameter's change (``tests/test_distributed.py``).
+"""One training step of a strategy with a teacher and a replay memory, in one process or under torchrun; saves the
+loss and every parameter's change (``tests/test_distributed.py``).
 
 The model has no batch norm: with it, plain DDP normalises each rank's share by its own statistics, which one
 process on the global batch cannot reproduce (``distributed.sync_batchnorm`` syncs them, on GPUs only).

@@ -15,7 +15,8 @@ from cl2r_bench.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def clustered(n_per_class: int, classes: int, dim: int, seed: int, spread: float = 0.6) -> tuple[np.ndarray, np.ndarray]:
+def clustered(n_per_class: int, classes: int, dim: int, seed: int,
+              spread: float = 0.6) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(classes, dim))
     labels = np.repeat(np.arange(classes), n_per_class)
@@ -231,8 +232,10 @@ def test_model_update_on_two_encoders_embeds_each_split_once_for_every_adapter(e
     cases = by_name["lambda_orth"]["retrieval"]["cases"]
     assert cases["B/old"] is not None and cases["new/F"] is None and cases["F/old"] is not None
     assert by_name["none"]["retrieval"]["cases"]["new/old"] is None
-    assert by_name["none"]["models"]["old"]["feature_dim"] == 256 and by_name["none"]["models"]["new"]["feature_dim"] == 96
-    assert by_name["procrustes"]["retrieval"]["queries"] == 20 and by_name["procrustes"]["retrieval"]["fitting_items"] == 40
+    assert (by_name["none"]["models"]["old"]["feature_dim"] == 256
+            and by_name["none"]["models"]["new"]["feature_dim"] == 96)
+    assert (by_name["procrustes"]["retrieval"]["queries"] == 20
+            and by_name["procrustes"]["retrieval"]["fitting_items"] == 40)
     assert len(list(cache.glob("*.pt"))) == 4
     assert main(["leaderboard", "--results", str(out), "--table", "backfilling", "--format", "csv"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == 2 + len(list_adapters())

@@ -11,7 +11,13 @@ import yaml
 from conftest import interrupt_run_at
 from torch import nn
 
-from benchmarks.adapter_cases import TwoModelFeatures, adapted_cases, area_under_curve, backfill_order, partial_backfilling
+from benchmarks.adapter_cases import (
+    TwoModelFeatures,
+    adapted_cases,
+    area_under_curve,
+    backfill_order,
+    partial_backfilling,
+)
 from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy
 from cl2r_bench import cli as runner
 from cl2r_bench.adapters import AdapterError, FeaturePair, fit_adapter, get_adapter, list_adapters, make_adapter
@@ -280,7 +286,8 @@ def test_adapted_matrix_along_a_stream_follows_the_adapter_chain():
     data = ImageSet(images, labels)
     base = torch.randn(12, 6)
     rotations = [torch.linalg.qr(torch.randn(6, 6))[0] for _ in range(2)]
-    models = [LinearFeatures(base), LinearFeatures(base @ rotations[0]), LinearFeatures(base @ rotations[0] @ rotations[1])]
+    models = [LinearFeatures(base), LinearFeatures(base @ rotations[0]),
+              LinearFeatures(base @ rotations[0] @ rotations[1])]
     kw = {"amp": False}
     results = {}
     for direction in ("backward", "forward"):

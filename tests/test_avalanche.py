@@ -85,7 +85,8 @@ def test_the_plugin_fills_the_matrix_of_a_frozen_model_like_the_evaluator(stream
     reference = CompatibilityEvaluator(stream.query, stream.gallery)
     own = reference.deploy(copy.deepcopy(model))[0]
     plugin = CompatibilityPlugin.from_stream(stream)
-    strategy = build_avalanche_strategy("avalanche:Naive", {}, model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+    strategy = build_avalanche_strategy("avalanche:Naive", {}, model,
+                                        optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
                                         epochs=1, batch_size=16, device="cpu", plugins=[plugin])
     with avalanche_warnings_filtered():
         for exp in stream.benchmark.train_stream:
@@ -109,7 +110,8 @@ def test_the_plugin_publishes_ac_and_aa_to_the_strategy_loggers(stream):
             self.seen.append((name, x_plot))
 
     model, recorder, plugin = small_model(stream), Recorder(), CompatibilityPlugin.from_stream(stream)
-    strategy = build_avalanche_strategy("avalanche:Naive", {}, model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+    strategy = build_avalanche_strategy("avalanche:Naive", {}, model,
+                                        optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
                                         epochs=1, batch_size=16, device="cpu", plugins=[plugin])
     strategy.evaluator = EvaluationPlugin(loggers=[recorder])
     strategy.plugins = [p for p in strategy.plugins if not isinstance(p, EvaluationPlugin)] + [strategy.evaluator]

@@ -49,7 +49,8 @@ def write_tiny_imagenet(root, classes=3, train_per_class=4):
     for c, wnid in enumerate(wnids):
         (folder / "train" / wnid / "images").mkdir(parents=True)
         for i in range(train_per_class):
-            Image.new("RGB", (64, 64), (40 * c, 10 * i, 0)).save(folder / "train" / wnid / "images" / f"{wnid}_{i}.JPEG")
+            Image.new("RGB", (64, 64),
+                      (40 * c, 10 * i, 0)).save(folder / "train" / wnid / "images" / f"{wnid}_{i}.JPEG")
         name = f"val_{c}.JPEG"
         Image.new("L", (64, 64), 100 + c).save(folder / "val" / "images" / name)
         lines.append(f"{name}\t{wnid}\t0\t0\t63\t63")

@@ -100,7 +100,8 @@ def test_a_timm_name_loads_from_a_prefilled_hugging_face_cache_without_network(t
     save_file(torch.load(timm_file, weights_only=True), str(snapshot / "model.safetensors"))
     (tmp_path / "models--timm--test_efficientnet.r160_in1k" / "refs").mkdir()
     (tmp_path / "models--timm--test_efficientnet.r160_in1k" / "refs" / "main").write_text("a" * 40)
-    code = "from cl2r_bench.encoders import build_encoder; print(build_encoder('timm:test_efficientnet').weights_sha256)"
+    code = ("from cl2r_bench.encoders import build_encoder; "
+            "print(build_encoder('timm:test_efficientnet').weights_sha256)")
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

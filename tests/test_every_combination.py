@@ -47,7 +47,8 @@ def test_every_adapter_runs_along_a_stream_on_the_built_in_data(tiny, tmp_path):
 @pytest.mark.parametrize("preset", ["quick", "paper"])
 @pytest.mark.parametrize("scenario", list_scenarios())
 def test_every_scenario_fits_the_built_in_data_by_default(scenario, preset):
-    config = assemble(resolve([("command line", {"scenario": scenario, "dataset": "synthetic", "preset": preset})])).config
+    config = assemble(resolve([("command line",
+                                {"scenario": scenario, "dataset": "synthetic", "preset": preset})])).config
     s, e = config["stream"], config["evaluation"]
     stream = s["initial_classes"] + s["increment"] * (s["num_tasks"] - 1)
     assert stream + (e["heldout_classes"] if e["dataset"] == "heldout" else 0) <= config["data"]["synthetic_classes"]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cl2r_bench import files as records
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench import cli as runner
+from cl2r_bench import files as records
 from cl2r_bench.training.engine import DeviceBatches
 
 RUN = Path("cl2r/synthetic/er/seed42")
@@ -25,7 +25,8 @@ class Killed(BaseException):
 
 
 def run_args(tiny, out):
-    return ["--config", str(tiny), "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er", "--output", str(out)]
+    return ["--config", str(tiny), "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er",
+            "--output", str(out)]
 
 
 def results(out):

@@ -42,7 +42,8 @@ def test_plateau_pretraining_resumes_from_its_last_epoch(tmp_path):
     saved = torch.load(tmp_path / "m.partial.pt", weights_only=True)
     assert saved["progress"]["epochs_done"] == 2 and set(saved) == {"model", "best_model", "optimizer", "progress"}
     logged.clear()
-    _, resumed = pretrain_model(data, [0, 1, 2, 3], settings=TrainSettings.with_defaults(**{**settings.__dict__, "epochs": 3}),
+    _, resumed = pretrain_model(data, [0, 1, 2, 3],
+                                settings=TrainSettings.with_defaults(**{**settings.__dict__, "epochs": 3}),
                                 **kwargs)
     assert any("after epoch 2" in m for m in logged)
     assert resumed["epochs_done"] == 3 and [h["epoch"] for h in resumed["history"]] == [1, 2, 3]
@@ -70,7 +71,8 @@ def test_cifar10_evaluation_of_a_synthetic_stream_with_a_notice(tiny, tmp_path, 
     out = tmp_path / "out"
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
     with pytest.warns(DataNotice) as notices:
-        code = runner.main(["--config", str(tiny), "--strategy", "er", "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--output", str(out),
+        code = runner.main(["--config", str(tiny), "--strategy", "er", "--scenario", "cl2r",
+                            "--set", "replacement.tasks=[]", "--output", str(out),
                             "--data-root", str(tmp_path / "data"), "--eval-dataset", "cifar10"])
     assert code == 0
     record = json.loads((out / "cl2r/synthetic/er/seed42/metrics.json").read_text())

@@ -1,4 +1,5 @@
-"""Noise-aware metrics (benchmarks/noise.py): intervals against their formulas, paired decisions, the runner's output."""
+"""Noise-aware metrics (benchmarks/noise.py): intervals against their formulas, paired decisions, the runner's
+output."""
 import json
 import math
 

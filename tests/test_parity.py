@@ -1,4 +1,5 @@
-"""The parity harness's own parts (cl2r_bench/tools/parity/): checkpoint names, data files, errors. No reference needed."""
+"""The parity harness's own parts (cl2r_bench/tools/parity/): checkpoint names, data files, errors. No reference
+needed."""
 import importlib
 import subprocess
 import sys
@@ -65,7 +66,8 @@ def test_a_wrong_reference_path_is_a_one_line_error(script, tmp_path):
     args = ["--iamcl2r", str(tmp_path / "nowhere"), "--data-root", str(tmp_path), "--work", str(tmp_path)] \
         if script == "end_to_end" else ["--iamcl2r", str(tmp_path / "nowhere"), "--cl2r", "x", "--ml-fct", "y",
                                            "--cifar10", str(tmp_path)]
-    done = subprocess.run([sys.executable, "-m", f"cl2r_bench.tools.parity.{script}"] + args, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", f"cl2r_bench.tools.parity.{script}"] + args,
+                          capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "not a checkout of miccunifi/iamcl2r" in done.stderr
 
@@ -86,10 +88,10 @@ def test_a_reference_run_folder_is_parsed(tmp_path):
     matrix = np.array([[0.5, 0.0, 0.0], [0.25, 0.625, 0.0], [0.125, 0.375, 0.75]])
     (out / "comp-matrix.txt").write_text(f"Compatibility Matrix ID:\n{matrix}\nAvg. Comp. = 0.33\nAM. Comp. = 43.750\n")
     (out / "train-045701-gpuNone.log").write_text(
-        "23.11.2026 04:57:24       Utils[ 46]    INFO Task 1 Epoch [1]/[2]\t Training Loss: 4.0\t Training Accuracy: 2.0"
-        "\t Time: 2.50\n"
-        "23.11.2026 04:57:27       Utils[ 46]    INFO Task 1 Epoch [2]/[2]\t Training Loss: 3.9\t Training Accuracy: 2.8"
-        "\t Time: 3.25\n"
+        "23.11.2026 04:57:24       Utils[ 46]    INFO Task 1 Epoch [1]/[2]\t Training Loss: 4.0"
+        "\t Training Accuracy: 2.0\t Time: 2.50\n"
+        "23.11.2026 04:57:27       Utils[ 46]    INFO Task 1 Epoch [2]/[2]\t Training Loss: 3.9"
+        "\t Training Accuracy: 2.8\t Time: 3.25\n"
         "23.11.2026 04:57:30 IAM-CL2R-Train[239]    INFO Starting Evaluation\n"
         "23.11.2026 04:58:10        Eval[ 89]    INFO Avg. Comp. = 0.33\n")
     parsed = load("end_to_end").parse_reference_run(tmp_path)

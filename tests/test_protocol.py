@@ -88,7 +88,8 @@ def test_the_runner_rejects_a_bad_protocol_value_before_any_run(tmp_path):
 
     runner = Path(__file__).resolve().parents[1] / "runner.py"
     done = subprocess.run([sys.executable, str(runner), "--scenario", "model_update", "--dataset", "synthetic",
-                           "--preset", "quick", "--set", "training.epoch_length=pass", "--set", "stream.initial_classes=30",
+                           "--preset", "quick", "--set", "training.epoch_length=pass",
+                           "--set", "stream.initial_classes=30",
                            "--set", "stream.increment=30", "--output", str(tmp_path)],
                           capture_output=True, text=True)
     assert done.returncode == 2

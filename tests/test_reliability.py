@@ -16,9 +16,9 @@ import torch
 import yaml
 from test_data import write_cifar10
 
-from cl2r_bench.files import atomic_write, atomic_write_json, exclusive
 from cl2r_bench import cli as runner
 from cl2r_bench.data.datasets import DataError, read_cifar
+from cl2r_bench.files import atomic_write, atomic_write_json, exclusive
 
 
 class Payload:
@@ -76,7 +76,8 @@ def test_a_diverged_task_stops_the_run_keeps_earlier_tasks_and_is_never_complete
 
     monkeypatch.setattr(trainers, "train_task", lr_explodes_at_task_1)
     out = tmp_path / "out"
-    assert run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er", "--output", out) == runner.EXIT_DIVERGED
+    assert run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er",
+                   "--output", out) == runner.EXIT_DIVERGED
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "task 1 diverged" in err and "iteration" in err and "Traceback" not in err
     record = strict_load(out / "cl2r/synthetic/er/seed42/metrics.json")
@@ -87,8 +88,8 @@ def test_a_diverged_task_stops_the_run_keeps_earlier_tasks_and_is_never_complete
 
 def test_a_diverged_first_task_writes_no_result(tiny, tmp_path, capsys):
     out = tmp_path / "out"
-    assert run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er", "--output", out,
-                   "--set", "training.lr=1e9") == runner.EXIT_DIVERGED
+    assert run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er",
+                   "--output", out, "--set", "training.lr=1e9") == runner.EXIT_DIVERGED
     assert "task 0 diverged" in capsys.readouterr().err
     assert not (out / "cl2r/synthetic/er/seed42/metrics.json").exists()
 
@@ -119,7 +120,8 @@ def test_a_label_never_leads_outside_the_output_folder(label, tiny, tmp_path, ca
     (victim / "seed42").mkdir(parents=True)
     (victim / "seed42" / "precious.txt").write_text("keep me")
     out = tmp_path / "a" / "b" / "out"
-    code = run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er", "--output", out, "--overwrite",
+    code = run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er",
+                   "--output", out, "--overwrite",
                    "--set", f"adapter.label={label}",
                    "--set", "adapter.name=procrustes")
     err = capsys.readouterr().err.strip()
@@ -132,7 +134,8 @@ def test_overwrite_deletes_only_a_folder_the_suite_made(tiny, tmp_path, capsys):
     foreign = out / "cl2r/synthetic/er/seed42"
     foreign.mkdir(parents=True)
     (foreign / "notes.txt").write_text("mine")
-    assert run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er", "--output", out, "--overwrite") == 2
+    assert run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er",
+                   "--output", out, "--overwrite") == 2
     assert "did not write" in capsys.readouterr().err and (foreign / "notes.txt").exists()
 
 
@@ -144,7 +147,8 @@ def test_resume_and_overwrite_together_is_a_usage_error(tiny, tmp_path, capsys):
 def test_a_second_run_on_a_folder_in_use_is_refused_and_a_stale_lock_is_taken_over(tiny, tmp_path, capsys):
     out = tmp_path / "out"
     run_dir = out / "cl2r/synthetic/er/seed42"
-    args = ("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er", "--output", out)
+    args = ("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er",
+            "--output", out)
     with exclusive(run_dir.with_name("seed42.lock"), "test"):
         assert run_cli(*args) == 2
     err = capsys.readouterr().err
@@ -198,7 +202,8 @@ def test_scientific_notation_is_a_float_in_files_and_on_the_command_line(tmp_pat
 @pytest.fixture
 def finished_run(tiny, tmp_path):
     """A finished 3-task CL2R run: ``(command-line arguments, run folder)``."""
-    args = ("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er", "--output", tmp_path / "out")
+    args = ("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er",
+            "--output", tmp_path / "out")
     assert run_cli(*args) == 0
     return args, tmp_path / "out/cl2r/synthetic/er/seed42"
 

@@ -62,9 +62,10 @@ def test_interrupted_run_resumes_to_the_same_metrics(tiny, tmp_path, monkeypatch
 
 def test_resume_with_other_settings_is_refused(tiny, tmp_path, capsys):
     out = tmp_path / "out"
-    assert run_cli("--config", tiny, "--strategy", "er", "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--output", out) == 0
-    assert run_cli("--config", tiny, "--strategy", "er", "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--output", out, "--resume",
-                   "--set", "training.lr=0.5") == 2
+    assert run_cli("--config", tiny, "--strategy", "er", "--scenario", "cl2r", "--set", "replacement.tasks=[]",
+                   "--output", out) == 0
+    assert run_cli("--config", tiny, "--strategy", "er", "--scenario", "cl2r", "--set", "replacement.tasks=[]",
+                   "--output", out, "--resume", "--set", "training.lr=0.5") == 2
     assert "training.lr" in capsys.readouterr().err
 
 
@@ -192,7 +193,8 @@ def test_help_and_list_show_what_can_be_run(capsys):
 
 def test_a_run_ends_by_saying_where_the_figures_are_and_what_to_do_next(tiny, tmp_path, capsys):
     out = tmp_path / "out"
-    assert run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er", "--output", out) == 0
+    assert run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er",
+                   "--output", out) == 0
     last = capsys.readouterr().out.strip().splitlines()[-3:]
     assert last[0] == f"figures: {out}/cl2r/synthetic/er/seed42/*.png"
     assert last[1].startswith(f"next: python runner.py leaderboard --results {out}")

@@ -94,7 +94,8 @@ def test_the_points_of_a_set_grid_get_their_own_folders_and_list_settings_stay_v
     (["--strategy", "er", "--set", "training.lr=[0.1,0.2]", "--set", "training.lr=0.05"],
      "--set training.lr is given 2 times and one of them is a grid"),
     (["--strategy", "er", "--set", "training.lr=[0.01,1e-2]"], "the value 0.01 is given twice"),
-    (["--strategy", "er", "--seeds", "1", "2", "--set", f"training.lr=[{','.join(str(i / 1e4) for i in range(1, 101))}]",
+    (["--strategy", "er", "--seeds", "1", "2",
+      "--set", f"training.lr=[{','.join(str(i / 1e4) for i in range(1, 101))}]",
       "--set", f"training.epochs=[{','.join(map(str, range(1, 101)))}]"],
      "the sweep asks for 20000 runs (before 'all' expands), more than --max-runs 1000"),
     (["--strategy", "er", "--set", "output=[a,b]"], "a sweep has one results folder (--output)"),
@@ -160,7 +161,8 @@ def test_an_interrupted_sweep_stops_its_runs_and_the_same_command_resumes_them(t
         while not partial.exists() and time.monotonic() < deadline and sweep_process.poll() is None:
             time.sleep(0.2)
         assert partial.exists(), "the run never finished its first task"
-        children = subprocess.run(["pgrep", "-P", str(sweep_process.pid)], capture_output=True, text=True).stdout.split()
+        children = subprocess.run(["pgrep", "-P", str(sweep_process.pid)],
+                                  capture_output=True, text=True).stdout.split()
         sweep_process.send_signal(getattr(signal, signal_name))
         _, err = sweep_process.communicate(timeout=120)
         assert sweep_process.returncode == code, err

@@ -32,14 +32,16 @@ _CIFAR = {
     "cifar100": {
         "folder": "cifar-100-python", "train": ["train"], "test": ["test"], "label_key": "fine_labels",
         "meta": ("meta", "fine_label_names"),
-        "url": "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz", "archive_md5": "eb9058c3a382ffc7106e4002c42a8d85",
+        "url": "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+        "archive_md5": "eb9058c3a382ffc7106e4002c42a8d85",
         "md5": {"train": "16019d7e3df5f24257cddd939b257f8d", "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
                 "meta": "7973b15100ade9c7d40fb424638fde48"},
     },
     "cifar10": {
         "folder": "cifar-10-batches-py", "train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"],
         "label_key": "labels", "meta": ("batches.meta", "label_names"),
-        "url": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "archive_md5": "c58f30108f718f92721af3b95e74349a",
+        "url": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+        "archive_md5": "c58f30108f718f92721af3b95e74349a",
         "md5": {"data_batch_1": "c99cafc152244af753f735de768cd75f", "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
                 "data_batch_3": "54ebc095f3ab1f0389bbae665268c751", "data_batch_4": "634d18415352ddfa80567beed471001a",
                 "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb", "test_batch": "40351d587109b95175f43aff81a1287e",

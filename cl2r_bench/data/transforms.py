@@ -12,7 +12,8 @@ import torch.nn.functional as F
 CROP_PADDING = 4
 
 
-def crop_flip_draws(count: int, device: torch.device, padding: int = CROP_PADDING) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def crop_flip_draws(count: int, device: torch.device,
+                    padding: int = CROP_PADDING) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(top, left, flip)`` of ``count`` images: crop offsets in ``0..2*padding`` and a flip with probability 1/2,
     drawn from the global random stream in this order (a data-parallel run draws them for the global batch on every
     rank and applies its share: :class:`cl2r_bench.training.engine.DeviceBatches`)."""

@@ -25,11 +25,11 @@ from typing import Any
 import torch
 
 from benchmarks.record import holds_complete_record
-from cl2r_bench.files import atomic_write_json
 from cl2r_bench.adapt import encoder_study, evaluate_adapter, study_record
 from cl2r_bench.adapters import list_adapters
 from cl2r_bench.assembly import assemble
 from cl2r_bench.config import resolve
+from cl2r_bench.files import atomic_write_json
 from cl2r_bench.run import RunFolder
 from cl2r_bench.settings import BACKFILL_ORDERS
 

@@ -5,8 +5,8 @@
 exemplars to the run's :class:`~cl2r_bench.training.engine.ReplayMemory`.
 :class:`AvalancheTrainer` runs an Avalanche strategy named ``avalanche:<Class>``
 (``cl2r_bench/training/avalanche.py``) on the task's Avalanche experience, keeping its own state (its replay buffer,
-its old model, its importances) across tasks; the run loop swaps its model at replacement tasks. Both are measured by the same run loop into the same
-compatibility matrix, metrics and leaderboard.
+its old model, its importances) across tasks; the run loop swaps its model at replacement tasks. Both are measured
+by the same run loop into the same compatibility matrix, metrics and leaderboard.
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
     <reference venv>/bin/python -m cl2r_bench.tools.parity.probe --iamcl2r PATH --cl2r PATH --ml-fct PATH --work DIR
 
-``DIR/inputs.pt`` (written by ``cl2r_bench/tools/parity/steps.py``) holds the tensors and checkpoint paths; this script calls
-the authors' functions on them (``create_model``, ``train_one_epoch``, ``HocLoss``, ``BalancedBatchSampler``,
+``DIR/inputs.pt`` (written by ``cl2r_bench/tools/parity/steps.py``) holds the tensors and checkpoint paths; this script
+calls the authors' functions on them (``create_model``, ``train_one_epoch``, ``HocLoss``, ``BalancedBatchSampler``,
 ``load_cifar_identification``, ``evaluate``, CL2R's ``update_criterion_weight`` / ``EmbeddingsSimilarity``, ml-fct's
 ``MLP_BN_SIDE_PROJECTION``) and writes what they return to ``DIR/reference.pt``. It imports nothing of the suite and
 copies none of the authors' code: where a rule lives inline in their ``main.py`` (parameter groups), it is read

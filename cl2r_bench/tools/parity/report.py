@@ -1,6 +1,7 @@
 """Assemble ``results/parity/parity.json`` and print the tables of ``results/parity/README.md`` (issue 15).
 
-    python -m cl2r_bench.tools.parity.report [--steps results/parity/steps.json] [--end-to-end results/parity/end_to_end.json]
+    python -m cl2r_bench.tools.parity.report [--steps results/parity/steps.json]
+                                             [--end-to-end results/parity/end_to_end.json]
 
 The protocol table sets each setting of the authors' 7-task run (read from their code, cited by file) beside the
 suite's, which is read from the resolved ``paper`` preset, so the table follows the code.
@@ -159,7 +160,8 @@ def main() -> None:
     parser.add_argument("--end-to-end", type=Path, default=folder / "end_to_end.json",
                         help="the parity runs of cl2r_bench/tools/parity/end_to_end.py")
     parser.add_argument("--timing", type=Path, default=folder / "timing.json",
-                        help="cl2r_bench/tools/parity/end_to_end.py's output for the timed pair (the real evaluation set)")
+                        help="cl2r_bench/tools/parity/end_to_end.py's output for the timed pair "
+                             "(the real evaluation set)")
     parser.add_argument("--out", type=Path, default=folder / "parity.json")
     args = parser.parse_args()
     end_to_end = json.loads(args.end_to_end.read_text()) if args.end_to_end.is_file() else {}
