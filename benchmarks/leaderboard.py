@@ -42,8 +42,19 @@ from cl2r_bench.adapters.protocol import ORTHOGONALITY_GAP
 from cl2r_bench.config import flatten
 from cl2r_bench.settings import BACKFILL_ORDERS
 
-from .metrics import across_replacements, as_matrix
+from .metrics import across_replacements, all_metrics, as_matrix
 from .paper_protocol import PAPER_CASES
+from .published import (
+    IAMCL2R_31_TASKS,
+    IAMCL2R_RELEASED,
+    IAMCL2R_SOURCE,
+    LAMBDA_ORTH_SOURCE,
+    LAMBDA_ORTH_TABLE_1A,
+    LAMBDA_ORTH_TABLE_1B,
+    LAMBDA_ORTH_TABLE_2,
+    ML_FCT_README,
+    ML_FCT_SOURCE,
+)
 from .record import UPDATE_CASES, ReplacementModel, RunRecord, checked_records, leave_one_out, update_fit
 from .record import record_problem as record_problem  # re-exported: the leaderboard's check, defined with the schema
 
@@ -125,6 +136,13 @@ TIMING_COLUMNS = (*IDENTITY, Column("train ms / iteration", "train_ms_per_iterat
                   Column("ratio to baseline", "ratio_to_baseline"), SEEDS)
 ACROSS_COLUMNS = (*IDENTITY, Column("AC across replacements", "AC_across", Kind.SPREAD, 3),
                   Column("ACA across (%)", "ACA_across", Kind.SPREAD), Column("pairs", "pairs", Kind.INTEGER), SEEDS)
+PUBLISHED_MAIN_COLUMNS = (Column("scenario", "scenario", Kind.TEXT), Column("setting", "setting", Kind.TEXT),
+                          Column("strategy", "strategy", Kind.TEXT), Column("AC", "AC", digits=3),
+                          Column("AA (%)", "AA"), Column("ACA (%)", "ACA"), Column("source", "source", Kind.TEXT))
+PUBLISHED_CASE_COLUMNS = (Column("setting", "setting", Kind.TEXT), Column("adapter", "adapter", Kind.TEXT),
+                          Column("case", "case", Kind.TEXT), Column("top-1 (%)", "top1"), Column("top-5 (%)", "top5"),
+                          Column("mAP (%)", "mAP"), Column("source", "source", Kind.TEXT))
+PUBLISHED_TITLE = "published (the papers' own runs, models and data: not measured by the suite, never averaged in)"
 MATRIX_ROW_COLUMNS = (*IDENTITY, Column("query task", "t", Kind.INTEGER),
                       Column("gallery task", "k", Kind.INTEGER),
                       Column("mean (%)", "mean", digits=1), Column("std", "std", digits=1), SEEDS)
@@ -143,6 +161,13 @@ def collect(results_dir: str | Path) -> tuple[list[RunRecord], list[tuple[Path, 
     reason (:func:`benchmarks.record.checked_records`), so that a partial or malformed result is neither averaged
     into a row nor crashes a table.
     """
+    found, skipped = collect_with_paths(results_dir)
+    return [record for _, record in found], skipped
+
+
+def collect_with_paths(results_dir: str | Path) -> tuple[list[tuple[Path, RunRecord]], list[tuple[Path, str]]]:
+    """:func:`collect`, each complete record with the path of its ``metrics.json``; a copy of a record already
+    found is skipped and counted once."""
     complete, skipped = [], []
     seen: dict[str, Path] = {}
     for path, record, problem in checked_records(results_dir):
@@ -153,7 +178,7 @@ def collect(results_dir: str | Path) -> tuple[list[RunRecord], list[tuple[Path, 
             skipped.append((path, f"a copy of {seen[identity]} (the same record), counted once"))
         else:
             seen[identity] = path
-            complete.append(record)
+            complete.append((path, record))
     return complete, skipped
 
 
@@ -390,11 +415,56 @@ def backfilling_values(record: RunRecord) -> list[float | None]:
             for key in ("top1_auc", "mAP_auc")] + [zero_shot["change"] if zero_shot else None]
 
 
+def published_main_rows(scenarios: set[str]) -> list[list[Any]]:
+    """The IAM-CL2R authors' released figures (:mod:`benchmarks.published`) when ``scenarios`` holds ``iamcl2r``:
+    AC / AA / ACA of the 7-task matrices, computed by the suite's metrics, and the 31-task AC and AA they report."""
+    if "iamcl2r" not in scenarios:
+        return []
+    rows = []
+    for strategy, matrix in IAMCL2R_RELEASED["matrices"].items():
+        m = all_metrics(as_matrix(matrix))
+        rows.append(["iamcl2r", IAMCL2R_RELEASED["setting"], strategy, m["AC"], m["AA"], m["ACA"], IAMCL2R_SOURCE])
+    for strategy, m in IAMCL2R_31_TASKS["metrics"].items():
+        rows.append(["iamcl2r", IAMCL2R_31_TASKS["setting"], strategy, m["AC"], m["AA"], None, IAMCL2R_SOURCE])
+    return rows
+
+
+def published_case_rows(scenarios: set[str]) -> list[list[Any]]:
+    """The adapter papers' retrieval cases (:mod:`benchmarks.published`: λ-orth's Tables 1a, 1b and 2, ml-fct's
+    README) when ``scenarios`` holds an adapter study (``model_update`` or ``adapt``); the backfilling AUC is the
+    case ``backfill AUC``, the zero-shot change ``ZS``."""
+    if not scenarios & {"model_update", "adapt"}:
+        return []
+    rows = []
+    for table in (LAMBDA_ORTH_TABLE_1A, LAMBDA_ORTH_TABLE_1B):
+        for adapter, cases in table["rows"].items():
+            for case, (top1, average_precision) in cases.items():
+                rows.append([table["setting"], adapter, "backfill AUC" if case == "auc" else case, top1, None,
+                             average_precision, LAMBDA_ORTH_SOURCE])
+    for adapter, cases in LAMBDA_ORTH_TABLE_2["rows"].items():
+        for case, top1 in cases.items():
+            rows.append([LAMBDA_ORTH_TABLE_2["setting"], adapter, case, top1, None, None, LAMBDA_ORTH_SOURCE])
+    for setting, adapters in ML_FCT_README.items():
+        for adapter, cases in adapters.items():
+            for case, (top1, top5, average_precision) in cases.items():
+                rows.append([setting, adapter, case, top1, top5, average_precision, ML_FCT_SOURCE])
+    return rows
+
+
+def published_tables(records: list[RunRecord]) -> list[Table]:
+    """The published figures of the scenarios ``records`` hold, each table apart from the measured ones."""
+    scenarios = {r["scenario"] for r in records}
+    tables = [Table(PUBLISHED_MAIN_COLUMNS, published_main_rows(scenarios), PUBLISHED_TITLE),
+              Table(PUBLISHED_CASE_COLUMNS, published_case_rows(scenarios), PUBLISHED_TITLE)]
+    return [t for t in tables if t.rows]
+
+
 def build(records: list[RunRecord], fmt: str = "github", names: Iterable[str] = TABLES,
-          baseline: str = "er") -> dict[str, list[Table]]:
+          baseline: str = "er", published: bool = False) -> dict[str, list[Table]]:
     """The tables of :data:`TABLES` among ``names`` that have rows for ``records``, in that order: one table
     each, except ``matrices``, one grid per experiment in github and latex but one long table (:func:`matrix_rows`)
-    in csv. ``baseline`` is the strategy the timing table compares with."""
+    in csv. ``baseline`` is the strategy the timing table compares with. ``published`` adds, last, the papers'
+    figures for the scenarios present (:func:`published_tables`), titled apart from the measured rows."""
     every = records
     records = [r for r in every if not leave_one_out(r)]
     builders: dict[str, Callable[[], list[Table]]] = {
@@ -414,6 +484,8 @@ def build(records: list[RunRecord], fmt: str = "github", names: Iterable[str] = 
     if unknown:
         raise ValueError(f"unknown tables {sorted(unknown)}; choose from {list(TABLES)}")
     built = {name: [t for t in builders[name]() if t.rows] for name in TABLES if name in wanted}
+    if published:
+        built["published"] = published_tables(every)
     return {name: tables for name, tables in built.items() if tables}
 
 
@@ -457,11 +529,11 @@ def _latex(table: Table) -> str:
 
 
 def _cells(table: Table) -> list[list[str]]:
-    return [[_cell(value, column) for value, column in zip(row, table.columns)] for row in table.rows]
+    return [[cell_text(value, column) for value, column in zip(row, table.columns)] for row in table.rows]
 
 
-def _cell(value: Any, column: Column) -> str:
-    """A value as github and latex show it (before latex escaping)."""
+def cell_text(value: Any, column: Column) -> str:
+    """A value as github, latex and the HTML report show it (before latex escaping)."""
     if value is None:
         return "-"
     if isinstance(value, str):

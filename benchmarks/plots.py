@@ -14,9 +14,11 @@ beyond noise, orange dashed box = within noise, red text (red × where values ar
 plain (noise-blind) criterion. Without noise, a violation is a red box."""
 from __future__ import annotations
 
+import io
 import math
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,8 +26,9 @@ import numpy as np
 
 from cl2r_bench.files import atomic_write
 
+from .adapter_cases import area_under_curve
 from .metrics import is_number
-from .record import RunRecord, checked_records
+from .record import RunRecord, checked_records, leave_one_out
 
 ANNOTATED_TASKS = 16
 INTERVAL_TASKS = 12
@@ -164,21 +167,59 @@ def _aa_curve(plt, record: RunRecord):
 def save_backfilling_plot(record: RunRecord, directory: str | Path) -> Path:
     """Write ``backfilling.png``: accuracy against the backfilled fraction β for each order of a model_update run."""
     plt = _pyplot()
-    fill = record["backfilling"]
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for order, curve in fill["curves"].items():
-        if curve is not None:
-            ax.plot(fill["betas"], [100 * v for v in curve], marker="o", markersize=3,
-                    label=f"{order} (area {100 * fill['area'][order]:.1f})")
-    ax.set_xlabel("backfilled fraction β")
-    ax.set_ylabel("top-1 accuracy (%)")
-    ax.set_title(f"{record['method']} · {record['dataset']} · seed {record['seed']}", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    fig = backfilling_figure(plt, f"{record['method']} · {record['dataset']} · seed {record['seed']}",
+                             [record])
     path = Path(directory) / "backfilling.png"
     _save(fig, path)
     plt.close(fig)
     return path
+
+
+def backfilling_curves(record: RunRecord) -> tuple[list[float], dict[str, list[float]]]:
+    """``(betas, {order: top-1 in percent})`` of a run's partial backfilling: a stream ``model_update`` run's
+    (fractions) or a leave-one-out run's (``retrieval.backfilling``, percent); orders without a curve left out."""
+    if leave_one_out(record):
+        fill = record["retrieval"]["backfilling"]
+        return fill["betas"], {order: curve["top1"] for order, curve in fill["curves"].items() if curve}
+    fill = record["backfilling"]
+    return fill["betas"], {order: [100 * v for v in curve] for order, curve in fill["curves"].items() if curve}
+
+
+def backfilling_figure(plt, title: str, runs: list[RunRecord]):
+    """Top-1 accuracy against the backfilled fraction β for each order, the mean over ``runs`` (one experiment's
+    seeds) with its area under the curve."""
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    curves = [backfilling_curves(r) for r in runs]
+    betas = curves[0][0]
+    for order in curves[0][1]:
+        values = np.array([c[order] for _, c in curves if order in c], dtype=float)
+        mean = values.mean(axis=0)
+        ax.plot(betas, mean, marker="o", markersize=3,
+                label=f"{order} (area {area_under_curve(betas, list(mean)):.1f})")
+    ax.set_xlabel("backfilled fraction β")
+    ax.set_ylabel("top-1 accuracy (%)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def viridis(share: float) -> tuple[int, int, int]:
+    """The viridis colour at ``share`` in [0, 1] (the heatmaps' colour map), as 0-255 RGB."""
+    import matplotlib
+
+    red, green, blue, _ = matplotlib.colormaps["viridis"](share)
+    return round(255 * red), round(255 * green), round(255 * blue)
+
+
+def png_bytes(draw: Callable[..., Any], *args: Any) -> bytes:
+    """The PNG of the figure ``draw(plt, *args)`` returns (for pages that embed their figures)."""
+    plt = _pyplot()
+    fig = draw(plt, *args)
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=110)
+    plt.close(fig)
+    return out.getvalue()
 
 
 def _numbers(value: Any, low: float, high: float) -> bool:
@@ -234,7 +275,7 @@ def _noise_figure_problem(noise: Any, size: int) -> str | None:
     return None
 
 
-def _series(groups: dict[tuple[str, str, str], list[RunRecord]]) -> dict[tuple[str, str], list[Series]]:
+def experiment_series(groups: dict[tuple[str, str, str], list[RunRecord]]) -> dict[tuple[str, str], list[Series]]:
     """The experiments of each (scenario, data set). A leaderboard group whose runs differ in task count or
     replacement tasks (records without a config to tell them apart) is split, so they are never averaged."""
     out: dict[tuple[str, str], list[Series]] = defaultdict(list)
@@ -257,7 +298,7 @@ def _seeds(series: Series) -> str:
     return f"{len(series.runs)} seed{'s' if len(series.runs) > 1 else ''}"
 
 
-def _curves(plt, scenario: str, dataset: str, series: list[Series]):
+def curves_figure(plt, scenario: str, dataset: str, series: list[Series]):
     """AC_t and AA_t of every experiment: mean over seeds, a band of one std (ddof = 1) when several."""
     columns = min(3, len(series))
     legend_height = 0.22 * math.ceil(len(series) / columns) + 0.08
@@ -325,11 +366,11 @@ def save_comparison_plots(groups: dict[tuple[str, str, str], list[RunRecord]],
                           directory: str | Path) -> list[Path]:
     """For each (scenario, data set) of ``groups`` (:func:`benchmarks.leaderboard.experiment_groups`, one entry per
     experiment, so runs of different settings are separate series and never averaged), write
-    ``<scenario>_<dataset>_curves.png`` (AC_t and AA_t) and ``<scenario>_<dataset>_summary.png`` (AC, AA, ACA)."""
+    ``<scenario>_<dataset>curves_figure.png`` (AC_t and AA_t) and ``<scenario>_<dataset>_summary.png`` (AC, AA, ACA)."""
     plt = _pyplot()
     written = []
-    for (scenario, dataset), series in _series(groups).items():
-        for kind, draw in (("curves", _curves), ("summary", _summary)):
+    for (scenario, dataset), series in experiment_series(groups).items():
+        for kind, draw in (("curves", curves_figure), ("summary", _summary)):
             fig = draw(plt, scenario, dataset, series)
             path = Path(directory) / f"{_slug(scenario)}_{_slug(dataset)}_{kind}.png"
             _save(fig, path)

@@ -9,6 +9,7 @@
     python runner.py list                                                # what can be run, one line each
     python runner.py leaderboard [--results DIR] [--format github|csv|latex] [--table NAME] [--timing] [--matrices]
     python runner.py plot RESULTS_DIR [--out DIR]      # redraw each run's figures, compare experiments
+    python runner.py report RESULTS_DIR [--out FILE.html]   # one self-contained HTML page of the results
 
 Usage errors print one line and exit with code 2; an interrupted run keeps every finished task (``--resume``); a
 diverged run (NaN or infinite loss, weights or features) prints one line, exits with code 3 and keeps the tasks
@@ -27,7 +28,7 @@ from typing import Any
 from cl2r_bench.errors import UsageError
 from cl2r_bench.run_options import add_run_options
 
-COMMANDS = ("run", "pretrain", "sweep", "metrics", "leaderboard", "plot", "list", "adapt")
+COMMANDS = ("run", "pretrain", "sweep", "metrics", "leaderboard", "plot", "report", "list", "adapt")
 EXIT_DIVERGED = 3
 EXIT_STRATEGY_FAILED = 4
 
@@ -80,10 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--baseline", default="er", help="the strategy --timing compares with (default %(default)s)")
     board.add_argument("--matrices", action="store_true",
                        help="also print AC / ACA across replacements and every mean compatibility matrix")
+    board.add_argument("--published", action="store_true",
+                       help="also print the papers' own figures for the scenarios present (IAM-CL2R's released runs; "
+                       "the λ-orth and ml-fct tables), as tables apart from the suite's rows, with their source")
     plot = sub.add_parser("plot", help="redraw every complete run's figures from its metrics.json and draw "
                           "comparison figures (AC_t / AA_t curves, AC / AA / ACA summary) per scenario and data set")
     plot.add_argument("results_dir", help="folder searched for metrics.json files")
     plot.add_argument("--out", help="folder of the comparison figures (default RESULTS_DIR/plots)")
+    page = sub.add_parser("report", help="one self-contained HTML page of every complete run: sortable leaderboards, "
+                          "heatmaps, curves, the published figures beside them, links to each run's files")
+    page.add_argument("results_dir", help="folder searched for metrics.json files")
+    page.add_argument("--out", help="the HTML file to write (default RESULTS_DIR/report.html)")
     sweep = sub.add_parser("sweep", help="a grid of runs (several scenarios, strategies, adapters, data sets and "
                            "seeds), one process per run: complete runs are skipped, interrupted ones resumed")
     add_run_options(sweep, several=True)
@@ -351,6 +359,9 @@ def command_leaderboard(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown table {args.table!r}; choose one of {', '.join(TABLES)}")
     extra = [name for name, asked in (("timing", args.timing), ("across", args.matrices),
                                       ("matrices", args.matrices)) if asked]
+    if args.format == "csv" and args.published:
+        raise UsageError("--published adds tables apart from the measured ones, and a csv holds one table: use "
+                         "--format github or latex with --published")
     if args.format == "csv" and args.table is None and args.timing and args.matrices:
         raise UsageError("--format csv prints one table but --timing and --matrices ask for several; choose one "
                          "with --table timing, --table across or --table matrices")
@@ -361,9 +372,9 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     if not records:
         raise UsageError(f"no complete metrics.json under {args.results}; run an experiment first"
                          + (f" ({len(skipped)} file(s) skipped, reasons above)" if skipped else ""))
-    built = build(records, args.format, baseline=args.baseline)
+    built = build(records, args.format, baseline=args.baseline, published=args.published)
     if args.table is None and args.format != "csv":
-        names = [name for name in (*SUMMARY, *extra) if name in built]
+        names = [name for name in (*SUMMARY, *extra, "published") if name in built]
         for name in extra:
             if name not in built:
                 print(f"note: no table {name}: no run under {args.results} has data for it", file=sys.stderr)
@@ -409,6 +420,28 @@ def command_plot(args: argparse.Namespace) -> int:
     print(f"redrew {len(run_figures)} run figure(s) next to their metrics.json")
     for path in comparisons:
         print(path)
+    return 0
+
+
+def command_report(args: argparse.Namespace) -> int:
+    """Write the HTML report of a results folder (:mod:`benchmarks.report`); bad files are named on stderr."""
+    from benchmarks.report import write_report
+
+    results = existing_folder(args.results_dir)
+    out = Path(args.out) if args.out else results / "report.html"
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder; give the HTML file to write, e.g. {out / 'report.html'}")
+    try:
+        written, runs, skipped = write_report(results, out)
+    except OSError as exc:
+        raise UsageError(f"cannot write {exc.filename or out}: {exc.strerror or exc}; pass a writable --out") from None
+    for path, reason in skipped:
+        print(f"skipped {path}: {reason}", file=sys.stderr)
+    if not runs:
+        written.unlink()
+        raise UsageError(f"no complete metrics.json under {results} to report; run an experiment first"
+                         + (f" ({len(skipped)} file(s) skipped, reasons above)" if skipped else ""))
+    print(f"{written} ({runs} runs)")
     return 0
 
 
@@ -504,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"`runner.py {args.command}` in one process")
         handler = {"run": command_run, "pretrain": command_pretrain, "sweep": command_sweep,
                    "metrics": command_metrics, "leaderboard": command_leaderboard, "plot": command_plot,
+                   "report": command_report,
                    "list": command_list, "adapt": command_adapt}[args.command]
         return handler(args)
     except DivergedError as exc:

@@ -4,6 +4,8 @@ import sys
 import pytest
 import yaml
 
+from benchmarks.published import IAMCL2R_RELEASED
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
@@ -28,15 +30,8 @@ TINY = {
 }
 
 # METHODS.md §2: the authors' released 7-task d-Simplex-HOC and ER matrices (percent).
-HOC_REFERENCE_ROWS = [
-    [58.89],
-    [59.70, 61.56],
-    [63.05, 65.28, 69.31],
-    [63.34, 65.30, 70.63, 72.37],
-    [65.01, 67.87, 70.75, 72.11, 73.83],
-    [64.08, 67.19, 71.17, 72.71, 74.70, 76.19],
-    [63.14, 66.35, 72.10, 73.50, 75.23, 76.65, 77.16],
-]
+HOC_REFERENCE_ROWS = IAMCL2R_RELEASED["matrices"]["dsimplex_hoc"]
+ER_REFERENCE_ROWS = IAMCL2R_RELEASED["matrices"]["er"]
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import ER_REFERENCE_ROWS as ER_ROWS
 from conftest import HOC_REFERENCE_ROWS as HOC_ROWS
 
 from benchmarks.metrics import (
@@ -19,16 +20,6 @@ from benchmarks.metrics import (
     replacement_pairs,
 )
 from cl2r_bench import cli as runner
-
-ER_ROWS = [
-    [63.42],
-    [61.56, 63.09],
-    [11.71, 11.23, 72.73],
-    [11.43, 10.53, 69.23, 70.30],
-    [9.08, 7.76, 9.30, 8.55, 74.46],
-    [8.51, 7.36, 10.34, 9.52, 72.26, 72.31],
-    [9.72, 8.58, 9.75, 9.75, 70.35, 70.63, 71.54],
-]
 
 # Hand-built 3x3 (fractions). Pair (1,0): 0.5 vs M[0][0]=0.5 is a tie; (2,0): 0.6 > 0.5; (2,1): 0.4 < 0.6.
 TIE_ROWS = [

@@ -81,14 +81,14 @@ def test_experiments_that_differ_in_settings_are_separate_series():
     records = [changed(valid_record(seed), "config.stream.increment", increment)
                for increment in (4, 8) for seed in (1, 2)]
     records.append(strategy_record("dsimplex_hoc", 1))
-    series = plots._series(experiment_groups(records))[("iamcl2r", "synthetic")]
+    series = plots.experiment_series(experiment_groups(records))[("iamcl2r", "synthetic")]
     assert [(s.label, [r["seed"] for r in s.runs]) for s in series] == [
         ("dsimplex_hoc", [1]), ("er [stream.increment=4]", [1, 2]), ("er [stream.increment=8]", [1, 2])]
 
 
 def test_runs_without_config_of_different_sizes_are_never_averaged():
     records = [changed(sized_record(size, noise=False), "config", None) for size in (3, 4)]
-    series = plots._series(experiment_groups(records))[("iamcl2r", "synthetic")]
+    series = plots.experiment_series(experiment_groups(records))[("iamcl2r", "synthetic")]
     assert [(s.label, len(s.runs)) for s in series] == [("er [3 tasks, replacements [0, 1]]", 1),
                                                         ("er [4 tasks, replacements [0, 2]]", 1)]
 

@@ -1,0 +1,226 @@
+"""One self-contained HTML report of a results folder (``runner.py report RESULTS_DIR``, issue 28).
+
+Per scenario and data set: the leaderboard's tables (:func:`benchmarks.leaderboard.build`: AC / AA / ACA with
+mean ± std and seeds, the noise-aware AC, the replacement models' own accuracy, the adapters' cases and backfilling
+AUCs, timing), sortable by any column in the page; the settings that tell the experiments apart; each experiment's
+mean compatibility matrix as a heatmap; the AC_t / AA_t curves of every experiment in one figure; the backfilling
+curves of adapter studies; the published figures of the same scenario, apart and with their source
+(:mod:`benchmarks.published`); and links to each run's ``config.yaml`` and ``metrics.json``.
+
+The records are read through the leaderboard's walk (:func:`benchmarks.leaderboard.collect_with_paths`: bad files
+are returned with their reason, never shown). The page is one file with nothing to fetch at view time: styles,
+the sorting script and the figures (PNG, base64) are inline. It is rendered by Jinja2 (``templates/report.html.j2``)
+with autoescaping, so a label or a path can never inject markup.
+"""
+from __future__ import annotations
+
+import base64
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .leaderboard import (
+    Column,
+    Kind,
+    Table,
+    build,
+    cell_text,
+    collect_with_paths,
+    experiment_groups,
+    experiment_settings,
+    mean_matrices,
+    published_tables,
+)
+from .plots import backfilling_figure, curves_figure, experiment_series, png_bytes, viridis
+from .record import RunRecord, leave_one_out
+
+REPORT_TABLES = ("main", "noise", "replacements", "across", "model_update", "retrieval", "backfilling", "timing")
+TABLE_TITLES = {"main": "Leaderboard", "noise": "Noise-aware AC", "replacements": "Replacement models' own accuracy",
+                "across": "AC and ACA across replacements", "model_update": "Adapter cases and backfilling areas",
+                "retrieval": "Retrieval cases (leave-one-out)", "backfilling": "Backfilling AUC and zero-shot change",
+                "timing": "Training time"}
+
+
+@dataclass
+class HtmlCell:
+    """A cell as shown (``text``) and as sorted (``sort``: a number, or the text)."""
+
+    text: str
+    sort: str | float
+    style: str = ""
+
+
+@dataclass
+class HtmlTable:
+    """A table of the page: ``text_columns`` are the indices of its text columns (aligned left)."""
+
+    title: str
+    headers: list[str]
+    rows: list[list[HtmlCell]]
+    kind: str = "measured"  # "measured", "published", "settings" or "matrix"
+    text_columns: set[int] = field(default_factory=lambda: {0})
+
+
+@dataclass
+class Figure:
+    title: str
+    png_base64: str
+
+
+@dataclass
+class RunLink:
+    label: str
+    config: str | None
+    metrics: str
+
+
+@dataclass
+class Section:
+    scenario: str
+    dataset: str
+    anchor: str
+    tables: list[HtmlTable] = field(default_factory=list)
+    settings: HtmlTable | None = None
+    matrices: list[HtmlTable] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+    published: list[HtmlTable] = field(default_factory=list)
+    runs: list[RunLink] = field(default_factory=list)
+
+
+def write_report(results_dir: str | Path, out: str | Path) -> tuple[Path, int, list[tuple[Path, str]]]:
+    """Write the report of ``results_dir`` to ``out``; returns ``(out, runs shown, skipped files with reasons)``."""
+    from cl2r_bench.files import atomic_write_text
+
+    out = Path(out)
+    found, skipped = collect_with_paths(results_dir)
+    atomic_write_text(out, render_report(found, results_dir, out.parent))
+    return out, len(found), skipped
+
+
+def render_report(found: list[tuple[Path, RunRecord]], results_dir: str | Path, links_from: Path) -> str:
+    """The page of ``found`` (``(metrics.json path, record)`` pairs); links are relative to ``links_from``, the
+    folder the page is written in."""
+    import jinja2
+
+    template = resources.files("benchmarks").joinpath("templates", "report.html.j2").read_text(encoding="utf-8")
+    environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                                     lstrip_blocks=True)
+    sections = [section(scenario, dataset, pairs, links_from) for (scenario, dataset), pairs in by_section(found)]
+    return environment.from_string(template).render(results=str(results_dir), sections=sections,
+                                                   runs=len(found))
+
+
+def by_section(found: list[tuple[Path, RunRecord]]) -> list[tuple[tuple[str, str], list[tuple[Path, RunRecord]]]]:
+    """The records grouped by scenario and data set, in sorted order."""
+    groups: dict[tuple[str, str], list[tuple[Path, RunRecord]]] = {}
+    for path, record in found:
+        groups.setdefault((record["scenario"], record["dataset"]), []).append((path, record))
+    return sorted(groups.items())
+
+
+def section(scenario: str, dataset: str, pairs: list[tuple[Path, RunRecord]], links_from: Path) -> Section:
+    records = [record for _, record in pairs]
+    built = build(records, "github", REPORT_TABLES)
+    part = Section(scenario, dataset, anchor=f"{scenario}-{dataset}".replace(" ", "-"))
+    part.tables = [html_table(TABLE_TITLES[name], table) for name, tables in built.items() for table in tables]
+    part.settings = settings_table(records)
+    part.matrices = [heat_table(grid) for grid in mean_matrices(records)]
+    part.figures = figures(scenario, dataset, records)
+    part.published = [html_table(table.title, table, "published") for table in published_tables(records)]
+    labels = {id(r): label for (_, _, label), runs in experiment_groups(records).items() for r in runs}
+    part.runs = [run_link(path, labels[id(record)], record, links_from)
+                 for path, record in sorted(pairs, key=lambda pair: (labels[id(pair[1])], pair[1]["seed"]))]
+    return part
+
+
+def html_table(title: str, table: Table, kind: str = "measured") -> HtmlTable:
+    return HtmlTable(title, [c.title for c in table.columns],
+                     [[html_cell(value, column) for value, column in zip(row, table.columns)] for row in table.rows],
+                     kind, {i for i, c in enumerate(table.columns) if c.kind == Kind.TEXT})
+
+
+def html_cell(value: Any, column: Column) -> HtmlCell:
+    """A leaderboard cell: its text as the leaderboard writes it; it sorts by its mean (a spread), its lower end
+    (an interval) or its number; a missing value sorts last."""
+    text = cell_text(value, column)
+    if value is None or isinstance(value, str):
+        return HtmlCell(text, "" if value is None else value)
+    number = value[0] if column.kind in (Kind.SPREAD, Kind.INTERVAL) else value
+    return HtmlCell(text, float(number))
+
+
+def settings_table(records: list[RunRecord]) -> HtmlTable | None:
+    """The settings whose values differ between the experiments of a section (None when there is one
+    experiment, or none differ)."""
+    groups = experiment_groups(records)
+    if len(groups) < 2:
+        return None
+    settings = {label: experiment_settings(runs[0]) for (_, _, label), runs in groups.items()}
+    keys = sorted(set().union(*settings.values()))
+    differing = [k for k in keys if len({repr(s.get(k)) for s in settings.values()}) > 1]
+    if not differing:
+        return None
+    rows = [[HtmlCell(label, label), *(HtmlCell(str(s.get(k, "-")), str(s.get(k, ""))) for k in differing)]
+            for label, s in settings.items()]
+    return HtmlTable("Settings that tell the experiments apart", ["experiment", *differing], rows, "settings",
+                     set(range(len(differing) + 1)))
+
+
+def heat_table(grid: Table) -> HtmlTable:
+    """A mean compatibility matrix (:func:`benchmarks.leaderboard.mean_matrices`) with each entry's cell coloured
+    on a viridis-like scale between the matrix's lowest and highest mean."""
+    means = [value[0] for row in grid.rows for value in row[1:] if isinstance(value, tuple)]
+    low, high = min(means), max(means)
+    rows = []
+    for row in grid.rows:
+        cells = [HtmlCell(row[0], row[0])]
+        for value, column in zip(row[1:], grid.columns[1:]):
+            if not isinstance(value, tuple):
+                cells.append(HtmlCell("", ""))
+                continue
+            share = 0.5 if high == low else (value[0] - low) / (high - low)
+            red, green, blue = viridis(share)
+            ink = "#000" if share > 0.55 else "#fff"
+            cells.append(HtmlCell(cell_text(value, column), float(value[0]),
+                                  f"background: rgb({red}, {green}, {blue}); color: {ink}"))
+        rows.append(cells)
+    return HtmlTable(grid.title, [c.title for c in grid.columns], rows, "matrix")
+
+
+def figures(scenario: str, dataset: str, records: list[RunRecord]) -> list[Figure]:
+    """The AC_t / AA_t curves of every stream experiment in one figure, and the backfilling curves of each adapter
+    experiment that has them."""
+    out = []
+    stream = [r for r in records if not leave_one_out(r) and r["scenario"] != "model_update"]
+    if stream:
+        series = experiment_series(experiment_groups(stream))[(scenario, dataset)]
+        png = png_bytes(curves_figure, scenario, dataset, series)
+        out.append(Figure("AC_t and AA_t of every experiment", encode(png)))
+    for (_, _, label), runs in experiment_groups([r for r in records if r not in stream]).items():
+        if any(has_backfilling_curves(r) for r in runs):
+            title = f"{label} · {dataset} ({len(runs)} seed{'s' * (len(runs) > 1)})"
+            drawn = [r for r in runs if has_backfilling_curves(r)]
+            out.append(Figure(f"Backfilling: {title}", encode(png_bytes(backfilling_figure, title, drawn))))
+    return out
+
+
+def has_backfilling_curves(record: RunRecord) -> bool:
+    fill = record["retrieval"]["backfilling"] if leave_one_out(record) else record.get("backfilling") or {}
+    return any(fill.get("curves", {}).values())
+
+
+def encode(png: bytes) -> str:
+    return base64.b64encode(png).decode("ascii")
+
+
+def run_link(path: Path, experiment: str, record: RunRecord, links_from: Path) -> RunLink:
+    config = path.parent / "config.yaml"
+    return RunLink(f"{experiment} · seed {record['seed']}", relative(config, links_from) if config.is_file() else None,
+                   relative(path, links_from))
+
+
+def relative(path: Path, start: Path) -> str:
+    """``path`` as a link from a page in ``start`` (forward slashes, so it works in any browser)."""
+    return Path(os.path.relpath(path.resolve(), start.resolve())).as_posix()
