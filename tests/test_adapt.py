@@ -267,7 +267,7 @@ def test_the_papers_command_with_download_runs_on_the_libraries_own_download_pat
     import torchvision
     from test_data import write_cifar100
 
-    from scenarios import datasets
+    from cl2r_bench.data import datasets
 
     source = tmp_path / "source"
     write_cifar100(source, per_class_train=2, per_class_test=2)
