@@ -184,10 +184,13 @@ class DataSettings:
     synthetic_classes: int
     synthetic_train_per_class: int
     synthetic_test_per_class: int
+    synthetic_noise: float
+    synthetic_similarity: float
 
     def __post_init__(self) -> None:
         check_rules("data", self, at_least(1, "image_size", "synthetic_classes", "synthetic_train_per_class",
-                                           "synthetic_test_per_class"))
+                                           "synthetic_test_per_class") + at_least(0, "synthetic_noise")
+                    + [("synthetic_similarity", lambda v: 0 <= v < 1, "in [0, 1)")])
         check_choices("data", self, {"verify": VERIFY_MODES})
 
     @property

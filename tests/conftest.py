@@ -21,7 +21,9 @@ def pytest_collection_modifyitems(items):
 # A 3-task IAM-CL2R run on generated data in a few seconds: replacements at tasks 0 and 2.
 TINY = {
     "dataset": "synthetic", "preset": "quick", "device": "cpu",
-    "data": {"synthetic_classes": 24, "synthetic_train_per_class": 24, "synthetic_test_per_class": 6},
+    # The plain generator (noise 0.08, no shared layout): tests of mechanics need models that learn in an epoch.
+    "data": {"synthetic_classes": 24, "synthetic_train_per_class": 24, "synthetic_test_per_class": 6,
+             "synthetic_noise": 0.08, "synthetic_similarity": 0.0},
     "stream": {"initial_classes": 4, "increment": 4, "num_tasks": 3, "images_per_class": 24},
     "replacement": {"tasks": [0, 2], "pretrain": {"class_counts": [3, 6], "epochs": 1}},
     "model": {"small_width": 8, "small_out_dim": 16},

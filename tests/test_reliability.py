@@ -287,7 +287,7 @@ def test_a_second_pretraining_of_the_same_model_waits_for_the_first(tmp_path):
 
 
 @pytest.mark.parametrize("change", [{"train_per_class": 6}, {"test_per_class": 3}, {"image_size": 20},
-                                    {"num_classes": 9}])
+                                    {"num_classes": 9}, {"noise": 0.2}, {"similarity": 0.5}])
 def test_a_pretrained_model_is_cached_per_data_so_no_data_setting_is_served_anothers_model(tmp_path, change):
     """Issue 29: every setting that changes the data a replacement model is trained (or validated) on changes its
     cache key: the key holds the data's digest, not only the data set's name."""
