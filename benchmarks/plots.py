@@ -27,6 +27,7 @@ import numpy as np
 from cl2r_bench.files import atomic_write
 
 from .adapter_cases import area_under_curve
+from .leaderboard import experiment_groups
 from .metrics import is_number
 from .record import RunRecord, checked_records, leave_one_out
 
@@ -385,8 +386,6 @@ def plot_results(results_dir: str | Path, out_dir: str | Path) -> tuple[list[Pat
 
     Records are read and checked as the leaderboard does (:func:`benchmarks.record.checked_records`), plus
     :func:`figure_problem`; a skipped file comes with its one-line reason. No training, no model is loaded."""
-    from .leaderboard import experiment_groups
-
     records, run_figures, skipped = [], [], []
     for path, record, problem in checked_records(results_dir):
         problem = problem or figure_problem(record)

@@ -21,6 +21,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from cl2r_bench.files import atomic_write_text
+
 from .leaderboard import (
     Column,
     Kind,
@@ -91,8 +93,6 @@ class Section:
 
 def write_report(results_dir: str | Path, out: str | Path) -> tuple[Path, int, list[tuple[Path, str]]]:
     """Write the report of ``results_dir`` to ``out``; returns ``(out, runs shown, skipped files with reasons)``."""
-    from cl2r_bench.files import atomic_write_text
-
     out = Path(out)
     found, skipped = collect_with_paths(results_dir)
     atomic_write_text(out, render_report(found, results_dir, out.parent))

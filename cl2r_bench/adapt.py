@@ -32,10 +32,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.paper_protocol import PairedFeatures, backfilling, paper_cases, zero_shot_retention
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
 from cl2r_bench.config import CONFIG_DIR, merge, parse_assignment, read_yaml
-from cl2r_bench.data.datasets import DataError
+from cl2r_bench.data.datasets import NATIVE_IMAGE_SIZES, DataError, load_dataset
+from cl2r_bench.data.streams import first_per_class
+from cl2r_bench.encoders import build_encoder
+from cl2r_bench.feature_cache import cached_features
+from cl2r_bench.files import device_description, package_versions
 from cl2r_bench.models import class_means
 from cl2r_bench.settings import at_least, check_backfill_orders, check_rules
 
@@ -233,9 +238,6 @@ def study_record(result: dict[str, Any], study: Study, *, scenario: str, method:
     """The ``metrics.json`` of one adapter and seed under the leave-one-out protocol (:mod:`benchmarks.record`):
     the retrieval cases, backfilling and zero-shot retention under ``retrieval``, with the 2x2 top-1 matrix
     ``[[old/old], [cross, new/new]]`` and its metrics where the cross entry exists."""
-    from benchmarks.metrics import all_metrics, as_matrix
-    from cl2r_bench.files import device_description, package_versions
-
     cases = result["cases"]
     cross = cross_entry(cases)
     record: dict[str, Any] = {
@@ -326,11 +328,6 @@ def encoder_study(settings: Any, device: torch.device, log: Any = print) -> Stud
     first ``fit_per_class`` train-split images per class to fit on, the first ``test_per_class`` test-split
     images per class to measure on, each embedded once per encoder (:mod:`cl2r_bench.feature_cache`). Both
     encoders are built before the data are read, so a spec that cannot be built fails first."""
-    from cl2r_bench.data.datasets import NATIVE_IMAGE_SIZES, load_dataset
-    from cl2r_bench.data.streams import first_per_class
-    from cl2r_bench.encoders import build_encoder
-    from cl2r_bench.feature_cache import cached_features
-
     u, d = settings.model_update, settings.data
     encoders = {"old": build_encoder(u.old), "new": build_encoder(u.new)}
     data = load_dataset(settings.dataset, settings.data_root, download=settings.download,

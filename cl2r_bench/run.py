@@ -41,6 +41,7 @@ import yaml
 
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
+from benchmarks.plots import save_plots
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.adapt import evaluate_adapter, study_record
 from cl2r_bench.adapters import embed_pair, fit_adapter
@@ -368,8 +369,6 @@ class Run:
         extra = self.scenario.finish(Finished(self.stream, outgoing, model, adapter, self.embed))
         record = self.record(evaluator, complete=True, seconds=time.perf_counter() - started, extra=extra)
         if e.plots and self.main:
-            from benchmarks.plots import save_plots
-
             save_plots(record, self.dir)
         return record
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from cl2r_bench.errors import UsageError
+from cl2r_bench.files import atomic_write_text
 from cl2r_bench.sweep import Job, progress
 
 JOB_NAME = "cl2r-sweep"
@@ -276,8 +277,6 @@ def submit(jobs: list[Job], args: argparse.Namespace, folder: Path) -> dict[str,
 
 
 def _save(path: Path, submitted: dict[str, str]) -> None:
-    from cl2r_bench.files import atomic_write_text
-
     atomic_write_text(path, json.dumps(submitted, indent=1, sort_keys=True))
 
 

@@ -13,8 +13,9 @@ output in ``<output>/sweep/logs/``; the ``slurm`` launcher submits them as one S
 points of such a grid differ in a setting that does not name the run folder, so each gets its own results folder
 ``<output>/KEY=v1/``, and two points that would still share a run folder are refused (:func:`plan`).
 
-This module imports neither torch nor the suite's parts, so that a SLURM array task unpickling a :class:`Job`
-starts at once.
+This module imports no training or scenario code (the runs are assembled through
+:func:`cl2r_bench.run_options.requested_runs`, which imports them when called), so that a SLURM array task unpickling a
+:class:`Job` starts without them.
 """
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from benchmarks.record import holds_complete_record
-from cl2r_bench.config import FLOAT_TEXT, flatten, parse_assignment
+from cl2r_bench.config import CONFIG_DIR, EXTRA_TYPES, FLOAT_TEXT, flatten, parse_assignment, read_yaml
 from cl2r_bench.errors import ConfigError, safe_name
+from cl2r_bench.files import atomic_write_text
 from cl2r_bench.run_options import GRID_OPTIONS, requested_output, requested_runs
 
 if TYPE_CHECKING:
@@ -76,8 +78,6 @@ def list_settings() -> set[str]:
     """The settings that hold a list themselves: those whose default in ``configs/default.yaml`` is a list (the
     profiles cannot change a setting's type) and those that also accept one (``stream.class_order``). For them a
     sweep's ``--set KEY=[...]`` is one value, not a grid dimension."""
-    from cl2r_bench.config import CONFIG_DIR, EXTRA_TYPES, read_yaml
-
     defaults = flatten(read_yaml(CONFIG_DIR / "default.yaml"))
     return ({key for key, value in defaults.items() if isinstance(value, list)}
             | {key for key, types in EXTRA_TYPES.items() if list in types})
@@ -151,8 +151,6 @@ def plan(runs: list[Assembly], folder: Path) -> list[Job]:
     sweep's ``folder`` (``<output>/sweep``). Points with the same resolved config are one job; points whose configs
     differ but whose run folders are the same are a :class:`ConfigError` naming what differs, since only one of
     them could be run and recorded there."""
-    from cl2r_bench.files import atomic_write_text
-
     jobs = []
     for run in distinct_runs(runs):
         name = "-".join(run.directory.relative_to(folder.parent).parts)
