@@ -15,9 +15,6 @@ Usage errors print one line and exit with code 2; an interrupted run keeps every
 diverged run (NaN or infinite loss, weights or features) prints one line, exits with code 3 and keeps the tasks
 finished before it, never marked complete; a strategy whose own code fails mid-run (it raises, or its loss is not a
 scalar tensor with a gradient) does the same with code 4, its traceback in the run folder's ``error.log``.
-
-Each command imports its parts inside its handler: they import torch, timm and Avalanche (seconds), so ``--help``, a
-usage error and the commands that read results answer without them.
 """
 from __future__ import annotations
 
@@ -31,6 +28,8 @@ from typing import Any
 from cl2r_bench.errors import UsageError
 from cl2r_bench.run_options import add_run_options
 
+# Each command imports its parts inside its handler: they import torch, timm and Avalanche (seconds), so --help, a
+# usage error and the commands that read results answer without them.
 COMMANDS = ("run", "pretrain", "sweep", "metrics", "leaderboard", "plot", "report", "list", "adapt")
 EXIT_DIVERGED = 3
 EXIT_STRATEGY_FAILED = 4
