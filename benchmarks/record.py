@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 from cl2r_bench.adapters.protocol import ORTHOGONALITY_GAP
+from cl2r_bench.files import atomic_write_json, strict_json
 from cl2r_bench.settings import BACKFILL_ORDERS
 
 from .metrics import MatrixError, as_matrix, is_number
@@ -313,6 +314,19 @@ def read_record(path: str | Path) -> RunRecord:
     if problem:
         raise RecordError(path, problem)
     return record
+
+
+def write_record(folder: str | Path, record: dict[str, Any]) -> None:
+    """Write ``record`` as the run folder's :data:`RECORD_FILE` (strict JSON, atomically): the one writer of run
+    records. A complete record must pass :func:`record_problem` as its readers will read it, so that a writer and
+    the leaderboard can never disagree on the layout; one that does not is a bug in the suite, a
+    :class:`RecordError` before anything is written."""
+    path = Path(folder) / RECORD_FILE
+    if record.get("complete"):
+        problem = record_problem(json.loads(json.dumps(strict_json(record))))
+        if problem:
+            raise RecordError(path, f"the suite wrote a record its readers reject ({problem}); please report it")
+    atomic_write_json(path, record)
 
 
 def holds_complete_record(folder: str | Path) -> bool:

@@ -248,6 +248,7 @@ def command_pretrain(args: argparse.Namespace) -> int:
 def command_adapt(args: argparse.Namespace) -> int:
     """Fit and measure adapters on the user's embeddings (:mod:`cl2r_bench.adapt`): every setting is checked
     before the files are read, the files before any adapter is fitted."""
+    from benchmarks.record import write_record
     from cl2r_bench.adapt import (
         adapt_settings,
         evaluate_adapter,
@@ -259,7 +260,7 @@ def command_adapt(args: argparse.Namespace) -> int:
     from cl2r_bench.adapters import list_adapters, make_adapter
     from cl2r_bench.assembly import resolve_device
     from cl2r_bench.errors import safe_name, writable_folder
-    from cl2r_bench.files import atomic_write_json, atomic_write_text
+    from cl2r_bench.files import atomic_write_text
 
     settings = adapt_settings(args.set)
     args.output = settings["output"] if args.output is None else args.output
@@ -290,7 +291,7 @@ def command_adapt(args: argparse.Namespace) -> int:
                                   device=device, adapter=adapter)
             folder = Path(args.output) / "adapt" / study_name / name / f"seed{seed}"
             atomic_write_text(folder / "config.yaml", yaml_dump(config))
-            atomic_write_json(folder / "metrics.json", record)
+            write_record(folder, record)
             print(json.dumps(summary_json(result), allow_nan=False) if args.json else
                   case_line(name, seed, result["cases"], result["backfilling"]["auc"], result["zero_shot"]))
         if args.export and adapter is not None:

@@ -42,6 +42,7 @@ import yaml
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
 from benchmarks.plots import save_plots
+from benchmarks.record import write_record
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.adapt import evaluate_adapter, study_record
 from cl2r_bench.adapters import embed_pair, fit_adapter
@@ -322,7 +323,7 @@ class Run:
             record = study_record(result, study, scenario=s.scenario, method=self.parts.label, dataset=s.dataset,
                                   config=self.parts.config, device=self.device, adapter=adapter)
             record["timings"]["wall_seconds_this_invocation"] = time.perf_counter() - started
-            atomic_write_json(self.dir / "metrics.json", record)
+            write_record(self.dir, record)
         return record
 
     def _execute(self, started: float) -> dict[str, Any]:
@@ -558,5 +559,5 @@ class Run:
         if seconds is not None:
             record["timings"]["wall_seconds_this_invocation"] = seconds
         if self.main:
-            atomic_write_json(self.dir / "metrics.json", record)
+            write_record(self.dir, record)
         return record

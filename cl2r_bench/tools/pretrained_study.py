@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.record import holds_complete_record
+from benchmarks.record import holds_complete_record, write_record
 from cl2r_bench.adapt import encoder_study, evaluate_adapter, study_record
 from cl2r_bench.adapters import list_adapters
 from cl2r_bench.assembly import assemble
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                         record = study_record(result, study, scenario="model_update", method=parts.label,
                                               dataset=dataset, config=parts.config, device=parts.device,
                                               adapter=fitted)
-                        atomic_write_json(parts.directory / "metrics.json", record)
+                        write_record(parts.directory, record)
                     timings.append({"pair": pair_name, "dataset": dataset, "adapter": adapter, "seed": seed,
                                     **result["seconds"]})
                     print(f"{pair_name} {dataset} {adapter} seed {seed}: fit {result['seconds']['fit']:.1f}s, "
