@@ -88,14 +88,15 @@ def assemble(config: dict[str, Any]) -> Assembly:
     load_plugins(config["plugins"])
     settings = RunSettings.from_config(config)
     scenario = get_scenario(settings.scenario)(settings)
+    processes, device = place(settings.distributed, resolve_device(settings.device))
+    trainer = make_trainer(settings, device, processes) if scenario.trains else None
     used = dict(config, strategy_params=dict(config["strategy_params"]), adapter_params=dict(config["adapter_params"]))
-    used["strategy_params"][settings.strategy] = strategy_parameters(settings.strategy, settings.strategy_params)
-    check_part_names(settings)
+    used["strategy_params"][settings.strategy] = (trainer.parameters if trainer is not None else
+                                                  strategy_parameters(settings.strategy, settings.strategy_params))
     adapter = make_adapter(settings.adapter.name, settings.adapter_params) if settings.adapter.used else None
     if adapter is not None:
         used["adapter_params"][adapter.name] = adapter.parameters_used()
-    processes, device = place(settings.distributed, resolve_device(settings.device))
-    trainer = make_trainer(settings, device, processes) if scenario.trains else None
+    check_part_names(settings)
     label = scenario.label()
     direction = adapted_direction(adapter, settings.adapter.direction) if adapter and scenario.trains else None
     return Assembly(config=used, settings=settings, scenario=scenario, trainer=trainer, label=label,
@@ -111,11 +112,12 @@ def load_plugins(paths: list[str]) -> None:
 
 def check_part_names(settings: RunSettings) -> None:
     """Every name under ``strategy_params`` / ``adapter_params`` is a registered part whose parameters are valid,
-    used or not, so that a typo is an error as an unknown key is everywhere else (issue 29)."""
+    used or not, so that a typo is an error as an unknown key is everywhere else (issue 29); the run's own strategy
+    and adapter are built, and so checked, by :func:`assemble`."""
     sections = (("strategy_params", lambda name: strategy_parameters(name, settings.strategy_params)),
                 ("adapter_params", lambda name: make_adapter(name, settings.adapter_params)))
     for section, check in sections:
-        for name in getattr(settings, section):
+        for name in sorted(set(getattr(settings, section)) - {settings.strategy, settings.adapter.name}):
             try:
                 check(name)
             except PartError as exc:

@@ -35,6 +35,7 @@ class Trainer(Protocol):
     needs_teacher: bool
     replacement_teacher: str
     uses_memory: bool
+    parameters: dict[str, Any]  # every parameter of the strategy, defaults included (saved with the run's config)
 
     def train(self, model: RetrievalModel, task: Task, memory: ReplayMemory, *, teacher: RetrievalModel | None,
               teacher_classes: int, replacement: bool, tracker: Tracker, description: str) -> dict[str, float]:
@@ -47,6 +48,7 @@ class StrategyTrainer:
 
     def __init__(self, strategy: Strategy, settings: TrainSettings, processes: Processes = SINGLE) -> None:
         self.strategy, self.settings, self.processes = strategy, settings, processes
+        self.parameters = dataclasses.asdict(strategy.config)
         self.head, self.needs_teacher = strategy.head, strategy.needs_teacher
         self.replacement_teacher, self.uses_memory = strategy.replacement_teacher, strategy.uses_memory
 
@@ -72,6 +74,7 @@ class AvalancheTrainer:
 
     def __init__(self, name: str, params: dict[str, Any], settings: TrainSettings, device: torch.device) -> None:
         self.name, self.params, self.settings, self.device = name, params, settings, device
+        self.parameters = check_params(name, params)
         self.strategy = None
 
     def train(self, model: RetrievalModel, task: Task, memory: ReplayMemory, *, teacher: RetrievalModel | None,
