@@ -32,15 +32,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.paper_protocol import PairedFeatures, backfilling, paper_cases, zero_shot_retention
+from benchmarks.record import leave_one_out_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
 from cl2r_bench.config import CONFIG_DIR, merge, parse_assignment, read_yaml
 from cl2r_bench.data.datasets import NATIVE_IMAGE_SIZES, DataError, load_dataset
 from cl2r_bench.data.streams import first_per_class
 from cl2r_bench.encoders import build_encoder
 from cl2r_bench.feature_cache import cached_features
-from cl2r_bench.files import device_description, package_versions
+from cl2r_bench.files import device_description
 from cl2r_bench.models import class_means
 from cl2r_bench.settings import at_least, check_backfill_orders, check_rules
 
@@ -240,24 +240,19 @@ def study_record(result: dict[str, Any], study: Study, *, scenario: str, method:
     ``[[old/old], [cross, new/new]]`` and its metrics where the cross entry exists."""
     cases = result["cases"]
     cross = cross_entry(cases)
-    record: dict[str, Any] = {
-        "scenario": scenario, "strategy": scenario, "method": method, "dataset": dataset, "seed": result["seed"],
-        "protocol": "leave_one_out", "num_tasks": 2, "tasks_completed": 2, "complete": True,
-        "replacement_tasks": [],
-        "retrieval": {"cases": cases, "backfilling": result["backfilling"], "zero_shot": result["zero_shot"],
-                      "queries": len(study.test), "fitting_items": len(study.train)},
-        "models": study.about,
-        "adapter": None if adapter is None else {"name": adapter.name, "fits": [{"task": 1, **result["fit"]}]},
-        "config": config, "versions": package_versions(), "device": device_description(device),
-        "timings": {"tasks": [], "embedding_seconds": study.embedding_seconds,
-                    "adapter_fit_seconds": result["seconds"]["fit"],
-                    "evaluation_seconds": result["seconds"]["evaluation"]},
-    }
-    if cross is not None:
-        matrix = [[cases["old/old"]["top1"] / 100, None], [cross, cases["new/new"]["top1"] / 100]]
-        record["compatibility_matrix"] = matrix
-        record["metrics"] = all_metrics(as_matrix(matrix), "strict")
-    return record
+    return leave_one_out_record(
+        identity={"scenario": scenario, "strategy": scenario, "method": method, "dataset": dataset,
+                  "seed": result["seed"]},
+        retrieval={"cases": cases, "backfilling": result["backfilling"], "zero_shot": result["zero_shot"],
+                   "queries": len(study.test), "fitting_items": len(study.train)},
+        models=study.about,
+        adapter=None if adapter is None else {"name": adapter.name, "fits": [{"task": 1, **result["fit"]}]},
+        config=config, device=device_description(device),
+        timings={"tasks": [], "embedding_seconds": study.embedding_seconds,
+                 "adapter_fit_seconds": result["seconds"]["fit"],
+                 "evaluation_seconds": result["seconds"]["evaluation"]},
+        matrix=None if cross is None else [[cases["old/old"]["top1"] / 100, None],
+                                           [cross, cases["new/new"]["top1"] / 100]])
 
 
 class DeployedMap(nn.Module):

@@ -39,10 +39,10 @@ import numpy as np
 import torch
 import yaml
 
-from benchmarks.metrics import all_metrics, as_matrix
+from benchmarks.metrics import as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
 from benchmarks.plots import save_plots
-from benchmarks.record import write_record
+from benchmarks.record import run_record, write_record
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.adapt import evaluate_adapter, study_record
 from cl2r_bench.adapters import embed_pair, fit_adapter
@@ -52,7 +52,7 @@ from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import Stream
 from cl2r_bench.distributed import SINGLE, Processes, connect
 from cl2r_bench.encoders import is_spec
-from cl2r_bench.files import atomic_write_json, atomic_write_text, device_description, exclusive, package_versions
+from cl2r_bench.files import atomic_write_json, atomic_write_text, device_description, exclusive
 from cl2r_bench.models import NonFiniteError, RetrievalModel, state_sha256
 from cl2r_bench.settings import task_seed
 from cl2r_bench.training.engine import ReplayMemory
@@ -526,36 +526,28 @@ class Run:
                                                              evaluator.matrix)
         hits = None if "cases" in extra else evaluator.hit_matrix(adapted=bool(direction))
         timings = self.state["timings"]
-        record = {
-            "scenario": s.scenario, "strategy": s.strategy if self.scenario.trains else s.scenario,
-            "method": self.parts.label, "dataset": s.dataset, "seed": s.seed, "num_tasks": self.stream.num_tasks,
-            "tasks_completed": len(evaluator.rows), "complete": complete,
-            "replacement_tasks": self.stream.replacement_tasks, "compatibility_matrix": matrix,
-            "metrics": all_metrics(as_matrix(matrix), tie_rule) if matrix else None,
-            "evaluation": {"queries": len(self.stream.query), "gallery_images": len(self.stream.gallery),
-                           "mode": evaluator.mode, "extractions": evaluator.extractions},
-            "stream": {"classes_per_task": [len(t.new_classes) for t in self.stream.tasks],
-                       "train_images_per_task": [len(t.train) for t in self.stream.tasks],
-                       "class_order": self.stream.class_order[: sum(len(t.new_classes) for t in self.stream.tasks)]},
-            "replacement_models": self.state["replacements"],
-            "adapter": None if not s.adapter.used else {
-                "name": s.adapter.name, "direction": direction, "at": s.adapter.at,
-                "fits": self.state.get("adapter_fits", [])},
-            "config": self.parts.config, "versions": package_versions(), "device": device_description(self.device),
-            "world_size": self.processes.world_size,
-            "timings": {"tasks": timings, "pretrain_seconds": self.state["pretrain_seconds"],
-                        "train_seconds": sum(t["seconds"] for t in timings),
-                        "eval_seconds": sum(t["eval_seconds"] for t in timings)},
-            **extra,
-        }
-        if matrix:
-            e = s.evaluation
-            record["noise"] = noise_metrics(as_matrix(matrix), len(self.stream.query), hits=hits,
-                                            replacement_tasks=self.stream.replacement_tasks, tie_rule=tie_rule,
-                                            confidence=e.confidence, resamples=e.resamples, seed=s.seed)
-        if direction and matrix:
-            record["unadapted_matrix"] = evaluator.matrix
-            record["unadapted_metrics"] = all_metrics(as_matrix(evaluator.matrix), tie_rule)
+        e, tasks = s.evaluation, self.stream.tasks
+        noise = noise_metrics(as_matrix(matrix), len(self.stream.query), hits=hits,
+                              replacement_tasks=self.stream.replacement_tasks, tie_rule=tie_rule,
+                              confidence=e.confidence, resamples=e.resamples, seed=s.seed) if matrix else None
+        record = run_record(
+            identity={"scenario": s.scenario, "strategy": s.strategy if self.scenario.trains else s.scenario,
+                      "method": self.parts.label, "dataset": s.dataset, "seed": s.seed},
+            num_tasks=self.stream.num_tasks, tasks_completed=len(evaluator.rows), complete=complete,
+            replacement_tasks=self.stream.replacement_tasks, matrix=matrix, tie_rule=tie_rule,
+            evaluation={"queries": len(self.stream.query), "gallery_images": len(self.stream.gallery),
+                        "mode": evaluator.mode, "extractions": evaluator.extractions},
+            stream={"classes_per_task": [len(t.new_classes) for t in tasks],
+                    "train_images_per_task": [len(t.train) for t in tasks],
+                    "class_order": self.stream.class_order[: sum(len(t.new_classes) for t in tasks)]},
+            replacement_models=self.state["replacements"],
+            adapter=None if not s.adapter.used else {"name": s.adapter.name, "direction": direction,
+                                                     "at": s.adapter.at, "fits": self.state.get("adapter_fits", [])},
+            config=self.parts.config, device=device_description(self.device), world_size=self.processes.world_size,
+            timings={"tasks": timings, "pretrain_seconds": self.state["pretrain_seconds"],
+                     "train_seconds": sum(t["seconds"] for t in timings),
+                     "eval_seconds": sum(t["eval_seconds"] for t in timings)},
+            noise=noise, unadapted_matrix=evaluator.matrix if direction and matrix else None, extra=extra)
         if seconds is not None:
             record["timings"]["wall_seconds_this_invocation"] = seconds
         if self.main:
