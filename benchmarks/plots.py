@@ -178,12 +178,15 @@ def save_backfilling_plot(record: RunRecord, directory: str | Path) -> Path:
 
 def backfilling_curves(record: RunRecord) -> tuple[list[float], dict[str, list[float]]]:
     """``(betas, {order: top-1 in percent})`` of a run's partial backfilling: a stream ``model_update`` run's
-    (fractions) or a leave-one-out run's (``retrieval.backfilling``, percent); orders without a curve left out."""
+    (fractions) or a leave-one-out run's (``retrieval.backfilling``, percent); orders without a curve left out, and
+    no curve at all for a record that has none."""
     if leave_one_out(record):
-        fill = record["retrieval"]["backfilling"]
-        return fill["betas"], {order: curve["top1"] for order, curve in fill["curves"].items() if curve}
-    fill = record["backfilling"]
-    return fill["betas"], {order: [100 * v for v in curve] for order, curve in fill["curves"].items() if curve}
+        fill = record["retrieval"].get("backfilling") or {}
+        curves = {order: curve["top1"] for order, curve in (fill.get("curves") or {}).items() if curve}
+    else:
+        fill = record.get("backfilling") or {}
+        curves = {order: [100 * v for v in curve] for order, curve in (fill.get("curves") or {}).items() if curve}
+    return fill.get("betas", []), curves
 
 
 def backfilling_figure(plt, title: str, runs: list[RunRecord]):

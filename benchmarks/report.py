@@ -35,7 +35,7 @@ from .leaderboard import (
     mean_matrices,
     published_tables,
 )
-from .plots import backfilling_figure, curves_figure, experiment_series, png_bytes, viridis
+from .plots import backfilling_curves, backfilling_figure, curves_figure, experiment_series, png_bytes, viridis
 from .record import RunRecord, leave_one_out
 
 REPORT_TABLES = ("main", "noise", "replacements", "across", "model_update", "retrieval", "backfilling", "timing")
@@ -193,22 +193,19 @@ def figures(scenario: str, dataset: str, records: list[RunRecord]) -> list[Figur
     """The AC_t / AA_t curves of every stream experiment in one figure, and the backfilling curves of each adapter
     experiment that has them."""
     out = []
-    stream = [r for r in records if not leave_one_out(r) and r["scenario"] != "model_update"]
+    adapter_study = [leave_one_out(r) or r["scenario"] == "model_update" for r in records]
+    stream = [r for r, study in zip(records, adapter_study) if not study]
     if stream:
         series = experiment_series(experiment_groups(stream))[(scenario, dataset)]
         png = png_bytes(curves_figure, scenario, dataset, series)
         out.append(Figure("AC_t and AA_t of every experiment", encode(png)))
-    for (_, _, label), runs in experiment_groups([r for r in records if r not in stream]).items():
-        if any(has_backfilling_curves(r) for r in runs):
+    studies = [r for r, study in zip(records, adapter_study) if study]
+    for (_, _, label), runs in experiment_groups(studies).items():
+        drawn = [r for r in runs if backfilling_curves(r)[1]]
+        if drawn:
             title = f"{label} · {dataset} ({len(runs)} seed{'s' * (len(runs) > 1)})"
-            drawn = [r for r in runs if has_backfilling_curves(r)]
             out.append(Figure(f"Backfilling: {title}", encode(png_bytes(backfilling_figure, title, drawn))))
     return out
-
-
-def has_backfilling_curves(record: RunRecord) -> bool:
-    fill = record["retrieval"]["backfilling"] if leave_one_out(record) else record.get("backfilling") or {}
-    return any(fill.get("curves", {}).values())
 
 
 def encode(png: bytes) -> str:

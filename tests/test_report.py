@@ -124,3 +124,13 @@ def test_the_page_in_a_real_browser_has_every_row_decodes_every_image_and_sorts(
         page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
         browser.close()
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_an_adapter_study_without_backfilling_curves_has_no_figure_and_breaks_nothing(results, tmp_path):
+    record = update_record()
+    del record["backfilling"]["curves"]
+    record["method"] = record["config"]["adapter"]["name"] = "procrustes"
+    put(results / "model_update/synthetic/procrustes/seed1", record, config=False)
+    out, runs, skipped = write_report(results, tmp_path / "report.html")
+    assert runs == 6 and len(skipped) == 1, skipped
+    assert out.read_text().count("data:image/png;base64,") == 3  # as without it: no curve, no figure
