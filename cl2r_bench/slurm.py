@@ -94,10 +94,10 @@ def check_cluster(args: argparse.Namespace) -> None:
 def partition_time_limits() -> dict[str, float | None]:
     """Each partition's time limit in minutes (``math.inf`` without one, None when sinfo does not say); the
     default partition is listed first."""
+    rows = [line.split() for line in _ask("sinfo", "-h", "-o", "%P %l").splitlines() if line.strip()]
+    rows.sort(key=lambda fields: not fields[0].endswith("*"))
     limits: dict[str, float | None] = {}
-    for line in sorted(_ask("sinfo", "-h", "-o", "%P %l").splitlines(), key=lambda text: "*" not in text.split()[0]
-                       if text.split() else True):
-        name, *limit = line.split()
+    for name, *limit in rows:
         limits.setdefault(name.rstrip("*"), slurm_minutes(limit[0]) if limit else None)
     return limits
 
@@ -113,10 +113,12 @@ def slurm_minutes(text: str) -> float | None:
         day_count = int(days)
     except ValueError:
         return None
-    if dash:
+    if len(parts) > 3:
+        return None
+    if dash:  # D-HH[:MM[:SS]]
         hours, minutes, seconds = (parts + [0, 0])[:3]
-    else:
-        hours, minutes, seconds = {1: [0, parts[0], 0], 2: [0, *parts], 3: parts}.get(len(parts), [0, 0, 0])
+    else:  # MM, MM:SS or HH:MM:SS
+        hours, minutes, seconds = ([0] * (3 - len(parts)) + parts) if len(parts) > 1 else (0, parts[0], 0)
     return day_count * 1440 + hours * 60 + minutes + seconds / 60
 
 
@@ -293,9 +295,10 @@ def queue_states() -> dict[str, QueueEntry]:
     lines = _ask("squeue", "--user", getpass.getuser(), "-h", "-r", "-t", "all", "-o", "%i %T %r").splitlines()
     entries = {}
     for line in lines:
-        job_id, state, *reason = line.split(maxsplit=2) + [""]
-        if state:
-            entries[job_id] = QueueEntry(state, reason[0].strip() if reason[0].strip() != "None" else "")
+        fields = line.split(maxsplit=2)
+        if len(fields) >= 2:
+            reason = fields[2].strip() if len(fields) == 3 else ""
+            entries[fields[0]] = QueueEntry(fields[1], "" if reason == "None" else reason)
     return entries
 
 

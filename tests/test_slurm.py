@@ -82,7 +82,7 @@ def test_options_sbatch_refuses_are_one_line(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("text, minutes", [("infinite", float("inf")), ("UNLIMITED", float("inf")), ("30", 30),
                                            ("30:00", 30), ("1:00:00", 60), ("2-00", 2880), ("1-02:03:00", 1563),
-                                           ("n/a", None)])
+                                           ("n/a", None), ("1:2:3:4", None)])
 def test_slurm_time_limits_are_read_in_minutes(text, minutes):
     assert slurm.slurm_minutes(text) == minutes
 
