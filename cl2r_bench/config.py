@@ -141,7 +141,12 @@ def parse_assignment(text: str) -> dict[str, Any]:
         raise ConfigError(f"--set {text!r}: the value is not valid YAML") from None
     if isinstance(value, bool) and raw.strip().lower() not in ("true", "false"):
         value = raw.strip()  # YAML 1.1 reads on/off/yes/no as booleans; on the command line they are words
-    for part in reversed(dotted.strip().split(".")):
+    return nested(dotted.strip(), value)
+
+
+def nested(dotted: str, value: Any) -> dict[str, Any]:
+    """``"training.epochs", 5`` -> ``{"training": {"epochs": 5}}``: one setting as a config layer."""
+    for part in reversed(dotted.split(".")):
         value = {part: value}
     return value
 

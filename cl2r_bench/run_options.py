@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cl2r_bench.config import parse_assignment, read_yaml, resolve
+from cl2r_bench.config import nested, parse_assignment, read_yaml, resolve
 from cl2r_bench.errors import UsageError
 
 if TYPE_CHECKING:
@@ -93,16 +93,10 @@ def command_line_layer(args: argparse.Namespace) -> dict[str, Any]:
         parsed = getattr(args, option.dest)
         value = option.value(parsed) if option.setting and parsed is not None else None
         if value is not None:
-            layer = _deep_update(layer, _nested(option.setting, value))
+            layer = _deep_update(layer, nested(option.setting, value))
     for assignment in args.set:
         layer = _deep_update(layer, parse_assignment(assignment))
     return layer
-
-
-def _nested(dotted: str, value: Any) -> dict[str, Any]:
-    for part in reversed(dotted.split(".")):
-        value = {part: value}
-    return value
 
 
 def _deep_update(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
