@@ -40,7 +40,7 @@ from torch import nn
 from cl2r_bench.adapters.protocol import FeatureAdapter
 
 from .adapter_cases import area_under_curve, backfill_order
-from .ranking import retrieval_scores
+from .ranking import RetrievalScores, retrieval_scores
 
 PAPER_CASES = ("old/old", "new/old", "new/new", "F/old", "F/F", "new/F", "B/old", "B/F", "B/B")
 """The leave-one-out cases, query/gallery (λ-orth Table 1b)."""
@@ -99,11 +99,18 @@ def case_sides(test: PairedFeatures, adapter: FeatureAdapter | None
     return sides
 
 
+def case_scores(test: PairedFeatures, adapter: FeatureAdapter | None) -> dict[str, RetrievalScores | None]:
+    """The leave-one-out scores of every case on the test split, each query's own included (module docstring);
+    None where the adapter cannot produce a case or its two sides differ in width."""
+    with torch.no_grad():
+        return {case: None if pair is None or pair[0].shape[1] != pair[1].shape[1] else
+                retrieval_scores(pair[0], test.labels, pair[1], test.labels, exclude_self=True)
+                for case, pair in case_sides(test, adapter).items()}
+
+
 def paper_cases(test: PairedFeatures, adapter: FeatureAdapter | None) -> dict[str, dict[str, float] | None]:
     """Top-1 / top-5 / mAP (percent) of every case on the test split (module docstring)."""
-    with torch.no_grad():
-        return {case: None if pair is None else scores(pair[0], pair[1], test.labels)
-                for case, pair in case_sides(test, adapter).items()}
+    return {case: None if result is None else result.as_dict() for case, result in case_scores(test, adapter).items()}
 
 
 def backfilling(test: PairedFeatures, adapter: FeatureAdapter | None, *, orders: list[str], steps: int,

@@ -20,8 +20,9 @@ entries, so a 50,000 x 50,000 evaluation holds one chunk's similarities, ranks a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -31,13 +32,16 @@ TOPK = (1, 5)
 @dataclass(frozen=True)
 class RetrievalScores:
     """CMC top-1 / top-5 and mAP in percent over ``queries`` queries; ``queries_without_positive`` were left out of
-    the mAP."""
+    the mAP. ``query_top1`` (bool) and ``query_ap`` (float64, NaN without a positive) are each query's own, for
+    paired comparisons over queries (:mod:`benchmarks.adapter_summary`)."""
 
     top1: float
     top5: float
     mAP: float
     queries: int
     queries_without_positive: int
+    query_top1: np.ndarray | None = field(default=None, repr=False, compare=False)
+    query_ap: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, float]:
         return {"top1": self.top1, "top5": self.top5, "mAP": self.mAP}
@@ -62,6 +66,7 @@ def retrieval_scores(queries: torch.Tensor, query_labels: torch.Tensor, gallery:
     step = max(1, chunk_elements // max(len(g), 1))
     hits1 = hits5 = 0
     ap_sum, with_positive = 0.0, 0
+    query_top1, query_ap = [], []
     ranks = torch.arange(1, len(g) + 1, device=g.device, dtype=torch.float64)
     for start in range(0, len(q), step):
         stop = min(start + step, len(q))
@@ -72,12 +77,17 @@ def retrieval_scores(queries: torch.Tensor, query_labels: torch.Tensor, gallery:
         positives = relevant.sum(dim=1)
         precision = relevant.cumsum(dim=1, dtype=torch.int32).double().div_(ranks).mul_(relevant)
         has = positives > 0
-        ap_sum += float((precision.sum(dim=1)[has] / positives[has]).sum())
+        ap = precision.sum(dim=1) / positives
+        ap_sum += float(ap[has].sum())
         with_positive += int(has.sum())
+        query_top1.append(relevant[:, 0].cpu())
+        query_ap.append(ap.cpu())
     n = len(q)
     return RetrievalScores(top1=100.0 * hits1 / max(n, 1), top5=100.0 * hits5 / max(n, 1),
                            mAP=100.0 * ap_sum / max(with_positive, 1), queries=n,
-                           queries_without_positive=n - with_positive)
+                           queries_without_positive=n - with_positive,
+                           query_top1=torch.cat(query_top1).numpy() if query_top1 else np.zeros(0, bool),
+                           query_ap=torch.cat(query_ap).numpy() if query_ap else np.zeros(0))
 
 
 def ranked_relevance(queries: torch.Tensor, labels: torch.Tensor, gallery: torch.Tensor, gallery_labels: torch.Tensor,

@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.paper_protocol import PairedFeatures, backfilling, paper_cases, zero_shot_retention
+from benchmarks.adapter_summary import BASELINE, cross_case, pack_hits
+from benchmarks.paper_protocol import PairedFeatures, backfilling, case_scores, zero_shot_retention
 from benchmarks.record import leave_one_out_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
 from cl2r_bench.config import CONFIG_DIR, merge, parse_assignment, read_yaml
@@ -194,8 +195,9 @@ def study_from_embeddings(train_path: str | Path, test_path: str | Path) -> Stud
 def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[str, Any]], seed: int,
                      orders: list[str], steps: int) -> tuple[Adapter | None, dict[str, Any]]:
     """Fit adapter ``name`` (``none``: no adapter) on the study's train split with ``seed`` and measure it on the
-    test split; returns the fitted adapter and ``{"adapter", "seed", "fit", "cases", "backfilling", "zero_shot",
-    "seconds"}``."""
+    test split; returns the fitted adapter and ``{"adapter", "seed", "fit", "cases", "query_top1", "backfilling",
+    "zero_shot", "seconds"}`` (``query_top1``: each query's top-1 hit in old/old and in the cross case, packed by
+    :func:`benchmarks.adapter_summary.pack_hits`, for the paired comparison of the study's summary)."""
     started = time.perf_counter()
     adapter, fit = None, {}
     if name != "none":
@@ -210,7 +212,11 @@ def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[
     if study.zero_shot is not None:
         z = study.zero_shot
         zero_shot = zero_shot_retention(z.features, z.classes, z.classifier, adapter)
-    result = {"adapter": name, "seed": seed, "fit": fit, "cases": paper_cases(study.test, adapter),
+    scored = case_scores(study.test, adapter)
+    cases = {case: None if result is None else result.as_dict() for case, result in scored.items()}
+    cross = cross_case(cases)
+    result = {"adapter": name, "seed": seed, "fit": fit, "cases": cases,
+              "query_top1": {case: pack_hits(scored[case].query_top1) for case in {BASELINE, cross} if case},
               "backfilling": backfilling(study.test, adapter, orders=orders, steps=steps,
                                          generator=torch.Generator().manual_seed(seed)),
               "zero_shot": zero_shot}
@@ -218,19 +224,20 @@ def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[
     return adapter, result
 
 
-def summary_json(result: dict[str, Any]) -> dict[str, Any]:
-    """The one-line JSON of ``runner.py adapt --json``: the adapter, its cases and its backfilling AUCs."""
+def result_json(result: dict[str, Any]) -> dict[str, Any]:
+    """The one-line JSON of an adapter and seed in ``runner.py adapt --json``: the adapter, its cases, its
+    backfilling AUCs, its zero-shot retention and its fit's convergence."""
+    fit = result["fit"]
     return {"adapter": result["adapter"], "seed": result["seed"], "cases": result["cases"],
-            "backfilling": result["backfilling"]["auc"], "zero_shot": result["zero_shot"]}
+            "backfilling": result["backfilling"]["auc"], "zero_shot": result["zero_shot"],
+            "fit": {k: fit[k] for k in ("seconds", "steps", "converged", "best_step") if k in fit}}
 
 
 def cross_entry(cases: dict[str, dict[str, float] | None]) -> float | None:
-    """The 2x2 matrix's cross entry, top-1 as a fraction: what the system delivers without backfilling (B/old for
-    an adapter with a backward map, new/F for a forward-only one, new/old without adapter), or None."""
-    for case in ("B/old", "new/F", "new/old"):
-        if cases.get(case) is not None:
-            return cases[case]["top1"] / 100
-    return None
+    """The 2x2 matrix's cross entry, top-1 as a fraction: what the system delivers without backfilling
+    (:func:`benchmarks.adapter_summary.cross_case`), or None."""
+    case = cross_case(cases)
+    return None if case is None else cases[case]["top1"] / 100
 
 
 def study_record(result: dict[str, Any], study: Study, *, scenario: str, method: str, dataset: str,
@@ -243,8 +250,8 @@ def study_record(result: dict[str, Any], study: Study, *, scenario: str, method:
     return leave_one_out_record(
         identity={"scenario": scenario, "strategy": scenario, "method": method, "dataset": dataset,
                   "seed": result["seed"]},
-        retrieval={"cases": cases, "backfilling": result["backfilling"], "zero_shot": result["zero_shot"],
-                   "queries": len(study.test), "fitting_items": len(study.train)},
+        retrieval={"cases": cases, "query_top1": result["query_top1"], "backfilling": result["backfilling"],
+                   "zero_shot": result["zero_shot"], "queries": len(study.test), "fitting_items": len(study.train)},
         models=study.about,
         adapter=None if adapter is None else {"name": adapter.name, "fits": [{"task": 1, **result["fit"]}]},
         config=config, device=device_description(device),

@@ -114,11 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "adapters are fitted on TRAIN; TEST is query and gallery, each query's own item left out.")
     adapt.add_argument("--train", required=True, help="the fitting split's embeddings (.npz or folder)")
     adapt.add_argument("--test", required=True, help="the evaluation split's embeddings (.npz or folder)")
-    adapt.add_argument("--adapter", required=True, help="an adapter (runner.py list), 'none', or 'all' (none and "
-                       "every adapter)")
+    adapt.add_argument("--adapter", required=True, nargs="+", help="one or more adapters (runner.py list), 'none' "
+                       "(no adapter), or 'all' (none and every adapter)")
     adapt.add_argument("--seeds", type=int, nargs="+", help="fit seeds (default: the seed of configs/default.yaml)")
     adapt.add_argument("--name", help="the study's name in results folders (default: TRAIN's file name)")
-    adapt.add_argument("--json", action="store_true", help="print one JSON line per adapter and seed")
+    adapt.add_argument("--json", action="store_true", help="print one JSON line per adapter and seed, then one with "
+                       "the summary and the recommendation")
     adapt.add_argument("--output", help="results folder: records go to OUTPUT/adapt/NAME/ADAPTER/seedK/ (default: "
                        "the output of configs/default.yaml)")
     adapt.add_argument("--export", metavar="DIR", help="write each fitted adapter (last seed) to DIR/ADAPTER/: state "
@@ -173,10 +174,24 @@ def command_run(args: argparse.Namespace) -> int:
             records.append(record)
         say()
         say(tables(records))
+        say(study_answers(records))
         say(what_next(runs))
         return 0
     finally:
         leave()
+
+
+def study_answers(records: list[dict[str, Any]]) -> str:
+    """The summary and recommendation of each data set's leave-one-out runs (:mod:`benchmarks.adapter_summary`),
+    or nothing for stream runs."""
+    from benchmarks.adapter_summary import summary_text
+    from benchmarks.record import leave_one_out
+
+    studies: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        if leave_one_out(record):
+            studies.setdefault(record["dataset"], []).append(record)
+    return "".join(f"\n{dataset}:\n{summary_text(group)}\n" for dataset, group in studies.items())
 
 
 def processes_note(world_size: int) -> str:
@@ -248,16 +263,17 @@ def command_pretrain(args: argparse.Namespace) -> int:
 def command_adapt(args: argparse.Namespace) -> int:
     """Fit and measure adapters on the user's embeddings (:mod:`cl2r_bench.adapt`): every setting is checked
     before the files are read, the files before any adapter is fitted."""
+    from benchmarks.adapter_summary import summary_json, summary_text
     from benchmarks.record import write_record
     from cl2r_bench.adapt import (
         adapt_settings,
         evaluate_adapter,
         export_adapter,
+        result_json,
         study_from_embeddings,
         study_record,
-        summary_json,
     )
-    from cl2r_bench.adapters import list_adapters, make_adapter
+    from cl2r_bench.adapters import convergence_note, list_adapters, make_adapter
     from cl2r_bench.assembly import resolve_device
     from cl2r_bench.errors import safe_name, writable_folder
     from cl2r_bench.files import atomic_write_text
@@ -268,7 +284,7 @@ def command_adapt(args: argparse.Namespace) -> int:
     writable_folder(args.output, "--output")
     if args.export is not None:
         writable_folder(args.export, "--export")
-    names = ["none", *list_adapters()] if args.adapter == "all" else [args.adapter]
+    names = adapter_names(args.adapter, list_adapters())
     for name in names:
         if name != "none":
             settings["adapter_params"][name] = make_adapter(name, settings["adapter_params"]).parameters_used()
@@ -279,6 +295,7 @@ def command_adapt(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"{study_name}: fitting on {study.about['train_items']} items, evaluating on "
               f"{study.about['test_items']} (old {study.about['old_dim']}-d, new {study.about['new_dim']}-d)")
+    records = []
     for name in names:
         for seed in args.seeds:
             adapter, result = evaluate_adapter(study, name, adapter_params=settings["adapter_params"], seed=seed,
@@ -292,16 +309,36 @@ def command_adapt(args: argparse.Namespace) -> int:
             folder = Path(args.output) / "adapt" / study_name / name / f"seed{seed}"
             atomic_write_text(folder / "config.yaml", yaml_dump(config))
             write_record(folder, record)
-            print(json.dumps(summary_json(result), allow_nan=False) if args.json else
+            records.append(record)
+            print(json.dumps(result_json(result), allow_nan=False) if args.json else
                   case_line(name, seed, result["cases"], result["backfilling"]["auc"], result["zero_shot"]))
+            note = convergence_note(name, result["fit"], f" (seed {seed})")
+            if note:
+                print(note, file=sys.stderr if args.json else sys.stdout)
         if args.export and adapter is not None:
             written = export_adapter(adapter, Path(args.export) / name)
             if not args.json:
                 print(f"   exported {name} to {written[0].parent} ({', '.join(p.name for p in written)})")
-    if not args.json:
-        print(f"\nrecords: {Path(args.output) / 'adapt' / study_name}; next: python runner.py leaderboard --results "
-              f"{args.output}")
+    if args.json:
+        print(json.dumps(summary_json(records), allow_nan=False))
+        return 0
+    print(f"\n{summary_text(records)}")
+    print(f"\nrecords: {Path(args.output) / 'adapt' / study_name}; next: python runner.py leaderboard --results "
+          f"{args.output}")
     return 0
+
+
+def adapter_names(asked: list[str], registered: list[str]) -> list[str]:
+    """The adapters of ``adapt --adapter``: 'all' is none and every registered adapter; each name once, in order;
+    an unknown name is one line listing the valid ones."""
+    names: list[str] = []
+    for name in asked:
+        for one in ["none", *registered] if name == "all" else [name]:
+            if one != "none" and one not in registered:
+                raise UsageError(f"--adapter: unknown adapter {one!r}; choose from none, all, {', '.join(registered)}")
+            if one not in names:
+                names.append(one)
+    return names
 
 
 def yaml_dump(data: dict[str, Any]) -> str:

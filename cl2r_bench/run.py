@@ -45,7 +45,7 @@ from benchmarks.plots import save_plots
 from benchmarks.record import run_record, write_record
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.adapt import evaluate_adapter, study_record
-from cl2r_bench.adapters import embed_pair, fit_adapter
+from cl2r_bench.adapters import convergence_note, embed_pair, fit_adapter
 from cl2r_bench.assembly import Assembly
 from cl2r_bench.config import flatten
 from cl2r_bench.data.datasets import ImageSet
@@ -320,6 +320,9 @@ class Run:
             adapter, result = evaluate_adapter(study, s.adapter.name, adapter_params=s.adapter_params, seed=s.seed,
                                                orders=s.model_update.backfill_orders,
                                                steps=s.model_update.backfill_steps)
+            note = convergence_note(s.adapter.name, result["fit"])
+            if note:
+                self.log(note)
             record = study_record(result, study, scenario=s.scenario, method=self.parts.label, dataset=s.dataset,
                                   config=self.parts.config, device=self.device, adapter=adapter)
             record["timings"]["wall_seconds_this_invocation"] = time.perf_counter() - started
@@ -513,7 +516,10 @@ class Run:
         fit = {"task": t, "items": len(data), **log, "seconds": time.perf_counter() - started}
         self.state["adapter_fits"] = self.state.get("adapter_fits", []) + [fit]
         self.log(f"task {t}: adapter {adapter.name} fitted on {len(data)} items in {fit['seconds']:.1f}s "
-                 + " ".join(f"{k}={v:.3g}" for k, v in log.items()))
+                 + " ".join(f"{k}={v:.3g}" for k, v in log.items() if isinstance(v, float)))
+        note = convergence_note(adapter.name, log, f" at task {t}")
+        if note:
+            self.log(note)
         return adapter
 
     def record(self, evaluator: CompatibilityEvaluator, *, complete: bool, seconds: float | None,

@@ -47,9 +47,11 @@ def test_procrustes_recovers_a_rotation_and_the_cases_say_so(rotated, tmp_path, 
     code, out = adapt("--train", train, "--test", test, "--adapter", "procrustes", "--json", "--output",
                       tmp_path / "out", capsys=capsys)
     assert code == 0, out.err
-    line = json.loads(out.out.strip().splitlines()[-1])
+    line, answer = map(json.loads, out.out.strip().splitlines())
     cases = line["cases"]
     assert line["adapter"] == "procrustes"
+    assert answer["summary"][0]["compatible"] == "within noise" and answer["summary"][0]["top1_gain"] == 0
+    assert answer["recommendation"].startswith("no adapter is compatible here")
     assert cases["new/new"] == pytest.approx(cases["old/old"], abs=1e-9)
     for case in ("B/old", "B/B", "new/F", "F/F"):
         for score in ("top1", "top5", "mAP"):
@@ -66,16 +68,39 @@ def test_without_adapter_only_the_models_own_cases_exist(rotated, tmp_path, caps
     train, test = rotated
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--json", "--output", tmp_path,
                       capsys=capsys)
-    cases = json.loads(out.out.strip())["cases"]
+    cases = json.loads(out.out.strip().splitlines()[0])["cases"]
     assert [c for c, v in cases.items() if v is not None] == ["old/old", "new/old", "new/new"]
+
+
+def test_a_list_of_adapters_ends_in_one_summary_table_and_a_recommendation(rotated, tmp_path, capsys):
+    train, test = rotated
+    code, out = adapt("--train", train, "--test", test, "--adapter", "none", "procrustes", "lambda_orth", "none",
+                      "--set", "adapter_params.lambda_orth.max_steps=3", "--output", tmp_path, capsys=capsys)
+    assert code == 0, out.err
+    lines = out.out.splitlines()
+    assert sum("seed 42: top-1/mAP" in line for line in lines) == 3           # 'none' once
+    warning = [line for line in lines if line.startswith("warning:")]
+    assert warning == [line for line in warning if "adapter lambda_orth (seed 42) did not converge in 3 steps" in line
+                       and line.endswith("--set adapter_params.lambda_orth.max_steps=12")] != []
+    table = lines[lines.index(next(line for line in lines if line.startswith("adapter "))):]
+    assert [row.split()[0] for row in table[2:5]] == ["none", "procrustes", "lambda_orth"]
+    assert table[2].split()[2:4] == ["new/old", "no"] and table[4].split()[-1] == "NO"
+    assert next(line for line in lines if line.startswith("recommendation: "))
+
+
+def test_an_unknown_adapter_in_the_list_is_one_line(rotated, tmp_path, capsys):
+    train, test = rotated
+    code, out = adapt("--train", train, "--test", test, "--adapter", "procrustes", "orthogonal", "--output", tmp_path,
+                      capsys=capsys)
+    assert code == 2 and out.err.strip().count("\n") == 0 and "unknown adapter 'orthogonal'" in out.err
 
 
 def test_every_adapter_runs_records_land_on_the_leaderboard_and_the_export_serves_queries(rotated, tmp_path, capsys):
     train, test = rotated
     out_dir, export = tmp_path / "results", tmp_path / "export"
     code, out = adapt("--train", train, "--test", test, "--adapter", "all", "--seeds", 1, 2, "--output", out_dir,
-                      "--export", export, "--set", "adapter_params.lambda_orth.epochs=5",
-                      "--set", "adapter_params.fct.epochs=5", "--set", "adapter_params.fastfill.epochs=5",
+                      "--export", export, "--set", "adapter_params.lambda_orth.max_steps=10",
+                      "--set", "adapter_params.fct.max_steps=10", "--set", "adapter_params.fastfill.max_steps=10",
                       "--set", "model_update.backfill_steps=4", capsys=capsys)
     assert code == 0, out.err
     from cl2r_bench.adapters import list_adapters
@@ -83,7 +108,8 @@ def test_every_adapter_runs_records_land_on_the_leaderboard_and_the_export_serve
     records = sorted((out_dir / "adapt" / "train").glob("*/seed*/metrics.json"))
     assert len(records) == 2 * (1 + len(list_adapters()))
     record = json.loads((out_dir / "adapt" / "train" / "lambda_orth" / "seed2" / "metrics.json").read_text())
-    assert record["protocol"] == "leave_one_out" and record["config"]["adapter_params"]["lambda_orth"]["epochs"] == 5
+    assert record["protocol"] == "leave_one_out"
+    assert record["config"]["adapter_params"]["lambda_orth"]["max_steps"] == 10
     assert record["retrieval"]["backfilling"]["betas"] == [0, 0.25, 0.5, 0.75, 1.0]
     assert main(["leaderboard", "--results", str(out_dir), "--table", "retrieval", "--format", "csv"]) == 0
     rows = capsys.readouterr().out.strip().splitlines()
@@ -128,7 +154,7 @@ def test_folders_of_arrays_or_tensors_read_as_the_npz_does(rotated, tmp_path, su
     for source in (train, folder):
         adapt("--train", source, "--test", test, "--adapter", "least_squares", "--json", "--output", tmp_path,
               capsys=None)
-        results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["cases"])
+        results.append(json.loads(capsys.readouterr().out.strip().splitlines()[0])["cases"])
     if suffix == ".pt-bf16":
         assert results[1]["old/old"]["mAP"] == pytest.approx(results[0]["old/old"]["mAP"], abs=1.0)
     else:
@@ -219,8 +245,8 @@ def test_model_update_on_two_encoders_embeds_each_split_once_for_every_adapter(e
               "--output", str(out), "--set", "data.synthetic_classes=5", "--set", "data.synthetic_train_per_class=8",
               "--set", "data.synthetic_test_per_class=4", "--set", f"model_update.old={old}",
               "--set", f"model_update.new={new}", "--set", f"model_update.feature_cache={cache}",
-              "--set", "model_update.backfill_steps=2", "--set", "adapter_params.lambda_orth.epochs=2",
-              "--set", "adapter_params.fct.epochs=2", "--set", "adapter_params.fastfill.epochs=2"]
+              "--set", "model_update.backfill_steps=2", "--set", "adapter_params.lambda_orth.max_steps=4",
+              "--set", "adapter_params.fct.max_steps=4", "--set", "adapter_params.fastfill.max_steps=4"]
     assert main([*common, "--adapter", "all"]) == 0
     printed = capsys.readouterr().out
     assert printed.count("embedded in") == 4 and printed.count("(cached)") == 4 * 7

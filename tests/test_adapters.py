@@ -33,8 +33,9 @@ from cl2r_bench.config import CONFIG_DIR, resolve
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.models import normalize
 
-FAST = {"lambda_orth": {"epochs": 60, "batch_size": 256, "lr": 0.01}, "fct": {"epochs": 60, "hidden": 128},
-        "fastfill": {"epochs": 60, "hidden": 128}}
+FAST = {"lambda_orth": {"max_steps": 240, "batch_size": 256, "lr": 0.01, "holdout": 0.0},
+        "fct": {"max_steps": 240, "hidden": 128, "holdout": 0.0},
+        "fastfill": {"max_steps": 240, "hidden": 128, "holdout": 0.0}}
 
 
 def run_cli(*args):
@@ -94,7 +95,7 @@ def test_mismatched_dimensions_are_truncated_or_padded():
     assert fit_dimension(x, 4).tolist() == [[0, 1, 2, 0], [3, 4, 5, 0]]
     old, new = F.normalize(torch.randn(300, 8), dim=1), F.normalize(torch.randn(300, 12), dim=1)
     for rule, dim in (("truncate", 8), ("pad", 12)):
-        adapter = make_adapter("lambda_orth", {"lambda_orth": {"dims": rule, "epochs": 1}})
+        adapter = make_adapter("lambda_orth", {"lambda_orth": {"dims": rule, "max_steps": 2}})
         fit_adapter(adapter, FeaturePair(old, new, torch.zeros(300, dtype=torch.long)), seed=0)
         assert adapter.backward(new).shape == (300, dim) and adapter.old_frame(old).shape == (300, dim)
 

@@ -9,7 +9,7 @@ from torch import nn
 from benchmarks.paper_protocol import PAPER_CASES, PairedFeatures, backfilling, paper_cases, zero_shot_retention
 from cl2r_bench.adapters import FeaturePair, fit_adapter, make_adapter
 
-FAST = {"lambda_orth": {"epochs": 2}, "fct": {"epochs": 2}, "fastfill": {"epochs": 2}}
+FAST = {"lambda_orth": {"max_steps": 4}, "fct": {"max_steps": 4}, "fastfill": {"max_steps": 4}}
 
 
 def rotated_pair(n: int = 120, dim: int = 8, seed: int = 0) -> tuple[PairedFeatures, torch.Tensor]:

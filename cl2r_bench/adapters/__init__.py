@@ -11,6 +11,7 @@ from .base import (
                    make_adapter,
                    register_adapter,
 )
+from .training import convergence_note
 
-__all__ = ["Adapter", "AdapterError", "FeaturePair", "embed_pair", "fit_adapter", "get_adapter", "list_adapters",
-           "make_adapter", "register_adapter"]
+__all__ = ["Adapter", "AdapterError", "FeaturePair", "convergence_note", "embed_pair", "fit_adapter", "get_adapter",
+           "list_adapters", "make_adapter", "register_adapter"]

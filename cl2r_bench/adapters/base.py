@@ -114,8 +114,8 @@ class Adapter(nn.Module):
     def build(self, old_dim: int, new_dim: int, side_dim: int = 0) -> None:
         """Create the modules and buffers for these feature dimensions."""
 
-    def fit(self, pair: FeaturePair, generator: torch.Generator) -> dict[str, float]:
-        """Fit on ``pair``; return numbers worth logging with the result."""
+    def fit(self, pair: FeaturePair, generator: torch.Generator) -> dict[str, Any]:
+        """Fit on ``pair``; return what is worth logging with the result (numbers, flags, curves)."""
         raise NotImplementedError
 
     def backward(self, new: torch.Tensor) -> torch.Tensor:
@@ -154,8 +154,9 @@ def embed_pair(old_model: nn.Module, new_model: nn.Module, data: Any, *, num_cla
                        labels=data.labels, new_classifier=classifier_rows(new_model, num_classes))
 
 
-def fit_adapter(adapter: Adapter, pair: FeaturePair, seed: int) -> dict[str, float]:
-    """Build ``adapter`` for ``pair``'s dimensions, fit it with a generator seeded by ``seed``, freeze it."""
+def fit_adapter(adapter: Adapter, pair: FeaturePair, seed: int) -> dict[str, Any]:
+    """Build ``adapter`` for ``pair``'s dimensions, fit it with a generator seeded by ``seed``, freeze it; returns
+    its fit log (a learned adapter's includes its convergence, :mod:`cl2r_bench.adapters.training`)."""
     torch.manual_seed(seed)
     adapter.prepare(pair)
     generator = torch.Generator(device=pair.old.device).manual_seed(seed)

@@ -9,29 +9,30 @@
   suite's choice). Loss ``mean(ℓ / σ² + log σ²)`` [METHODS.md choice]; σ² orders partial backfilling, most
   uncertain first.
 
-Both are forward-only: the new model keeps its own space and the old gallery is transformed into it.
+Both are forward-only: the new model keeps its own space and the old gallery is transformed into it. Both train
+to convergence under a step budget (:mod:`cl2r_bench.adapters.training`), batch 256, Adam lr 1e-3.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Adapter, AdapterError, FeaturePair, register_adapter
+from .base import AdapterError, FeaturePair, register_adapter
+from .training import LearnedAdapter, StepBudget
 
 
 @dataclass(frozen=True)
-class FCTConfig:
+class FCTConfig(StepBudget):
     hidden: int = 1024               # width of each hidden layer
     layers: int = 2                  # hidden layers (ReLU)
-    epochs: int = 80
-    batch_size: int = 256
-    lr: float = 0.001                # Adam
     use_side_info: bool = True       # feed FeaturePair.side to the MLP when present
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.layers < 1 or self.hidden < 1:
             raise ValueError(f"layers and hidden must be positive, not {self.layers} and {self.hidden}")
 
@@ -56,7 +57,7 @@ def mlp(in_dim: int, hidden: int, layers: int, out_dim: int) -> nn.Sequential:
 
 
 @register_adapter("fct")
-class FCT(Adapter):
+class FCT(LearnedAdapter):
     """Forward transformation trained with MSE (module docstring)."""
 
     Config = FCTConfig
@@ -89,20 +90,8 @@ class FCT(Adapter):
     def discriminative_loss(self, mapped: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | float:
         return 0.0
 
-    def fit(self, pair: FeaturePair, generator: torch.Generator) -> dict[str, float]:
-        optimizer = torch.optim.Adam(self.parameters(), lr=self.config.lr)
-        n, total = len(pair.old), 0.0
-        for _ in range(self.config.epochs):
-            order = torch.randperm(n, generator=generator, device=generator.device).to(pair.old.device)
-            total = 0.0
-            for start in range(0, n, self.config.batch_size):
-                idx = order[start:start + self.config.batch_size]
-                loss = self.objective(*self.item_losses(pair, idx))
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                total += loss.item() * len(idx)
-        return {"final_epoch_loss": total / max(n, 1)}
+    def batch_loss(self, data: FeaturePair, idx: torch.Tensor) -> torch.Tensor:
+        return self.objective(*self.item_losses(data, idx))
 
     def objective(self, item_loss: torch.Tensor, log_var: torch.Tensor | None) -> torch.Tensor:
         return item_loss.mean()
@@ -118,7 +107,7 @@ class FastFill(FCT):
     Config = FastFillConfig
     extra_outputs = 1
 
-    def fit(self, pair: FeaturePair, generator: torch.Generator) -> dict[str, float]:
+    def fit(self, pair: FeaturePair, generator: torch.Generator) -> dict[str, Any]:
         if pair.new_classifier is None:
             raise AdapterError("fastfill needs the new model's classifier rows (FeaturePair.new_classifier)")
         self.classifier = F.normalize(pair.new_classifier.float(), dim=1)

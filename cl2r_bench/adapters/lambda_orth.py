@@ -15,11 +15,14 @@ images, on each mini-batch:
 and L_λ is dropped), or ``none`` (an unconstrained affine B, the "affine" end of the paper's λ ablation).
 Different dimensions: the larger feature is truncated to the smaller (the paper), or ``dims: pad`` pads the
 smaller with zeros. The final f(W) is logged; under ``lambda`` it settles near λ. Unpublished settings are
-this suite's choices: 80 epochs, batch 1024, τ = 0.1, α = 5, orthogonal initialisation.
+this suite's choices: batch 1024, τ = 0.1, α = 5, orthogonal initialisation, and training to convergence under a
+step budget (:mod:`cl2r_bench.adapters.training`: at most 4,000 steps, the paper's CIFAR-100 order) rather than
+a number of epochs.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,26 +30,26 @@ from torch import nn
 
 from cl2r_bench.registry import check_choice
 
-from .base import Adapter, FeaturePair, register_adapter
+from .base import FeaturePair, register_adapter
 from .protocol import ORTHOGONALITY_GAP
+from .training import LearnedAdapter, StepBudget
 
 CONSTRAINTS = ("lambda", "strict", "none")
 DIM_RULES = ("truncate", "pad")
 
 
 @dataclass(frozen=True)
-class LambdaOrthConfig:
+class LambdaOrthConfig(StepBudget):
     lam: float = 12.0                # λ: the tolerated ‖WWᵀ - I‖_F (constraint lambda)
     constraint: str = "lambda"       # lambda | strict (W = exp(P)) | none (affine B)
     alpha: float = 5.0               # sharpness of the sigmoid gate
     temperature: float = 0.1         # τ of the supervised contrastive loss
-    epochs: int = 80
     batch_size: int = 1024
-    lr: float = 0.001                # Adam
     dims: str = "truncate"           # different feature sizes: truncate the larger | pad the smaller
     init_orthogonal: bool = True     # start W (and F) from a random orthogonal matrix
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_choice("constraint", self.constraint, CONSTRAINTS)
         check_choice("dims", self.dims, DIM_RULES)
         if self.temperature <= 0:
@@ -101,7 +104,7 @@ class BackwardMap(nn.Module):
 
 
 @register_adapter("lambda_orth")
-class LambdaOrthogonal(Adapter):
+class LambdaOrthogonal(LearnedAdapter):
     """Backward B_λ and forward F trained jointly (module docstring)."""
 
     Config = LambdaOrthConfig
@@ -131,22 +134,23 @@ class LambdaOrthogonal(Adapter):
                                                              self.config.alpha)
         return terms
 
-    def fit(self, pair: FeaturePair, generator: torch.Generator) -> dict[str, float]:
-        old, new = self.old_frame(pair.old.float()), fit_dimension(pair.new.float(), self.common_dim)
-        optimizer = torch.optim.Adam(self.parameters(), lr=self.config.lr)
-        for _ in range(self.config.epochs):
-            order = torch.randperm(len(old), generator=generator, device=generator.device).to(old.device)
-            for start in range(0, len(old), self.config.batch_size):
-                idx = order[start:start + self.config.batch_size]
-                loss = sum(self.losses(old[idx], new[idx], pair.labels[idx]).values())
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+    def fitting_data(self, pair: FeaturePair) -> FeaturePair:
+        return FeaturePair(self.old_frame(pair.old.float()), fit_dimension(pair.new.float(), self.common_dim),
+                           pair.labels)
+
+    def batch_loss(self, data: FeaturePair, idx: torch.Tensor) -> torch.Tensor:
+        return sum(self.losses(data.old[idx], data.new[idx], data.labels[idx]).values())
+
+    def fit(self, pair: FeaturePair, generator: torch.Generator) -> dict[str, Any]:
+        """Train to convergence, then log each loss term on the first ``batch_size`` fitting items and f(W)."""
+        log = super().fit(pair, generator)
+        data = self.fitting_data(pair)
+        sample = slice(0, self.config.batch_size)
         with torch.no_grad():
-            sample = order[:self.config.batch_size]
-            final = {k: float(v) for k, v in self.losses(old[sample], new[sample], pair.labels[sample]).items()}
+            terms = self.losses(data.old[sample], data.new[sample], data.labels[sample])
+            final = {k: float(v) for k, v in terms.items()}
             final[ORTHOGONALITY_GAP] = float(orthogonality_gap(self.backward_map.weight))
-        return final
+        return {**final, **log}
 
     def old_frame(self, old: torch.Tensor) -> torch.Tensor:
         return fit_dimension(old, self.common_dim)

@@ -1,0 +1,211 @@
+"""The answer of an adapter study (docs/METHODS.md §7b): which adapter to deploy, and how much of the gallery to
+re-embed. Read from the leave-one-out records of one study (one data set, one pair of models), so ``runner.py
+adapt`` and ``runner.py report`` give the same answer.
+
+For each adapter, over its seeds:
+
+* **cross case**: what the system delivers without backfilling: B/old for an adapter with a backward map, new/F
+  for a forward-only one, new/old without adapter (the first of :data:`CROSS_CASES` that exists);
+* **compatible**: the cross case's top-1 against old/old, paired over queries: each query's top-1 hit in the cross
+  case (averaged over seeds) minus its hit in old/old; a bootstrap over queries (2,000 resamples) gives the 95 %
+  interval of the mean difference. ``yes`` when the interval lies above 0, ``no`` when below, ``within noise``
+  otherwise. The per-query hits are in the record (``retrieval.query_top1``, packed bits);
+* **gains**: top-1 and mAP of the cross case minus old/old, in points (seed means);
+* **backfilling**: of the orders measured, the one with the largest mean top-1 AUC; its AUC, and the share of the
+  gallery to re-embed in that order until top-1 reaches 95 % of full backfilling's (β = 1), the first β of the
+  grid that does, on the seeds' mean curve;
+* **fit**: mean fit time; ``converged``: whether every seed's fit converged (None where nothing was trained:
+  closed-form adapters and no adapter).
+
+The recommendation: the compatible adapter with the largest top-1 gain (the others whose gain lies inside its
+interval are named as equivalent); without one, that no adapter is compatible and the cheapest backfilling.
+"""
+from __future__ import annotations
+
+import base64
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from tabulate import tabulate
+
+from .noise import bootstrap_accuracies
+
+CROSS_CASES = ("B/old", "new/F", "new/old")
+"""The cross entry of the 2x2 matrix, in order of preference (module docstring)."""
+BASELINE = "old/old"
+BACKFILL_TARGET = 0.95
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+
+
+def cross_case(cases: dict[str, Any]) -> str | None:
+    """The case a system serves without backfilling (module docstring), or None."""
+    return next((case for case in CROSS_CASES if cases.get(case) is not None), None)
+
+
+def pack_hits(hits: np.ndarray) -> str:
+    """Per-query booleans as base64 of packed bits (10,000 queries: 1.7 kB of JSON)."""
+    return base64.b64encode(np.packbits(np.asarray(hits, dtype=bool)).tobytes()).decode("ascii")
+
+
+def unpack_hits(text: str, queries: int) -> np.ndarray:
+    """The inverse of :func:`pack_hits` for ``queries`` queries."""
+    return np.unpackbits(np.frombuffer(base64.b64decode(text), dtype=np.uint8), count=queries).astype(bool)
+
+
+@dataclass(frozen=True)
+class AdapterSummary:
+    """One row of the study's answer (module docstring); gains in points, shares as fractions."""
+
+    adapter: str
+    seeds: int
+    cross_case: str | None
+    compatible: str
+    top1_gain: float | None
+    top1_interval: tuple[float, float] | None
+    mAP_gain: float | None
+    backfill_order: str | None
+    backfill_auc: float | None
+    reembed_share: float | None
+    fit_seconds: float
+    converged: bool | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "top1_interval": list(self.top1_interval) if self.top1_interval else None}
+
+
+def paired_gain_interval(cross: np.ndarray, baseline: np.ndarray, confidence: float = CONFIDENCE,
+                         resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, tuple[float, float]]:
+    """Mean of ``cross - baseline`` over queries in points and its bootstrap interval; ``cross`` is ``(seeds, n)``
+    hits (averaged over seeds per query), ``baseline`` ``(n,)``."""
+    difference = np.asarray(cross, dtype=np.float64).mean(axis=0) - np.asarray(baseline, dtype=np.float64)
+    samples = bootstrap_accuracies(difference[None, :], resamples=resamples, seed=seed)[0] * 100
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(samples, [tail, 100 - tail])
+    return float(difference.mean() * 100), (float(low), float(high))
+
+
+def reembed_share(betas: list[float], top1: list[float], target: float = BACKFILL_TARGET) -> float:
+    """The first β of the grid whose top-1 reaches ``target`` times the top-1 at β = 1."""
+    goal = target * top1[-1]
+    return next(beta for beta, value in zip(betas, top1, strict=True) if value >= goal - 1e-9)
+
+
+def _best_backfilling(records: list[dict[str, Any]]) -> tuple[str | None, float | None, float | None]:
+    """``(order, mean top-1 AUC, share to re-embed)`` of the order with the largest mean top-1 AUC."""
+    backfills = [r["retrieval"]["backfilling"] for r in records]
+    best = None
+    for order in backfills[0].get("auc", {}):
+        if any(b["auc"].get(order) is None for b in backfills):
+            continue
+        auc = float(np.mean([b["auc"][order]["top1_auc"] for b in backfills]))
+        if best is None or auc > best[1]:
+            curve = np.mean([b["curves"][order]["top1"] for b in backfills], axis=0).tolist()
+            best = (order, auc, reembed_share(backfills[0]["betas"], curve))
+    return best or (None, None, None)
+
+
+def _fit(record: dict[str, Any]) -> dict[str, Any]:
+    adapter = record.get("adapter") or {}
+    return adapter.get("fit") or (adapter.get("fits") or [{}])[-1]
+
+
+def summarise_adapter(method: str, records: list[dict[str, Any]]) -> AdapterSummary:
+    """The row of one adapter from its records (one per seed; module docstring)."""
+    cases = [r["retrieval"]["cases"] for r in records]
+    case = cross_case(cases[0])
+    gain = interval = map_gain = None
+    verdict = "n/a"
+    hits = [r["retrieval"].get("query_top1") or {} for r in records]
+    if case is not None:
+        top1 = [c[case]["top1"] - c[BASELINE]["top1"] for c in cases]
+        map_gain = float(np.mean([c[case]["mAP"] - c[BASELINE]["mAP"] for c in cases]))
+        gain = float(np.mean(top1))
+        if all(case in h and BASELINE in h for h in hits):
+            n = records[0]["retrieval"]["queries"]
+            cross = np.stack([unpack_hits(h[case], n) for h in hits])
+            gain, interval = paired_gain_interval(cross, unpack_hits(hits[0][BASELINE], n))
+            verdict = "yes" if interval[0] > 0 else "no" if interval[1] < 0 else "within noise"
+    order, auc, share = _best_backfilling(records)
+    fits = [_fit(r) for r in records]
+    flags = [f["converged"] for f in fits if "converged" in f]
+    return AdapterSummary(
+        adapter=method, seeds=len(records), cross_case=case, compatible=verdict, top1_gain=gain,
+        top1_interval=interval, mAP_gain=map_gain, backfill_order=order, backfill_auc=auc, reembed_share=share,
+        fit_seconds=float(np.mean([r["timings"].get("adapter_fit_seconds", 0.0) for r in records])),
+        converged=all(flags) if flags else None)
+
+
+def summarise(records: list[dict[str, Any]]) -> list[AdapterSummary]:
+    """One :class:`AdapterSummary` per method of one study's leave-one-out records, in first-seen order."""
+    methods: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        methods.setdefault(record["method"], []).append(record)
+    return [summarise_adapter(method, group) for method, group in methods.items()]
+
+
+def recommendation(rows: list[AdapterSummary]) -> str:
+    """One line: what to deploy and why (module docstring)."""
+    compatible = sorted((r for r in rows if r.compatible == "yes"), key=lambda r: -r.top1_gain)
+    if compatible:
+        best = compatible[0]
+        low, high = best.top1_interval
+        peers = [f"{r.adapter} ({r.top1_gain:+.1f})" for r in compatible[1:] if r.top1_gain >= low]
+        line = (f"deploy {best.adapter}: its {best.cross_case} beats old/old by {best.top1_gain:+.1f} top-1 points "
+                f"(95% interval {low:+.1f} to {high:+.1f}) with nothing re-embedded")
+        if best.reembed_share is not None:
+            line += f"; {backfill_phrase(best)}"
+        if peers:
+            line += f"; within its interval: {', '.join(peers)}"
+        if best.converged is False:
+            line += "; its fit did not converge (see the warning above), so it may do better with more steps"
+        return line
+    measured = [r for r in rows if r.top1_gain is not None]
+    line = "no adapter is compatible here"
+    if measured:
+        top = max(measured, key=lambda r: r.top1_gain)
+        line += f" (best cross case: {top.adapter}'s {top.cross_case}, {top.top1_gain:+.1f} top-1 points vs old/old)"
+    backfilled = [r for r in rows if r.reembed_share is not None]
+    if backfilled:
+        cheapest = min(backfilled, key=lambda r: (r.reembed_share, -r.backfill_auc))
+        line += f"; to move to the new model: with {cheapest.adapter}, {backfill_phrase(cheapest)}"
+    return line
+
+
+def backfill_phrase(row: AdapterSummary) -> str:
+    """How much of the gallery ``row``'s adapter needs re-embedded to reach the target share of full backfilling."""
+    target = f"{BACKFILL_TARGET:.0%} of full backfilling's top-1"
+    if row.reembed_share == 0:
+        return f"the adapted gallery already gives {target} with nothing re-embedded"
+    return f"re-embedding {row.reembed_share:.0%} of the gallery ({row.backfill_order} order) reaches {target}"
+
+
+SUMMARY_COLUMNS = ("adapter", "seeds", "cross case", "compatible", "top-1 gain (95% interval)", "mAP gain",
+                   "backfill AUC (order)", "re-embed for 95%", "fit s", "converged")
+
+
+def summary_cells(row: AdapterSummary) -> list[str]:
+    """The row as the table's text cells (:data:`SUMMARY_COLUMNS`)."""
+    def signed(value: float | None) -> str:
+        return "-" if value is None else f"{value:+.1f}"
+
+    interval = f" ({row.top1_interval[0]:+.1f}, {row.top1_interval[1]:+.1f})" if row.top1_interval else ""
+    return [row.adapter, str(row.seeds), row.cross_case or "-", row.compatible, signed(row.top1_gain) + interval,
+            signed(row.mAP_gain), "-" if row.backfill_auc is None else f"{row.backfill_auc:.1f} ({row.backfill_order})",
+            "-" if row.reembed_share is None else f"{row.reembed_share:.0%}", f"{row.fit_seconds:.1f}",
+            {True: "yes", False: "NO", None: "-"}[row.converged]]
+
+
+def summary_text(records: list[dict[str, Any]]) -> str:
+    """The study's answer for a terminal: the table of :func:`summarise` and the line of :func:`recommendation`."""
+    rows = summarise(records)
+    table = tabulate([summary_cells(r) for r in rows], headers=SUMMARY_COLUMNS, tablefmt="simple",
+                     disable_numparse=True)
+    return f"{table}\n\nrecommendation: {recommendation(rows)}"
+
+
+def summary_json(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The same answer as JSON: ``{"summary": [row, ...], "recommendation": line}``."""
+    rows = summarise(records)
+    return {"summary": [r.as_dict() for r in rows], "recommendation": recommendation(rows)}

@@ -1,0 +1,183 @@
+"""Learned adapters (λ-orthogonal, FCT, FastFill) trained to convergence: a step budget, stopped early when a
+held-out share of the fitting set stops improving (METHODS.md §7, [choice]).
+
+Why steps and not epochs: an epoch count makes the amount of training shrink with the fitting set. The papers'
+"80 epochs" are about 3,900 Adam steps on CIFAR-100 (50,000 items, batch 1,024) and about 100,000 on ImageNet, but
+only 160 on 1,200 items, where λ-orth reached B/old 23.1 on a noisy rotation that Procrustes recovers at 76.8
+(800 epochs: 79.5). So every learned adapter trains for at most ``max_steps`` steps, the papers' order on small
+sets, and stops sooner once it has converged:
+
+* ``holdout`` of the fitting items (a seeded draw) are kept out of training; every ``check_every`` steps their
+  loss is computed (no gradient, in fixed chunks of ``batch_size``);
+* a check that lowers the best held-out loss by at least ``min_improvement`` (relative) resets the patience; after
+  ``patience`` checks without such a fall the fit has **converged** and stops;
+* the weights of the lowest held-out loss are restored at the end, whether it converged or ran out of steps;
+* with fewer than 2 held-out items (a tiny set, or ``holdout: 0``) the mean training loss between two checks is
+  watched instead.
+
+A fit that used its whole budget without converging is reported by :func:`convergence_note`, one line saying how
+to give it more. The fit log (``runner.py adapt``'s records, ``adapter.fits`` of a run) carries ``steps``,
+``converged``, ``best_step``, ``holdout_items`` and ``loss_curve``: ``[step, mean training loss since the last
+check, monitored loss]`` per check.
+
+A learned adapter subclasses :class:`LearnedAdapter`, gives its ``Config`` the fields of :class:`StepBudget` (by
+inheriting it) and implements :meth:`LearnedAdapter.batch_loss`.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .base import Adapter, AdapterError, FeaturePair
+
+CONVERGENCE_KEYS = ("steps", "converged", "best_step", "holdout_items", "loss_curve")
+"""The keys :func:`train_to_convergence` adds to a fit log (numbers, a flag and the curve)."""
+MIN_HELD_OUT = 2
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """How long a learned adapter trains (module docstring); its ``Config`` inherits these fields."""
+
+    max_steps: int = 4000            # Adam steps at most: the λ-orth paper's CIFAR-100 order (about 3,900)
+    holdout: float = 0.1             # share of the fitting items held out to decide when to stop
+    check_every: int = 50            # steps between two held-out checks
+    patience: int = 10               # checks without a relative fall of min_improvement: converged, stop
+    min_improvement: float = 0.001   # the relative fall of the best held-out loss that counts as progress
+    batch_size: int = 256
+    lr: float = 0.001                # Adam
+
+    def __post_init__(self) -> None:
+        for key in ("max_steps", "check_every", "patience", "batch_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be at least 1, not {getattr(self, key)}")
+        if not 0 <= self.holdout < 1:
+            raise ValueError(f"holdout must be a share in [0, 1), not {self.holdout}")
+        if not 0 <= self.min_improvement < 1:
+            raise ValueError(f"min_improvement must be in [0, 1), not {self.min_improvement}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, not {self.lr}")
+
+
+def split_held_out(n: int, share: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(training, held_out)`` item indices: a seeded draw of ``round(share * n)`` items held out, or none when
+    that leaves fewer than 2 to watch or fewer than 2 to train on."""
+    order = torch.randperm(n, generator=generator, device=generator.device).cpu()
+    held = round(share * n)
+    if held < MIN_HELD_OUT or n - held < MIN_HELD_OUT:
+        return order, order[:0]
+    return order[held:], order[:held]
+
+
+class _Monitor:
+    """The early-stopping rule of the module docstring: the best loss, its step and weights, and the patience."""
+
+    def __init__(self, module: torch.nn.Module, budget: StepBudget) -> None:
+        self.module, self.budget = module, budget
+        self.best, self.best_step, self.best_state = math.inf, 0, None
+        self.reference, self.waited = math.inf, 0
+
+    def check(self, step: int, loss: float) -> bool:
+        """Record the monitored ``loss`` at ``step``; True when the fit has converged."""
+        if loss < self.best:
+            self.best, self.best_step = loss, step
+            self.best_state = copy.deepcopy(self.module.state_dict())
+        if math.isinf(self.reference) or loss < self.reference - self.budget.min_improvement * abs(self.reference):
+            self.reference, self.waited = loss, 0
+        else:
+            self.waited += 1
+        return self.waited >= self.budget.patience
+
+    def restore_best(self) -> None:
+        if self.best_state is not None:
+            self.module.load_state_dict(self.best_state)
+
+
+def _held_out_loss(batch_loss: Callable[[torch.Tensor], torch.Tensor], held_out: torch.Tensor,
+                   batch_size: int) -> float:
+    total = 0.0
+    with torch.no_grad():
+        for chunk in held_out.split(batch_size):
+            total += float(batch_loss(chunk)) * len(chunk)
+    return total / len(held_out)
+
+
+def train_to_convergence(module: torch.nn.Module, batch_loss: Callable[[torch.Tensor], torch.Tensor], n: int,
+                         budget: StepBudget, generator: torch.Generator) -> dict[str, Any]:
+    """Train ``module``'s parameters with Adam on ``batch_loss(item indices)`` over ``n`` fitting items under
+    ``budget`` (module docstring); returns the convergence log (:data:`CONVERGENCE_KEYS`)."""
+    training, held_out = split_held_out(n, budget.holdout, generator)
+    optimizer = torch.optim.Adam(module.parameters(), lr=budget.lr)
+    monitor, curve = _Monitor(module, budget), []
+    order, position, window, step, converged = training[:0], 0, [], 0, False
+    while step < budget.max_steps and not converged:
+        if position >= len(order):
+            order = training[torch.randperm(len(training), generator=generator, device=generator.device).cpu()]
+            position = 0
+        idx = order[position:position + budget.batch_size]
+        position += budget.batch_size
+        loss = batch_loss(idx)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        step += 1
+        window.append(loss.detach())
+        if step % budget.check_every == 0 or step == budget.max_steps:
+            train_loss = float(torch.stack(window).mean())
+            watched = _held_out_loss(batch_loss, held_out, budget.batch_size) if len(held_out) else train_loss
+            curve.append([step, train_loss, watched])
+            converged = monitor.check(step, watched)
+            window = []
+    monitor.restore_best()
+    return {"steps": step, "converged": converged, "best_step": monitor.best_step, "holdout_items": len(held_out),
+            "loss_curve": curve}
+
+
+def convergence_note(name: str, fit: dict[str, Any], where: str = "") -> str | None:
+    """One line for a fit that used its whole step budget without converging: by how much its monitored loss
+    still fell over the last ``patience`` checks, and the ``--set`` that gives it 4 times the steps; None for a
+    fit that converged or has no convergence log (closed-form adapters)."""
+    if fit.get("converged", True):
+        return None
+    curve = fit.get("loss_curve") or []
+    steps = int(fit["steps"])
+    span = curve[-min(len(curve), 11):]
+    falling = (f"; its {'held-out' if fit.get('holdout_items') else 'training'} loss still fell from "
+               f"{span[0][2]:.4g} to {span[-1][2]:.4g} over its last {span[-1][0] - span[0][0]} steps"
+               if len(span) > 1 else "")
+    return (f"warning: adapter {name}{where} did not converge in {steps} steps{falling}; give it more with --set "
+            f"adapter_params.{name}.max_steps={4 * steps}")
+
+
+class LearnedAdapter(Adapter):
+    """An adapter trained by gradient descent under a :class:`StepBudget` (module docstring): subclasses prepare
+    their fitting tensors in :meth:`fitting_data` and give the loss of a mini-batch in :meth:`batch_loss`."""
+
+    Config = StepBudget
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> Adapter:
+        if "epochs" in params:
+            raise AdapterError(f"adapter_params.{cls.name}.epochs: learned adapters train by a step budget now; set "
+                               f"adapter_params.{cls.name}.max_steps instead (about epochs x fitting items / "
+                               f"batch_size; docs/adapters.md)")
+        return super().from_params(params)
+
+    def fitting_data(self, pair: FeaturePair) -> FeaturePair:
+        """The fitting tensors as :meth:`batch_loss` reads them (default: ``pair`` itself)."""
+        return pair
+
+    def batch_loss(self, data: FeaturePair, idx: torch.Tensor) -> torch.Tensor:
+        """The scalar training loss of the items ``idx`` of ``data``."""
+        raise NotImplementedError
+
+    def fit(self, pair: FeaturePair, generator: torch.Generator) -> dict[str, Any]:
+        data = self.fitting_data(pair)
+        device = data.old.device
+        return train_to_convergence(self, lambda idx: self.batch_loss(data, idx.to(device)), len(data.old),
+                                    self.config, generator)

@@ -1,0 +1,93 @@
+"""The answer of an adapter study (benchmarks/adapter_summary.py): the paired interval over queries, the share of
+the gallery to re-embed, one row per adapter and the recommendation, on records whose values are known."""
+import numpy as np
+import pytest
+
+from benchmarks.adapter_summary import (
+    pack_hits,
+    paired_gain_interval,
+    recommendation,
+    reembed_share,
+    summarise,
+    summary_json,
+    summary_text,
+    unpack_hits,
+)
+
+N = 400
+
+
+def test_hits_survive_packing():
+    hits = np.random.default_rng(0).random(1001) < 0.3
+    assert np.array_equal(unpack_hits(pack_hits(hits), 1001), hits)
+
+
+def test_the_paired_interval_is_the_mean_difference_over_queries():
+    baseline = np.arange(N) % 2 == 0                                   # 50 %
+    gain, (low, high) = paired_gain_interval(np.ones((1, N), bool), baseline)
+    assert gain == pytest.approx(50.0) and low < 50 < high and high - low < 12   # 1.96 * 2.5 points either side
+    gain, interval = paired_gain_interval(baseline[None, :], baseline)
+    assert gain == 0 and interval == (0.0, 0.0)
+    two_seeds = np.stack([np.ones(N, bool), np.zeros(N, bool)])        # each query: a hit in one seed of two
+    assert paired_gain_interval(two_seeds, np.zeros(N, bool))[0] == pytest.approx(50.0)
+
+
+def test_the_share_to_re_embed_is_the_first_beta_within_95_percent_of_full_backfilling():
+    assert reembed_share([0, 0.5, 1], [10.0, 60.0, 62.0]) == 0.5      # 0.95 x 62 = 58.9
+    assert reembed_share([0, 0.5, 1], [59.0, 60.0, 62.0]) == 0.0
+    assert reembed_share([0, 0.5, 1], [10.0, 20.0, 62.0]) == 1.0
+
+
+def record(method: str, seed: int, *, cross: str | None, cross_top1: float, hits: np.ndarray, auc: float,
+           curve: list[float], fit: dict | None = None) -> dict:
+    old = np.arange(N) < N // 2                                        # old/old: 50.0 top-1
+    cases = {"old/old": {"top1": 50.0, "top5": 70.0, "mAP": 30.0}, "new/new": {"top1": 70.0, "top5": 80.0,
+                                                                             "mAP": 45.0}}
+    top1 = {"old/old": pack_hits(old)}
+    if cross:
+        cases[cross] = {"top1": cross_top1, "top5": 75.0, "mAP": 31.0}
+        top1[cross] = pack_hits(hits)
+    return {"method": method, "seed": seed, "adapter": None if fit is None else {"name": method, "fits": [fit]},
+            "timings": {"adapter_fit_seconds": 2.0 if fit else 0.0},
+            "retrieval": {"cases": cases, "query_top1": top1, "queries": N,
+                          "backfilling": {"betas": [0, 0.5, 1], "curves": {"random": {"top1": curve, "mAP": curve}},
+                                          "auc": {"random": {"top1_auc": auc, "mAP_auc": auc}}}}}
+
+
+def study() -> list[dict]:
+    better = np.arange(N) < int(N * 0.6)                               # 60 %: +10 points on every query it adds
+    return [record("none", 0, cross="new/old", cross_top1=1.0, hits=np.arange(N) < 4, auc=40.0,
+                   curve=[1.0, 40.0, 70.0]),
+            *[record("lambda_orth", s, cross="B/old", cross_top1=60.0, hits=better, auc=66.0,
+                     curve=[60.0, 67.0, 70.0], fit={"converged": True, "steps": 900}) for s in (0, 1)],
+            record("procrustes", 0, cross="B/old", cross_top1=50.0, hits=np.arange(N) < N // 2, auc=60.0,
+                   curve=[50.0, 60.0, 70.0], fit={"anchors": 100.0})]
+
+
+def test_one_row_per_adapter_says_whether_it_is_compatible():
+    rows = {r.adapter: r for r in summarise(study())}
+    lam = rows["lambda_orth"]
+    assert (lam.seeds, lam.cross_case, lam.compatible, lam.converged) == (2, "B/old", "yes", True)
+    assert lam.top1_gain == pytest.approx(10.0) and lam.mAP_gain == pytest.approx(1.0)
+    assert lam.top1_interval[0] > 0 and (lam.backfill_order, lam.backfill_auc, lam.reembed_share) == ("random", 66.0,
+                                                                                                       0.5)
+    assert rows["procrustes"].compatible == "within noise" and rows["procrustes"].converged is None
+    assert rows["none"].compatible == "no" and rows["none"].reembed_share == 1.0
+
+
+def test_the_recommendation_names_the_compatible_adapter_and_its_backfilling():
+    line = recommendation(summarise(study()))
+    assert line.startswith("deploy lambda_orth: its B/old beats old/old by +10.0 top-1 points (95% interval")
+    assert "re-embedding 50% of the gallery (random order) reaches 95% of full backfilling's top-1" in line
+    text = summary_text(study())
+    assert text.splitlines()[0].split()[:4] == ["adapter", "seeds", "cross", "case"]
+    assert text.splitlines()[-1] == f"recommendation: {line}"
+    assert summary_json(study())["recommendation"] == line
+
+
+def test_without_a_compatible_adapter_the_recommendation_says_so_and_how_to_move():
+    records = [r for r in study() if r["method"] != "lambda_orth"]
+    line = recommendation(summarise(records))
+    assert line.startswith("no adapter is compatible here (best cross case: procrustes's B/old, +0.0 top-1 points")
+    assert line.endswith("with procrustes, re-embedding 100% of the gallery (random order) reaches 95% of full "
+                         "backfilling's top-1")
