@@ -162,6 +162,12 @@ def recommendation(rows: list[AdapterSummary]) -> str:
             line += "; its fit did not converge (see the warning above), so it may do better with more steps"
         return line
     measured = [r for r in rows if r.top1_gain is not None]
+    undecided = [r for r in measured if r.compatible == "n/a" and r.top1_gain > 0]
+    if undecided:
+        top = max(undecided, key=lambda r: r.top1_gain)
+        return (f"undecided: these records have no per-query hits (written before they were recorded), so no "
+                f"interval; by the mean, {top.adapter}'s {top.cross_case} leads old/old by {top.top1_gain:+.1f} top-1 "
+                f"points; run the study again to decide")
     line = "no adapter is compatible here"
     if measured:
         top = max(measured, key=lambda r: r.top1_gain)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -183,11 +184,12 @@ def collect_with_paths(results_dir: str | Path) -> tuple[list[tuple[Path, RunRec
 
 
 def _spread(values: list[float]) -> tuple[float, float | None] | None:
-    """``(mean, sample std)`` of ``values``, or None when there is none. One value has no spread: its std is None,
-    shown as no "±" and an empty csv cell, never as a std of 0 (issue 28)."""
+    """``(mean, sample std)`` of ``values``, or None when there is none. One value, or values that are all the same
+    (a case no seed changes, such as old/old), has no spread: its std is None, shown as no "±" and an empty csv
+    cell, never as a std of 0."""
     if not values:
         return None
-    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else None
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(set(values)) > 1 else None
 
 
 def experiment_settings(record: RunRecord) -> dict[str, Any]:
@@ -202,9 +204,17 @@ def experiment_settings(record: RunRecord) -> dict[str, Any]:
         "world_size": record.get("world_size", 1)}
 
 
+ENCODER_KEYS = ("model_update.old", "model_update.new")
+"""Settings that hold encoder specs: tags show them by short name (:func:`short_model_name`)."""
+
+
 def _tag(settings: dict[str, Any], differing: list[str]) -> str:
-    shown = [f"{k}={value if isinstance(value, str) else json.dumps(value)}"
-             for k, value in ((k, settings.get(k)) for k in differing[:3])]
+    def shown_value(key: str, value: Any) -> str:
+        if not isinstance(value, str):
+            return json.dumps(value)
+        return short_model_name(value) if key in ENCODER_KEYS else value
+
+    shown = [f"{k}={shown_value(k, settings.get(k))}" for k in differing[:3]]
     return " [" + "; ".join(shown) + ("; ..." if len(differing) > 3 else "") + "]"
 
 
@@ -384,11 +394,37 @@ def update_rows(records: list[RunRecord]) -> list[list[Any]]:
 
 
 def models_label(record: RunRecord) -> str:
-    """``old -> new`` encoder specs of a leave-one-out record, or ``embeddings`` for the user's own."""
+    """``old → new`` encoders of a leave-one-out record by short name (:func:`short_model_name`; the full specs are
+    in the record's ``models`` and in the report's settings), or ``embeddings`` for the user's own."""
+    old, new = model_specs(record)
+    return "embeddings" if old is None else f"{short_model_name(old)} → {short_model_name(new)}"
+
+
+def model_specs(record: RunRecord) -> tuple[str | None, str | None]:
+    """The old and new encoder specs of a leave-one-out record, or ``(None, None)`` for the user's embeddings."""
     models = record.get("models") or {}
     if isinstance(models.get("old"), dict) and isinstance(models.get("new"), dict):
-        return f"{models['old'].get('spec')} -> {models['new'].get('spec')}"
-    return "embeddings"
+        return str(models["old"].get("spec")), str(models["new"].get("spec"))
+    return None, None
+
+
+SHORT_NAMES = ((re.compile(r"efficientnet_lite(\d)"), "Lite{}"), (re.compile(r"resnet(\d+)"), "ResNet-{}"),
+               (re.compile(r"efficientnet_(b\d)"), "EfficientNet-{}"))
+
+
+WEIGHT_FILES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
+
+
+def short_model_name(spec: str) -> str:
+    """A person's name for an encoder spec: the family and size of a known architecture ("Lite0", "ResNet-18"), else
+    the model's name without its source, weights file and folders."""
+    name = spec.split(":", 1)[-1].split("@", 1)[0]
+    for pattern, short in SHORT_NAMES:
+        found = pattern.search(Path(name).name)
+        if found:
+            return short.format(found.group(1).upper() if short.startswith("EfficientNet") else found.group(1))
+    base = Path(name).name
+    return (base.rsplit(".", 1)[0] if Path(base).suffix in WEIGHT_FILES else base) or spec
 
 
 def retrieval_rows(records: list[RunRecord], values: Callable[[RunRecord], list[float | None]]) -> list[list[Any]]:

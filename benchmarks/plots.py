@@ -27,6 +27,7 @@ import numpy as np
 from cl2r_bench.files import atomic_write
 
 from .adapter_cases import area_under_curve
+from .adapter_summary import AdapterSummary
 from .leaderboard import experiment_groups
 from .metrics import is_number
 from .record import RunRecord, checked_records, leave_one_out
@@ -204,6 +205,43 @@ def backfilling_figure(plt, title: str, runs: list[RunRecord]):
     ax.set_ylabel("top-1 accuracy (%)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def study_figure(plt, title: str, rows: list[AdapterSummary], runs: list[RunRecord]):
+    """An adapter study at a glance: left, each adapter's cross case (what the system serves without backfilling)
+    against old/old, with the 95 % interval of the paired gain; right, each adapter's backfilling curve in its best
+    order (the seeds' mean), from the stale gallery at β = 0 to full backfilling at β = 1."""
+    baseline = runs[0]["retrieval"]["cases"]["old/old"]["top1"]
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.32 * max(len(rows), 4)),
+                                       gridspec_kw={"width_ratios": [1, 1.2]})
+    shown = [r for r in rows if r.top1_gain is not None]
+    colours = {r.adapter: plt.cm.tab10(i % 10) for i, r in enumerate(rows)}
+    for y, row in enumerate(shown):
+        low, high = row.top1_interval or (row.top1_gain, row.top1_gain)
+        bars.barh(y, row.top1_gain, left=baseline, color=colours[row.adapter],
+                  xerr=[[row.top1_gain - low], [high - row.top1_gain]], capsize=3)
+    bars.axvline(baseline, color="black", linestyle="--", linewidth=1, label=f"old/old {baseline:.1f}")
+    bars.set_yticks(range(len(shown)), [f"{r.adapter} ({r.cross_case})" for r in shown], fontsize=8)
+    bars.invert_yaxis()
+    bars.set_xlabel("top-1 (%) without backfilling")
+    bars.legend(fontsize=7, loc="lower right")
+    by_method = {}
+    for run in runs:
+        by_method.setdefault(run["method"], []).append(run)
+    for row in rows:
+        if row.backfill_order is None:
+            continue
+        fills = [r["retrieval"]["backfilling"] for r in by_method[row.adapter]]
+        mean = np.mean([f["curves"][row.backfill_order]["top1"] for f in fills], axis=0)
+        curves.plot(fills[0]["betas"], mean, marker="o", markersize=2.5, color=colours[row.adapter],
+                    label=f"{row.adapter} ({row.backfill_order})")
+    curves.axhline(baseline, color="black", linestyle="--", linewidth=1)
+    curves.set_xlabel("backfilled fraction β")
+    curves.set_ylabel("top-1 (%)")
+    curves.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 

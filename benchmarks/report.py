@@ -15,6 +15,7 @@ with autoescaping, so a label or a path can never inject markup.
 from __future__ import annotations
 
 import base64
+import math
 import os
 from dataclasses import dataclass, field
 from importlib import resources
@@ -23,6 +24,7 @@ from typing import Any
 
 from cl2r_bench.files import atomic_write_text
 
+from .adapter_summary import SUMMARY_COLUMNS, AdapterSummary, recommendation, summarise, summary_cells
 from .leaderboard import (
     Column,
     Kind,
@@ -33,9 +35,20 @@ from .leaderboard import (
     experiment_groups,
     experiment_settings,
     mean_matrices,
+    model_specs,
+    models_label,
     published_tables,
+    short_model_name,
 )
-from .plots import backfilling_curves, backfilling_figure, curves_figure, experiment_series, png_bytes, viridis
+from .plots import (
+    backfilling_curves,
+    backfilling_figure,
+    curves_figure,
+    experiment_series,
+    png_bytes,
+    study_figure,
+    viridis,
+)
 from .record import RunRecord, leave_one_out
 
 REPORT_TABLES = ("main", "noise", "replacements", "across", "model_update", "retrieval", "backfilling", "timing")
@@ -79,10 +92,23 @@ class RunLink:
 
 
 @dataclass
+class StudyAnswer:
+    """The opening of an adapter study (one data set, one pair of models): its summary table, its recommendation,
+    its figure, and the models' full specs behind their short names."""
+
+    title: str
+    summary: HtmlTable
+    recommendation: str
+    figure: Figure
+    models: list[tuple[str, str]]
+
+
+@dataclass
 class Section:
     scenario: str
     dataset: str
     anchor: str
+    answers: list[StudyAnswer] = field(default_factory=list)
     tables: list[HtmlTable] = field(default_factory=list)
     settings: HtmlTable | None = None
     matrices: list[HtmlTable] = field(default_factory=list)
@@ -124,6 +150,7 @@ def section(scenario: str, dataset: str, pairs: list[tuple[Path, RunRecord]], li
     records = [record for _, record in pairs]
     built = build(records, "github", REPORT_TABLES)
     part = Section(scenario, dataset, anchor=f"{scenario}-{dataset}".replace(" ", "-"))
+    part.answers = study_answers(dataset, [r for r in records if leave_one_out(r)])
     part.tables = [html_table(TABLE_TITLES[name], table) for name, tables in built.items() for table in tables]
     part.settings = settings_table(records)
     part.matrices = [heat_table(grid) for grid in mean_matrices(records)]
@@ -133,6 +160,37 @@ def section(scenario: str, dataset: str, pairs: list[tuple[Path, RunRecord]], li
     part.runs = [run_link(path, labels[id(record)], record, links_from)
                  for path, record in sorted(pairs, key=lambda pair: (labels[id(pair[1])], pair[1]["seed"]))]
     return part
+
+
+def study_answers(dataset: str, records: list[RunRecord]) -> list[StudyAnswer]:
+    """One :class:`StudyAnswer` per pair of models among a section's leave-one-out records
+    (:mod:`benchmarks.adapter_summary`)."""
+    studies: dict[str, list[RunRecord]] = {}
+    for record in records:
+        studies.setdefault(models_label(record), []).append(record)
+    answers = []
+    for label, runs in studies.items():
+        rows = sorted(summarise(runs), key=lambda r: math.inf if r.top1_gain is None else -r.top1_gain)
+        cells = [[HtmlCell(text, sort) for text, sort in zip(summary_cells(row), summary_sort_keys(row))]
+                 for row in rows]
+        old, new = model_specs(runs[0])
+        title = f"{label} · {dataset}"
+        answers.append(StudyAnswer(
+            title, HtmlTable(f"The answer: {title}", list(SUMMARY_COLUMNS), cells, "summary", {0, 2, 3}),
+            recommendation(rows), Figure(f"{title}: cross case against old/old, and backfilling",
+                                         encode(png_bytes(study_figure, title, rows, runs))),
+            [] if old is None else [(short_model_name(old), old), (short_model_name(new), new)]))
+    return answers
+
+
+def summary_sort_keys(row: AdapterSummary) -> list[str | float]:
+    """How the summary's cells sort: numbers by value, a missing one last."""
+    def number(value: float | None) -> str | float:
+        return "" if value is None else float(value)
+
+    return [row.adapter, float(row.seeds), row.cross_case or "", row.compatible, number(row.top1_gain),
+            number(row.mAP_gain), number(row.backfill_auc), number(row.reembed_share), row.fit_seconds,
+            str(row.converged)]
 
 
 def html_table(title: str, table: Table, kind: str = "measured") -> HtmlTable:
