@@ -38,6 +38,9 @@ An adapter is one file in ``cl2r_bench/adapters/`` plus its name on the import l
         def backward(self, new): return new * self.gain
         def forward(self, old, side=None): return old * self.gain
 
+An adapter trained by gradient descent subclasses :class:`cl2r_bench.adapters.training.LearnedAdapter` instead and
+implements ``batch_loss``: it then trains to convergence under a step budget like λ-orthogonal, FCT and FastFill.
+
 Shapes are fixed by :meth:`Adapter.build` from ``(old_dim, new_dim, side_dim)``, so a fitted adapter is saved as
 those dimensions plus its ``state_dict`` (:meth:`Adapter.export`) and restored with :meth:`Adapter.restore`.
 """
