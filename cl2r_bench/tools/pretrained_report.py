@@ -12,15 +12,17 @@ class-mean order, mean over seeds) of every adapter.
 from __future__ import annotations
 
 import argparse
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmarks.adapter_summary import SUMMARY_COLUMNS, recommendation, summarise, summary_cells
 from benchmarks.paper_protocol import PAPER_CASES
 from benchmarks.published import LAMBDA_ORTH_SOURCE, LAMBDA_ORTH_TABLE_1B, LAMBDA_ORTH_TABLE_2
-from benchmarks.record import checked_records, leave_one_out
+from benchmarks.record import checked_records, leave_one_out, update_fit
 from cl2r_bench.settings import BACKFILL_ORDERS
 
 Group = tuple[str, str]
@@ -67,9 +69,23 @@ def zero_shot_cell(runs: list[dict[str, Any]]) -> str:
            f"({change[0]:+.2f} ± {change[1]:.2f})"
 
 
-def fit_seconds(runs: list[dict[str, Any]]) -> str:
-    seconds = [r["timings"]["adapter_fit_seconds"] for r in runs]
-    return f"{np.mean(seconds):.1f}"
+def fit_cell(runs: list[dict[str, Any]]) -> str:
+    """Mean fit seconds; for a learned adapter also its mean steps and how many of its fits converged."""
+    seconds = f"{np.mean([r['timings']['adapter_fit_seconds'] for r in runs]):.1f}"
+    fits = [update_fit(r) for r in runs]
+    if not all("steps" in f for f in fits):
+        return seconds
+    return (f"{seconds} ({np.mean([f['steps'] for f in fits]):.0f} steps, converged "
+            f"{sum(bool(f['converged']) for f in fits)}/{len(fits)})")
+
+
+def answer(by_adapter: dict[str, list[dict[str, Any]]]) -> str:
+    """The study's answer (:mod:`benchmarks.adapter_summary`): its table, best top-1 gain first, and the
+    recommendation."""
+    rows = summarise([r for runs in by_adapter.values() for r in runs])
+    rows.sort(key=lambda r: math.inf if r.top1_gain is None else -r.top1_gain)
+    return (table(list(SUMMARY_COLUMNS), [summary_cells(r) for r in rows])
+            + f"\n\n**Recommendation:** {recommendation(rows)}")
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -89,10 +105,12 @@ def group_tables(pair: str, dataset: str, by_adapter: dict[str, list[dict[str, A
                                                for n in names])
     backfill = table(["adapter", *(f"AUC {o}" for o in BACKFILL_ORDERS), "zero-shot top-1 (change)", "fit s"],
                      [[n, *(auc_cell(by_adapter[n], o) for o in BACKFILL_ORDERS), zero_shot_cell(by_adapter[n]),
-                       fit_seconds(by_adapter[n])] for n in names])
-    return (f"### {pair}, {dataset}\n\n{about}\n\nCMC top-1 / mAP (%), mean over seeds (± seed std of top-1):\n\n"
+                       fit_cell(by_adapter[n])] for n in names])
+    return (f"### {pair}, {dataset}\n\n{about}\n\n{answer(by_adapter)}\n\n"
+            f"CMC top-1 / mAP (%), mean over seeds (± seed std of top-1):\n\n"
             f"{cases}\n\nBackfilling AUC top-1 / mAP (%), zero-shot ImageNet-1k top-1 of the new encoder before -> "
-            f"after B (change in points), mean adapter fit time:\n\n{backfill}\n")
+            f"after B (change in points), mean adapter fit time (steps and converged fits of a learned adapter):\n\n"
+            f"{backfill}\n")
 
 
 def published_tables() -> str:
