@@ -27,6 +27,7 @@ from typing import Any
 
 from cl2r_bench.errors import UsageError
 from cl2r_bench.run_options import add_run_options
+from cl2r_bench.stops import exit_code, stop_handlers, stop_name
 
 # Each command imports its parts inside its handler: they import torch, timm and Avalanche (seconds), so --help, a
 # usage error and the commands that read results answer without them.
@@ -154,10 +155,10 @@ def command_run(args: argparse.Namespace) -> int:
                 f"{run.device}{processes_note(run.processes.world_size)}) -> {run.dir}")
             try:
                 record = run.execute()
-            except KeyboardInterrupt:
-                print(f"\ninterrupted: finished tasks are saved in {run.dir}; continue with the same command and "
-                      "--resume", file=sys.stderr)
-                return 130
+            except KeyboardInterrupt as stop:
+                print(f"\nstopped ({stop_name(stop)}): finished tasks are saved in {run.dir}; continue with the same "
+                      "command and --resume", file=sys.stderr)
+                return exit_code(stop)
             if record.get("protocol") == "leave_one_out":
                 r = record["retrieval"]
                 say(case_line(s.adapter.name, s.seed, r["cases"], r["backfilling"]["auc"], r["zero_shot"]))
@@ -552,6 +553,13 @@ def show_notices_as_one_line() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command of ``runner.py``; SIGINT and SIGTERM stop it cleanly whatever the process inherited
+    (:mod:`cl2r_bench.stops`)."""
+    with stop_handlers():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS + ("-h", "--help"):
         argv = ["run"] + argv
@@ -589,6 +597,9 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors + (RunError,) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as stop:
+        print(f"\nstopped ({stop_name(stop)}): what was finished is saved; the same command continues", file=sys.stderr)
+        return exit_code(stop)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from cl2r_bench.config import CONFIG_DIR, EXTRA_TYPES, FLOAT_TEXT, flatten, pars
 from cl2r_bench.errors import ConfigError, safe_name
 from cl2r_bench.files import atomic_write_text
 from cl2r_bench.run_options import GRID_OPTIONS, requested_output, requested_runs
+from cl2r_bench.stops import STOP_SIGNALS, exit_code, stop_handlers, stop_name
 
 if TYPE_CHECKING:
     from cl2r_bench.assembly import Assembly
@@ -196,30 +197,27 @@ def progress(done: int, running: int, failed: int, waiting: int) -> str:
     return f"sweep: {done} done, {running} running, {failed} failed, {waiting} waiting"
 
 
-class SweepStopped(Exception):
-    """The sweep process was sent SIGTERM: its runs are stopped like after Ctrl-C, and it exits with 143."""
-
-
-def _raise_stopped(signum: int, frame: Any) -> None:
-    raise SweepStopped()
-
-
 def run_local(jobs: list[Job], *, parallel: int, log: Callable[[str], None] = print, poll: float = 0.5) -> int:
     """Run the jobs that are not complete, ``parallel`` at a time; returns 0 when every job is complete, else 1
-    (the failed jobs and their logs are named). Ctrl-C, ``kill -INT`` or ``kill -TERM`` of the sweep pass SIGINT to
-    its running runs, which keep their finished tasks and stop; the sweep waits for them and exits with 130 (143 for
-    SIGTERM) after one line, so no run is left training as an orphan and the same command resumes (issue 29)."""
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGTERM, _raise_stopped)
+    (the failed jobs and their logs are named). Ctrl-C, ``kill -INT`` or ``kill -TERM`` of the sweep
+    (:mod:`cl2r_bench.stops`: handled whatever the sweep inherited) send SIGTERM to its running runs, which handle
+    it themselves, keep their finished tasks and stop; the sweep waits for them and exits with 130 (143 for
+    SIGTERM) after one line, so no run is left training as an orphan and the same command resumes."""
     running: dict[int, tuple[Job, subprocess.Popen, Any]] = {}
     try:
-        return _run_pool(jobs, running, parallel=parallel, log=log, poll=poll)
-    except (KeyboardInterrupt, SweepStopped) as stop:
-        code = 143 if isinstance(stop, SweepStopped) else 130
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with stop_handlers():
+            return _run_pool(jobs, running, parallel=parallel, log=log, poll=poll)
+    except KeyboardInterrupt as stop:
+        return _stop_runs(running, stop)
+
+
+def _stop_runs(running: dict[int, tuple[Job, subprocess.Popen, Any]], stop: BaseException) -> int:
+    """Send SIGTERM to the running runs, wait up to :data:`STOP_GRACE_SECONDS` for them (then kill them), say so in
+    one line, and return the sweep's exit code; a second signal meanwhile is ignored."""
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in STOP_SIGNALS}
+    try:
         for _job, process, _handle in running.values():
-            process.send_signal(signal.SIGINT)
+            process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_SECONDS
         for _job, process, handle in running.values():
             try:
@@ -228,16 +226,16 @@ def run_local(jobs: list[Job], *, parallel: int, log: Callable[[str], None] = pr
                 process.kill()
                 process.wait()
             handle.close()
-        print(f"\nsweep interrupted: {len(running)} running run(s) stopped, their finished tasks kept; the same "
-              "sweep command resumes them", file=sys.stderr)
-        return code
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    print(f"\nsweep stopped ({stop_name(stop)}): {len(running)} running run(s) stopped, their finished tasks "
+          "kept; the same sweep command resumes them", file=sys.stderr)
+    return exit_code(stop)
 
 
 STOP_GRACE_SECONDS = 60.0
-"""How long an interrupted sweep waits for its runs to stop after SIGINT before killing them. The runs are in
+"""How long a stopped sweep waits for its runs to stop after SIGTERM before killing them. The runs are in
 sessions of their own, so a terminal's Ctrl-C reaches them once, through the sweep."""
 
 

@@ -1,0 +1,58 @@
+"""Stops that do not depend on how the suite was launched (docs/reliability.md).
+
+A process started in the background by a shell script (``cmd &``), and by some CI runners and wrappers, inherits
+SIGINT as *ignored*; Python then installs no Ctrl-C handler, and ``kill -INT`` does nothing. SLURM at a time limit,
+``docker stop`` and ``timeout`` send SIGTERM, whose default ends the process at once. So every command of the
+suite installs both handlers itself, first thing: either signal raises :class:`Stopped` (a ``KeyboardInterrupt``,
+so every clean-stop path that catches Ctrl-C catches it too), and the command exits with :func:`exit_code` (130
+after SIGINT, 143 after SIGTERM) after one line, its finished tasks kept.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Stopped(KeyboardInterrupt):
+    """The process was sent SIGINT or SIGTERM (``signum``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stop_handlers() -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM raise :class:`Stopped` in this process, whatever it inherited; the previous
+    handlers are restored after, so an in-process caller (a test, a notebook) keeps its own. A no-op off the main
+    thread, where Python cannot install handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def exit_code(stop: BaseException) -> int:
+    """128 + the signal's number: 143 after SIGTERM, 130 after SIGINT or a plain ``KeyboardInterrupt``."""
+    return 128 + (stop.signum if isinstance(stop, Stopped) else signal.SIGINT)
+
+
+def stop_name(stop: BaseException) -> str:
+    """How a person names the stop: ``SIGTERM``, or ``Ctrl-C / SIGINT``."""
+    return "SIGTERM" if isinstance(stop, Stopped) and stop.signum == signal.SIGTERM else "Ctrl-C / SIGINT"
