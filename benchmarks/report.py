@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from cl2r_bench.files import atomic_write_text
 
@@ -117,11 +118,35 @@ class Section:
     runs: list[RunLink] = field(default_factory=list)
 
 
+GENERATOR = "cl2r-bench runner.py report"
+"""The page's ``<meta name="generator">``: how the report knows a file it may write over."""
+
+
+def overwrite_problem(out: Path) -> str | None:
+    """Why the report must not be written to ``out``, or None: it never writes over a file it did not create (a
+    run's ``metrics.json``, a page of someone else's), only over a report whose head names :data:`GENERATOR`."""
+    if out.is_dir():
+        return f"--out {out} is a folder; give the HTML file to write, e.g. {out / 'report.html'}"
+    if not out.exists() and not out.is_symlink():
+        return None
+    try:
+        with out.open("rb") as handle:
+            head = handle.read(2048)
+    except OSError:
+        head = b""
+    if out.is_file() and not out.is_symlink() and GENERATOR.encode() in head:
+        return None
+    return (f"--out {out} exists and is not a report written by runner.py report; the report never writes over a "
+            "file it did not create: choose another file")
+
+
 def write_report(results_dir: str | Path, out: str | Path) -> tuple[Path, int, list[tuple[Path, str]]]:
-    """Write the report of ``results_dir`` to ``out``; returns ``(out, runs shown, skipped files with reasons)``."""
+    """Write the report of ``results_dir`` to ``out`` when it holds a complete run; returns ``(out, runs shown,
+    skipped files with reasons)``. Call :func:`overwrite_problem` first."""
     out = Path(out)
     found, skipped = collect_with_paths(results_dir)
-    atomic_write_text(out, render_report(found, results_dir, out.parent))
+    if found:
+        atomic_write_text(out, render_report(found, results_dir, out.parent))
     return out, len(found), skipped
 
 
@@ -135,7 +160,7 @@ def render_report(found: list[tuple[Path, RunRecord]], results_dir: str | Path, 
                                      lstrip_blocks=True)
     sections = [section(scenario, dataset, pairs, links_from) for (scenario, dataset), pairs in by_section(found)]
     return environment.from_string(template).render(results=str(results_dir), sections=sections,
-                                                   runs=len(found))
+                                                   runs=len(found), generator=GENERATOR)
 
 
 def by_section(found: list[tuple[Path, RunRecord]]) -> list[tuple[tuple[str, str], list[tuple[Path, RunRecord]]]]:
@@ -277,5 +302,8 @@ def run_link(path: Path, experiment: str, record: RunRecord, links_from: Path) -
 
 
 def relative(path: Path, start: Path) -> str:
-    """``path`` as a link from a page in ``start`` (forward slashes, so it works in any browser)."""
-    return Path(os.path.relpath(path.resolve(), start.resolve())).as_posix()
+    """``path`` as a link from a page in ``start``: a relative path with forward slashes, percent-encoded and
+    starting with ``./`` or ``../``, so no folder name (``javascript:...``, ``https:...``) can read as a URL
+    scheme."""
+    link = quote(Path(os.path.relpath(path.resolve(), start.resolve())).as_posix(), safe="/")
+    return link if link.startswith("../") else f"./{link}"

@@ -466,12 +466,13 @@ def command_plot(args: argparse.Namespace) -> int:
 
 def command_report(args: argparse.Namespace) -> int:
     """Write the HTML report of a results folder (:mod:`benchmarks.report`); bad files are named on stderr."""
-    from benchmarks.report import write_report
+    from benchmarks.report import overwrite_problem, write_report
 
     results = existing_folder(args.results_dir)
     out = Path(args.out) if args.out else results / "report.html"
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a folder; give the HTML file to write, e.g. {out / 'report.html'}")
+    problem = overwrite_problem(out)
+    if problem:
+        raise UsageError(problem)
     try:
         written, runs, skipped = write_report(results, out)
     except OSError as exc:
@@ -479,7 +480,6 @@ def command_report(args: argparse.Namespace) -> int:
     for path, reason in skipped:
         print(f"skipped {path}: {reason}", file=sys.stderr)
     if not runs:
-        written.unlink()
         raise UsageError(f"no complete metrics.json under {results} to report; run an experiment first"
                          + (f" ({len(skipped)} file(s) skipped, reasons above)" if skipped else ""))
     print(f"{written} ({runs} runs)")

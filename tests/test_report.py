@@ -141,3 +141,30 @@ def test_an_adapter_study_without_backfilling_curves_has_no_figure_and_breaks_no
     out, runs, skipped = write_report(results, tmp_path / "report.html")
     assert runs == 6 and len(skipped) == 1, skipped
     assert out.read_text().count("data:image/png;base64,") == 4  # as without it: no curve, no figure
+
+
+def test_the_report_never_writes_over_a_file_it_did_not_create(results, tmp_path, capsys):
+    record = results / "iamcl2r/synthetic/er/seed1/metrics.json"
+    before = record.read_bytes()
+    assert cli.main(["report", str(results), "--out", str(record)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not a report written by runner.py report" in err
+    assert record.read_bytes() == before
+    page = tmp_path / "page.html"
+    page.write_text("<html>someone's notes</html>")
+    assert cli.main(["report", str(results), "--out", str(page)]) == 2 and "notes" in page.read_text()
+    assert cli.main(["report", str(results), "--out", str(tmp_path / "mine.html")]) == 0
+    assert cli.main(["report", str(results), "--out", str(tmp_path / "mine.html")]) == 0  # its own report: rewritten
+    (tmp_path / "empty").mkdir()
+    old_report = tmp_path / "mine.html"
+    assert cli.main(["report", str(tmp_path / "empty"), "--out", str(old_report)]) == 2
+    assert old_report.is_file()  # nothing to report: the earlier report is left as it was
+
+
+def test_no_link_can_be_read_as_a_url_scheme(results, tmp_path):
+    put(results / "javascript:alert(1)" / "seed9", changed(valid_record(9), "method", "evil"))
+    page = write_report(results, tmp_path / "report.html")[0].read_text()
+    links = re.findall(r'href="([^"]*)"', page)
+    assert links and all(link.startswith(("./", "../", "#")) for link in links), links
+    assert not any(re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", link) for link in links)
+    assert any("javascript%3Aalert%281%29/seed9/metrics.json" in link for link in links)
