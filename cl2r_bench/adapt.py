@@ -21,7 +21,6 @@ train split (a nearest-class-mean classifier: the suite's choice, the same for e
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -282,7 +281,7 @@ Old model: {old_dim}-d features; new model: {new_dim}-d features. Files:
 - `adapter_state.pt`: the fitted adapter as plain tensors (`torch.load(..., weights_only=True)`;
   `cl2r_bench.adapters.make_adapter("{name}", {{}}).restore(state)` rebuilds it).
 {files}
-Every map takes and returns L2-normalised float32 features (`n x d`) and needs only `torch`:
+Every map takes and returns L2-normalised float32 features (`n x d`, any n) and needs only `torch`:
 
 ```python
 import torch
@@ -290,11 +289,11 @@ import torch
 ```
 """
 SNIPPETS = {
-    "backward": """to_old = torch.jit.load("backward.pt")        # new-model features -> the old index's frame
-old_frame = torch.jit.load("old_frame.pt")     # once, on the stored old vectors (identity or truncation; no images)
+    "backward": """to_old = torch.export.load("backward.pt2").module()     # new-model features -> the old index frame
+old_frame = torch.export.load("old_frame.pt2").module()   # once, on the stored old vectors (identity or truncation)
 index = old_frame(old_index_vectors)
 scores = to_old(new_model(query_images)) @ index.T   # search the old index with the new model, no backfilling""",
-    "forward": """to_new = torch.jit.load("forward.pt")          # old-model features -> the new model's space
+    "forward": """to_new = torch.export.load("forward.pt2").module()       # old-model features -> the new space
 index = to_new(old_index_vectors)              # once, on the stored old vectors (no images re-embedded)
 scores = new_model(query_images) @ index.T     # new queries on the upgraded index; backfill items over time""",
 }
@@ -302,24 +301,25 @@ EXPORT_FILES = {"backward": ("backward", "old_frame"), "forward": ("forward",)}
 
 
 def export_adapter(adapter: Adapter, directory: str | Path) -> list[Path]:
-    """Write the fitted ``adapter`` to ``directory``: its state dict, a TorchScript module per map a production
-    system applies (the backward pair when the adapter has a backward map, else the forward map) and a README
-    snippet; returns the files written."""
+    """Write the fitted ``adapter`` to ``directory``: its state dict, a ``torch.export`` program (``.pt2``, loaded
+    by ``torch.export.load(path).module()`` with torch alone, any number of rows) per map a production system
+    applies (the backward pair when the adapter has a backward map, else the forward map) and a README snippet;
+    returns the files written. TorchScript is not written: torch 2.14 deprecates loading it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     old_dim, new_dim, _ = adapter.dims
     torch.save(adapter.export(), directory / "adapter_state.pt")
     direction = "backward" if "backward" in adapter.directions else "forward"
     written = [directory / "adapter_state.pt"]
+    rows = torch.export.Dim("rows", min=1)
     for which in EXPORT_FILES[direction]:
         width = new_dim if which == "backward" else old_dim
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # torch 2.14 deprecates TorchScript; the issue asks for it
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)  # shapes are fixed by the fitted adapter
-            module = torch.jit.trace(DeployedMap(adapter.cpu().eval(), which), torch.randn(3, width))
-        module.save(str(directory / f"{which}.pt"))
-        written.append(directory / f"{which}.pt")
-    files = "".join(f"- `{p.name}`: TorchScript, `torch.jit.load`.\n" for p in written[1:])
+        program = torch.export.export(DeployedMap(adapter.cpu().eval(), which), (torch.randn(3, width),),
+                                      dynamic_shapes=({0: rows},))
+        torch.export.save(program, directory / f"{which}.pt2")
+        written.append(directory / f"{which}.pt2")
+    files = "".join(f"- `{p.name}`: a `torch.export` program, `torch.export.load(...).module()`.\n"
+                    for p in written[1:])
     (directory / "README.md").write_text(EXPORT_README.format(name=adapter.name, old_dim=old_dim, new_dim=new_dim,
                                                               files=files, snippet=SNIPPETS[direction]))
     return written + [directory / "README.md"]

@@ -120,14 +120,58 @@ def test_every_adapter_runs_records_land_on_the_leaderboard_and_the_export_serve
     from cl2r_bench.adapters import make_adapter
 
     adapter = make_adapter("procrustes", {}).restore(state)
-    to_old = torch.jit.load(str(export / "procrustes" / "backward.pt"))
-    old_frame = torch.jit.load(str(export / "procrustes" / "old_frame.pt"))
+    to_old = torch.export.load(export / "procrustes" / "backward.pt2").module()
+    old_frame = torch.export.load(export / "procrustes" / "old_frame.pt2").module()
     queries = torch.nn.functional.normalize(torch.randn(4, 8), dim=1)
     expected = torch.nn.functional.normalize(adapter.backward(queries), dim=1)
     torch.testing.assert_close(to_old(queries), expected)
     torch.testing.assert_close(old_frame(queries), queries)
-    assert (export / "fct" / "forward.pt").is_file() and not (export / "fct" / "backward.pt").exists()
-    assert "torch.jit.load" in (export / "procrustes" / "README.md").read_text()
+    assert (export / "fct" / "forward.pt2").is_file() and not (export / "fct" / "backward.pt2").exists()
+    assert "torch.export.load" in (export / "procrustes" / "README.md").read_text()
+    assert not list(export.rglob("*.pt")) or all(p.name == "adapter_state.pt" for p in export.rglob("*.pt"))
+
+
+EVERY_MAP = """
+import sys, warnings
+import torch
+warnings.simplefilter("error")                      # loading must not warn (TorchScript's deprecation did)
+export, width, features = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+x = torch.load(features, weights_only=True)
+out = {}
+for name in ("backward", "old_frame", "forward"):
+    try:
+        program = torch.export.load(f"{export}/{name}.pt2")
+    except FileNotFoundError:
+        continue
+    out[name] = program.module()(x[name])
+torch.save(out, features + ".out")
+assert not [m for m in sys.modules if m.split(".")[0] in ("cl2r_bench", "benchmarks", "strategies", "scenarios")]
+"""
+
+
+@pytest.mark.parametrize("name", ["lambda_orth", "fct", "fastfill", "irp", "procrustes", "least_squares", "affine"])
+def test_every_exported_map_gives_the_adapters_features_and_loads_with_torch_alone(tmp_path, name):
+    """Each adapter fitted on 16-d old and 24-d new features, exported, then loaded in a fresh Python that imports
+    torch alone and never the suite; its maps give the in-process adapter's normalised features."""
+    from cl2r_bench.adapt import export_adapter
+    from cl2r_bench.adapters import FeaturePair, fit_adapter, make_adapter
+
+    torch.manual_seed(0)
+    old, new = (torch.nn.functional.normalize(torch.randn(200, d), dim=1) for d in (16, 24))
+    adapter = make_adapter(name, {name: {"max_steps": 3}} if name in ("lambda_orth", "fct", "fastfill") else {})
+    fit_adapter(adapter, FeaturePair(old, new, torch.arange(200) % 5,
+                                     new_classifier=torch.nn.functional.normalize(torch.randn(5, 24), dim=1)), 0)
+    export_adapter(adapter, tmp_path / name)
+    inputs = {"backward": new[:7], "old_frame": old[:7], "forward": old[:7]}
+    torch.save(inputs, tmp_path / "x.pt")
+    subprocess.run([sys.executable, "-c", EVERY_MAP, str(tmp_path / name), "0", str(tmp_path / "x.pt")], check=True,
+                   cwd=tmp_path)
+    got = torch.load(tmp_path / "x.pt.out", weights_only=True)
+    assert set(got) == ({"backward", "old_frame"} if "backward" in adapter.directions else {"forward"})
+    with torch.no_grad():
+        for which, features in got.items():
+            expected = torch.nn.functional.normalize(getattr(adapter, which)(inputs[which]), dim=1)
+            torch.testing.assert_close(features, expected, rtol=1e-5, atol=1e-6)
 
 
 def write_folder(folder: Path, suffix: str, old, new, labels) -> Path:
