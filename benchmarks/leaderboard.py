@@ -349,17 +349,22 @@ def mean_matrices(records: list[RunRecord]) -> list[Table]:
         labels = [f"{t}{'*' if t in replaced else ''}" for t in range(len(mean))]
         columns = (Column("query \\ gallery", "t", Kind.TEXT),
                    *(Column(label, label, Kind.SPREAD, 1) for label in labels))
-        rows = [[labels[t], *((mean[t, k], None if std is None else std[t, k]) if k <= t else ""
-                              for k in range(len(mean)))] for t in range(len(mean))]
+        rows = [[labels[t], *((mean[t, k], _entry_std(std, t, k)) if k <= t else "" for k in range(len(mean)))]
+                for t in range(len(mean))]
         grids.append(Table(columns, rows, f"{scenario} / {dataset} / {strategy} ({seeds} seed{'s' * (seeds > 1)})"))
     return grids
+
+
+def _entry_std(std: np.ndarray | None, t: int, k: int) -> float | None:
+    """An entry's std over seeds, None with one seed or when no seed changed it (as :func:`_spread`)."""
+    return None if std is None or std[t, k] == 0 else float(std[t, k])
 
 
 def matrix_rows(records: list[RunRecord]) -> list[list[Any]]:
     """The mean matrices of :func:`mean_matrices` as rows ``[scenario, dataset, strategy, t, k, mean, std,
     seeds]`` (:data:`MATRIX_ROW_COLUMNS`), one per pair k <= t, tasks 0-based, percent (std None for one seed):
     the long form that a csv file and a plotting script take."""
-    return [[scenario, dataset, strategy, t, k, float(mean[t, k]), None if std is None else float(std[t, k]), seeds]
+    return [[scenario, dataset, strategy, t, k, float(mean[t, k]), _entry_std(std, t, k), seeds]
             for (scenario, dataset, strategy), (mean, std, _, seeds) in _mean_matrices(records).items()
             for t in range(len(mean)) for k in range(t + 1)]
 

@@ -20,7 +20,9 @@ train split (a nearest-class-mean classifier: the suite's choice, the same for e
 """
 from __future__ import annotations
 
+import math
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -113,6 +115,11 @@ def read_embeddings(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, np.nd
                 if missing:
                     raise EmbeddingsError(f"{path} has no array {missing[0]!r} (it holds {archive.files}); save "
                                           "it with np.savez(FILE, old=..., new=..., labels=...)")
+                with zipfile.ZipFile(path) as members:
+                    for name in ARRAYS:
+                        info = members.getinfo(f"{name}.npy")
+                        with members.open(info) as member:
+                            _check_header(f"{path} ({name})", member, info.file_size)
                 arrays = {name: archive[name] for name in ARRAYS}
         except (OSError, ValueError) as exc:
             raise EmbeddingsError(f"{path} is not a readable .npz file ({str(exc).splitlines()[0][:120]})") from None
@@ -130,6 +137,9 @@ def _array_file(folder: Path, name: str) -> Path:
 
 
 def _read_array(path: Path) -> np.ndarray:
+    if path.suffix == ".npy":
+        with path.open("rb") as handle:
+            _check_header(str(path), handle, path.stat().st_size)
     try:
         if path.suffix == ".npy":
             return np.load(path, allow_pickle=False)
@@ -141,6 +151,23 @@ def _read_array(path: Path) -> np.ndarray:
         raise EmbeddingsError(f"{path} holds a {type(value).__name__}, not a tensor; save it with torch.save(tensor)")
     value = value.detach().cpu()
     return (value.float() if value.is_floating_point() else value).numpy()
+
+
+def _check_header(name: str, handle: Any, stored_bytes: int) -> None:
+    """Refuse a ``.npy`` stream whose header claims more data than the file holds, before anything is allocated
+    (a damaged or forged header would otherwise ask for terabytes)."""
+    try:
+        version = np.lib.format.read_magic(handle)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(handle)
+    except (ValueError, OSError, SyntaxError) as exc:
+        raise EmbeddingsError(f"{name} is not a numpy array file ({str(exc).splitlines()[0][:120]}); save it with "
+                              "np.save or np.savez") from None
+    claimed = math.prod(shape) * dtype.itemsize
+    if claimed > stored_bytes - handle.tell():
+        raise EmbeddingsError(f"{name}: its header claims an array of shape {tuple(shape)} ({dtype}, "
+                              f"{claimed / 2**30:.3g} GiB) but the file holds {stored_bytes} bytes; the file is "
+                              "damaged or not what np.save wrote: save it again")
 
 
 def _checked(path: Path, arrays: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cl2r_bench.errors import UsageError
+from cl2r_bench.limits import count_argument, seed_argument
 from cl2r_bench.run_options import add_run_options
 from cl2r_bench.stops import exit_code, stop_handlers, stop_name
 
@@ -63,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     met.add_argument("--scale", default="auto", choices=["auto", "fraction", "percent"],
                      help="how entries are written: fraction in [0, 1], percent in [0, 100], or auto (either, "
                      "refusing a matrix that mixes them)")
-    met.add_argument("--queries", type=int, help="queries behind each entry: adds the noise analysis (binomial; "
+    met.add_argument("--queries", type=count_argument,
+                     help="queries behind each entry: adds the noise analysis (binomial; "
                      "benchmarks/noise.py)")
     met.add_argument("--replacement-tasks", type=int, nargs="*", default=[],
                      help="replacement tasks, for the noise analysis of the pairs across replacements")
@@ -103,9 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep.add_argument("--launcher", default="local", choices=LAUNCHERS, help="local: a pool of processes on this "
                        "machine, one GPU each when there are several; slurm: one SLURM job array (submitit)")
-    sweep.add_argument("--jobs", type=int, default=1, help="runs at a time with --launcher local (default "
-                       "%(default)s)")
-    sweep.add_argument("--max-runs", type=int, default=1000, help="refuse a grid of more runs than this before "
+    sweep.add_argument("--jobs", type=count_argument, default=1,
+                       help="runs at a time with --launcher local (default %(default)s)")
+    sweep.add_argument("--max-runs", type=count_argument, default=1000,
+                       help="refuse a grid of more runs than this before "
                        "planning it (default %(default)s), so a typo in a grid never plans for hours")
     add_slurm_options(sweep)
     adapt = sub.add_parser("adapt", help="fit adapters on your own old and new embeddings and measure them by the "
@@ -117,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument("--test", required=True, help="the evaluation split's embeddings (.npz or folder)")
     adapt.add_argument("--adapter", required=True, nargs="+", help="one or more adapters (runner.py list), 'none' "
                        "(no adapter), or 'all' (none and every adapter)")
-    adapt.add_argument("--seeds", type=int, nargs="+", help="fit seeds (default: the seed of configs/default.yaml)")
+    adapt.add_argument("--seeds", type=seed_argument, nargs="+",
+                       help="fit seeds (default: the seed of configs/default.yaml)")
     adapt.add_argument("--name", help="the study's name in results folders (default: TRAIN's file name)")
     adapt.add_argument("--json", action="store_true", help="print one JSON line per adapter and seed, then one with "
                        "the summary and the recommendation")
@@ -222,8 +226,6 @@ def command_sweep(args: argparse.Namespace) -> int:
     cannot take the jobs), then run what is not complete (:mod:`cl2r_bench.sweep`, :mod:`cl2r_bench.slurm`)."""
     from cl2r_bench.sweep import grid_runs, plan, run_local
 
-    if args.jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
     if args.seed is not None:
         raise UsageError("a sweep takes its seeds with --seeds K1 K2 ...")
     if args.launcher == "slurm":
@@ -361,10 +363,14 @@ def command_metrics(args: argparse.Namespace) -> int:
     from benchmarks.metrics import all_metrics, load_matrix
 
     matrix = load_matrix(args.file, scale=args.scale)
+    outside = [t for t in args.replacement_tasks if not 0 <= t < len(matrix)]
+    if outside:
+        raise UsageError(f"--replacement-tasks {' '.join(map(str, outside))}: the matrix has {len(matrix)} tasks, "
+                         f"numbered 0 to {len(matrix) - 1}")
+    if args.replacement_tasks and args.queries is None:
+        raise UsageError("--replacement-tasks is read by the noise analysis: add --queries N")
     metrics = all_metrics(matrix, args.tie_rule)
     if args.queries is not None:
-        if args.queries < 1:
-            raise UsageError(f"--queries must be a positive number of queries, not {args.queries}")
         from benchmarks.noise import noise_metrics
 
         metrics["noise"] = noise_metrics(matrix, args.queries, replacement_tasks=args.replacement_tasks,
@@ -563,7 +569,10 @@ def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS + ("-h", "--help"):
         argv = ["run"] + argv
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # --help, or bad input already printed in one line: its code, returned
+        return exit_.code if isinstance(exit_.code, int) else 2
     if args.command is None:
         build_parser().print_help()
         return 0

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from cl2r_bench.config import nested, parse_assignment, read_yaml, resolve
 from cl2r_bench.errors import UsageError
+from cl2r_bench.limits import seed_argument
 
 if TYPE_CHECKING:
     from cl2r_bench.assembly import Assembly
@@ -54,8 +55,8 @@ RUN_OPTIONS = (
     RunOption("--data-root", "data_root", "folder with cifar-100-python/, cifar-10-batches-py/, tiny-imagenet-200/"),
     RunOption("--download", "download", "download missing data sets", {"action": "store_true", "default": None}),
     RunOption("--preset", "preset", "paper (published protocol) | quick (minutes on a CPU)"),
-    RunOption("--seed", "seed", "one seed", {"type": int}),
-    RunOption("--seeds", None, "several seeds, run one after the other", {"type": int, "nargs": "+"}),
+    RunOption("--seed", "seed", "one seed", {"type": seed_argument}),
+    RunOption("--seeds", None, "several seeds, run one after the other", {"type": seed_argument, "nargs": "+"}),
     RunOption("--device", "device", "auto | cpu | cuda | cuda:N"),
     RunOption("--epochs", "training.epochs", "epochs per task (replacement pretraining has its own: --set "
               "replacement.pretrain.epochs=N)", {"type": int}),

@@ -27,6 +27,7 @@ import yaml
 
 from cl2r_bench.config import CONFIG_DIR
 from cl2r_bench.errors import ConfigError, safe_name
+from cl2r_bench.limits import seed_problem
 from cl2r_bench.models import BACKBONES
 
 DATASETS = ("cifar100", "cifar10", "tinyimagenet", "synthetic")
@@ -421,7 +422,9 @@ class RunSettings:
     adapter_params: dict[str, dict[str, Any]]
 
     def __post_init__(self) -> None:
-        check_rules("", self, at_least(0, "seed"))
+        problem = seed_problem(self.seed)
+        if problem:
+            raise ConfigError(problem)
         if not DEVICE.fullmatch(str(self.device)):
             raise ConfigError(f"device = {self.device!r}; use auto, cpu, cuda or cuda:N")
 

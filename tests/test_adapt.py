@@ -369,3 +369,42 @@ def test_the_papers_command_with_download_runs_on_the_libraries_own_download_pat
     record = json.loads(next((tmp_path / "out").rglob("metrics.json")).read_text())
     assert record["models"]["old"]["feature_dim"] == 512 and record["models"]["new"]["feature_dim"] == 1024
     assert record["retrieval"]["queries"] == 200 and record["retrieval"]["cases"]["B/old"] is not None
+
+
+def test_an_array_header_claiming_more_than_the_file_holds_is_refused_before_allocating(tmp_path, capsys):
+    """A .npz (and a folder's .npy) whose header claims 10^6 x 10^6 floats: one line, exit 2, nothing allocated."""
+    import io
+    import zipfile
+
+    header = np.lib.format.header_data_from_array_1_0(np.zeros((2, 2), np.float32))
+    header["shape"] = (10**6, 10**6)
+    forged = io.BytesIO()
+    np.lib.format.write_array_header_1_0(forged, header)
+    forged.write(b"\0" * 16)
+    labels = io.BytesIO()
+    np.save(labels, np.arange(4))
+    archive = tmp_path / "forged.npz"
+    with zipfile.ZipFile(archive, "w") as members:
+        for name in ("old", "new"):
+            members.writestr(f"{name}.npy", forged.getvalue())
+        members.writestr("labels.npy", labels.getvalue())
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for name in ("old", "new"):
+        (folder / f"{name}.npy").write_bytes(forged.getvalue())
+    (folder / "labels.npy").write_bytes(labels.getvalue())
+    for path in (archive, folder):
+        code, out = adapt("--train", path, "--test", path, "--adapter", "none", "--output", tmp_path / "o",
+                          capsys=capsys)
+        assert code == 2 and len(out.err.strip().splitlines()) == 1, out.err
+        assert "header claims an array of shape (1000000, 1000000)" in out.err and "Traceback" not in out.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seeds", str(2**70)], "argument --seeds: a seed must be an integer from 0 to 4294967295"),
+    (["--seeds", "-1"], "argument --seeds: a seed must be an integer from 0"),
+])
+def test_seeds_out_of_range_are_one_line(rotated, tmp_path, capsys, args, message):
+    train, test = rotated
+    code, out = adapt("--train", train, "--test", test, "--adapter", "none", *args, "--output", tmp_path, capsys=capsys)
+    assert code == 2 and message in out.err and len(out.err.strip().splitlines()) == 1

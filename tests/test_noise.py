@@ -151,6 +151,19 @@ def test_metrics_command_adds_binomial_noise(tmp_path, capsys):
     assert runner.main(["metrics", str(path), "--queries", "0"]) == 2
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--queries", str(10**21)], "argument --queries: must be a whole number from 1 to 2147483647"),
+    (["--queries", "100", "--replacement-tasks", "99", "-5"], "--replacement-tasks 99 -5: the matrix has 3 tasks"),
+    (["--replacement-tasks", "2"], "--replacement-tasks is read by the noise analysis: add --queries N"),
+])
+def test_counts_and_task_lists_are_checked_against_the_matrix_in_one_line(tmp_path, capsys, args, message):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps([[0.60], [0.61, 0.70], [0.20, 0.21, 0.80]]))
+    assert runner.main(["metrics", str(path), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
 def test_replacement_scores_are_computed_once_per_study(tiny, tmp_path, monkeypatch):
     """Another seed with the same replacement models and evaluation set reads their own accuracy from the cache."""
     from cl2r_bench import run as experiment
