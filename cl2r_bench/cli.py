@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cl2r_bench.errors import UsageError
+from cl2r_bench.errors import UsageError, writable_folder
 from cl2r_bench.limits import count_argument, seed_argument
 from cl2r_bench.run_options import add_run_options
 from cl2r_bench.stops import exit_code, stop_handlers, stop_name
@@ -233,6 +233,7 @@ def command_sweep(args: argparse.Namespace) -> int:
 
         check_cluster(args)
     runs, output = grid_runs(args)
+    writable_folder(output / "sweep", "the sweep's folder (inside --output)")
     jobs = plan(runs, output / "sweep")
     if args.launcher == "slurm":
         from cl2r_bench.slurm import run_slurm
@@ -278,7 +279,7 @@ def command_adapt(args: argparse.Namespace) -> int:
     )
     from cl2r_bench.adapters import convergence_note, list_adapters, make_adapter
     from cl2r_bench.assembly import resolve_device
-    from cl2r_bench.errors import safe_name, writable_folder
+    from cl2r_bench.errors import safe_name
     from cl2r_bench.files import atomic_write_text
 
     settings = adapt_settings(args.set)

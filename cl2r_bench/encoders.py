@@ -342,8 +342,8 @@ def _suite_parts(parsed: EncoderSpec, spec: str):
     info = path.with_suffix(".json")
     run_config = path.parent.parent / "config.yaml"
     if info.is_file():
-        meta = json.loads(info.read_text())
-        kwargs = {k: meta[k] for k in ("backbone", "simplex_vertices_count", "small_width", "small_out_dim")}
+        meta = _model_description(info, spec)
+        kwargs = {k: meta[k] for k in MODEL_DESCRIPTION[:4]}
         head, dataset, size = meta["head"], meta["dataset"], int(meta.get("image_size", 32))
     elif path.parent.name == "checkpoints" and run_config.is_file():
         settings = RunSettings.from_config(resolve([(str(run_config), read_yaml(run_config))]))
@@ -365,6 +365,26 @@ def _suite_parts(parsed: EncoderSpec, spec: str):
                                   mean=IDENTITY_MEAN, std=IDENTITY_STD)
     out_dim = model.head.lift.out_features if isinstance(model.head, DSimplexHead) else model.backbone.out_dim
     return SuiteTrunk(model), classifier, preprocessing, out_dim
+
+
+MODEL_DESCRIPTION = ("backbone", "simplex_vertices_count", "small_width", "small_out_dim", "head", "dataset")
+"""The keys of the ``.json`` the suite writes beside a pretrained model (``image_size`` may be absent: 32)."""
+
+
+def _model_description(info: Path, spec: str) -> dict[str, Any]:
+    """The model description beside a ``suite:`` checkpoint, checked: a JSON object with every key of
+    :data:`MODEL_DESCRIPTION`; an empty, malformed or incomplete file is one :class:`EncoderError` line."""
+    try:
+        meta = json.loads(info.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EncoderError(f"encoder {spec!r}: {info} is not the model description the suite writes "
+                           f"({type(exc).__name__}: {str(exc)[:80]}); restore it from the run that made the model, "
+                           "or delete the model and its .json to pretrain it again") from None
+    missing = [k for k in MODEL_DESCRIPTION if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise EncoderError(f"encoder {spec!r}: {info} lacks {', '.join(missing)}; restore it from the run that made "
+                           "the model, or delete the model and its .json to pretrain it again")
+    return meta
 
 
 def _suite_classifier(model: RetrievalModel, has_classifier: bool) -> nn.Linear | None:

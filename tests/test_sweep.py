@@ -178,3 +178,13 @@ def test_an_interrupted_sweep_stops_its_runs_and_the_same_command_resumes_them(t
     finished = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
     assert json.loads((out / "iamcl2r/synthetic/er/seed5/metrics.json").read_text())["complete"]
+
+
+def test_a_sweep_whose_output_holds_a_file_named_sweep_is_one_line(tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "sweep").write_text("my notes")
+    assert sweep(tiny, out, "--strategy", "er", "--seeds", "1") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a file, not a folder" in err and "Traceback" not in err
+    assert (out / "sweep").read_text() == "my notes"
