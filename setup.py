@@ -32,7 +32,6 @@ setup(
         "tqdm",
         "matplotlib",
         "pillow",
-        "filelock>=4.2.1",
         "timm>=1.0",
         "jinja2",
     ],

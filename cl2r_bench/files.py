@@ -11,15 +11,19 @@ import json
 import math
 import os
 import platform
+import socket
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
-PACKAGES = ("torch", "torchvision", "avalanche-lib", "numpy", "tabulate", "pyyaml", "tqdm", "matplotlib", "filelock")
+PACKAGES = ("torch", "torchvision", "avalanche-lib", "numpy", "tabulate", "pyyaml", "tqdm", "matplotlib")
 
 
 class FolderBusyError(RuntimeError):
@@ -79,40 +83,141 @@ def atomic_write_json(path: str | Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(strict_json(data), indent=1, allow_nan=False) + "\n")
 
 
-@contextlib.contextmanager
-def exclusive(lock_path: str | Path, what: str, *, wait: Callable[[str], Any] | None = None) -> Iterator[None]:
-    """Hold the lock file ``lock_path`` (holder's pid and host inside) while the block runs.
+LEASE_SECONDS = 60.0
+"""A lock whose heartbeat (the lock file's modification time, refreshed every quarter of this by its holder) is
+older than this is stale, wherever its holder runs."""
+EMPTY_GRACE_SECONDS = 10.0
+"""An empty or unreadable lock file older than this is stale (its writer died between creating and filling it)."""
+POLL_SECONDS = 0.5
 
-    A lock left by a process that no longer runs on this host is stale and taken over (filelock's
-    ``SoftFileLock``: an exclusively created file, which works on network file systems where ``flock`` does not).
-    A live holder makes this a :class:`FolderBusyError` naming it, or, given ``wait`` (a logging function), a wait
-    until the holder is done (e.g. a model another run is pretraining)."""
-    from filelock import SoftFileLock, Timeout
 
-    lock_path = Path(lock_path)
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    lock = SoftFileLock(lock_path, timeout=0)
+@dataclass(frozen=True)
+class LockHolder:
+    """What a lock file says of its holder (``pid``, ``host``, ``started``: seconds since the epoch, 0 when not
+    recorded) and how old its heartbeat is; ``pid`` is None for an empty or unreadable file."""
+
+    pid: int | None
+    host: str
+    started: float
+    heartbeat_age: float
+
+    def __str__(self) -> str:
+        if self.pid is None:
+            return "an empty or unreadable lock file"
+        return f"pid {self.pid} on host {self.host}"
+
+    def stale(self, lease: float) -> bool:
+        """Empty past the grace period, dead on this host, or silent for longer than ``lease``."""
+        if self.pid is None:
+            return self.heartbeat_age > EMPTY_GRACE_SECONDS
+        if self.host == socket.gethostname():
+            return not _alive(self.pid)
+        return self.heartbeat_age > lease
+
+
+def _alive(pid: int) -> bool:
     try:
-        lock.acquire()
-    except Timeout:
-        if wait is None:
-            raise FolderBusyError(f"{what} is in use by {lock_holder(lock_path)}; wait for that run to end, or, if "
-                                  f"it is gone (another host), delete {lock_path}") from None
-        wait(f"waiting for {lock_holder(lock_path)}, which holds {what}")
-        lock.acquire(timeout=-1)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_holder(lock_path: Path) -> LockHolder | None:
+    """The holder of ``lock_path`` (lines ``pid``, ``host`` and, from this suite, ``started``), or None when no
+    lock file exists."""
     try:
-        yield
-    finally:
-        lock.release()
+        age = time.time() - lock_path.stat().st_mtime
+        lines = lock_path.read_text(encoding="utf-8").split("\n")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError):
+        return LockHolder(None, "", 0.0, 0.0)
+    try:
+        return LockHolder(int(lines[0]), lines[1].strip(), float(lines[2]) if len(lines) > 2 and lines[2] else 0.0,
+                          age)
+    except (ValueError, IndexError):
+        return LockHolder(None, "", 0.0, age)
 
 
 def lock_holder(lock_path: Path) -> str:
-    """``pid N on host H`` as the lock file says, or ``another process`` when it cannot be read."""
+    """``pid N on host H`` as the lock file says, or what else it is."""
+    holder = read_holder(lock_path)
+    return "no process (the lock is gone)" if holder is None else str(holder)
+
+
+def _try_create(lock_path: Path) -> bool:
     try:
-        pid, host = lock_path.read_text().split("\n")[:2]
-        return f"pid {int(pid)} on host {host}"
-    except (OSError, ValueError):
-        return "another process"
+        fd = os.open(lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(f"{os.getpid()}\n{socket.gethostname()}\n{time.time():.3f}\n")
+    return True
+
+
+def _take_over_if_stale(lock_path: Path, lease: float) -> bool:
+    """Delete ``lock_path`` when it is stale, deciding under a short takeover lock (so two takers never delete each
+    other's fresh lock); True when it is gone."""
+    guard = lock_path.with_name(lock_path.name + ".takeover")
+    guard_holder = read_holder(guard)
+    if guard_holder is not None and guard_holder.heartbeat_age > EMPTY_GRACE_SECONDS:
+        guard.unlink(missing_ok=True)
+    if not _try_create(guard):
+        return False
+    try:
+        holder = read_holder(lock_path)
+        if holder is not None and holder.stale(lease):
+            lock_path.unlink(missing_ok=True)
+        return read_holder(lock_path) is None
+    finally:
+        guard.unlink(missing_ok=True)
+
+
+def _heartbeat(lock_path: Path, period: float, stop: threading.Event) -> None:
+    while not stop.wait(period):
+        with contextlib.suppress(OSError):
+            os.utime(lock_path)
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: str | Path, what: str, *, wait: Callable[[str], Any] | None = None,
+              lease: float = LEASE_SECONDS) -> Iterator[None]:
+    """Hold the lock file ``lock_path`` while the block runs: an exclusively created file (it works on network file
+    systems, where ``flock`` does not) holding the holder's pid, host and start time, whose modification time is
+    its heartbeat, refreshed by a thread every ``lease / 4`` seconds.
+
+    A stale lock (:meth:`LockHolder.stale`: empty for :data:`EMPTY_GRACE_SECONDS`, its holder dead on this host, or
+    no heartbeat for ``lease`` seconds) is taken over. A live holder makes this a :class:`FolderBusyError`, or,
+    given ``wait`` (a logging function), a wait until it lets go or goes stale; both name the holder, the lock file
+    and how to clear it."""
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    said = False
+    while not _try_create(lock_path):
+        if _take_over_if_stale(lock_path, lease):
+            continue
+        clear = (f"if that process is gone, delete {lock_path} (a lock without a heartbeat for {lease:.0f} s is "
+                 "taken over by itself)")
+        if wait is None:
+            raise FolderBusyError(f"{what} is in use by {lock_holder(lock_path)}; wait for it to end, or, {clear}")
+        if not said:
+            wait(f"waiting for {lock_holder(lock_path)}, which holds {what}; {clear}")
+            said = True
+        time.sleep(POLL_SECONDS)
+    stop = threading.Event()
+    beat = threading.Thread(target=_heartbeat, args=(lock_path, lease / 4, stop), daemon=True)
+    beat.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beat.join()
+        holder = read_holder(lock_path)
+        if holder is not None and holder.pid == os.getpid() and holder.host == socket.gethostname():
+            lock_path.unlink(missing_ok=True)
 
 
 def package_versions() -> dict[str, str | None]:

@@ -274,16 +274,17 @@ def test_resume_works_from_another_working_directory(tiny, tmp_path, monkeypatch
 
 def test_a_second_pretraining_of_the_same_model_waits_for_the_first(tmp_path):
     lock = tmp_path / "model.lock"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from filelock import SoftFileLock; "
-                               f"lock = SoftFileLock({str(lock)!r}, timeout=0); lock.acquire(); print('held', "
-                               "flush=True); time.sleep(1.5); lock.release()"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from cl2r_bench.files import exclusive\n"
+                               f"with exclusive({str(lock)!r}, 'x'):\n    print('held', flush=True); time.sleep(1.5)"],
+                              stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     said, started = [], time.monotonic()
     with exclusive(lock, "the pretraining of model.pt", wait=said.append):
         assert time.monotonic() - started > 1.0  # entered only after the holder let go
     holder.wait()
     assert said == [f"waiting for pid {holder.pid} on host {socket.gethostname()}, which holds the pretraining of "
-                    "model.pt"]
+                    f"model.pt; if that process is gone, delete {lock} (a lock without a heartbeat for 60 s is taken "
+                    "over by itself)"]
 
 
 @pytest.mark.parametrize("change", [{"train_per_class": 6}, {"test_per_class": 3}, {"image_size": 20},

@@ -1,0 +1,81 @@
+"""Locks that let go (cl2r_bench/files.py): an empty lock file or one whose holder went silent on another host is
+taken over after its lease, a live holder keeps its lock by its heartbeat, and every wait names the lock file and
+how to clear it. The other core is kept busy: a guarantee that holds only on an idle machine is not one."""
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from cl2r_bench.files import EMPTY_GRACE_SECONDS, FolderBusyError, exclusive, read_holder
+
+
+@pytest.fixture
+def busy_core():
+    load = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    yield
+    load.kill()
+
+
+def aged(path, seconds: float) -> None:
+    """Set the lock file's heartbeat (its modification time) ``seconds`` into the past."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_an_empty_lock_left_by_a_writer_killed_before_filling_it_is_taken_over(tmp_path, busy_core):
+    lock = tmp_path / "entry.lock"
+    lock.touch()
+    with pytest.raises(FolderBusyError, match="an empty or unreadable lock file"):
+        with exclusive(lock, "the entry"):
+            pass  # a fresh empty file may be a writer about to fill it: not taken over yet
+    aged(lock, EMPTY_GRACE_SECONDS + 1)
+    with exclusive(lock, "the entry"):
+        assert read_holder(lock).pid == os.getpid()
+    assert not lock.exists()
+
+
+def test_a_holder_on_another_host_that_went_silent_is_taken_over_after_its_lease(tmp_path, busy_core):
+    lock = tmp_path / "entry.lock"
+    lock.write_text(f"4242\nanother-host\n{time.time() - 100:.3f}\n")
+    said = []
+    with pytest.raises(FolderBusyError) as busy:
+        with exclusive(lock, "the feature cache entry", lease=30):
+            pass
+    assert f"pid 4242 on host another-host; wait for it to end, or, if that process is gone, delete {lock}" in str(
+        busy.value)
+    taken = threading.Event()
+
+    def take() -> None:
+        with exclusive(lock, "the feature cache entry", wait=said.append, lease=2):
+            taken.set()
+
+    waiter = threading.Thread(target=take)
+    waiter.start()
+    time.sleep(1.0)
+    assert not taken.is_set() and said == [
+        f"waiting for pid 4242 on host another-host, which holds the feature cache entry; if that process is gone, "
+        f"delete {lock} (a lock without a heartbeat for 2 s is taken over by itself)"]
+    waiter.join(timeout=20)
+    assert taken.is_set() and not lock.exists()
+
+
+def test_a_live_holder_keeps_its_lock_by_its_heartbeat(tmp_path, busy_core):
+    """The holder (another process) holds for 4 s with a lease of 1 s: its heartbeat keeps the lock fresh, so a
+    waiter that sees it as another host's (the lease rule, not the pid check) waits until it lets go."""
+    lock = tmp_path / "entry.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from cl2r_bench.files import exclusive\n"
+                               f"with exclusive({str(lock)!r}, 'x', lease=1.0):\n"
+                               "    print('held', flush=True); time.sleep(4)"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    started = time.monotonic()
+    for _ in range(6):
+        time.sleep(0.5)
+        assert read_holder(lock).heartbeat_age < 1.0, "the heartbeat stopped while the holder lives"
+    with exclusive(lock, "the entry", wait=lambda _: None, lease=1.0):
+        assert time.monotonic() - started > 3.5  # only once the holder let go, after its 4 s
+    holder.wait()
+    assert read_holder(lock) is None and socket.gethostname()
