@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 from torch import nn
@@ -265,17 +267,44 @@ def _timm_parts(parsed: EncoderSpec, spec: str):
     from timm.data import resolve_data_config
 
     overlay = {"pretrained_cfg_overlay": {"file": str(Path(parsed.file).resolve())}} if parsed.file else {}
+    fix = ("check that the file is a state dict of this model" if parsed.file else
+           "with no internet, download it elsewhere and pass timm:<model>@<file>, or fill timm's cache "
+           "(HF_HOME / TORCH_HOME)")
+    unreachable = None if parsed.file else hub_unreachable(parsed.name)
+    if unreachable:
+        raise unavailable(spec, unreachable, fix)
     try:
         model = timm.create_model(parsed.name, pretrained=True, **overlay)
     except Exception as exc:  # noqa: BLE001 - network, hub-cache, file and state-dict failures all end here
-        fix = ("check that the file is a state dict of this model" if parsed.file else
-               "with no internet, download it elsewhere and pass timm:<model>@<file>, or fill timm's cache "
-               "(HF_HOME / TORCH_HOME)")
         raise unavailable(spec, exc, fix) from None
     preprocessing = timm_preprocessing(**resolve_data_config({}, model=model))
     classifier = model.get_classifier()
     return (TimmTrunk(model), classifier if isinstance(classifier, nn.Linear) else None, preprocessing,
             getattr(model, "head_hidden_size", model.num_features))
+
+
+HUB_PROBE_SECONDS = 3.0
+
+
+def hub_unreachable(name: str) -> OSError | None:
+    """Why timm's pretrained weights of ``name`` cannot be fetched now, or None. Offline, the Hugging Face client
+    retries for about 50 s before it gives up; so when the weights are on the hub, not in its cache, and offline
+    mode is not set, one connection to the hub's host (:data:`HUB_PROBE_SECONDS`) decides first."""
+    import huggingface_hub
+    from timm.models import get_pretrained_cfg
+
+    config = get_pretrained_cfg(name)
+    if config is None or not config.hf_hub_id or huggingface_hub.constants.HF_HUB_OFFLINE:
+        return None
+    for filename in filter(None, (config.hf_hub_filename, "model.safetensors", "pytorch_model.bin")):
+        if isinstance(huggingface_hub.try_to_load_from_cache(config.hf_hub_id, filename), str):
+            return None
+    host = urlparse(huggingface_hub.constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=HUB_PROBE_SECONDS).close()
+    except OSError as exc:
+        return OSError(f"{host} cannot be reached and the weights are not in the Hugging Face cache ({exc})")
+    return None
 
 
 def timm_preprocessing(*, input_size: tuple[int, ...], interpolation: str, mean: tuple[float, ...],

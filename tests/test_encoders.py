@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,22 @@ def test_a_suite_checkpoint_with_a_damaged_description_is_one_line(tmp_path, des
     with pytest.raises(EncoderError) as error:
         build_encoder(f"suite:{path}")
     assert message in str(error.value) and "\n" not in str(error.value) and "delete the model" in str(error.value)
+
+
+def test_hub_weights_with_no_network_are_one_line_at_once(tmp_path, monkeypatch, capfd):
+    """With the weights on the hub, not in the Hugging Face cache, and no network, the spec fails at once (one
+    probe of the hub's host) instead of after the client's 50 s of retries."""
+    import huggingface_hub
+
+    def no_network(*args, **kwargs):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr("socket.create_connection", no_network)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *a, **k: None)
+    started = time.monotonic()
+    with pytest.raises(EncoderError, match="huggingface.co cannot be reached and the weights are not in the Hugging "
+                                           "Face cache") as info:
+        build_encoder("timm:test_efficientnet")
+    assert time.monotonic() - started < 5 and "\n" not in str(info.value)
+    assert "Retrying" not in capfd.readouterr().err
