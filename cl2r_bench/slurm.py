@@ -145,8 +145,9 @@ def sbatch_flags(parameters: dict[str, Any]) -> list[str]:
     """The sbatch options that submitit writes for :func:`sbatch_parameters`."""
     extra = parameters.get("additional_parameters", {})
     plain = {key: value for key, value in parameters.items() if key not in ("additional_parameters",
-                                                                          "array_parallelism")}
-    return [f"--{key.replace('_', '-')}={value}" for key, value in {**plain, **extra}.items()]
+                                                                          "array_parallelism", "signal_delay_s")}
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in {**plain, **extra}.items()]
+    return flags + ([f"--signal=USR2@{parameters['signal_delay_s']}"] if "signal_delay_s" in parameters else [])
 
 
 def asked(args: argparse.Namespace) -> str:
@@ -171,6 +172,16 @@ def offer(partition: str | None) -> str:
     return "; ".join(nodes) if nodes else "unknown (sinfo lists no node)"
 
 
+LONGEST_WARNING_SECONDS = 90
+
+
+def warning_seconds(minutes: int) -> int:
+    """How long before a job's time limit SLURM sends it USR2, submitit's cue to requeue the task (whose run then
+    resumes after its last finished task): submitit's 90 s, but a quarter of the limit when that is shorter, so a
+    job of a minute or two still trains before it is warned (with 90 s it would be warned as it starts)."""
+    return int(min(LONGEST_WARNING_SECONDS, max(10, minutes * 60 // 4)))
+
+
 def sbatch_parameters(args: argparse.Namespace) -> dict[str, Any]:
     """submitit's ``SlurmExecutor`` parameters of the sweep's options; a bad value is a :class:`UsageError`."""
     for option, value, least in (("--time", args.time, 1), ("--gpus-per-job", args.gpus_per_job, 0),
@@ -187,7 +198,8 @@ def sbatch_parameters(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(f"--slurm-extra {text!r}: use KEY=VALUE with an sbatch option, e.g. account=myproject")
         extra[key.strip().lstrip("-")] = value
     parameters = {"time": args.time, "cpus_per_task": args.cpus_per_job, "mem": f"{round(args.mem_per_job * 1024)}M",
-                  "array_parallelism": args.array_parallelism, "job_name": JOB_NAME, "additional_parameters": extra}
+                  "array_parallelism": args.array_parallelism, "job_name": JOB_NAME, "additional_parameters": extra,
+                  "signal_delay_s": warning_seconds(args.time)}
     if args.partition is not None:
         parameters["partition"] = args.partition
     if args.gpus_per_job:

@@ -4,6 +4,7 @@ the jobs to the end without submitit's ``result()``, and a real one-node SLURM c
 to the end, an interrupted run resumed by its job, and a last sweep that submits nothing."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def test_jobs_no_node_can_run_are_refused_before_submitting_with_what_was_asked_
                    "CPUs, 8 GB, no GPU; ask less with --cpus-per-job")
     assert (tmp_path / "asked").read_text().split() == [
         "--test-only", "--time=60", "--cpus-per-task=4", "--mem=16384M", "--job-name=cl2r-sweep",
-        "--gpus-per-node=1", "--wrap", "true"]
+        "--gpus-per-node=1", "--signal=USR2@90", "--wrap", "true"]
 
 
 def test_a_time_limit_above_the_partitions_is_refused_before_submitting(tmp_path, capsys, monkeypatch):
@@ -302,6 +303,37 @@ def test_a_job_at_its_time_limit_is_requeued_by_submitit_and_resumes(cluster, ti
     assert "Caught signal SIGUSR2" in (out / "sweep" / "slurm" / f"{job_id}_0_log.err").read_text()
     assert f"resuming {run} at task" in log
     assert json.loads((run / "metrics.json").read_text())["complete"]
+
+
+@pytest.mark.slurm
+def test_a_job_that_reaches_its_real_time_limit_is_requeued_and_trains_no_finished_task_again(cluster, tiny, tmp_path):
+    """A 2-minute limit on a run of three tasks of about 17, 27 and 38 s: SLURM warns the job 30 s before its limit
+    (a quarter of it, :func:`cl2r_bench.slurm.warning_seconds`), submitit requeues the task, SLURM stops the run
+    (which keeps its finished tasks), and the requeued job resumes after the last finished task and completes; every
+    task is trained to its end exactly once."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "cl2r_bench", "sweep", "--config", str(tiny), "--output", str(out), "--strategy",
+               "er", "--launcher", "slurm", *SMALL, "--time", "2", "--seeds", "1", "--set", "training.epochs=100"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=480)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = json.loads((out / "sweep" / "slurm" / "submitted.json").read_text())["iamcl2r-synthetic-er-seed1"]
+    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30).stdout
+    assert "Restarts=0" not in shown and "Restarts=" in shown, shown
+    log = (out / "sweep" / "slurm" / f"{job_id}_0_log.out").read_text()
+    assert "Caught signal SIGUSR2" in (out / "sweep" / "slurm" / f"{job_id}_0_log.err").read_text()
+    assert f"resuming {out / 'iamcl2r/synthetic/er/seed1'} at task" in log
+    trained = re.findall(r"^task (\d)[^:]*: trained", log, flags=re.M)
+    assert sorted(trained) == ["0", "1", "2"], log
+    assert json.loads((out / "iamcl2r/synthetic/er/seed1/metrics.json").read_text())["complete"]
+
+
+def test_short_time_limits_are_warned_a_quarter_before_their_end():
+    from cl2r_bench.slurm import sbatch_parameters, warning_seconds
+
+    assert [warning_seconds(m) for m in (1, 2, 4, 6, 180)] == [15, 30, 60, 90, 90]
+    args = Namespace(time=2, gpus_per_job=0, cpus_per_job=1, array_parallelism=1, mem_per_job=1.0,
+                              slurm_extra=[], partition=None)
+    assert sbatch_parameters(args)["signal_delay_s"] == 30
 
 
 @pytest.mark.slurm
