@@ -108,6 +108,21 @@ def case_scores(test: PairedFeatures, adapter: FeatureAdapter | None) -> dict[st
                 for case, pair in case_sides(test, adapter).items()}
 
 
+WATCHED_CASES = ("B/old", "new/F")
+"""The cross case whose held-out mAP decides when a learned adapter stops (:func:`held_out_error`)."""
+
+
+def held_out_error(adapter: FeatureAdapter, old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor) -> float:
+    """100 - the leave-one-out mAP of the adapter's cross case (B/old, else new/F) on held-out fitting items: what
+    a learned adapter watches to decide that it has converged (:mod:`cl2r_bench.adapters.training`). Retrieval,
+    not the training loss: FastFill's uncertainty-weighted loss and λ-orth's contrastive term rise on held-out items
+    while the maps they train still improve."""
+    with torch.no_grad():
+        sides = case_sides(PairedFeatures.normalised(old, new, labels), adapter)
+        queries, gallery = next(sides[case] for case in WATCHED_CASES if sides[case] is not None)
+        return 100.0 - retrieval_scores(queries, labels, gallery, labels, exclude_self=True).mAP
+
+
 def paper_cases(test: PairedFeatures, adapter: FeatureAdapter | None) -> dict[str, dict[str, float] | None]:
     """Top-1 / top-5 / mAP (percent) of every case on the test split (module docstring)."""
     return {case: None if result is None else result.as_dict() for case, result in case_scores(test, adapter).items()}

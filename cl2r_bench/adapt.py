@@ -34,7 +34,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.adapter_summary import BASELINE, cross_case, pack_hits
-from benchmarks.paper_protocol import PairedFeatures, backfilling, case_scores, zero_shot_retention
+from benchmarks.paper_protocol import (
+    PairedFeatures,
+    backfilling,
+    case_scores,
+    held_out_error,
+    zero_shot_retention,
+)
 from benchmarks.record import leave_one_out_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
 from cl2r_bench.config import CONFIG_DIR, merge, parse_assignment, read_yaml
@@ -230,7 +236,7 @@ def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[
         adapter = make_adapter(name, adapter_params)
         pair = FeaturePair(old=study.train.old, new=study.train.new, labels=study.train.labels,
                            new_classifier=study.classifier_rows)
-        fit = fit_adapter(adapter, pair, seed)
+        fit = fit_adapter(adapter, pair, seed, watch=held_out_error)
         fit["seconds"] = time.perf_counter() - started
         fit["items"] = len(study.train)
     measured = time.perf_counter()

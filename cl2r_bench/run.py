@@ -41,6 +41,7 @@ import yaml
 
 from benchmarks.metrics import as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
+from benchmarks.paper_protocol import held_out_error
 from benchmarks.plots import save_plots
 from benchmarks.record import run_record, write_record
 from benchmarks.retrieval import CompatibilityEvaluator
@@ -512,7 +513,7 @@ class Run:
         pair = embed_pair(outgoing, incoming, data, num_classes=self.stream.tasks[t].num_seen_classes,
                           embedder=self.embed)
         adapter = self.parts.new_adapter()
-        log = fit_adapter(adapter, pair, self.scenario.adapter_seed(t))
+        log = fit_adapter(adapter, pair, self.scenario.adapter_seed(t), watch=held_out_error)
         fit = {"task": t, "items": len(data), **log, "seconds": time.perf_counter() - started}
         self.state["adapter_fits"] = self.state.get("adapter_fits", []) + [fit]
         self.log(f"task {t}: adapter {adapter.name} fitted on {len(data)} items in {fit['seconds']:.1f}s "

@@ -37,6 +37,7 @@ def test_lambda_orth_recovers_a_noisy_rotation_as_procrustes_does_with_its_defau
     converged, result = backward_hits(study, "lambda_orth", {})
     gain, (low, high) = paired_gain_interval(converged[None, :], procrustes)
     assert result["fit"]["converged"] and result["fit"]["steps"] < StepBudget().max_steps
+    assert result["fit"]["watched"] == "held-out retrieval error"
     assert low <= 0 <= high or gain > 0, f"λ-orth B/old {gain:+.1f} points from Procrustes ({low:+.1f}, {high:+.1f})"
     old_budget, result = backward_hits(study, "lambda_orth", {"lambda_orth": {"max_steps": 160}})
     assert not result["fit"]["converged"]
@@ -69,6 +70,16 @@ def test_a_fit_stops_once_its_held_out_loss_stops_falling_and_keeps_its_best_wei
     assert log["steps"] == log["best_step"] + 5 * 10 < 1000
     assert log["best_step"] == int(curve[np.argmin(curve[:, 2]), 0])
     assert float(module.w.detach()) == pytest.approx(0.5, abs=0.06)
+
+
+def test_a_watch_decides_when_to_stop_and_which_weights_to_keep_instead_of_the_loss():
+    """The same pull of w from 0 to 1, watched by |w - 0.8| (a stand-in for held-out retrieval error): the held-out
+    loss would keep w near 0.5, the watch keeps it near 0.8."""
+    module, targets = Scalar(), pulled_apart(100, 0.5, seed=3)
+    budget = StepBudget(max_steps=1000, holdout=0.5, check_every=10, patience=5, batch_size=50, lr=0.01)
+    log = train_to_convergence(module, lambda idx: (module.w - targets[idx]).pow(2).mean(), 100, budget,
+                               torch.Generator().manual_seed(3), watch=lambda idx: abs(float(module.w.detach()) - 0.8))
+    assert log["converged"] and float(module.w.detach()) == pytest.approx(0.8, abs=0.06)
 
 
 def test_a_fit_that_runs_out_of_steps_is_not_converged_and_one_line_says_how_to_give_it_more():

@@ -97,6 +97,7 @@ class Adapter(nn.Module):
         super().__init__()
         self.config = config if config is not None else self.Config()
         self.dims: tuple[int, int, int] | None = None
+        self.held_out_watch: HeldOutWatch | None = None
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> Adapter:
@@ -157,9 +158,15 @@ def embed_pair(old_model: nn.Module, new_model: nn.Module, data: Any, *, num_cla
                        labels=data.labels, new_classifier=classifier_rows(new_model, num_classes))
 
 
-def fit_adapter(adapter: Adapter, pair: FeaturePair, seed: int) -> dict[str, Any]:
+HeldOutWatch = Callable[["Adapter", torch.Tensor, torch.Tensor, torch.Tensor], float]
+"""``watch(adapter, old, new, labels)``: an error to minimise on held-out fitting items (lower is better)."""
+
+
+def fit_adapter(adapter: Adapter, pair: FeaturePair, seed: int, watch: HeldOutWatch | None = None) -> dict[str, Any]:
     """Build ``adapter`` for ``pair``'s dimensions, fit it with a generator seeded by ``seed``, freeze it; returns
-    its fit log (a learned adapter's includes its convergence, :mod:`cl2r_bench.adapters.training`)."""
+    its fit log (a learned adapter's includes its convergence, :mod:`cl2r_bench.adapters.training`, judged by
+    ``watch`` on its held-out share when given, else by its own loss there)."""
+    adapter.held_out_watch = watch
     torch.manual_seed(seed)
     adapter.prepare(pair)
     generator = torch.Generator(device=pair.old.device).manual_seed(seed)

@@ -7,18 +7,23 @@ only 160 on 1,200 items, where λ-orth reached B/old 23.1 on a noisy rotation th
 (800 epochs: 79.5). So every learned adapter trains for at most ``max_steps`` steps, the papers' order on small
 sets, and stops sooner once it has converged:
 
-* ``holdout`` of the fitting items (a seeded draw) are kept out of training; every ``check_every`` steps their
-  loss is computed (no gradient, in fixed chunks of ``batch_size``);
-* a check that lowers the best held-out loss by at least ``min_improvement`` (relative) resets the patience; after
+* ``holdout`` of the fitting items (a seeded draw) are kept out of training; every ``check_every`` steps they are
+  scored: by the caller's *watch* when it gives one (``runner.py adapt`` and the runs give
+  :func:`benchmarks.paper_protocol.held_out_error`, 100 - the leave-one-out mAP of the adapter's cross case on
+  them), else by the training loss (no gradient, in fixed chunks of ``batch_size``). Retrieval is watched because
+  the losses mislead on small sets: on 1,800 real fitting items FastFill's uncertainty-weighted loss and λ-orth's
+  contrastive term bottom out on held-out items after 100-200 steps while the maps still improve
+  (``results/pretrained/README.md``);
+* a check that lowers the best score by at least ``min_improvement`` (relative) resets the patience; after
   ``patience`` checks without such a fall the fit has **converged** and stops;
-* the weights of the lowest held-out loss are restored at the end, whether it converged or ran out of steps;
+* the weights of the best score are restored at the end, whether it converged or ran out of steps;
 * with fewer than 2 held-out items (a tiny set, or ``holdout: 0``) the mean training loss between two checks is
   watched instead.
 
 A fit that used its whole budget without converging is reported by :func:`convergence_note`, one line saying how
 to give it more. The fit log (``runner.py adapt``'s records, ``adapter.fits`` of a run) carries ``steps``,
-``converged``, ``best_step``, ``holdout_items`` and ``loss_curve``: ``[step, mean training loss since the last
-check, monitored loss]`` per check.
+``converged``, ``best_step``, ``holdout_items``, ``watched`` (what was scored) and ``loss_curve``: ``[step, mean
+training loss since the last check, held-out score]`` per check.
 
 A learned adapter subclasses :class:`LearnedAdapter`, gives its ``Config`` the fields of :class:`StepBudget` (by
 inheriting it) and implements :meth:`LearnedAdapter.batch_loss`.
@@ -108,9 +113,20 @@ def _held_out_loss(batch_loss: Callable[[torch.Tensor], torch.Tensor], held_out:
 
 
 def train_to_convergence(module: torch.nn.Module, batch_loss: Callable[[torch.Tensor], torch.Tensor], n: int,
-                         budget: StepBudget, generator: torch.Generator) -> dict[str, Any]:
+                         budget: StepBudget, generator: torch.Generator,
+                         watch: Callable[[torch.Tensor], float] | None = None) -> dict[str, Any]:
     """Train ``module``'s parameters with Adam on ``batch_loss(item indices)`` over ``n`` fitting items under
-    ``budget`` (module docstring); returns the convergence log (:data:`CONVERGENCE_KEYS`)."""
+    ``budget`` (module docstring), judging convergence by ``watch(held-out indices)`` (lower is better; default:
+    the mean held-out ``batch_loss``); returns the convergence log (:data:`CONVERGENCE_KEYS`)."""
+    def watched(held_out: torch.Tensor) -> float:
+        if watch is None:
+            return _held_out_loss(batch_loss, held_out, budget.batch_size)
+        module.eval()
+        try:
+            return watch(held_out)
+        finally:
+            module.train()
+
     training, held_out = split_held_out(n, budget.holdout, generator)
     optimizer = torch.optim.Adam(module.parameters(), lr=budget.lr)
     monitor, curve = _Monitor(module, budget), []
@@ -129,9 +145,9 @@ def train_to_convergence(module: torch.nn.Module, batch_loss: Callable[[torch.Te
         window.append(loss.detach())
         if step % budget.check_every == 0 or step == budget.max_steps:
             train_loss = float(torch.stack(window).mean())
-            watched = _held_out_loss(batch_loss, held_out, budget.batch_size) if len(held_out) else train_loss
-            curve.append([step, train_loss, watched])
-            converged = monitor.check(step, watched)
+            value = watched(held_out) if len(held_out) else train_loss
+            curve.append([step, train_loss, value])
+            converged = monitor.check(step, value)
             window = []
     monitor.restore_best()
     return {"steps": step, "converged": converged, "best_step": monitor.best_step, "holdout_items": len(held_out),
@@ -147,9 +163,9 @@ def convergence_note(name: str, fit: dict[str, Any], where: str = "") -> str | N
     curve = fit.get("loss_curve") or []
     steps = int(fit["steps"])
     span = curve[-min(len(curve), 11):]
-    falling = (f"; its {'held-out' if fit.get('holdout_items') else 'training'} loss still fell from "
-               f"{span[0][2]:.4g} to {span[-1][2]:.4g} over its last {span[-1][0] - span[0][0]} steps"
-               if len(span) > 1 else "")
+    watched = fit.get("watched", "held-out loss") if fit.get("holdout_items") else "training loss"
+    falling = (f"; its {watched} still fell from {span[0][2]:.4g} to {span[-1][2]:.4g} over its last "
+               f"{span[-1][0] - span[0][0]} steps" if len(span) > 1 else "")
     return (f"warning: adapter {name}{where} did not converge in {steps} steps{falling}; give it more with --set "
             f"adapter_params.{name}.max_steps={4 * steps}")
 
@@ -179,5 +195,11 @@ class LearnedAdapter(Adapter):
     def fit(self, pair: FeaturePair, generator: torch.Generator) -> dict[str, Any]:
         data = self.fitting_data(pair)
         device = data.old.device
-        return train_to_convergence(self, lambda idx: self.batch_loss(data, idx.to(device)), len(data.old),
-                                    self.config, generator)
+        watch = None
+        if self.held_out_watch is not None:
+            def watch(idx: torch.Tensor) -> float:
+                idx = idx.to(device)
+                return self.held_out_watch(self, pair.old[idx], pair.new[idx], pair.labels[idx])
+        log = train_to_convergence(self, lambda idx: self.batch_loss(data, idx.to(device)), len(data.old),
+                                   self.config, generator, watch)
+        return {**log, "watched": "held-out loss" if watch is None else "held-out retrieval error"}
