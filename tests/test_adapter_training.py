@@ -89,7 +89,9 @@ def test_a_fit_that_runs_out_of_steps_is_not_converged_and_one_line_says_how_to_
                                torch.Generator().manual_seed(0))
     assert (log["steps"], log["converged"], log["holdout_items"]) == (20, False, 0)
     note = convergence_note("fct", log, " (seed 0)")
-    assert note.startswith("warning: adapter fct (seed 0) did not converge in 20 steps; its training loss still fell")
+    assert note.startswith("warning: adapter fct (seed 0) did not converge in 20 steps: its training loss was best "
+                           f"at step 20 ({log['loss_curve'][-1][2]:.4g}) and had not yet stayed flat for "
+                           "adapter_params.fct.patience checks")
     assert note.endswith("--set adapter_params.fct.max_steps=80") and "\n" not in note
     assert convergence_note("fct", {**log, "converged": True}) is None
     assert convergence_note("procrustes", {"anchors": 10.0}) is None

@@ -155,18 +155,17 @@ def train_to_convergence(module: torch.nn.Module, batch_loss: Callable[[torch.Te
 
 
 def convergence_note(name: str, fit: dict[str, Any], where: str = "") -> str | None:
-    """One line for a fit that used its whole step budget without converging: by how much its monitored loss
-    still fell over the last ``patience`` checks, and the ``--set`` that gives it 4 times the steps; None for a
-    fit that converged or has no convergence log (closed-form adapters)."""
+    """One line for a fit that used its whole step budget without converging: when its watched score was best,
+    that it had not yet stayed flat for ``patience`` checks, and the ``--set`` that gives it 4 times the steps;
+    None for a fit that converged or has no convergence log (closed-form adapters)."""
     if fit.get("converged", True):
         return None
-    curve = fit.get("loss_curve") or []
     steps = int(fit["steps"])
-    span = curve[-min(len(curve), 11):]
     watched = fit.get("watched", "held-out loss") if fit.get("holdout_items") else "training loss"
-    falling = (f"; its {watched} still fell from {span[0][2]:.4g} to {span[-1][2]:.4g} over its last "
-               f"{span[-1][0] - span[0][0]} steps" if len(span) > 1 else "")
-    return (f"warning: adapter {name}{where} did not converge in {steps} steps{falling}; give it more with --set "
+    best = next((value for step, _, value in fit.get("loss_curve") or [] if step == fit.get("best_step")), None)
+    improving = (f": its {watched} was best at step {fit['best_step']} ({best:.4g}) and had not yet stayed flat for "
+                 f"adapter_params.{name}.patience checks" if best is not None else "")
+    return (f"warning: adapter {name}{where} did not converge in {steps} steps{improving}; give it more with --set "
             f"adapter_params.{name}.max_steps={4 * steps}")
 
 
