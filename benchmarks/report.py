@@ -120,11 +120,14 @@ class Section:
 
 GENERATOR = "cl2r-bench runner.py report"
 """The page's ``<meta name="generator">``: how the report knows a file it may write over."""
+OWN_MARKS = (GENERATOR.encode(), b"<title>cl2r-bench report: ")
+"""What the head of a report this suite wrote holds: the generator, or (reports of earlier versions) the title."""
 
 
 def overwrite_problem(out: Path) -> str | None:
     """Why the report must not be written to ``out``, or None: it never writes over a file it did not create (a
-    run's ``metrics.json``, a page of someone else's), only over a report whose head names :data:`GENERATOR`."""
+    run's ``metrics.json``, a page of someone else's), only over a report whose head holds one of
+    :data:`OWN_MARKS`."""
     if out.is_dir():
         return f"--out {out} is a folder; give the HTML file to write, e.g. {out / 'report.html'}"
     if not out.exists() and not out.is_symlink():
@@ -134,7 +137,7 @@ def overwrite_problem(out: Path) -> str | None:
             head = handle.read(2048)
     except OSError:
         head = b""
-    if out.is_file() and not out.is_symlink() and GENERATOR.encode() in head:
+    if out.is_file() and not out.is_symlink() and any(mark in head for mark in OWN_MARKS):
         return None
     return (f"--out {out} exists and is not a report written by runner.py report; the report never writes over a "
             "file it did not create: choose another file")

@@ -155,6 +155,9 @@ def test_the_report_never_writes_over_a_file_it_did_not_create(results, tmp_path
     assert cli.main(["report", str(results), "--out", str(page)]) == 2 and "notes" in page.read_text()
     assert cli.main(["report", str(results), "--out", str(tmp_path / "mine.html")]) == 0
     assert cli.main(["report", str(results), "--out", str(tmp_path / "mine.html")]) == 0  # its own report: rewritten
+    earlier = tmp_path / "earlier.html"
+    earlier.write_text("<!doctype html>\n<html>\n<head>\n<title>cl2r-bench report: results</title>")
+    assert cli.main(["report", str(results), "--out", str(earlier)]) == 0  # one an earlier version wrote
     (tmp_path / "empty").mkdir()
     old_report = tmp_path / "mine.html"
     assert cli.main(["report", str(tmp_path / "empty"), "--out", str(old_report)]) == 2
