@@ -13,6 +13,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cl2r_bench import cli, slurm
 from cl2r_bench.errors import UsageError
@@ -305,26 +306,50 @@ def test_a_job_at_its_time_limit_is_requeued_by_submitit_and_resumes(cluster, ti
     assert json.loads((run / "metrics.json").read_text())["complete"]
 
 
+TASK_SECONDS = 25
+"""How long each task of the time-limit test trains, calibrated on the machine as it is when the test runs."""
+
+
+def four_equal_tasks(tiny: Path, folder: Path, epochs: int) -> Path:
+    """cl2r with BCT (no replay, so every task has the same iterations), four tasks, no replacement models."""
+    config = yaml.safe_load(tiny.read_text())
+    config.update(scenario="cl2r", strategy="bct")
+    config["stream"]["num_tasks"] = 4
+    config["replacement"]["tasks"] = []
+    config["training"]["epochs"] = epochs
+    path = folder / f"four-tasks-{epochs}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 @pytest.mark.slurm
 def test_a_job_that_reaches_its_real_time_limit_is_requeued_and_trains_no_finished_task_again(cluster, tiny, tmp_path):
-    """A 2-minute limit on a run of three tasks of about 17, 27 and 38 s: SLURM warns the job 30 s before its limit
-    (a quarter of it, :func:`cl2r_bench.slurm.warning_seconds`), submitit requeues the task, SLURM stops the run
-    (which keeps its finished tasks), and the requeued job resumes after the last finished task and completes; every
-    task is trained to its end exactly once."""
+    """A 2-minute limit on a run of four equal tasks of about 25 s each (the epochs calibrated by a short run on this
+    machine, now, so the run outlasts the 90 s to the warning however fast the machine is, and every task fits in
+    one attempt even if the machine slows down twofold): SLURM warns the job 30 s before its limit (a quarter of
+    it, :func:`cl2r_bench.slurm.warning_seconds`), submitit requeues the task, SLURM stops the run (which keeps its
+    finished tasks), and the requeued job resumes after the last finished task and completes; every task is trained
+    to its end exactly once."""
+    calibration = tmp_path / "calibration"
+    assert cli.main(["run", "--config", str(four_equal_tasks(tiny, tmp_path, 200)), "--output", str(calibration),
+                     "--no-progress"]) == 0
+    record = json.loads(next(calibration.rglob("metrics.json")).read_text())
+    per_epoch = max(task["seconds"] for task in record["timings"]["tasks"]) / 200
+    epochs = max(200, round(TASK_SECONDS / per_epoch))
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "cl2r_bench", "sweep", "--config", str(tiny), "--output", str(out), "--strategy",
-               "er", "--launcher", "slurm", *SMALL, "--time", "2", "--seeds", "1", "--set", "training.epochs=100"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=480)
+    command = [sys.executable, "-m", "cl2r_bench", "sweep", "--config", str(four_equal_tasks(tiny, tmp_path, epochs)),
+               "--output", str(out), "--strategy", "bct", "--launcher", "slurm", *SMALL, "--time", "2", "--seeds", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    job_id = json.loads((out / "sweep" / "slurm" / "submitted.json").read_text())["iamcl2r-synthetic-er-seed1"]
+    job_id = json.loads((out / "sweep" / "slurm" / "submitted.json").read_text())["cl2r-synthetic-bct-seed1"]
     shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30).stdout
-    assert "Restarts=0" not in shown and "Restarts=" in shown, shown
+    assert "Restarts=0" not in shown and "Restarts=" in shown, (epochs, shown)
     log = (out / "sweep" / "slurm" / f"{job_id}_0_log.out").read_text()
     assert "Caught signal SIGUSR2" in (out / "sweep" / "slurm" / f"{job_id}_0_log.err").read_text()
-    assert f"resuming {out / 'iamcl2r/synthetic/er/seed1'} at task" in log
+    assert f"resuming {out / 'cl2r/synthetic/bct/seed1'} at task" in log
     trained = re.findall(r"^task (\d)[^:]*: trained", log, flags=re.M)
-    assert sorted(trained) == ["0", "1", "2"], log
-    assert json.loads((out / "iamcl2r/synthetic/er/seed1/metrics.json").read_text())["complete"]
+    assert sorted(trained) == ["0", "1", "2", "3"], log
+    assert json.loads((out / "cl2r/synthetic/bct/seed1/metrics.json").read_text())["complete"]
 
 
 def test_short_time_limits_are_warned_a_quarter_before_their_end():
