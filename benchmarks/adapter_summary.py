@@ -23,6 +23,7 @@ interval are named as equivalent); without one, that no adapter is compatible an
 from __future__ import annotations
 
 import base64
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -143,6 +144,11 @@ def summarise(records: list[dict[str, Any]]) -> list[AdapterSummary]:
     for record in records:
         methods.setdefault(record["method"], []).append(record)
     return [summarise_adapter(method, group) for method, group in methods.items()]
+
+
+def ranked(rows: list[AdapterSummary]) -> list[AdapterSummary]:
+    """``rows`` by top-1 gain, largest first; rows without a cross case last."""
+    return sorted(rows, key=lambda r: math.inf if r.top1_gain is None else -r.top1_gain)
 
 
 def recommendation(rows: list[AdapterSummary]) -> str:

@@ -15,7 +15,6 @@ with autoescaping, so a label or a path can never inject markup.
 from __future__ import annotations
 
 import base64
-import math
 import os
 from dataclasses import dataclass, field
 from importlib import resources
@@ -25,7 +24,7 @@ from urllib.parse import quote
 
 from cl2r_bench.files import atomic_write_text
 
-from .adapter_summary import SUMMARY_COLUMNS, AdapterSummary, recommendation, summarise, summary_cells
+from .adapter_summary import SUMMARY_COLUMNS, AdapterSummary, ranked, recommendation, summarise, summary_cells
 from .leaderboard import (
     Column,
     Kind,
@@ -198,7 +197,7 @@ def study_answers(dataset: str, records: list[RunRecord]) -> list[StudyAnswer]:
         studies.setdefault(models_label(record), []).append(record)
     answers = []
     for label, runs in studies.items():
-        rows = sorted(summarise(runs), key=lambda r: math.inf if r.top1_gain is None else -r.top1_gain)
+        rows = ranked(summarise(runs))
         cells = [[HtmlCell(text, sort) for text, sort in zip(summary_cells(row), summary_sort_keys(row))]
                  for row in rows]
         old, new = model_specs(runs[0])

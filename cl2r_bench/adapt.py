@@ -248,7 +248,8 @@ def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[
     cases = {case: None if result is None else result.as_dict() for case, result in scored.items()}
     cross = cross_case(cases)
     result = {"adapter": name, "seed": seed, "fit": fit, "cases": cases,
-              "query_top1": {case: pack_hits(scored[case].query_top1) for case in {BASELINE, cross} if case},
+              "query_top1": {case: pack_hits(scored[case].query_top1)
+                            for case in dict.fromkeys((BASELINE, cross)) if case},
               "backfilling": backfilling(study.test, adapter, orders=orders, steps=steps,
                                          generator=torch.Generator().manual_seed(seed)),
               "zero_shot": zero_shot}

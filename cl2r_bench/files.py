@@ -93,12 +93,11 @@ POLL_SECONDS = 0.5
 
 @dataclass(frozen=True)
 class LockHolder:
-    """What a lock file says of its holder (``pid``, ``host``, ``started``: seconds since the epoch, 0 when not
-    recorded) and how old its heartbeat is; ``pid`` is None for an empty or unreadable file."""
+    """What a lock file says of its holder (``pid``, ``host``; the file's third line, its start time, is for people)
+    and how old its heartbeat is; ``pid`` is None for an empty or unreadable file."""
 
     pid: int | None
     host: str
-    started: float
     heartbeat_age: float
 
     def __str__(self) -> str:
@@ -126,20 +125,18 @@ def _alive(pid: int) -> bool:
 
 
 def read_holder(lock_path: Path) -> LockHolder | None:
-    """The holder of ``lock_path`` (lines ``pid``, ``host`` and, from this suite, ``started``), or None when no
-    lock file exists."""
+    """The holder of ``lock_path`` (lines ``pid`` and ``host``), or None when no lock file exists."""
     try:
         age = time.time() - lock_path.stat().st_mtime
         lines = lock_path.read_text(encoding="utf-8").split("\n")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError):
-        return LockHolder(None, "", 0.0, 0.0)
+        return LockHolder(None, "", 0.0)
     try:
-        return LockHolder(int(lines[0]), lines[1].strip(), float(lines[2]) if len(lines) > 2 and lines[2] else 0.0,
-                          age)
+        return LockHolder(int(lines[0]), lines[1].strip(), age)
     except (ValueError, IndexError):
-        return LockHolder(None, "", 0.0, age)
+        return LockHolder(None, "", age)
 
 
 def lock_holder(lock_path: Path) -> str:

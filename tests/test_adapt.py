@@ -80,8 +80,8 @@ def test_a_list_of_adapters_ends_in_one_summary_table_and_a_recommendation(rotat
     lines = out.out.splitlines()
     assert sum("seed 42: top-1/mAP" in line for line in lines) == 3           # 'none' once
     warning = [line for line in lines if line.startswith("warning:")]
-    assert warning == [line for line in warning if "adapter lambda_orth (seed 42) did not converge in 3 steps" in line
-                       and line.endswith("--set adapter_params.lambda_orth.max_steps=12")] != []
+    assert len(warning) == 1 and "adapter lambda_orth (seed 42) did not converge in 3 steps" in warning[0]
+    assert warning[0].endswith("--set adapter_params.lambda_orth.max_steps=12")
     table = lines[lines.index(next(line for line in lines if line.startswith("adapter "))):]
     assert [row.split()[0] for row in table[2:5]] == ["none", "procrustes", "lambda_orth"]
     assert table[2].split()[2:4] == ["new/old", "no"] and table[4].split()[-1] == "NO"

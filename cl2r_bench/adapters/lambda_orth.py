@@ -22,7 +22,6 @@ a number of epochs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -141,16 +140,12 @@ class LambdaOrthogonal(LearnedAdapter):
     def batch_loss(self, data: FeaturePair, idx: torch.Tensor) -> torch.Tensor:
         return sum(self.losses(data.old[idx], data.new[idx], data.labels[idx]).values())
 
-    def fit(self, pair: FeaturePair, generator: torch.Generator) -> dict[str, Any]:
-        """Train to convergence, then log each loss term on the first ``batch_size`` fitting items and f(W)."""
-        log = super().fit(pair, generator)
-        data = self.fitting_data(pair)
+    def fit_log(self, data: FeaturePair) -> dict[str, float]:
+        """Each loss term on the first ``batch_size`` fitting items, and f(W)."""
         sample = slice(0, self.config.batch_size)
-        with torch.no_grad():
-            terms = self.losses(data.old[sample], data.new[sample], data.labels[sample])
-            final = {k: float(v) for k, v in terms.items()}
-            final[ORTHOGONALITY_GAP] = float(orthogonality_gap(self.backward_map.weight))
-        return {**final, **log}
+        terms = self.losses(data.old[sample], data.new[sample], data.labels[sample])
+        return {**{k: float(v) for k, v in terms.items()},
+                ORTHOGONALITY_GAP: float(orthogonality_gap(self.backward_map.weight))}
 
     def old_frame(self, old: torch.Tensor) -> torch.Tensor:
         return fit_dimension(old, self.common_dim)

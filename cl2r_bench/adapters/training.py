@@ -40,8 +40,6 @@ import torch
 
 from .base import Adapter, AdapterError, FeaturePair
 
-CONVERGENCE_KEYS = ("steps", "converged", "best_step", "holdout_items", "loss_curve")
-"""The keys :func:`train_to_convergence` adds to a fit log (numbers, a flag and the curve)."""
 MIN_HELD_OUT = 2
 
 
@@ -117,7 +115,8 @@ def train_to_convergence(module: torch.nn.Module, batch_loss: Callable[[torch.Te
                          watch: Callable[[torch.Tensor], float] | None = None) -> dict[str, Any]:
     """Train ``module``'s parameters with Adam on ``batch_loss(item indices)`` over ``n`` fitting items under
     ``budget`` (module docstring), judging convergence by ``watch(held-out indices)`` (lower is better; default:
-    the mean held-out ``batch_loss``); returns the convergence log (:data:`CONVERGENCE_KEYS`)."""
+    the mean held-out ``batch_loss``); returns the convergence log: ``steps``, ``converged``, ``best_step``,
+    ``holdout_items`` and ``loss_curve``."""
     def watched(held_out: torch.Tensor) -> float:
         if watch is None:
             return _held_out_loss(batch_loss, held_out, budget.batch_size)
@@ -191,6 +190,10 @@ class LearnedAdapter(Adapter):
         """The scalar training loss of the items ``idx`` of ``data``."""
         raise NotImplementedError
 
+    def fit_log(self, data: FeaturePair) -> dict[str, float]:
+        """Numbers worth logging about the trained adapter on its fitting tensors ``data`` (default: none)."""
+        return {}
+
     def fit(self, pair: FeaturePair, generator: torch.Generator) -> dict[str, Any]:
         data = self.fitting_data(pair)
         device = data.old.device
@@ -201,4 +204,6 @@ class LearnedAdapter(Adapter):
                 return self.held_out_watch(self, pair.old[idx], pair.new[idx], pair.labels[idx])
         log = train_to_convergence(self, lambda idx: self.batch_loss(data, idx.to(device)), len(data.old),
                                    self.config, generator, watch)
-        return {**log, "watched": "held-out loss" if watch is None else "held-out retrieval error"}
+        with torch.no_grad():
+            extra = self.fit_log(data)
+        return {**extra, **log, "watched": "held-out loss" if watch is None else "held-out retrieval error"}

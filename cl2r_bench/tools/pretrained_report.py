@@ -12,14 +12,13 @@ class-mean order, mean over seeds) of every adapter.
 from __future__ import annotations
 
 import argparse
-import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.adapter_summary import SUMMARY_COLUMNS, recommendation, summarise, summary_cells
+from benchmarks.adapter_summary import SUMMARY_COLUMNS, ranked, recommendation, summarise, summary_cells
 from benchmarks.paper_protocol import PAPER_CASES
 from benchmarks.published import LAMBDA_ORTH_SOURCE, LAMBDA_ORTH_TABLE_1B, LAMBDA_ORTH_TABLE_2
 from benchmarks.record import checked_records, leave_one_out, update_fit
@@ -82,8 +81,7 @@ def fit_cell(runs: list[dict[str, Any]]) -> str:
 def answer(by_adapter: dict[str, list[dict[str, Any]]]) -> str:
     """The study's answer (:mod:`benchmarks.adapter_summary`): its table, best top-1 gain first, and the
     recommendation."""
-    rows = summarise([r for runs in by_adapter.values() for r in runs])
-    rows.sort(key=lambda r: math.inf if r.top1_gain is None else -r.top1_gain)
+    rows = ranked(summarise([r for runs in by_adapter.values() for r in runs]))
     return (table(list(SUMMARY_COLUMNS), [summary_cells(r) for r in rows])
             + f"\n\n**Recommendation:** {recommendation(rows)}")
 
