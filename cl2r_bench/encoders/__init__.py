@@ -1,0 +1,31 @@
+"""Image encoders by spec, ``<family>:<rest>``, each family with its own preprocessing (docs/METHODS.md §7b): one
+file per family, registered by name (the template is :class:`EncoderFamily` in ``base.py``).
+
+* ``timm:<model>[@<file>]`` (``timm_models.py``), ``torchvision:<builder>:<WEIGHTS>`` (``torchvision_models.py``),
+  ``suite:<checkpoint.pt>`` (``suite_models.py``), ``open_clip:<model>:<pretrained tag or file>``
+  (``open_clip_models.py``, an optional extra).
+"""
+# Each file registers one family; the order of registration is the order of the families in messages.
+# isort: off
+from . import timm_models, torchvision_models, suite_models, open_clip_models  # noqa: F401
+# isort: on
+from .base import (
+                   ENCODER_FAMILIES,
+                   Encoder,
+                   EncoderError,
+                   EncoderFamily,
+                   EncoderParts,
+                   EncoderSpec,
+                   Preprocessing,
+                   build_encoder,
+                   check_spec,
+                   encoder_backbone,
+                   encoder_model,
+                   is_spec,
+                   parse_spec,
+                   register_encoder_family,
+)
+
+__all__ = ["ENCODER_FAMILIES", "Encoder", "EncoderError", "EncoderFamily", "EncoderParts", "EncoderSpec",
+           "Preprocessing", "build_encoder", "check_spec", "encoder_backbone", "encoder_model", "is_spec",
+           "parse_spec", "register_encoder_family"]
