@@ -124,7 +124,7 @@ UPDATE_COLUMNS = (Column("dataset", "dataset", Kind.TEXT), Column("adapter", "ad
                   *(Column(f"{case} (%)", case, Kind.SPREAD) for case in UPDATE_CASES),
                   *(Column(title, f"backfill_area_{order}", Kind.SPREAD) for title, order in
                     zip(("backfill area: random", "uncertainty", "class-mean L2", "class-mean cosine"),
-                        BACKFILL_ORDERS)),
+                        BACKFILL_ORDERS, strict=True)),
                   Column("f(W)", ORTHOGONALITY_GAP, Kind.SPREAD), SEEDS)
 LOO_IDENTITY = (Column("scenario", "scenario", Kind.TEXT), Column("dataset", "dataset", Kind.TEXT),
                 Column("models", "models", Kind.TEXT), Column("adapter", "adapter", Kind.TEXT))
@@ -436,7 +436,7 @@ def retrieval_rows(records: list[RunRecord], values: Callable[[RunRecord], list[
     """One row per leave-one-out experiment: its identity, then ``(mean, std)`` over seeds of each of ``values``."""
     rows = []
     for (scenario, dataset, method), runs in experiment_groups([r for r in records if leave_one_out(r)]).items():
-        columns = list(zip(*map(values, runs)))
+        columns = list(zip(*map(values, runs), strict=True))
         rows.append([scenario, dataset, models_label(runs[0]), method,
                      *(_spread([v for v in column if v is not None]) for column in columns), len(runs)])
     return rows
@@ -571,7 +571,7 @@ def _latex(table: Table) -> str:
 
 
 def _cells(table: Table) -> list[list[str]]:
-    return [[cell_text(value, column) for value, column in zip(row, table.columns)] for row in table.rows]
+    return [[cell_text(value, column) for value, column in zip(row, table.columns, strict=True)] for row in table.rows]
 
 
 def cell_text(value: Any, column: Column) -> str:
@@ -595,8 +595,8 @@ def _csv(table: Table) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([name for column in table.columns for name in column.csv_names()])
-    writer.writerows([field for value, column in zip(row, table.columns) for field in _csv_fields(value, column)]
-                     for row in table.rows)
+    writer.writerows([field for value, column in zip(row, table.columns, strict=True)
+                      for field in _csv_fields(value, column)] for row in table.rows)
     return out.getvalue().rstrip("\n")
 
 

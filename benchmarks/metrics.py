@@ -191,7 +191,7 @@ def all_metrics(matrix: np.ndarray, tie_rule: str = "strict") -> dict[str, Any]:
         "BC": backward_compatibility(matrix),
         "FC": forward_compatibility(matrix),
         "violations": [[int(t), int(k)] for t, k in zip(*np.nonzero(
-            np.tri(len(matrix), k=-1, dtype=bool) & ~compatible_pairs(matrix, tie_rule)))],
+            np.tri(len(matrix), k=-1, dtype=bool) & ~compatible_pairs(matrix, tie_rule)), strict=True)],
         "tie_rule": tie_rule,
         "ACA_definition": "mean of the strictly lower-triangular entries (t > k), percent",
     }

@@ -129,7 +129,7 @@ def _heatmap(plt, record: RunRecord):
                                            edgecolor="red" if decision == "incompatible" else "orange",
                                            linestyle="-" if decision == "incompatible" else "--"))
     if crosses:
-        columns, rows, colours = zip(*crosses)
+        columns, rows, colours = zip(*crosses, strict=True)
         ax.scatter(columns, rows, marker="x", c=colours, s=(30 * cell) ** 2, linewidths=1)
     replaced = set(record.get("replacement_tasks", []))
     ticks = [f"{i}{'*' if i in replaced else ''}" for i in range(size)]
@@ -348,8 +348,8 @@ def curves_figure(plt, scenario: str, dataset: str, series: list[Series]):
     height = 3.8 + legend_height
     fig, axes = plt.subplots(1, 2, figsize=(max(11.0, 6 + 0.3 * longest), height))
     shared = len({s.replacement_tasks for s in series}) == 1
-    for colour, s in zip(_colours(plt, len(series)), series):
-        for ax, key, top in zip(axes, ("AC_per_task", "AA_per_task"), (1, 100)):
+    for colour, s in zip(_colours(plt, len(series)), series, strict=True):
+        for ax, key, top in zip(axes, ("AC_per_task", "AA_per_task"), (1, 100), strict=True):
             values = np.array([r["metrics"][key] for r in s.runs], dtype=float)
             tasks, mean = np.arange(values.shape[1]), values.mean(axis=0)
             ax.plot(tasks, mean, color=colour, marker="o" if len(tasks) <= 16 else None, markersize=3,
@@ -360,7 +360,7 @@ def curves_figure(plt, scenario: str, dataset: str, series: list[Series]):
                                 alpha=0.18, linewidth=0)
             for r in s.replacement_tasks if not shared else ():
                 ax.axvline(r, color=colour, linestyle="--", linewidth=1, alpha=0.7)
-    for ax, name in zip(axes, ("AC_t", "AA_t (%)")):
+    for ax, name in zip(axes, ("AC_t", "AA_t (%)"), strict=True):
         for r in series[0].replacement_tasks if shared else ():
             ax.axvline(r, color="grey", linestyle="--", linewidth=1)
         _task_axis(ax, longest)
@@ -380,8 +380,8 @@ def _summary(plt, scenario: str, dataset: str, series: list[Series]):
     fig, axes = plt.subplots(1, 3, sharey=True, figsize=(13, 1.4 + 0.4 * len(series)))
     rows = np.arange(len(series))
     colours = _colours(plt, len(series))
-    for ax, (key, name, top, digits) in zip(axes, SUMMARY_METRICS):
-        for row, colour, s in zip(rows, colours, series):
+    for ax, (key, name, top, digits) in zip(axes, SUMMARY_METRICS, strict=True):
+        for row, colour, s in zip(rows, colours, series, strict=True):
             values = [r["metrics"][key] for r in s.runs if r["metrics"].get(key) is not None]
             if not values:
                 ax.text(0, row, " n/a", va="center", fontsize=7)

@@ -15,7 +15,7 @@ its ranking: the adapter papers' protocol, where the test split is both query an
 Every score is in percent; precisions are summed in float64, so chunking changes no digit that matters. The
 queries are processed in chunks of at most ``chunk_elements`` query x gallery
 entries, so a 50,000 x 50,000 evaluation holds one chunk's similarities, ranks and precisions at a time
-(``python -m cl2r_bench.tools.bench_ranking`` measures its time and peak memory).
+(``python -m tools.bench_ranking`` measures its time and peak memory).
 """
 from __future__ import annotations
 

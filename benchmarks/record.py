@@ -1,4 +1,4 @@
-"""The run record: what a run's ``metrics.json`` holds, written once for its writer and its readers (issue 17).
+"""The run record: what a run's ``metrics.json`` holds, written once for its writer and its readers.
 
 :class:`RunRecord` and the ``TypedDict`` s it nests name every field the run loop (``cl2r_bench/run.py``,
 ``Run.record``) writes, with its unit; the leaderboard, the figures and the tools read records as these types.
@@ -397,7 +397,7 @@ MAX_RECORD_BYTES = 64 << 20
 
 def _parse(path: Path) -> tuple[Any, str | None]:
     """``(parsed JSON, None)``, or ``(None, why the file cannot be read)`` in one line. Only regular files of at
-    most :data:`MAX_RECORD_BYTES` are read, so a FIFO or a link to a device never hangs a reader (issue 29)."""
+    most :data:`MAX_RECORD_BYTES` are read, so a FIFO or a link to a device never hangs a reader."""
     try:
         info = path.stat()
         if not stat.S_ISREG(info.st_mode):

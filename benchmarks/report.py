@@ -1,4 +1,4 @@
-"""One self-contained HTML report of a results folder (``runner.py report RESULTS_DIR``, issue 28).
+"""One self-contained HTML report of a results folder (``runner.py report RESULTS_DIR``).
 
 Per scenario and data set: the leaderboard's tables (:func:`benchmarks.leaderboard.build`: AC / AA / ACA with
 mean ± std and seeds, the noise-aware AC, the replacement models' own accuracy, the adapters' cases and backfilling
@@ -198,7 +198,7 @@ def study_answers(dataset: str, records: list[RunRecord]) -> list[StudyAnswer]:
     answers = []
     for label, runs in studies.items():
         rows = ranked(summarise(runs))
-        cells = [[HtmlCell(text, sort) for text, sort in zip(summary_cells(row), summary_sort_keys(row))]
+        cells = [[HtmlCell(text, sort) for text, sort in zip(summary_cells(row), summary_sort_keys(row), strict=True)]
                  for row in rows]
         old, new = model_specs(runs[0])
         title = f"{label} · {dataset}"
@@ -222,7 +222,8 @@ def summary_sort_keys(row: AdapterSummary) -> list[str | float]:
 
 def html_table(title: str, table: Table, kind: str = "measured") -> HtmlTable:
     return HtmlTable(title, [c.title for c in table.columns],
-                     [[html_cell(value, column) for value, column in zip(row, table.columns)] for row in table.rows],
+                     [[html_cell(value, column) for value, column in zip(row, table.columns, strict=True)]
+                      for row in table.rows],
                      kind, {i for i, c in enumerate(table.columns) if c.kind == Kind.TEXT})
 
 
@@ -261,7 +262,7 @@ def heat_table(grid: Table) -> HtmlTable:
     rows = []
     for row in grid.rows:
         cells = [HtmlCell(row[0], row[0])]
-        for value, column in zip(row[1:], grid.columns[1:]):
+        for value, column in zip(row[1:], grid.columns[1:], strict=True):
             if not isinstance(value, tuple):
                 cells.append(HtmlCell("", ""))
                 continue
@@ -279,12 +280,12 @@ def figures(scenario: str, dataset: str, records: list[RunRecord]) -> list[Figur
     experiment that has them."""
     out = []
     adapter_study = [leave_one_out(r) or r["scenario"] == "model_update" for r in records]
-    stream = [r for r, study in zip(records, adapter_study) if not study]
+    stream = [r for r, study in zip(records, adapter_study, strict=True) if not study]
     if stream:
         series = experiment_series(experiment_groups(stream))[(scenario, dataset)]
         png = png_bytes(curves_figure, scenario, dataset, series)
         out.append(Figure("AC_t and AA_t of every experiment", encode(png)))
-    studies = [r for r, study in zip(records, adapter_study) if study]
+    studies = [r for r, study in zip(records, adapter_study, strict=True) if study]
     for (_, _, label), runs in experiment_groups(studies).items():
         drawn = [r for r in runs if backfilling_curves(r)[1]]
         if drawn:

@@ -112,7 +112,7 @@ def load_plugins(paths: list[str]) -> None:
 
 def check_part_names(settings: RunSettings) -> None:
     """Every name under ``strategy_params`` / ``adapter_params`` is a registered part whose parameters are valid,
-    used or not, so that a typo is an error as an unknown key is everywhere else (issue 29); the run's own strategy
+    used or not, so that a typo is an error as an unknown key is everywhere else; the run's own strategy
     and adapter are built, and so checked, by :func:`assemble`."""
     sections = (("strategy_params", lambda name: strategy_parameters(name, settings.strategy_params)),
                 ("adapter_params", lambda name: make_adapter(name, settings.adapter_params)))

@@ -39,7 +39,7 @@ EXIT_STRATEGY_FAILED = 4
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse with bad input as one line (what is wrong and where the options are listed), exit code 2, instead
-    of the whole usage block (issue 29); every subcommand's parser is one too."""
+    of the whole usage block; every subcommand's parser is one too."""
 
     def error(self, message: str) -> None:
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")

@@ -38,7 +38,7 @@ FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # 1e-3: a string
 
 class PlainLoader(yaml.SafeLoader):
     """YAML without aliases: a config never needs them, and a few hundred bytes of nested aliases expand into
-    gigabytes (a "billion laughs" file hangs a run; issue 29)."""
+    gigabytes (a "billion laughs" file hangs a run)."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):

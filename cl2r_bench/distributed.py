@@ -1,4 +1,4 @@
-"""One run on several processes under torchrun (issue 18).
+"""One run on several processes under torchrun.
 
 ``torchrun --nproc_per_node N runner.py ...`` starts N copies of the run command. Each finds its rank in the
 environment torchrun sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and joins one
@@ -109,7 +109,7 @@ class Processes:
         else:
             pieces = [torch.empty_like(padded) for _ in range(self.world_size)]
             dist.all_gather(pieces, padded.contiguous())
-        return torch.cat([piece[:size] for piece, size in zip(pieces, sizes)])
+        return torch.cat([piece[:size] for piece, size in zip(pieces, sizes, strict=True)])
 
     def average_norm_statistics(self, model: torch.nn.Module) -> None:
         """Average the batch norms' running statistics over ranks (each rank tracked those of its shares), so that

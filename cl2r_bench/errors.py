@@ -28,7 +28,7 @@ class PartError(ValueError):
 def safe_name(name: object, setting: str) -> str:
     """``name`` when it can be one path component (letters, digits and ``_ . + = , -``, not starting with a dot,
     at most 100 characters), else a :class:`ConfigError`: no setting may lead a run to write or delete outside its
-    output folder (issue 16)."""
+    output folder."""
     if not isinstance(name, str) or not SAFE_NAME.fullmatch(name) or ".." in name:
         raise ConfigError(f"{setting} = {name!r} cannot name a results folder; use letters, digits and _ . + = , - "
                           "(no /, no leading dot, no '..', at most 100 characters)")

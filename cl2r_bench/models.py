@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterator, Sequence
+from itertools import pairwise
 from pathlib import Path
 
 import torch
@@ -58,7 +59,7 @@ class CheckpointError(ValueError):
 
 
 class NonFiniteError(ArithmeticError):
-    """Training or a model produced NaN or infinite values (a diverged run, issue 16): never a result."""
+    """Training or a model produced NaN or infinite values (a diverged run): never a result."""
 
 
 def state_sha256(model: nn.Module) -> str:
@@ -114,7 +115,7 @@ class SmallConvNet(nn.Module):
         super().__init__()
         chans = [3, width, width * 2, width * 4, width * 4]
         blocks = []
-        for c_in, c_out in zip(chans[:-1], chans[1:]):
+        for c_in, c_out in pairwise(chans):
             blocks += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True),
                        nn.MaxPool2d(2)]
         self.features = nn.Sequential(*blocks, nn.AdaptiveAvgPool2d(1), nn.Flatten())

@@ -1,7 +1,7 @@
 """Named plug-ins of one kind (strategies, adapters, scenarios): each registered once by a class decorator.
 
 A registry is the one line that makes a new file part of the suite (``@register_strategy("name")`` and the like);
-its names become folder names, so each is checked by :func:`cl2r_bench.errors.safe_name` (issue 16).
+its names become folder names, so each is checked by :func:`cl2r_bench.errors.safe_name`.
 """
 from __future__ import annotations
 

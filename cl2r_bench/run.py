@@ -89,7 +89,7 @@ def to_device(images: ImageSet, device: torch.device) -> ImageSet:
 
 
 class RunFolder:
-    """A run's folder (issue 16): what may be resumed or overwritten, and the lock held while a run writes.
+    """A run's folder: what may be resumed or overwritten, and the lock held while a run writes.
 
     ``state.pt`` (or a ``metrics.json`` of an older run without one) means results exist. ``--overwrite`` deletes only
     a folder the suite made (a ``.cl2r-run`` marker, or the ``config.yaml`` of a run made before the marker existed).
@@ -108,7 +108,7 @@ class RunFolder:
     def check(self) -> None:
         """Refuse a folder whose results this run may not write over: called when the run is set up (to fail before
         any data is read) and again once the lock is held (:meth:`writing`), since another run may have written the
-        folder in between (issue 29)."""
+        folder in between."""
         path, resume = self.path, self.resume
         results = self.state.exists() or (path / "metrics.json").exists()
         if results and not (resume or self.overwrite):
@@ -421,7 +421,7 @@ class Run:
 
     def _score_starting_models(self, evaluator: CompatibilityEvaluator) -> None:
         """Each starting model's own retrieval accuracy on the evaluation set, before any fine-tuning, with its
-        Wilson interval: IAM-CL2R presumes that replacements clearly improve (issue 5). A score depends only on the
+        Wilson interval: IAM-CL2R presumes that replacements clearly improve. A score depends only on the
         checkpoint and the evaluation, so it is cached (:func:`replacement_score_key`) once per study."""
         pending = [r for r in self.state["replacements"] if "own_accuracy" not in r]
         if not pending:

@@ -1,4 +1,4 @@
-"""The sweep's SLURM launcher (issue 18, ``runner.py sweep --launcher slurm``), through submitit.
+"""The sweep's SLURM launcher (``runner.py sweep --launcher slurm``), through submitit.
 
 The jobs of a sweep that are not complete go to the cluster as one job array; each array task runs the same run
 command as the local launcher (:meth:`cl2r_bench.sweep.Job.command`, asked when the task starts), so every job is an
@@ -287,7 +287,7 @@ def submit(jobs: list[Job], args: argparse.Namespace, folder: Path) -> dict[str,
     except submitit.core.utils.FailedJobError as exc:
         reason = (str(exc).strip() or "no message").splitlines()[-1]
         raise UsageError(f"sbatch refused the sweep's jobs: {reason}") from None
-    return {job.name: handle.job_id for job, handle in zip(jobs, handles)}
+    return {job.name: handle.job_id for job, handle in zip(jobs, handles, strict=True)}
 
 
 def _save(path: Path, submitted: dict[str, str]) -> None:

@@ -1,4 +1,4 @@
-"""Sweeps: many runs of a grid, each an ordinary resumable run in its own process (issue 18).
+"""Sweeps: many runs of a grid, each an ordinary resumable run in its own process.
 
 Every grid point is resolved and validated before anything starts (a bad setting anywhere is one line and exit
 2). A point whose run folder holds a complete ``metrics.json`` is skipped, one with a run state is resumed, the
@@ -85,13 +85,13 @@ def list_settings() -> set[str]:
 
 
 def set_grid(assignments: list[str], lists: set[str]) -> list[tuple[list[str], str]]:
-    """The points of a sweep's ``--set`` options (issue 18): each ``KEY=[v1,v2,...]`` whose setting is not in
+    """The points of a sweep's ``--set`` options: each ``KEY=[v1,v2,...]`` whose setting is not in
     ``lists`` (:func:`list_settings`) is a grid dimension, the others are the same at every point. Returns, per
     point of the product, its ``--set`` assignments and the name of its results folder under ``--output``
     (``KEY=v1,KEY2=w1``, characters a folder name cannot hold written ``-``; ``""`` without a grid)."""
     choices = [_choices(text, lists) for text in assignments]
     keys = [text.split("=", 1)[0].strip() for text in assignments]
-    for key, options in zip(keys, choices):
+    for key, options in zip(keys, choices, strict=True):
         if options[0][1] and keys.count(key) > 1:
             raise ConfigError(f"--set {key} is given {keys.count(key)} times and one of them is a grid; the last "
                               "would silently replace the grid at every point: give it once")
@@ -139,7 +139,8 @@ def grid_runs(args: argparse.Namespace) -> tuple[list[Assembly], Path]:
     output, runs = None, []
     for values in itertools.product(*((getattr(args, name) or [None]) for name in GRID_OPTIONS)):
         for assignments, folder in points:
-            point = argparse.Namespace(**{**vars(args), **dict(zip(GRID_OPTIONS, values)), "set": assignments})
+            grid = dict(zip(GRID_OPTIONS, values, strict=True))
+            point = argparse.Namespace(**{**vars(args), **grid, "set": assignments})
             if folder:
                 output = output or Path(requested_output(point))
                 point.output = str(output / folder)

@@ -37,7 +37,7 @@ class IAMCL2R(Scenario):
         if rep.checkpoints:
             return [{"task": t, "path": p, "source": "encoder"} if is_spec(p) else
                     {"task": t, "path": str(Path(p).resolve()), "source": "user"}
-                    for t, p in zip(tasks, rep.checkpoints)]
+                    for t, p in zip(tasks, rep.checkpoints, strict=True)]
         pre = rep.pretrain
         source = load_dataset(pre.dataset, s.data_root, download=s.download, image_size=s.data.image_size,
                               verify=s.data.verify, **s.data.synthetic)
@@ -46,7 +46,7 @@ class IAMCL2R(Scenario):
         order = stream.class_order if same else list(range(source.num_classes))
         pool = [c for c in order if c not in reserved]
         out = []
-        for task, count, seed in zip(tasks, pre.class_counts, pre.seeds(len(tasks))):
+        for task, count, seed in zip(tasks, pre.class_counts, pre.seeds(len(tasks)), strict=True):
             path, cached = pretrained_replacement(
                 source, pool[:count], head=replacement_family(head), model_kwargs=s.model.build_kwargs,
                 settings=pre.train_settings(s.training), images_per_class=pre.images_per_class, device=device,

@@ -80,7 +80,7 @@ class ModelUpdate(Scenario):
                               verify=s.data.verify, **s.data.synthetic)
         counts = [len(t.new_classes) for t in stream.tasks]
         out = []
-        for task, seed in zip(range(2), pre.seeds(2)):
+        for task, seed in zip(range(2), pre.seeds(2), strict=True):
             classes = stream.class_order[:sum(counts[:task + 1])]
             path, cached = pretrained_replacement(
                 source, classes, head=head, model_kwargs=s.model.build_kwargs, settings=pre.train_settings(s.training),

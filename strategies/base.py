@@ -172,7 +172,7 @@ class TaskContext:
         """``(logits, features, labels)`` of the teacher on every image of the ``ImageSet`` ``data``: no
         augmentation, no gradient, ``features`` un-normalised (e.g. for class means)."""
         outputs = list(forward_in_batches(self.teacher, data.images, amp=self.amp))
-        logits, features = (torch.cat(parts) for parts in zip(*outputs))
+        logits, features = (torch.cat(parts) for parts in zip(*outputs, strict=True))
         return logits, features, data.labels.to(features.device)
 
 

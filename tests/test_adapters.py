@@ -2,6 +2,7 @@
 FastFill, partial backfilling, adapted matrices along a stream, and the model_update scenario end to end."""
 import dataclasses
 import json
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -136,7 +137,7 @@ def test_irp_degrades_gracefully_under_pruning():
     assert anchors == sorted(anchors, reverse=True) and anchors[-1] < 24 <= anchors[1]
     assert results[0.6][0] >= 0.99
     cosines = [results[d][0] for d in sorted(results)]
-    assert all(later <= earlier + 1e-3 for earlier, later in zip(cosines, cosines[1:]))
+    assert all(later <= earlier + 1e-3 for earlier, later in pairwise(cosines))
     assert cosines[-1] > 0.3
     assert fitted(0.9, 16)[0] > results[0.9][0] and fitted(0.9, 16)[0] >= 0.85
 

@@ -1,4 +1,4 @@
-"""Avalanche for real (issue 17): streams whose experiences carry the data, the compatibility plugin, the bridge
+"""Avalanche for real: streams whose experiences carry the data, the compatibility plugin, the bridge
 that runs any Avalanche strategy, and the example."""
 import copy
 import json
@@ -54,7 +54,7 @@ def test_experiences_carry_the_images_of_each_task(stream):
 
     experiences = list(stream.benchmark.train_stream)
     assert [task.experience for task in stream.tasks] == experiences
-    for task, exp in zip(stream.tasks, experiences):
+    for task, exp in zip(stream.tasks, experiences, strict=True):
         image, label, task_label = exp.dataset.eval()[0]
         assert image.dtype == torch.uint8 and image.shape == (3, 32, 32) and isinstance(label, int) and task_label == 0
         images, labels, _ = load_all_dataset(exp.dataset.eval())
@@ -70,7 +70,7 @@ def test_the_train_view_crops_and_flips_uint8_images(stream):
     augmented = [exp.dataset.train()[i][0] for i in range(len(exp.dataset))]
     plain = stream.tasks[0].train.images
     assert all(a.dtype == torch.uint8 and a.shape == plain[0].shape for a in augmented)
-    assert sum(not torch.equal(a, p) for a, p in zip(augmented, plain)) > len(plain) // 2
+    assert sum(not torch.equal(a, p) for a, p in zip(augmented, plain, strict=True)) > len(plain) // 2
 
 
 def test_the_plugin_fills_the_matrix_of_a_frozen_model_like_the_evaluator(stream):

@@ -1,4 +1,4 @@
-"""Data-parallel runs under torchrun (issue 18, ``cl2r_bench/distributed.py``): the ranks' shares make up the
+"""Data-parallel runs under torchrun (``cl2r_bench/distributed.py``): the ranks' shares make up the
 one-process batch, two gloo processes give one process's loss and gradients, a two-process run writes one set of
 results and resumes after being killed, and a bad launch is one line before anything starts."""
 import json

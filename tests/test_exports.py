@@ -57,7 +57,7 @@ def csv_rows(text: str) -> tuple[list[str], list[dict[str, str]]]:
     """The header and the rows of a csv text, each row checked to have one field per header name."""
     lines = list(csv.reader(io.StringIO(text)))
     assert all(len(line) == len(lines[0]) for line in lines), text
-    return lines[0], [dict(zip(lines[0], line)) for line in lines[1:]]
+    return lines[0], [dict(zip(lines[0], line, strict=True)) for line in lines[1:]]
 
 
 def test_csv_main_table_has_mean_and_std_columns_of_plain_numbers(results, capsys):
@@ -143,7 +143,7 @@ def test_github_keeps_mean_and_std_in_one_cell_and_counts_as_integers(results, c
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if "pairs within noise" in line)
     names = [cell.strip() for cell in lines[header].split("|")[1:-1]]
-    row = dict(zip(names, (cell.strip() for cell in lines[header + 2].split("|")[1:-1])))
+    row = dict(zip(names, (cell.strip() for cell in lines[header + 2].split("|")[1:-1]), strict=True))
     assert row["queries"] == "144" and row["seeds"] == "2" and row["pairs within noise"].isdigit()
 
 

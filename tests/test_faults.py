@@ -1,4 +1,4 @@
-"""Fault injection (issue 16): a run killed at random points — in training, in evaluation, while writing its
+"""Fault injection: a run killed at random points — in training, in evaluation, while writing its
 results, or by SIGKILL from outside — ends, after ``--resume``, with the uninterrupted run's metrics."""
 import json
 import os

@@ -1,4 +1,5 @@
-"""Issue 5's machinery: pretraining until a plateau (resumable), open-set CIFAR-10 evaluation of any stream."""
+"""The fidelity study's machinery: pretraining until a plateau (resumable), open-set CIFAR-10 evaluation of any
+stream."""
 import json
 import warnings
 from pathlib import Path
@@ -114,7 +115,7 @@ def test_a_short_seed_list_is_a_usage_error(tiny, capsys):
 def test_cross_model_table_has_own_accuracy_on_its_diagonal(tiny, tmp_path, capsys):
     from benchmarks.retrieval import CompatibilityEvaluator
     from cl2r_bench.assembly import assemble
-    from cl2r_bench.tools import cross_model
+    from tools import cross_model
 
     assert runner.main(["pretrain", "--config", str(tiny), "--set", "replacement.pretrain.seed=[3,4]"]) == 0
     paths = sorted((tmp_path / "cache").glob("*.pt"))
@@ -131,7 +132,7 @@ def test_cross_model_table_has_own_accuracy_on_its_diagonal(tiny, tmp_path, caps
 
 
 def test_scale_summary_has_one_row_per_seed_from_its_metrics(tiny, tmp_path, capsys):
-    from cl2r_bench.tools import scale_summary
+    from tools import scale_summary
 
     out = tmp_path / "study" / "tiny-e1"
     assert runner.main(["run", "--config", str(tiny), "--strategy", "er", "--seeds", "1", "2",
@@ -141,14 +142,14 @@ def test_scale_summary_has_one_row_per_seed_from_its_metrics(tiny, tmp_path, cap
     lines = capsys.readouterr().out.splitlines()
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
     assert [r[:6] for r in rows] == [["tiny-e1", "er", "small_cnn", "1", str(s), "independent"] for s in (1, 2)]
-    for seed, r in zip((1, 2), rows):
+    for seed, r in zip((1, 2), rows, strict=True):
         record = json.loads(next(out.rglob(f"seed{seed}/metrics.json")).read_text())
         assert r[7] == f"{record['metrics']['AC']:.3f}" and r[-3] == f"{record['metrics']['AA']:.2f}"
         assert r[-1] == str(record["noise"]["queries"])
 
 
 def test_feature_geometry_measures_spread_and_pairing_by_hand():
-    from cl2r_bench.tools.feature_geometry import mean_resultant_length, paired_cosine
+    from tools.feature_geometry import mean_resultant_length, paired_cosine
 
     assert mean_resultant_length(torch.tensor([[3.0, 0.0], [0.0, 0.5]])) == pytest.approx(0.5 ** 0.5)
     assert mean_resultant_length(torch.tensor([[1.0, 1.0], [2.0, 2.0]])) == pytest.approx(1.0)
@@ -157,7 +158,7 @@ def test_feature_geometry_measures_spread_and_pairing_by_hand():
 
 
 def test_a_common_shift_sends_every_query_to_one_class_and_removing_it_recovers_them():
-    from cl2r_bench.tools.feature_geometry import pair_diagnosis, searchable_gallery
+    from tools.feature_geometry import pair_diagnosis, searchable_gallery
 
     old = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
     new = torch.nn.functional.normalize(old + torch.tensor([2.0, 0.0, 0.0]), dim=1)
@@ -170,7 +171,7 @@ def test_a_common_shift_sends_every_query_to_one_class_and_removing_it_recovers_
 
 
 def test_feature_geometry_reads_a_run_and_matches_its_matrix(tiny, tmp_path, capsys):
-    from cl2r_bench.tools import feature_geometry
+    from tools import feature_geometry
 
     out = tmp_path / "runs"
     assert runner.main(["run", "--config", str(tiny), "--strategy", "dsimplex_fd", "--output", str(out)]) == 0

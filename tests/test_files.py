@@ -1,6 +1,7 @@
 """Locks that let go (cl2r_bench/files.py): an empty lock file or one whose holder went silent on another host is
 taken over after its lease, a live holder keeps its lock by its heartbeat, and every wait names the lock file and
 how to clear it. The other core is kept busy: a guarantee that holds only on an idle machine is not one."""
+import json
 import os
 import subprocess
 import sys
@@ -9,7 +10,14 @@ import time
 
 import pytest
 
-from cl2r_bench.files import EMPTY_GRACE_SECONDS, FolderBusyError, exclusive, read_holder
+from cl2r_bench.files import (
+    EMPTY_GRACE_SECONDS,
+    FolderBusyError,
+    atomic_write,
+    atomic_write_json,
+    exclusive,
+    read_holder,
+)
 
 
 @pytest.fixture
@@ -78,3 +86,30 @@ def test_a_live_holder_keeps_its_lock_by_its_heartbeat(tmp_path, busy_core):
         assert time.monotonic() - started > 3.5  # only once the holder let go, after its 4 s
     holder.wait()
     assert read_holder(lock) is None
+
+
+def strict_load(path):
+    """JSON as a strict parser reads it: a NaN or Infinity token is an error."""
+    def refuse(token):
+        raise ValueError(f"non-standard JSON token {token}")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_result_json_is_strict_and_says_why_a_value_is_null(tmp_path):
+    atomic_write_json(tmp_path / "r.json", {"metrics": {"BC": float("nan"), "AA": 50.0}, "m": [[1.0, float("-inf")]]})
+    record = strict_load(tmp_path / "r.json")
+    assert record["metrics"] == {"BC": None, "AA": 50.0} and record["m"] == [[1.0, None]]
+    assert record["non_finite_values"] == {"metrics.BC": "nan", "m[0][1]": "-inf"}
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary_file(tmp_path):
+    target = tmp_path / "metrics.json"
+    atomic_write_json(target, {"complete": True})
+
+    def crash(f):
+        f.write(b"{half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        atomic_write(target, crash)
+    assert strict_load(target) == {"complete": True} and [p.name for p in tmp_path.iterdir()] == ["metrics.json"]

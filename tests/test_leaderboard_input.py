@@ -255,7 +255,7 @@ def test_matrices_of_different_sizes_in_one_group_do_not_crash(tmp_path, capsys)
 
 
 def test_fifos_device_links_and_copies_are_named_never_read_or_counted_twice(tmp_path, capsys):
-    """Issue 29: a metrics.json that is a FIFO or a link to /dev/zero would hang or fill memory: it is skipped with
+    """A metrics.json that is a FIFO or a link to /dev/zero would hang or fill memory: it is skipped with
     its reason; a copy of a record is counted once, not as a second seed."""
     import os
 

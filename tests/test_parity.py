@@ -1,4 +1,4 @@
-"""The parity harness's own parts (cl2r_bench/tools/parity/): checkpoint names, data files, errors. No reference
+"""The parity harness's own parts (tools/parity/): checkpoint names, data files, errors. No reference
 needed."""
 import importlib
 import subprocess
@@ -12,7 +12,7 @@ from cl2r_bench.models import build_model, feature_extractor_state
 
 
 def load(name: str):
-    return importlib.import_module(f"cl2r_bench.tools.parity.{name}")
+    return importlib.import_module(f"tools.parity.{name}")
 
 
 common = load("common")
@@ -66,7 +66,7 @@ def test_a_wrong_reference_path_is_a_one_line_error(script, tmp_path):
     args = ["--iamcl2r", str(tmp_path / "nowhere"), "--data-root", str(tmp_path), "--work", str(tmp_path)] \
         if script == "end_to_end" else ["--iamcl2r", str(tmp_path / "nowhere"), "--cl2r", "x", "--ml-fct", "y",
                                            "--cifar10", str(tmp_path)]
-    done = subprocess.run([sys.executable, "-m", f"cl2r_bench.tools.parity.{script}"] + args,
+    done = subprocess.run([sys.executable, "-m", f"tools.parity.{script}"] + args,
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "not a checkout of miccunifi/iamcl2r" in done.stderr

@@ -1,4 +1,4 @@
-"""A plugin's own failures (issue 29, item 5): user code that raises or returns an unusable loss mid-run ends with one
+"""A plugin's own failures: user code that raises or returns an unusable loss mid-run ends with one
 line naming the strategy, the task and the iteration, exit code 4, the finished tasks kept, the traceback in the
 run folder's error.log and the --resume command given; plugin files that share a name, or exit at import."""
 import json

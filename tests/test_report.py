@@ -1,4 +1,4 @@
-"""The HTML report (issue 28): one self-contained page per results folder, its tables built by the leaderboard,
+"""The HTML report: one self-contained page per results folder, its tables built by the leaderboard,
 the published figures apart from the measured rows, and the page checked in a real browser (headless Chromium):
 every row there, every image decoded, a column sorted by the page's own script, a screenshot saved."""
 import json

@@ -204,7 +204,7 @@ def test_a_run_ends_by_saying_where_the_figures_are_and_what_to_do_next(tiny, tm
 
 
 def test_runs_of_one_command_that_would_share_a_folder_are_refused_before_any_runs(tmp_path, capsys):
-    """Issue 29: --adapter all with one adapter.label would write every adapter into one folder, each replacing the
+    """--adapter all with one adapter.label would write every adapter into one folder, each replacing the
     last; it is one line, exit 2, and nothing is written."""
     from cl2r_bench.cli import main
 
@@ -222,7 +222,7 @@ def test_runs_of_one_command_that_would_share_a_folder_are_refused_before_any_ru
     ("adapter_params.irp.anchors=0", "anchors must be at least 1, not 0"),
 ])
 def test_parameters_of_parts_a_run_does_not_use_are_still_checked(setting, message, tmp_path, capsys):
-    """Issue 29: a typo in a part's name, or an invalid value of a part the run does not use, is an error, as an
+    """A typo in a part's name, or an invalid value of a part the run does not use, is an error, as an
     unknown key is everywhere else."""
     from cl2r_bench.cli import main
 

@@ -1,4 +1,4 @@
-"""``runner.py sweep --launcher slurm`` (issue 18): the one-line refusals before anything is submitted, following
+"""``runner.py sweep --launcher slurm``: the one-line refusals before anything is submitted, following
 the jobs to the end without submitit's ``result()``, and a real one-node SLURM cluster
 (``tests/slurm/cluster.sh start``): a sweep submitted as a job array without waiting, the same command following it
 to the end, an interrupted run resumed by its job, and a last sweep that submits nothing."""

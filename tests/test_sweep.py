@@ -188,3 +188,18 @@ def test_a_sweep_whose_output_holds_a_file_named_sweep_is_one_line(tiny, tmp_pat
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is a file, not a folder" in err and "Traceback" not in err
     assert (out / "sweep").read_text() == "my notes"
+
+
+def test_a_sweep_reruns_a_point_whose_record_the_leaderboard_would_reject(tmp_path):
+    """A hand-written {"complete": true} is not a finished run for the sweep either (one record check)."""
+    from cl2r_bench.sweep import Job
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "metrics.json").write_text('{"complete": true}')
+    job = Job(folder, "run", tmp_path / "job.yaml", tmp_path / "job.log")
+    assert job.status() == "new"
+    from test_leaderboard_input import valid_record
+
+    (folder / "metrics.json").write_text(json.dumps(valid_record()))
+    assert job.status() == "complete"

@@ -15,6 +15,7 @@ to convergence under a step budget (:mod:`cl2r_bench.adapters.training`), batch 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -51,7 +52,7 @@ class FastFillConfig(FCTConfig):
 def mlp(in_dim: int, hidden: int, layers: int, out_dim: int) -> nn.Sequential:
     sizes = [in_dim] + [hidden] * layers
     blocks: list[nn.Module] = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
+    for a, b in pairwise(sizes):
         blocks += [nn.Linear(a, b), nn.ReLU()]
     return nn.Sequential(*blocks, nn.Linear(sizes[-1], out_dim))
 

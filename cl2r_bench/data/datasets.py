@@ -77,7 +77,7 @@ class ImageSet:
 
     def digest(self) -> str:
         """sha256 of the images' shape, dtype and bytes and of the labels: the identity of the data, for cache keys
-        that must change with every setting that changes the data (issue 29)."""
+        that must change with every setting that changes the data."""
         digest = hashlib.sha256(f"{tuple(self.images.shape)}|{self.images.dtype}".encode())
         digest.update(self.images.cpu().contiguous().numpy().tobytes())
         digest.update(self.labels.cpu().to(torch.int64).numpy().tobytes())
@@ -171,7 +171,7 @@ def _numpy_globals() -> dict[tuple[str, str], object]:
 class _CifarUnpickler(pickle.Unpickler):
     """An unpickler that builds only what CIFAR files hold (builtin containers, bytes, text, numbers and numpy
     arrays): any other global, i.e. anything that could run code on loading, is refused. Used whatever
-    ``data.verify`` says, so a tampered copy cannot execute anything (issue 16)."""
+    ``data.verify`` says, so a tampered copy cannot execute anything."""
 
     ALLOWED = {("_codecs", "encode"): _latin1_bytes, ("__builtin__", "bytes"): _empty_bytes,
                ("builtins", "bytes"): _empty_bytes}

@@ -89,11 +89,11 @@ def map_by_position(source: dict[str, torch.Tensor], target: dict[str, torch.Ten
     """The source tensors under the target's keys, position by position, after checking count and every shape."""
     if len(source) != len(target):
         raise ConversionError(f"source has {len(source)} tensors, timm's model has {len(target)}")
-    for i, ((src_key, src), (dst_key, dst)) in enumerate(zip(source.items(), target.items())):
+    for i, ((src_key, src), (dst_key, dst)) in enumerate(zip(source.items(), target.items(), strict=True)):
         if src.shape != dst.shape:
             raise ConversionError(f"tensor {i}: source {src_key} {tuple(src.shape)} does not fit timm's {dst_key} "
                                   f"{tuple(dst.shape)}")
-    return dict(zip(target, source.values()))
+    return dict(zip(target, source.values(), strict=True))
 
 
 def convert(variant: str, source: str | Path | None = None) -> dict[str, torch.Tensor]:

@@ -180,7 +180,7 @@ def _value_problem(value: Any, parameter: inspect.Parameter) -> str | None:
     """Why ``value`` cannot be the constructor argument ``parameter``, judged by its annotation (``float``, ``int``,
     ``bool``, ``str``, optionally ``Optional``) or, without one, its plain default's type; None when it can, or when
     the annotation says nothing checkable. A negative number is refused where the default is a number at least 0 or
-    the annotation is ``int`` without a default (sizes, counts and weights; issue 29)."""
+    the annotation is ``int`` without a default (sizes, counts and weights)."""
     annotation = parameter.annotation
     allowed = [a for a in typing.get_args(annotation) if a is not type(None)] if typing.get_origin(
         annotation) is typing.Union else [annotation]

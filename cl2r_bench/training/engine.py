@@ -109,7 +109,8 @@ class DeviceBatches:
             from_memory = torch.cat([from_memory, torch.ones(len(replayed), dtype=torch.bool, device=device)])
             positions = torch.cat([positions, len(idx) + torch.arange(len(pick), device=device)[replay_share]])
         self.rank_sizes = [a + b for a, b in zip(self.processes.shares(len(idx)),
-                                                 self.processes.shares(len(pick) if pick is not None else 0))]
+                                                 self.processes.shares(len(pick) if pick is not None else 0),
+                                                 strict=True)]
         top, left, flip = crop_flip_draws(sum(self.rank_sizes), device)
         images = crop_flip(images, top[positions], left[positions], flip[positions])
         if self.channels_last:

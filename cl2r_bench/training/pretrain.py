@@ -10,7 +10,7 @@ derived from every setting that shapes it, so later runs reuse it.
 Two schedules (``replacement.pretrain.schedule``):
 
 * ``cosine``: ``epochs`` epochs, cosine from ``lr`` to ``lr_min``.
-* ``plateau`` ("trained until accuracy stops improving", issue 5): the learning rate is held; after every
+* ``plateau`` ("trained until accuracy stops improving"): the learning rate is held; after every
   epoch the classification accuracy on the *test split of the pretraining classes* (never the stream's or the
   evaluation's images) is measured; when it has not improved by ``min_delta`` for ``patience`` epochs the rate
   is multiplied by ``decay``, and after ``drops`` decays the next plateau ends training (``epochs`` is the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The scale study of issue 5 (see README.md here). Every step is resumable: run the script again after an
+# The scale study (see README.md here). Every step is resumable: run the script again after an
 # interruption and it continues (pretraining from its last epoch, runs from their last finished task).
 #   bash results/fidelity/run_study.sh small      # small CNN: replacements, then 2 / 6 / 20 epochs per task
 #   bash results/fidelity/run_study.sh resnet18   # ResNet-18 (the paper's backbone): replacements, 5 / 20 / 70 epochs

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU study of issue 15: the paper protocol on the suite's real data (preset fidelity: Tiny ImageNet stream at
+# The GPU study: the paper protocol on the suite's real data (preset fidelity: Tiny ImageNet stream at
 # 32x32, 50,000 CIFAR-10 queries, 70 epochs per task with the authors' epoch length and schedule, fp16 autocast),
 # every run a process of its own on one GPU. Resumable: run it again and finished runs and cached models are kept.
 #   DATA=data OUT=results/gpu-runs SEEDS="42 1 2" bash results/gpu/run_study.sh

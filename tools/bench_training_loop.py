@@ -1,5 +1,5 @@
 """Benchmark: the suite's training loop (Avalanche template + strategy + trainer) against a plain PyTorch loop, its
-speed variants, and the paper protocol's time estimated from measured components (issue 18).
+speed variants, and the paper protocol's time estimated from measured components.
 
 Both loops train the same model architecture from the same initial weights on the same device-resident data with
 the same batches (``DeviceBatches``), optimizer, schedule and loss (the strategy's, with its frozen teacher when it
@@ -18,11 +18,11 @@ row each, with the speed-up of the suite's loop over its fp32 row.
 ``--protocol`` adds the time of the 7-task paper protocol (``configs/presets/paper.yaml`` on CIFAR-100, IAM-CL2R):
 its iterations per task, counted by the engine's own ``DeviceBatches`` (docs/METHODS.md §4: task 0 ``N // 128``
 batches, later tasks ``(N_new + N_mem) // 128`` with 20 exemplars per seen class), times the suite's measured
-seconds per iteration, plus T evaluations (``cl2r_bench/tools/bench_evaluation.py``) and the T metrics records.
+seconds per iteration, plus T evaluations (``tools/bench_evaluation.py``) and the T metrics records.
 It is an estimate from measured components, not a timed run (``runner.py`` is: README, "GPU speed").
 
-    python -m cl2r_bench.tools.bench_training_loop [--backbone small_cnn] [--images 2048] [--epochs 2] [--repeats 3]
-    python -m cl2r_bench.tools.bench_training_loop --backbone resnet18 --strategy dsimplex_hoc \\
+    python -m tools.bench_training_loop [--backbone small_cnn] [--images 2048] [--epochs 2] [--repeats 3]
+    python -m tools.bench_training_loop --backbone resnet18 --strategy dsimplex_hoc \\
         [--amp bfloat16] [--channels-last] [--compile] [--variants] [--protocol [--eval-images N]]
 """
 from __future__ import annotations
@@ -42,7 +42,11 @@ from cl2r_bench.data.datasets import ImageSet, make_synthetic
 from cl2r_bench.data.streams import task_class_counts
 from cl2r_bench.models import RetrievalModel, autocast_dtype, build_model
 from cl2r_bench.settings import RunSettings, TrainSettings
-from cl2r_bench.tools.bench_evaluation import (
+from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr
+from cl2r_bench.training.loop import train_task
+from strategies import Strategy, get_strategy
+from strategies.base import Step
+from tools.bench_evaluation import (
     AMP_CHOICES,
     EvaluationTiming,
     evaluation_counts,
@@ -55,20 +59,16 @@ from cl2r_bench.tools.bench_evaluation import (
     time_evaluation,
     time_records,
 )
-from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr
-from cl2r_bench.training.loop import train_task
-from strategies import Strategy, get_strategy
-from strategies.base import Step
 
 CIFAR100_TRAIN_PER_CLASS = 500
 """Training images per CIFAR-100 class (docs/METHODS.md §4: the protocol takes the first 300 of the 500)."""
 TARGET_SECONDS = 120.0
-"""Issue 18: the 7-task paper protocol with its evaluation in under 2 minutes on one H100."""
+"""The goal: the 7-task paper protocol with its evaluation in under 2 minutes on one H100."""
 
 
 @dataclass(frozen=True)
 class Variant:
-    """A speed setting applied to both loops (issue 18)."""
+    """A speed setting applied to both loops."""
 
     amp: str = "none"
     channels_last: bool = False
@@ -260,7 +260,7 @@ def report_variants(variants: tuple[Variant, ...], measured: Measured) -> None:
               f"suite x {variants[0].name}", f"first run {'/'.join(LOOPS)} s"]
     rows = [header] + [variant_row(v, measured, reference) for v in variants]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [[cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+    lines = [[cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))]
              for row in rows]
     lines.insert(1, ["-" * w for w in widths])
     print("\n".join("| " + " | ".join(line) + " |" for line in lines))

@@ -10,9 +10,9 @@ resizing to its own input. Every adapter and ``none``, several seeds. Each run i
 config, record and folder); the study only embeds each split once per encoder for all of them, and skips runs
 whose record is complete, so an interrupted study continues where it stopped.
 
-    python -m cl2r_bench.tools.pretrained_study --data-root DATA [--output results/pretrained] [--seeds 0 1 2]
+    python -m tools.pretrained_study --data-root DATA [--output results/pretrained] [--seeds 0 1 2]
 
-Then :mod:`cl2r_bench.tools.pretrained_report` writes the tables and the figure.
+Then :mod:`tools.pretrained_report` writes the tables and the figure.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Why does a pair lose its gallery? The geometry of a finished run's features on its query set.
 
-    python -m cl2r_bench.tools.feature_geometry RUN_DIR [--data-root DIR] [--query-stride N]
+    python -m tools.feature_geometry RUN_DIR [--data-root DIR] [--query-stride N]
 
 RUN_DIR is one run's folder (``config.yaml`` and ``checkpoints/task<t>.pt``). Every task's model embeds the
 query set (every N-th query) and the gallery once. Two tables:

@@ -1,6 +1,6 @@
 """Out-of-the-box compatibility of suite-pretrained models: query with one model, search another's gallery.
 
-    python -m cl2r_bench.tools.cross_model --config CONFIG.yaml MODEL.pt [MODEL.pt ...] [--data-root DIR] [--queries N]
+    python -m tools.cross_model --config CONFIG.yaml MODEL.pt [MODEL.pt ...] [--data-root DIR] [--queries N]
 
 CONFIG is any run's ``config.yaml`` (its evaluation set is used: query and gallery as in METHODS.md §3, gallery
 as class templates when ``evaluation.mode`` is templates). Each MODEL is a cache file of ``runner.py pretrain``
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     confidence = settings.evaluation.confidence
     names = [model_name(spec) for _, spec in loaded]
     rows = []
-    for name, accuracies in zip(names, table):
+    for name, accuracies in zip(names, table, strict=True):
         cells = []
         for a in accuracies:
             low, high = wilson_interval(a, len(query), confidence)

@@ -1,8 +1,8 @@
-"""The reference side of the step-level parity check (issue 15): run under the authors' own Python environment.
+"""The reference side of the step-level parity check: run under the authors' own Python environment.
 
-    <reference venv>/bin/python -m cl2r_bench.tools.parity.probe --iamcl2r PATH --cl2r PATH --ml-fct PATH --work DIR
+    <reference venv>/bin/python -m tools.parity.probe --iamcl2r PATH --cl2r PATH --ml-fct PATH --work DIR
 
-``DIR/inputs.pt`` (written by ``cl2r_bench/tools/parity/steps.py``) holds the tensors and checkpoint paths; this script
+``DIR/inputs.pt`` (written by ``tools/parity/steps.py``) holds the tensors and checkpoint paths; this script
 calls the authors' functions on them (``create_model``, ``train_one_epoch``, ``HocLoss``, ``BalancedBatchSampler``,
 ``load_cifar_identification``, ``evaluate``, CL2R's ``update_criterion_weight`` / ``EmbeddingsSimilarity``, ml-fct's
 ``MLP_BN_SIDE_PROJECTION``) and writes what they return to ``DIR/reference.pt``. It imports nothing of the suite and

@@ -1,6 +1,6 @@
 """One table over the runs of a scale study: a row per (run folder, strategy), read from each metrics.json.
 
-    python -m cl2r_bench.tools.scale_summary results/fidelity-runs > results/fidelity/summary.md
+    python -m tools.scale_summary results/fidelity-runs > results/fidelity/summary.md
 
 Columns: backbone, epochs per task, the run's seed, whether the replacement models share one initialisation,
 their own accuracy (percent, at each replacement task), AC with its 95% interval over query resamples, AC outside

@@ -7,7 +7,7 @@ backfilling AUCs per order, zero-shot retention and fit times; then the paper's 
 marked as other models and data. The figure draws the backfilling curves (top-1 and mAP against β, λ-orth's
 class-mean order, mean over seeds) of every adapter.
 
-    python -m cl2r_bench.tools.pretrained_report [--results results/pretrained] [--out results/pretrained]
+    python -m tools.pretrained_report [--results results/pretrained] [--out results/pretrained]
 """
 from __future__ import annotations
 
@@ -133,17 +133,17 @@ def curves_figure(groups: dict[Group, dict[str, list[dict[str, Any]]]], path: Pa
 
     keys = sorted(groups)
     fig, axes = plt.subplots(len(keys), 2, figsize=(11, 3.2 * len(keys)), squeeze=False)
-    for row, key in zip(axes, keys):
+    for row, key in zip(axes, keys, strict=True):
         for name, runs in sorted(groups[key].items()):
             curves = [r["retrieval"]["backfilling"]["curves"].get(order) for r in runs]
             curves = [c for c in curves if c]
             if not curves:
                 continue
             betas = runs[0]["retrieval"]["backfilling"]["betas"]
-            for ax, score in zip(row, ("top1", "mAP")):
+            for ax, score in zip(row, ("top1", "mAP"), strict=True):
                 ax.plot(betas, np.mean([c[score] for c in curves], axis=0), label=name,
                         linestyle="--" if name == "none" else "-")
-        for ax, score in zip(row, ("CMC top-1 (%)", "mAP (%)")):
+        for ax, score in zip(row, ("CMC top-1 (%)", "mAP (%)"), strict=True):
             ax.set_title(f"{key[0]}, {key[1]}: {score}", fontsize=9)
             ax.set_xlabel("backfilled fraction β (class-mean L2 order)")
             ax.grid(alpha=0.3)
@@ -162,11 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or results)
     groups = grouped(results)
     if not groups:
-        print(f"no leave-one-out records under {results}; run python -m cl2r_bench.tools.pretrained_study first")
+        print(f"no leave-one-out records under {results}; run python -m tools.pretrained_study first")
         return 2
     text = "\n".join(group_tables(pair, dataset, groups[pair, dataset]) for pair, dataset in sorted(groups))
     (out / "tables.md").write_text("# Pretrained-encoder study: tables\n\nWritten by `python -m "
-                                   "cl2r_bench.tools.pretrained_report` from the records under this folder.\n\n"
+                                   "tools.pretrained_report` from the records under this folder.\n\n"
                                    + text + "\n" + published_tables())
     curves_figure(groups, out / "backfilling.png")
     print(f"wrote {out / 'tables.md'} and {out / 'backfilling.png'} ({len(groups)} pair and data set groups)")

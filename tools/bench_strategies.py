@@ -6,7 +6,7 @@ the memory, 128 new samples otherwise) from the same starting model, with its fr
 data. Strategies are run interleaved, ``--repeats`` times; the figure per strategy is the median seconds per
 iteration and its ratio to ER's median.
 
-    python -m cl2r_bench.tools.bench_strategies [--backbone small_cnn] [--images 1920] [--epochs 2] [--repeats 3]
+    python -m tools.bench_strategies [--backbone small_cnn] [--images 1920] [--epochs 2] [--repeats 3]
 """
 from __future__ import annotations
 

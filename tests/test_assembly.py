@@ -1,5 +1,6 @@
-"""Issue 19: every scenario, strategy and adapter the suite offers runs on the built-in data set, and each
-scenario's defaults fit it (or fail before anything runs with the --set that fixes them)."""
+"""Assembly of every part (cl2r_bench/assembly.py): every scenario, strategy and adapter the suite offers runs on
+the built-in data set, and each scenario's defaults fit it (or fail before anything runs with the --set that fixes
+them)."""
 import json
 
 import pytest

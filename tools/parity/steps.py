@@ -1,6 +1,6 @@
-"""Step-level parity with the authors' code on identical tensors (issue 15; results/parity/README.md).
+"""Step-level parity with the authors' code on identical tensors (results/parity/README.md).
 
-    python -m cl2r_bench.tools.parity.steps --iamcl2r REF/iamcl2r --cl2r REF/CompatibleLifelongRepresentation \\
+    python -m tools.parity.steps --iamcl2r REF/iamcl2r --cl2r REF/CompatibleLifelongRepresentation \\
         --ml-fct REF/ml-fct --cifar10 data [--reference-python REF/venv/bin/python] [--out results/parity/steps.json]
 
 The same weights (suite models converted to the authors' checkpoint format), the same batch and float64 where it
@@ -25,7 +25,11 @@ from cl2r_bench.adapters import make_adapter
 from cl2r_bench.data.datasets import CIFAR100_MEAN, CIFAR100_STD, DataError, ImageSet, read_cifar
 from cl2r_bench.models import build_model, load_replacement, normalize, simplex_vertices
 from cl2r_bench.settings import TrainSettings
-from cl2r_bench.tools.parity.common import (  # noqa: I001
+from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr
+from strategies import Step, TaskContext, get_strategy
+from strategies.dsimplex_hoc import hoc_loss
+from strategies.fd import distillation_weight
+from tools.parity.common import (  # noqa: I001
     ROOT,
     ParityError,
     first_per_class,
@@ -36,10 +40,6 @@ from cl2r_bench.tools.parity.common import (  # noqa: I001
     to_reference_state,
     write_cifar_pickles,
 )
-from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr
-from strategies import Step, TaskContext, get_strategy
-from strategies.dsimplex_hoc import hoc_loss
-from strategies.fd import distillation_weight
 
 CLASSES = 10
 EPOCH = 10
@@ -355,7 +355,7 @@ def optimizer_values(student, initial: dict[str, torch.Tensor]) -> dict:
     lr = scheduled_lr(EPOCH * 36, 36, settings)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    for p, q in zip(model.parameters(), student.parameters()):
+    for p, q in zip(model.parameters(), student.parameters(), strict=True):
         p.grad = None if q.grad is None else q.grad.clone()
     optimizer.step()
     no_decay = [reference_name(n) for n, p in model.named_parameters() if p.requires_grad and p.ndim <= 1]

@@ -1,6 +1,6 @@
-"""Assemble ``results/parity/parity.json`` and print the tables of ``results/parity/README.md`` (issue 15).
+"""Assemble ``results/parity/parity.json`` and print the tables of ``results/parity/README.md``.
 
-    python -m cl2r_bench.tools.parity.report [--steps results/parity/steps.json]
+    python -m tools.parity.report [--steps results/parity/steps.json]
                                              [--end-to-end results/parity/end_to_end.json]
 
 The protocol table sets each setting of the authors' 7-task run (read from their code, cited by file) beside the
@@ -17,7 +17,7 @@ from pathlib import Path
 from benchmarks.metrics import all_metrics, as_matrix
 from cl2r_bench.assembly import assemble
 from cl2r_bench.config import resolve
-from cl2r_bench.tools.parity.common import ROOT  # noqa: I001
+from tools.parity.common import ROOT  # noqa: I001
 
 
 def protocol() -> list[dict]:
@@ -103,9 +103,9 @@ def entry_table(entry: dict) -> tuple[str, int, int, int]:
     lines = ["| query \\ gallery | " + " | ".join(str(k) for k in range(len(stats["suite"]))) + " |",
              "|---|" + "---|" * len(stats["suite"])]
     beyond = noisy = total = 0
-    for t, (ours, theirs) in enumerate(zip(stats["suite"], stats["reference"])):
+    for t, (ours, theirs) in enumerate(zip(stats["suite"], stats["reference"], strict=True)):
         cells = []
-        for (m1, s1), (m2, s2) in zip(ours, theirs):
+        for (m1, s1), (m2, s2) in zip(ours, theirs, strict=True):
             differs = abs(m1 - m2) > s1 + s2
             p = (m1 + m2) / 200
             noisy += abs(m1 - m2) > 100 * 1.96 * math.sqrt(p * (1 - p) / entry["queries"])
@@ -158,9 +158,9 @@ def main() -> None:
     folder = ROOT / "results" / "parity"
     parser.add_argument("--steps", type=Path, default=folder / "steps.json")
     parser.add_argument("--end-to-end", type=Path, default=folder / "end_to_end.json",
-                        help="the parity runs of cl2r_bench/tools/parity/end_to_end.py")
+                        help="the parity runs of tools/parity/end_to_end.py")
     parser.add_argument("--timing", type=Path, default=folder / "timing.json",
-                        help="cl2r_bench/tools/parity/end_to_end.py's output for the timed pair "
+                        help="tools/parity/end_to_end.py's output for the timed pair "
                              "(the real evaluation set)")
     parser.add_argument("--out", type=Path, default=folder / "parity.json")
     args = parser.parse_args()

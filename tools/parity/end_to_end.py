@@ -1,6 +1,6 @@
-"""End-to-end parity: the authors' IAM-CL2R code and the suite on the same data and replacement models (issue 15).
+"""End-to-end parity: the authors' IAM-CL2R code and the suite on the same data and replacement models.
 
-    python -m cl2r_bench.tools.parity.end_to_end --iamcl2r REF/iamcl2r --data-root data --work /tmp/parity-e2e \\
+    python -m tools.parity.end_to_end --iamcl2r REF/iamcl2r --data-root data --work /tmp/parity-e2e \\
         [--reference-python REF/venv/bin/python] [--strategies er hoc] [--seeds 1 2 3] [--epochs 3] \\
         [--images-per-class 50] [--eval-per-class 200] [--out results/parity/end_to_end.json]
 
@@ -38,7 +38,8 @@ from cl2r_bench.config import resolve
 from cl2r_bench.data.datasets import DataError, read_cifar, read_tiny_imagenet
 from cl2r_bench.models import replacement_family
 from cl2r_bench.settings import RunSettings
-from cl2r_bench.tools.parity.common import (  # noqa: I001
+from cl2r_bench.training.pretrain import pretrained_replacement
+from tools.parity.common import (  # noqa: I001
     ROOT,
     ParityError,
     first_per_class,
@@ -48,7 +49,6 @@ from cl2r_bench.tools.parity.common import (  # noqa: I001
     to_reference_state,
     write_cifar_pickles,
 )
-from cl2r_bench.training.pretrain import pretrained_replacement
 
 STREAM_CLASSES = 100
 PRETRAIN_COUNTS = (25, 50, 100)

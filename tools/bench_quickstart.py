@@ -6,7 +6,7 @@ prints the wall time with its parts from ``metrics.json``: replacement pretraini
 the rest (interpreter start, imports, data generation, plots). Measure on idle cores: another heavy process
 slows it sharply.
 
-    python -m cl2r_bench.tools.bench_quickstart [--repeats 2]
+    python -m tools.bench_quickstart [--repeats 2]
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ ops, then the trunk under ``torch.inference_mode``. Both run the same images in 
 ``--repeats`` so that the machine's load hits both alike; the figure is images/s and the ratio suite / plain (the
 target is at least 0.9).
 
-    python -m cl2r_bench.tools.bench_embedding --spec timm:tf_efficientnet_lite0@FILE [--images 256] [--size 32]
+    python -m tools.bench_embedding --spec timm:tf_efficientnet_lite0@FILE [--images 256] [--size 32]
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ gallery, each query's own item left out, as the adapter papers' protocol does on
 (docs/METHODS.md §7b). Peak memory is the process's resident high-water mark (``VmHWM``) on the CPU and
 ``torch.cuda.max_memory_allocated`` on a GPU, both against what the features alone take.
 
-    python -m cl2r_bench.tools.bench_ranking [--n 50000] [--dim 1280] [--device cpu] [--json]
+    python -m tools.bench_ranking [--n 50000] [--dim 1280] [--device cpu] [--json]
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Benchmark: the time of one evaluation of the paper protocol, and of the metrics record that follows it (issue 18).
+"""Benchmark: the time of one evaluation of the paper protocol, and of the metrics record that follows it.
 
 One evaluation (``CompatibilityEvaluator.deploy``, docs/METHODS.md §3) embeds the gallery (CIFAR-10 test, 10,000
 images, reduced to 10 class templates) and the queries (CIFAR-10 train, 50,000 images) with
@@ -15,7 +15,7 @@ After every task the run also writes ``metrics.json`` with its query-bootstrap i
 (``benchmarks.noise.noise_metrics``: ``evaluation.resamples`` resamples of the per-query hits of every matrix entry,
 on the CPU); ``--records`` times those T records on random hits of the protocol's size.
 
-    python -m cl2r_bench.tools.bench_evaluation [--backbone resnet18] [--amp none|float16|bfloat16]
+    python -m tools.bench_evaluation [--backbone resnet18] [--amp none|float16|bfloat16]
         [--channels-last] [--images 60000] [--repeats 3] [--records]
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ class EvaluationTiming:
 def paper_settings(strategy: str = "dsimplex_hoc") -> RunSettings:
     """The paper protocol's settings (``configs/presets/paper.yaml`` on CIFAR-100, the default IAM-CL2R scenario),
     resolved as a run resolves them, with ``strategy``."""
-    return RunSettings.from_config(resolve([("issue 18 benchmark", {"preset": "paper", "dataset": "cifar100",
+    return RunSettings.from_config(resolve([("evaluation benchmark", {"preset": "paper", "dataset": "cifar100",
                                                                     "strategy": strategy})]))
 
 
