@@ -44,7 +44,7 @@ from benchmarks.paper_protocol import (
 from benchmarks.record import leave_one_out_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
 from cl2r_bench.config import CONFIG_DIR, merge, parse_assignment, read_yaml
-from cl2r_bench.data.datasets import NATIVE_IMAGE_SIZES, DataError, load_dataset
+from cl2r_bench.data.datasets import DataError, load_dataset, native_image_size
 from cl2r_bench.data.streams import first_per_class
 from cl2r_bench.encoders import build_encoder
 from cl2r_bench.feature_cache import cached_features
@@ -367,7 +367,7 @@ def encoder_study(settings: Any, device: torch.device, log: Any = print) -> Stud
     u, d = settings.model_update, settings.data
     encoders = {"old": build_encoder(u.old), "new": build_encoder(u.new)}
     data = load_dataset(settings.dataset, settings.data_root, download=settings.download,
-                        image_size=NATIVE_IMAGE_SIZES.get(settings.dataset, d.image_size), verify=d.verify,
+                        image_size=native_image_size(settings.dataset) or d.image_size, verify=d.verify,
                         **d.synthetic)
     classes = list(range(data.num_classes))
     splits = {"train": first_per_class(data.train, classes, u.fit_per_class),

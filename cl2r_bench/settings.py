@@ -3,9 +3,9 @@ values.
 
 ``configs/default.yaml`` is the one place where a setting's default is written; these classes have no defaults
 (``tests/test_structure.py`` checks that each field matches one YAML key, both ways). This module is also where
-each setting's allowed values are declared (:data:`DATASETS`, :data:`GALLERY_MODES`, ...; the model's are the
-model module's own): the parts that interpret
-a setting import its vocabulary from here, and each section checks its ranges, choices and the rules between its own
+each setting's allowed values are declared (:data:`GALLERY_MODES`, ...; the model's are the model module's own, the
+data sets' are their profiles in ``configs/datasets/``): the parts that interpret a setting import its vocabulary
+from here, and each section checks its ranges, choices and the rules between its own
 fields when it is built (``__post_init__``), with a one-line :class:`~cl2r_bench.errors.ConfigError` naming the
 setting. Rules that tie sections to a scenario are the scenario's (:meth:`scenarios.base.Scenario.check_settings`),
 a strategy's or adapter's parameters are its own ``Config``'s. :func:`RunSettings.from_config` builds them from a
@@ -25,12 +25,11 @@ from typing import Any, TypeVar
 
 import yaml
 
-from cl2r_bench.config import CONFIG_DIR
+from cl2r_bench.config import CONFIG_DIR, choices
 from cl2r_bench.errors import ConfigError, safe_name
 from cl2r_bench.limits import seed_problem
 from cl2r_bench.models import BACKBONES
 
-DATASETS = ("cifar100", "cifar10", "tinyimagenet", "synthetic")
 VERIFY_MODES = ("warn", "strict", "off")
 CLASS_ORDERS = ("natural", "seeded")
 EVALUATION_SETS = ("cifar10", "heldout")
@@ -246,7 +245,7 @@ class PretrainSettings:
                     + at_least(0, "drops", "lr_min", "min_delta") + above_zero("lr")
                     + [("decay", lambda v: 0 < v <= 1, "in (0, 1]")])
         check_schedule(section, self)
-        check_choices(section, self, {"schedule": PRETRAIN_SCHEDULES, "dataset": DATASETS})
+        check_choices(section, self, {"schedule": PRETRAIN_SCHEDULES, "dataset": tuple(choices("datasets"))})
 
     def seeds(self, count: int) -> list[int]:
         """The initialisation seed of each of ``count`` pretrained models: one int shared by all, or one per

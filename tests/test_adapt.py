@@ -337,7 +337,7 @@ def test_the_papers_command_with_download_runs_on_the_libraries_own_download_pat
     import torchvision
     from test_data import write_cifar100
 
-    from cl2r_bench.data import datasets
+    from cl2r_bench.data import cifar
 
     source = tmp_path / "source"
     write_cifar100(source, per_class_train=2, per_class_test=2)
@@ -349,8 +349,8 @@ def test_the_papers_command_with_download_runs_on_the_libraries_own_download_pat
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/{archive.name}"
-    official = datasets._CIFAR["cifar100"]
-    monkeypatch.setitem(datasets._CIFAR, "cifar100", {**official, "url": url,
+    official = cifar.CIFAR_RELEASES["cifar100"]
+    monkeypatch.setitem(cifar.CIFAR_RELEASES, "cifar100", {**official, "url": url,
                                                       "archive_md5": hashlib.md5(archive.read_bytes()).hexdigest()})
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     cache = tmp_path / "torch" / "hub" / "checkpoints"

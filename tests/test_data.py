@@ -9,8 +9,11 @@ import pytest
 import torch
 from PIL import Image
 
-from cl2r_bench.data.datasets import DataError, load_dataset, make_synthetic, read_cifar, read_tiny_imagenet
+from cl2r_bench.data.cifar import read_cifar
+from cl2r_bench.data.datasets import DataError, load_dataset
 from cl2r_bench.data.streams import build_stream, first_per_class, make_class_order, task_class_counts
+from cl2r_bench.data.synthetic import make_synthetic
+from cl2r_bench.data.tiny_imagenet import read_tiny_imagenet
 
 
 def write_cifar100(root, per_class_train=6, per_class_test=2, classes=100):

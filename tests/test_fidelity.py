@@ -11,7 +11,8 @@ from test_data import write_cifar10
 
 from cl2r_bench import cli as runner
 from cl2r_bench.config import resolve
-from cl2r_bench.data.datasets import DataNotice, make_synthetic
+from cl2r_bench.data.datasets import DataNotice
+from cl2r_bench.data.synthetic import make_synthetic
 from cl2r_bench.settings import PlateauSettings, TrainSettings
 from cl2r_bench.training.pretrain import PlateauProgress, load_cached_model, pretrain_model
 

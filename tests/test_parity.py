@@ -7,7 +7,8 @@ import sys
 import pytest
 import torch
 
-from cl2r_bench.data.datasets import ImageSet, read_cifar
+from cl2r_bench.data.cifar import read_cifar
+from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.models import build_model, feature_extractor_state
 
 

@@ -15,7 +15,7 @@ from cl2r_bench.files import exclusive
 def test_a_damaged_plateau_progress_file_or_image_cache_is_one_line(tmp_path):
     from test_data import write_tiny_imagenet
 
-    from cl2r_bench.data.datasets import read_tiny_imagenet
+    from cl2r_bench.data.tiny_imagenet import read_tiny_imagenet
     from cl2r_bench.models import CheckpointError, build_model
     from cl2r_bench.settings import PlateauSettings, TrainSettings
     from cl2r_bench.training.pretrain import PlateauTraining
@@ -51,7 +51,7 @@ def test_a_second_pretraining_of_the_same_model_waits_for_the_first(tmp_path):
 def test_a_pretrained_model_is_cached_per_data_so_no_data_setting_is_served_anothers_model(tmp_path, change):
     """Every setting that changes the data a replacement model is trained (or validated) on changes its
     cache key: the key holds the data's digest, not only the data set's name."""
-    from cl2r_bench.data.datasets import make_synthetic
+    from cl2r_bench.data.synthetic import make_synthetic
     from cl2r_bench.settings import TrainSettings
     from cl2r_bench.training.pretrain import pretrained_replacement
 

@@ -85,6 +85,13 @@ def test_leaf_modules_import_nothing_of_the_suite(leaf):
     assert imported.isdisjoint(SUITE), imported & set(SUITE)
 
 
+def test_every_data_set_is_a_registered_plug_in_with_a_profile_and_each_profile_a_data_set():
+    from cl2r_bench.config import choices
+    from cl2r_bench.data.datasets import DATA_SETS
+
+    assert DATA_SETS.names() == choices("datasets") == ["cifar10", "cifar100", "synthetic", "tinyimagenet"]
+
+
 def test_the_three_scenarios_are_registered_plug_ins_with_a_profile():
     from scenarios import list_scenarios
 

@@ -31,7 +31,8 @@ import torch
 
 from benchmarks.noise import noise_metrics
 from cl2r_bench.config import resolve
-from cl2r_bench.data.datasets import ImageSet, make_synthetic
+from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.data.synthetic import make_synthetic
 from cl2r_bench.models import autocast_dtype, build_model, embed
 from cl2r_bench.settings import RunSettings
 

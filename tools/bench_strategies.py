@@ -17,7 +17,8 @@ import time
 
 import torch
 
-from cl2r_bench.data.datasets import ImageSet, make_synthetic
+from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.data.synthetic import make_synthetic
 from cl2r_bench.models import build_model
 from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training.engine import ReplayMemory, update_memory

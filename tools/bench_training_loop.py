@@ -38,8 +38,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.data.datasets import ImageSet, make_synthetic
+from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import task_class_counts
+from cl2r_bench.data.synthetic import make_synthetic
 from cl2r_bench.models import RetrievalModel, autocast_dtype, build_model
 from cl2r_bench.settings import RunSettings, TrainSettings
 from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr

@@ -35,7 +35,9 @@ import yaml
 
 from benchmarks.record import RECORD_FILE, read_record
 from cl2r_bench.config import resolve
-from cl2r_bench.data.datasets import DataError, read_cifar, read_tiny_imagenet
+from cl2r_bench.data.cifar import read_cifar
+from cl2r_bench.data.datasets import DataError
+from cl2r_bench.data.tiny_imagenet import read_tiny_imagenet
 from cl2r_bench.models import replacement_family
 from cl2r_bench.settings import RunSettings
 from cl2r_bench.training.pretrain import pretrained_replacement
