@@ -583,7 +583,8 @@ def _main(argv: list[str] | None) -> int:
     from cl2r_bench.errors import ConfigError, PartError
     from cl2r_bench.files import FolderBusyError
     from cl2r_bench.models import CheckpointError
-    from cl2r_bench.run import DivergedError, RunError, StrategyFailedError
+    from cl2r_bench.run import DivergedError, StrategyFailedError
+    from cl2r_bench.run_folder import RunError
     from cl2r_bench.tracking import TrackingError
 
     show_notices_as_one_line()

@@ -24,20 +24,15 @@ Layout of ``<output>/<scenario>/<dataset>/<label>/seed<k>/``: ``config.yaml`` (r
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import hashlib
-import json
-import shutil
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from benchmarks.metrics import as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
@@ -48,31 +43,28 @@ from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.adapt import evaluate_adapter, study_record
 from cl2r_bench.adapters import convergence_note, embed_pair, fit_adapter
 from cl2r_bench.assembly import Assembly
-from cl2r_bench.config import flatten
 from cl2r_bench.data.datasets import ImageSet
-from cl2r_bench.data.streams import Stream
-from cl2r_bench.distributed import SINGLE, Processes, connect
+from cl2r_bench.distributed import connect
 from cl2r_bench.encoders import is_spec
-from cl2r_bench.files import atomic_write_json, atomic_write_text, device_description, exclusive
-from cl2r_bench.models import NonFiniteError, RetrievalModel, state_sha256
+from cl2r_bench.files import atomic_write_json, device_description
+from cl2r_bench.models import NonFiniteError, RetrievalModel
+from cl2r_bench.run_folder import RunError, RunFolder
 from cl2r_bench.settings import task_seed
+from cl2r_bench.starting_models import (
+    cached_score,
+    evaluation_fingerprint,
+    load_task_model,
+    replacement_score_key,
+    task_encoder,
+)
 from cl2r_bench.training.engine import ReplayMemory
 from cl2r_bench.training.pretrain import save_state
 from scenarios.base import Finished
 from strategies.base import StrategyFailure
 
-IGNORED_ON_RESUME = ("training.progress", "training.channels_last", "training.compile", "evaluation.plots",
-                     "tracking.", "distributed.connect_timeout", "distributed.timeout", "device", "output")
-RUN_MARKER = ".cl2r-run"
-STATE_KEYS = {"next_task", "timings", "replacements", "pretrain_seconds"}
-
 
 def _quiet(message: str) -> None:
     """The log of a process that is not rank 0 (only rank 0 prints)."""
-
-
-class RunError(RuntimeError):
-    """The run cannot start or continue as asked (e.g. results exist, resume mismatch, damaged run folder)."""
 
 
 class DivergedError(RunError):
@@ -86,189 +78,6 @@ class StrategyFailedError(RunError):
 
 def to_device(images: ImageSet, device: torch.device) -> ImageSet:
     return ImageSet(images.images.to(device), images.labels.to(device))
-
-
-class RunFolder:
-    """A run's folder: what may be resumed or overwritten, and the lock held while a run writes.
-
-    ``state.pt`` (or a ``metrics.json`` of an older run without one) means results exist. ``--overwrite`` deletes only
-    a folder the suite made (a ``.cl2r-run`` marker, or the ``config.yaml`` of a run made before the marker existed).
-    The lock is ``<folder>.lock`` beside the folder, so it survives the folder's deletion; a second process on the
-    same folder is refused. Under torchrun only rank 0 is the ``writer``; the others read the folder only."""
-
-    def __init__(self, path: Path, *, resume: bool, overwrite: bool, writer: bool = True) -> None:
-        if resume and overwrite:
-            raise RunError("--resume continues a run and --overwrite deletes it: pass one of them")
-        self.path, self.resume, self.overwrite, self.writer = path, resume, overwrite, writer
-        self.lock = path.with_name(path.name + ".lock")
-        self.state = path / "state.pt"
-        self.decided_resuming: bool | None = None
-        self.check()
-
-    def check(self) -> None:
-        """Refuse a folder whose results this run may not write over: called when the run is set up (to fail before
-        any data is read) and again once the lock is held (:meth:`writing`), since another run may have written the
-        folder in between."""
-        path, resume = self.path, self.resume
-        results = self.state.exists() or (path / "metrics.json").exists()
-        if results and not (resume or self.overwrite):
-            raise RunError(f"{path} holds results of an earlier run; pass --resume to continue it or --overwrite to "
-                           "start over (or --output elsewhere)")
-        if resume and results and not self.state.exists():
-            raise RunError(f"--resume: {path} holds results without a run state (state.pt), e.g. a model_update run "
-                           "made before version 0.2; there is nothing to continue: pass --overwrite to run it again")
-        if path.is_dir() and any(path.iterdir()) and not self.made_by_suite():
-            raise RunError(f"{path} holds files that this suite did not write, so it neither writes into it nor "
-                           "deletes it; move them away or pass another --output")
-
-    @property
-    def resuming(self) -> bool:
-        """Whether the run continues the folder's results: rank 0's decision under the lock once :meth:`writing`
-        has taken it, until then what the folder holds now."""
-        if self.decided_resuming is not None:
-            return self.decided_resuming
-        return self.resume and self.state.exists()
-
-    def made_by_suite(self) -> bool:
-        if (self.path / RUN_MARKER).is_file():
-            return True
-        try:
-            config = yaml.safe_load((self.path / "config.yaml").read_text())
-        except (OSError, yaml.YAMLError, UnicodeDecodeError):
-            return False
-        return isinstance(config, dict) and {"scenario", "dataset", "seed"} <= set(config)
-
-    def check_resumable(self, config: dict[str, Any]) -> None:
-        """Refuse to resume with settings other than the interrupted run's; a missing or damaged ``config.yaml``
-        is a :class:`RunError`."""
-        path = self.path / "config.yaml"
-        try:
-            saved = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-            saved = exc
-        if not isinstance(saved, dict):
-            raise RunError(f"--resume: {path} is missing, empty or damaged, so the run's settings are unknown; "
-                           "start over with --overwrite")
-        a, b = _run_defining(saved), _run_defining(config)
-        diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-        if diff:
-            raise RunError(f"--resume: the settings differ from the interrupted run in {diff[:5]}; use the same "
-                           "settings, or --overwrite to start over")
-
-    def saved_state(self, world_size: int) -> dict[str, Any]:
-        """The state of the run being resumed; a damaged ``state.pt``, or one of a run with another number of
-        processes (the ranks' batch-norm statistics depend on it), is a :class:`RunError`."""
-        try:
-            state = torch.load(self.state, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - a damaged file fails in torch's zip reader or its unpickler
-            state = exc
-        if not isinstance(state, dict) or not STATE_KEYS <= set(state):
-            raise RunError(f"--resume: {self.state} is damaged or not a run state of this suite; start over "
-                           "with --overwrite")
-        if state.get("world_size", 1) != world_size:
-            raise RunError(f"--resume: the run was made by {state.get('world_size', 1)} process(es), not "
-                           f"{world_size}; resume it with torchrun --nproc_per_node {state.get('world_size', 1)} "
-                           "(or without torchrun for 1), or --overwrite to start over")
-        return state
-
-    @contextlib.contextmanager
-    def writing(self, config: dict[str, Any], processes: Processes = SINGLE) -> Iterator[None]:
-        """Hold the folder's lock; check the folder again under it (:meth:`check`, and the settings of a run to
-        resume); delete an earlier run first with ``overwrite``; mark the folder and save ``config.yaml``. The run
-        decides whether it resumes only after this (``resuming``). Under torchrun the other ranks write nothing and
-        take rank 0's outcome: whether it resumes, or the error that refused the folder, which they raise too."""
-        if not self.writer:
-            refused, resuming = processes.from_main(None)
-            if refused is not None:
-                raise refused
-            self.decided_resuming = resuming
-            yield
-            return
-        told = False
-        try:
-            with exclusive(self.lock, f"run folder {self.path}"):
-                self.check()
-                if self.resuming:
-                    self.check_resumable(config)
-                if self.overwrite and self.path.exists():
-                    shutil.rmtree(self.path)
-                atomic_write_text(self.path / RUN_MARKER, "a run folder of the cl2r benchmark suite\n")
-                atomic_write_text(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
-                self.decided_resuming = self.resuming
-                processes.from_main((None, self.decided_resuming))
-                told = True
-                yield
-        except Exception as exc:
-            if not told:
-                processes.from_main((exc, False))
-            raise
-
-
-def _run_defining(config: dict[str, Any]) -> dict[str, Any]:
-    """The settings a resumed run must share with the interrupted one: all but where results go, progress and
-    logging, and the parameters of strategies and adapters the run does not use."""
-    used = (f"strategy_params.{config.get('strategy')}.", f"adapter_params.{config.get('adapter', {}).get('name')}.")
-    return {k: v for k, v in flatten(config).items() if not k.startswith(IGNORED_ON_RESUME)
-            and (not k.startswith(("strategy_params.", "adapter_params.")) or k.startswith(used))}
-
-
-def evaluation_fingerprint(stream: Stream, mode: str, device: torch.device, autocast: str | bool) -> str:
-    """What a model's retrieval accuracy depends on besides the model: the query and gallery images and labels,
-    the gallery mode, the device type and the autocast dtype."""
-    digest = hashlib.sha256()
-    for images in (stream.query, stream.gallery):
-        digest.update(images.images.cpu().numpy().tobytes())
-        digest.update(images.labels.cpu().numpy().tobytes())
-    digest.update(f"{mode}|{device.type}|{autocast}".encode())
-    return digest.hexdigest()
-
-
-def replacement_score_key(checkpoint: str | Path, evaluation: str, model: torch.nn.Module | None = None) -> str:
-    """The cache key of a starting model's own accuracy: its checkpoint's content and the evaluation; for an
-    encoder spec, the built starting model's whole state (:func:`cl2r_bench.models.state_sha256`: the encoder's
-    weights and the head the run puts on it)."""
-    digest = hashlib.sha256(evaluation.encode())
-    if model is not None:
-        digest.update(state_sha256(model).encode())
-        return digest.hexdigest()[:24]
-    with open(checkpoint, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()[:24]
-
-
-def cached_score(path: Path) -> float | None:
-    """A cached own accuracy, or None when the file is absent or damaged (the score is then computed again)."""
-    try:
-        score = json.loads(path.read_text())["own_accuracy"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return float(score) if isinstance(score, (int, float)) and 0 <= score <= 1 else None
-
-
-def task_encoder(replacements: list[dict[str, Any]], task: int) -> str | None:
-    """The encoder spec whose trunk task ``task``'s model is built on: that of the last starting model at or before
-    ``task`` when it is a spec (an IAM-CL2R replacement that is a pretrained encoder), else None (the run's
-    backbone)."""
-    starts = [r for r in replacements if r["task"] <= task]
-    path = max(starts, key=lambda r: r["task"])["path"] if starts else None
-    return path if path is not None and is_spec(path) else None
-
-
-def load_task_model(parts: Assembly, stream: Stream, task: int, directory: Path | None = None,
-                    replacements: list[dict[str, Any]] | None = None) -> RetrievalModel:
-    """The model a run saved after ``task`` (``<run folder>/checkpoints/task<t>.pt``), rebuilt on the CPU (on the
-    encoder of :func:`task_encoder` given the run's ``replacements``); a missing or damaged file is a
-    :class:`RunError`."""
-    path = (directory or parts.directory) / "checkpoints" / f"task{task}.pt"
-    try:
-        model = parts.new_model(stream.tasks[task].num_seen_classes, stream.mean, stream.std,
-                                task_encoder(replacements or [], task))
-        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-    except Exception as exc:  # noqa: BLE001 - a truncated file fails in torch's zip reader or load_state_dict
-        state = f"is damaged ({type(exc).__name__})" if path.exists() else "is missing"
-        raise RunError(f"{path} {state}; start over with --overwrite") from None
-    return model
 
 
 class Run:

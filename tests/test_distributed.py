@@ -168,7 +168,7 @@ class FromMain:
 
 
 def test_a_rank_other_than_0_takes_rank_0s_decision_not_its_own_view_of_the_folder(tmp_path):
-    from cl2r_bench.run import RunError, RunFolder
+    from cl2r_bench.run_folder import RunError, RunFolder
 
     folder = tmp_path / "run"
     folder.mkdir()

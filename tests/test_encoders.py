@@ -220,7 +220,7 @@ def test_iamcl2r_replacements_can_be_pretrained_encoders(tiny, tmp_path, timm_fi
     assert ("head.lift.weight" in state) == (strategy == "dsimplex_hoc")
     from cl2r_bench.assembly import assemble
     from cl2r_bench.config import read_yaml, resolve
-    from cl2r_bench.run import load_task_model
+    from cl2r_bench.starting_models import load_task_model
 
     run_config = resolve([("saved", read_yaml(next(out.rglob("config.yaml"))))])
     parts = assemble(run_config)

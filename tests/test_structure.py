@@ -133,7 +133,7 @@ def test_every_adapter_satisfies_the_protocol_that_measuring_uses():
 def test_a_result_without_a_run_state_is_neither_overwritten_nor_resumed(tmp_path):
     """A model_update folder of version 0.1 holds metrics.json but no state.pt: a plain run refuses it, and
     ``--resume`` says there is nothing to continue instead of silently training it again."""
-    from cl2r_bench.run import RunError, RunFolder
+    from cl2r_bench.run_folder import RunError, RunFolder
 
     (tmp_path / "metrics.json").write_text("{}")
     (tmp_path / "config.yaml").write_text("scenario: model_update\ndataset: synthetic\nseed: 42\n")

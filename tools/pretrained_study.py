@@ -30,7 +30,7 @@ from cl2r_bench.adapters import convergence_note, list_adapters
 from cl2r_bench.assembly import assemble
 from cl2r_bench.config import resolve
 from cl2r_bench.files import atomic_write_json
-from cl2r_bench.run import RunFolder
+from cl2r_bench.run_folder import RunFolder
 from cl2r_bench.settings import BACKFILL_ORDERS
 
 DATASETS = {"cifar10": {"fit_per_class": 200, "test_per_class": 100},
