@@ -21,9 +21,10 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["cl2r_bench", "cl2r_bench.*", "scenarios", "strategies", "benchmarks"]),
+    packages=find_packages(include=["cl2r_bench", "cl2r_bench.*", "scenarios", "strategies", "benchmarks",
+                                    "reporting"]),
     package_data={"cl2r_bench": ["configs/*.yaml", "configs/*/*.yaml", "configs/*/*/*.yaml"],
-                  "benchmarks": ["templates/*.j2"]},
+                  "reporting": ["templates/*.j2"]},
     install_requires=[
         "torch>=2.14",
         "torchvision",

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -29,6 +28,7 @@ from cl2r_bench.adapters.protocol import FeatureAdapter
 from cl2r_bench.models import class_means
 from cl2r_bench.settings import BACKFILL_ORDERS
 
+from .metrics import area_under_curve
 from .retrieval import gallery_accuracy
 
 
@@ -99,11 +99,6 @@ def backfilling_curve(queries: torch.Tensor, query_labels: torch.Tensor, stale: 
         mixed[chosen] = fresh[chosen]
         curve.append(gallery_accuracy(queries, query_labels, mixed, gallery_labels, mode))
     return curve
-
-
-def area_under_curve(betas: list[float], accuracies: list[float]) -> float:
-    """Trapezoid-rule area under accuracy against β (β spans [0, 1], so this is a mean accuracy)."""
-    return float(np.trapezoid(accuracies, betas))
 
 
 def partial_backfilling(f: TwoModelFeatures, adapter: FeatureAdapter | None, *, orders: list[str], steps: int,

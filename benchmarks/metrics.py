@@ -195,3 +195,8 @@ def all_metrics(matrix: np.ndarray, tie_rule: str = "strict") -> dict[str, Any]:
         "tie_rule": tie_rule,
         "ACA_definition": "mean of the strictly lower-triangular entries (t > k), percent",
     }
+
+
+def area_under_curve(betas: list[float], accuracies: list[float]) -> float:
+    """Trapezoid-rule area under accuracy against β (β spans [0, 1], so this is a mean accuracy)."""
+    return float(np.trapezoid(accuracies, betas))

@@ -39,12 +39,10 @@ from torch import nn
 
 from cl2r_bench.adapters.protocol import FeatureAdapter
 
-from .adapter_cases import area_under_curve, backfill_order
+from .adapter_cases import backfill_order
+from .metrics import area_under_curve
 from .ranking import RetrievalScores, retrieval_scores
-
-PAPER_CASES = ("old/old", "new/old", "new/new", "F/old", "F/F", "new/F", "B/old", "B/F", "B/B")
-"""The leave-one-out cases, query/gallery (λ-orth Table 1b)."""
-SCORES = ("top1", "top5", "mAP")
+from .record import PAPER_CASES
 
 
 @dataclass

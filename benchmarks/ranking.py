@@ -33,7 +33,7 @@ TOPK = (1, 5)
 class RetrievalScores:
     """CMC top-1 / top-5 and mAP in percent over ``queries`` queries; ``queries_without_positive`` were left out of
     the mAP. ``query_top1`` (bool) and ``query_ap`` (float64, NaN without a positive) are each query's own, for
-    paired comparisons over queries (:mod:`benchmarks.adapter_summary`)."""
+    paired comparisons over queries (:mod:`reporting.adapter_summary`)."""
 
     top1: float
     top5: float

@@ -20,8 +20,9 @@ What :func:`record_problem` guarantees (what the leaderboard's tables read): a c
 ``num_tasks`` rows, and, where present, the replacement tasks, config, noise summary, replacement models' own
 accuracies, task timings and the ``model_update`` cases and backfilling areas. The other fields are as the writer
 wrote them; a hand-made record may lack them, so a reader that needs them checks first (as
-:func:`benchmarks.plots.figure_problem` does for the per-task curves, violations and noise intervals).
+:func:`reporting.plots.figure_problem` does for the per-task curves, violations and noise intervals).
 """
+import base64
 import json
 import math
 import reprlib
@@ -31,12 +32,13 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+import numpy as np
+
 from cl2r_bench.adapters.protocol import ORTHOGONALITY_GAP
 from cl2r_bench.files import atomic_write_json, package_versions, strict_json
 from cl2r_bench.settings import BACKFILL_ORDERS
 
 from .metrics import MatrixError, all_metrics, as_matrix, is_number
-from .paper_protocol import PAPER_CASES, SCORES
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired
@@ -45,6 +47,30 @@ else:
 
 RECORD_FILE = "metrics.json"
 UPDATE_CASES = ("old/old", "new/new", "new/old", "B(new)/old", "new/F(old)", "B(new)/B(new)")
+PAPER_CASES = ("old/old", "new/old", "new/new", "F/old", "F/F", "new/F", "B/old", "B/F", "B/B")
+"""The leave-one-out cases, query/gallery (λ-orth Table 1b)."""
+SCORES = ("top1", "top5", "mAP")
+"""The scores of each leave-one-out case, in percent."""
+CROSS_CASES = ("B/old", "new/F", "new/old")
+"""The cross entry of the 2x2 matrix, what a system serves without backfilling, in order of preference: B/old for an
+adapter with a backward map, new/F for a forward-only one, new/old without adapter (docs/METHODS.md §7b)."""
+BASELINE = "old/old"
+"""The case an adapter must beat to be compatible: the old model alone."""
+
+
+def cross_case(cases: dict[str, Any]) -> str | None:
+    """The first case of :data:`CROSS_CASES` the record's ``cases`` hold, or None."""
+    return next((case for case in CROSS_CASES if cases.get(case) is not None), None)
+
+
+def pack_hits(hits: np.ndarray) -> str:
+    """Per-query booleans as base64 of packed bits (``retrieval.query_top1``; 10,000 queries: 1.7 kB of JSON)."""
+    return base64.b64encode(np.packbits(np.asarray(hits, dtype=bool)).tobytes()).decode("ascii")
+
+
+def unpack_hits(text: str, queries: int) -> np.ndarray:
+    """The inverse of :func:`pack_hits` for ``queries`` queries."""
+    return np.unpackbits(np.frombuffer(base64.b64decode(text), dtype=np.uint8), count=queries).astype(bool)
 
 
 NAME = "a non-empty string"
@@ -383,7 +409,7 @@ def holds_complete_record(folder: str | Path) -> bool:
 def checked_records(results_dir: str | Path) -> Iterator[tuple[Path, RunRecord | None, str | None]]:
     """``(path, record, None)`` for every :data:`RECORD_FILE` under ``results_dir`` that :func:`read_record`
     accepts and ``(path, None, why not)`` for the others, in path order: the one walk over a results folder
-    (``benchmarks.leaderboard.collect``, ``benchmarks.plots.plot_results``)."""
+    (``reporting.leaderboard.collect``, ``reporting.plots.plot_results``)."""
     for path in sorted(Path(results_dir).rglob(RECORD_FILE)):
         try:
             yield path, read_record(path), None
@@ -554,7 +580,7 @@ def _matrix_problem(record: dict[str, Any]) -> str | None:
 
 def _config_problem(record: dict[str, Any]) -> str | None:
     """A config that is not an object, or that is nested too deeply for the leaderboard to group runs by it
-    (``benchmarks.leaderboard.experiment_settings`` flattens it and serialises its values)."""
+    (``reporting.leaderboard.experiment_settings`` flattens it and serialises its values)."""
     problem = (_field(record, "config", _optional(_object), "an object (the resolved settings)", required=False)
                or _field(record.get("config") or {}, "adapter", lambda v: not v or isinstance(v, dict),
                          "an object with a 'name'", within="config.", required=False))

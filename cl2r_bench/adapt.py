@@ -33,7 +33,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.adapter_summary import BASELINE, cross_case, pack_hits
 from benchmarks.paper_protocol import (
     PairedFeatures,
     backfilling,
@@ -41,7 +40,7 @@ from benchmarks.paper_protocol import (
     held_out_error,
     zero_shot_retention,
 )
-from benchmarks.record import leave_one_out_record
+from benchmarks.record import BASELINE, cross_case, leave_one_out_record, pack_hits
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
 from cl2r_bench.config import CONFIG_DIR, merge, parse_assignment, read_yaml
 from cl2r_bench.data.datasets import DataError, load_dataset, native_image_size
@@ -229,7 +228,7 @@ def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[
     """Fit adapter ``name`` (``none``: no adapter) on the study's train split with ``seed`` and measure it on the
     test split; returns the fitted adapter and ``{"adapter", "seed", "fit", "cases", "query_top1", "backfilling",
     "zero_shot", "seconds"}`` (``query_top1``: each query's top-1 hit in old/old and in the cross case, packed by
-    :func:`benchmarks.adapter_summary.pack_hits`, for the paired comparison of the study's summary)."""
+    :func:`reporting.adapter_summary.pack_hits`, for the paired comparison of the study's summary)."""
     started = time.perf_counter()
     adapter, fit = None, {}
     if name != "none":
@@ -268,7 +267,7 @@ def result_json(result: dict[str, Any]) -> dict[str, Any]:
 
 def cross_entry(cases: dict[str, dict[str, float] | None]) -> float | None:
     """The 2x2 matrix's cross entry, top-1 as a fraction: what the system delivers without backfilling
-    (:func:`benchmarks.adapter_summary.cross_case`), or None."""
+    (:func:`reporting.adapter_summary.cross_case`), or None."""
     case = cross_case(cases)
     return None if case is None else cases[case]["top1"] / 100
 

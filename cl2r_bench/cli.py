@@ -142,11 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
 def command_run(args: argparse.Namespace) -> int:
     """Run each asked configuration (one per seed); under torchrun every process runs them together and rank 0
     prints (:mod:`cl2r_bench.distributed`)."""
-    from benchmarks.leaderboard import tables
     from cl2r_bench.distributed import leave
     from cl2r_bench.run import Run
     from cl2r_bench.run_options import requested_runs
     from cl2r_bench.sweep import distinct_runs
+    from reporting.leaderboard import tables
 
     try:
         parts = distinct_runs(requested_runs(args))
@@ -187,10 +187,10 @@ def command_run(args: argparse.Namespace) -> int:
 
 
 def study_answers(records: list[dict[str, Any]]) -> str:
-    """The summary and recommendation of each data set's leave-one-out runs (:mod:`benchmarks.adapter_summary`),
+    """The summary and recommendation of each data set's leave-one-out runs (:mod:`reporting.adapter_summary`),
     or nothing for stream runs."""
-    from benchmarks.adapter_summary import summary_text
     from benchmarks.record import leave_one_out
+    from reporting.adapter_summary import summary_text
 
     studies: dict[str, list[dict[str, Any]]] = {}
     for record in records:
@@ -267,7 +267,6 @@ def command_pretrain(args: argparse.Namespace) -> int:
 def command_adapt(args: argparse.Namespace) -> int:
     """Fit and measure adapters on the user's embeddings (:mod:`cl2r_bench.adapt`): every setting is checked
     before the files are read, the files before any adapter is fitted."""
-    from benchmarks.adapter_summary import summary_json, summary_text
     from benchmarks.record import write_record
     from cl2r_bench.adapt import (
         adapt_settings,
@@ -281,6 +280,7 @@ def command_adapt(args: argparse.Namespace) -> int:
     from cl2r_bench.assembly import resolve_device
     from cl2r_bench.errors import safe_name
     from cl2r_bench.files import atomic_write_text
+    from reporting.adapter_summary import summary_json, summary_text
 
     settings = adapt_settings(args.set)
     args.output = settings["output"] if args.output is None else args.output
@@ -401,7 +401,7 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     """Print the tables asked for in ``--format``; a csv output is one table (``--table``, else the one ``--timing``
     or ``--matrices`` asks for, else main), the others there are named on stderr, so that a csv never mixes
     tables."""
-    from benchmarks.leaderboard import SUMMARY, TABLES, build, collect, render
+    from reporting.leaderboard import SUMMARY, TABLES, build, collect, render
 
     if args.table is not None and args.table not in TABLES:
         raise UsageError(f"unknown table {args.table!r}; choose one of {', '.join(TABLES)}")
@@ -449,9 +449,9 @@ def existing_folder(path: str, hint: str = "") -> Path:
 
 
 def command_plot(args: argparse.Namespace) -> int:
-    """Redraw each complete run's figures and draw comparisons (``benchmarks.plots.plot_results``) from the
+    """Redraw each complete run's figures and draw comparisons (``reporting.plots.plot_results``) from the
     records alone, so figures follow plotting fixes and compare experiments without retraining."""
-    from benchmarks.plots import plot_results
+    from reporting.plots import plot_results
 
     results = existing_folder(args.results_dir)
     out = Path(args.out) if args.out else results / "plots"
@@ -472,8 +472,8 @@ def command_plot(args: argparse.Namespace) -> int:
 
 
 def command_report(args: argparse.Namespace) -> int:
-    """Write the HTML report of a results folder (:mod:`benchmarks.report`); bad files are named on stderr."""
-    from benchmarks.report import overwrite_problem, write_report
+    """Write the HTML report of a results folder (:mod:`reporting.report`); bad files are named on stderr."""
+    from reporting.report import overwrite_problem, write_report
 
     results = existing_folder(args.results_dir)
     out = Path(args.out) if args.out else results / "report.html"

@@ -37,7 +37,6 @@ import torch
 from benchmarks.metrics import as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
 from benchmarks.paper_protocol import held_out_error
-from benchmarks.plots import save_plots
 from benchmarks.record import run_record, write_record
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.adapt import evaluate_adapter, study_record
@@ -59,6 +58,7 @@ from cl2r_bench.starting_models import (
 )
 from cl2r_bench.training.engine import ReplayMemory
 from cl2r_bench.training.pretrain import save_state
+from reporting.plots import save_plots
 from scenarios.base import Finished
 from strategies.base import StrategyFailure
 

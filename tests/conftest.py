@@ -4,7 +4,7 @@ import sys
 import pytest
 import yaml
 
-from benchmarks.published import IAMCL2R_RELEASED
+from reporting.published import IAMCL2R_RELEASED
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))

@@ -1,17 +1,16 @@
-"""The answer of an adapter study (benchmarks/adapter_summary.py): the paired interval over queries, the share of
+"""The answer of an adapter study (reporting/adapter_summary.py): the paired interval over queries, the share of
 the gallery to re-embed, one row per adapter and the recommendation, on records whose values are known."""
 import numpy as np
 import pytest
 
-from benchmarks.adapter_summary import (
-    pack_hits,
+from benchmarks.record import pack_hits, unpack_hits
+from reporting.adapter_summary import (
     paired_gain_interval,
     recommendation,
     reembed_share,
     summarise,
     summary_json,
     summary_text,
-    unpack_hits,
 )
 
 N = 400

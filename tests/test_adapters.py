@@ -15,10 +15,10 @@ from torch import nn
 from benchmarks.adapter_cases import (
     TwoModelFeatures,
     adapted_cases,
-    area_under_curve,
     backfill_order,
     partial_backfilling,
 )
+from benchmarks.metrics import area_under_curve
 from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy
 from cl2r_bench import cli as runner
 from cl2r_bench.adapters import AdapterError, FeaturePair, fit_adapter, get_adapter, list_adapters, make_adapter

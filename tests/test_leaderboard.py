@@ -1,8 +1,8 @@
-"""How the leaderboard names and summarises experiments (benchmarks/leaderboard.py): encoders by short name, and
+"""How the leaderboard names and summarises experiments (reporting/leaderboard.py): encoders by short name, and
 no spread for a value that no seed changes."""
 import pytest
 
-from benchmarks.leaderboard import Column, Kind, _spread, cell_text, models_label, short_model_name
+from reporting.leaderboard import Column, Kind, _spread, cell_text, models_label, short_model_name
 
 
 @pytest.mark.parametrize("spec, name", [

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.leaderboard import TABLES, collect, record_problem
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics
 from cl2r_bench import cli as runner
+from reporting.leaderboard import TABLES, collect, record_problem
 
 MATRIX = [[0.5, None, None], [0.55, 0.6, None], [0.58, 0.62, 0.7]]
 

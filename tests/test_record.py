@@ -5,7 +5,6 @@ import typing
 import pytest
 from test_leaderboard_input import MATRIX, changed, update_record, valid_record, write
 
-from benchmarks import leaderboard
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics
 from benchmarks.record import (
@@ -21,6 +20,7 @@ from benchmarks.record import (
     read_record,
     record_problem,
 )
+from reporting import leaderboard
 
 
 def keys(typed: type) -> set[str]:

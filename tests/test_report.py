@@ -10,9 +10,9 @@ import pytest
 import yaml
 from test_leaderboard_input import changed, retrieval_record, update_record, valid_record
 
-from benchmarks.published import IAMCL2R_RELEASED
-from benchmarks.report import write_report
 from cl2r_bench import cli
+from reporting.published import IAMCL2R_RELEASED
+from reporting.report import write_report
 
 
 def put(folder: Path, record: dict, config: bool = True) -> Path:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from benchmarks.leaderboard import collect
 from benchmarks.record import RunRecord
+from reporting.leaderboard import collect
 
 HEADERS = ["scale", "strategy", "backbone", "epochs/task", "seed", "replacement init", "replacements' own acc. (%)",
            "AC", "AC 95% interval", "AC outside noise", "AC upper", "within noise", "across: outside noise",

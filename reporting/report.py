@@ -1,13 +1,13 @@
 """One self-contained HTML report of a results folder (``runner.py report RESULTS_DIR``).
 
-Per scenario and data set: the leaderboard's tables (:func:`benchmarks.leaderboard.build`: AC / AA / ACA with
+Per scenario and data set: the leaderboard's tables (:func:`reporting.leaderboard.build`: AC / AA / ACA with
 mean ± std and seeds, the noise-aware AC, the replacement models' own accuracy, the adapters' cases and backfilling
 AUCs, timing), sortable by any column in the page; the settings that tell the experiments apart; each experiment's
 mean compatibility matrix as a heatmap; the AC_t / AA_t curves of every experiment in one figure; the backfilling
 curves of adapter studies; the published figures of the same scenario, apart and with their source
-(:mod:`benchmarks.published`); and links to each run's ``config.yaml`` and ``metrics.json``.
+(:mod:`reporting.published`); and links to each run's ``config.yaml`` and ``metrics.json``.
 
-The records are read through the leaderboard's walk (:func:`benchmarks.leaderboard.collect_with_paths`: bad files
+The records are read through the leaderboard's walk (:func:`reporting.leaderboard.collect_with_paths`: bad files
 are returned with their reason, never shown). The page is one file with nothing to fetch at view time: styles,
 the sorting script and the figures (PNG, base64) are inline. It is rendered by Jinja2 (``templates/report.html.j2``)
 with autoescaping, so a label or a path can never inject markup.
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from benchmarks.record import RunRecord, leave_one_out
 from cl2r_bench.files import atomic_write_text
 
 from .adapter_summary import SUMMARY_COLUMNS, AdapterSummary, ranked, recommendation, summarise, summary_cells
@@ -49,7 +50,6 @@ from .plots import (
     study_figure,
     viridis,
 )
-from .record import RunRecord, leave_one_out
 
 REPORT_TABLES = ("main", "noise", "replacements", "across", "model_update", "retrieval", "backfilling", "timing")
 TABLE_TITLES = {"main": "Leaderboard", "noise": "Noise-aware AC", "replacements": "Replacement models' own accuracy",
@@ -157,7 +157,7 @@ def render_report(found: list[tuple[Path, RunRecord]], results_dir: str | Path, 
     folder the page is written in."""
     import jinja2
 
-    template = resources.files("benchmarks").joinpath("templates", "report.html.j2").read_text(encoding="utf-8")
+    template = resources.files("reporting").joinpath("templates", "report.html.j2").read_text(encoding="utf-8")
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
                                      lstrip_blocks=True)
     sections = [section(scenario, dataset, pairs, links_from) for (scenario, dataset), pairs in by_section(found)]
@@ -191,7 +191,7 @@ def section(scenario: str, dataset: str, pairs: list[tuple[Path, RunRecord]], li
 
 def study_answers(dataset: str, records: list[RunRecord]) -> list[StudyAnswer]:
     """One :class:`StudyAnswer` per pair of models among a section's leave-one-out records
-    (:mod:`benchmarks.adapter_summary`)."""
+    (:mod:`reporting.adapter_summary`)."""
     studies: dict[str, list[RunRecord]] = {}
     for record in records:
         studies.setdefault(models_label(record), []).append(record)
@@ -255,7 +255,7 @@ def settings_table(records: list[RunRecord]) -> HtmlTable | None:
 
 
 def heat_table(grid: Table) -> HtmlTable:
-    """A mean compatibility matrix (:func:`benchmarks.leaderboard.mean_matrices`) with each entry's cell coloured
+    """A mean compatibility matrix (:func:`reporting.leaderboard.mean_matrices`) with each entry's cell coloured
     on a viridis-like scale between the matrix's lowest and highest mean."""
     means = [value[0] for row in grid.rows for value in row[1:] if isinstance(value, tuple)]
     low, high = min(means), max(means)

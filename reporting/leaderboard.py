@@ -39,12 +39,23 @@ from typing import Any
 
 import numpy as np
 
-from cl2r_bench.adapters.protocol import ORTHOGONALITY_GAP
+from benchmarks.metrics import across_replacements, all_metrics, as_matrix
+from benchmarks.record import (
+    ORTHOGONALITY_GAP,
+    PAPER_CASES,
+    UPDATE_CASES,
+    ReplacementModel,
+    RunRecord,
+    checked_records,
+    leave_one_out,
+    update_fit,
+)
+from benchmarks.record import (
+    record_problem as record_problem,  # re-exported: the leaderboard's check, defined with the schema
+)
 from cl2r_bench.config import flatten
 from cl2r_bench.settings import BACKFILL_ORDERS
 
-from .metrics import across_replacements, all_metrics, as_matrix
-from .paper_protocol import PAPER_CASES
 from .published import (
     IAMCL2R_31_TASKS,
     IAMCL2R_RELEASED,
@@ -56,8 +67,6 @@ from .published import (
     ML_FCT_README,
     ML_FCT_SOURCE,
 )
-from .record import UPDATE_CASES, ReplacementModel, RunRecord, checked_records, leave_one_out, update_fit
-from .record import record_problem as record_problem  # re-exported: the leaderboard's check, defined with the schema
 
 FORMATS = ("github", "csv", "latex")
 TABLES = ("main", "noise", "replacements", "model_update", "retrieval", "backfilling", "timing", "across", "matrices")
@@ -457,7 +466,7 @@ def backfilling_values(record: RunRecord) -> list[float | None]:
 
 
 def published_main_rows(scenarios: set[str]) -> list[list[Any]]:
-    """The IAM-CL2R authors' released figures (:mod:`benchmarks.published`) when ``scenarios`` holds ``iamcl2r``:
+    """The IAM-CL2R authors' released figures (:mod:`reporting.published`) when ``scenarios`` holds ``iamcl2r``:
     AC / AA / ACA of the 7-task matrices, computed by the suite's metrics, and the 31-task AC and AA they report."""
     if "iamcl2r" not in scenarios:
         return []
@@ -471,7 +480,7 @@ def published_main_rows(scenarios: set[str]) -> list[list[Any]]:
 
 
 def published_case_rows(scenarios: set[str]) -> list[list[Any]]:
-    """The adapter papers' retrieval cases (:mod:`benchmarks.published`: λ-orth's Tables 1a, 1b and 2, ml-fct's
+    """The adapter papers' retrieval cases (:mod:`reporting.published`: λ-orth's Tables 1a, 1b and 2, ml-fct's
     README) when ``scenarios`` holds an adapter study (``model_update`` or ``adapt``); the backfilling AUC is the
     case ``backfill AUC``, the zero-shot change ``ZS``."""
     if not scenarios & {"model_update", "adapt"}:

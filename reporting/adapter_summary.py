@@ -22,7 +22,6 @@ interval are named as equivalent); without one, that no adapter is compatible an
 """
 from __future__ import annotations
 
-import base64
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -30,29 +29,12 @@ from typing import Any
 import numpy as np
 from tabulate import tabulate
 
-from .noise import bootstrap_accuracies
+from benchmarks.noise import bootstrap_accuracies
+from benchmarks.record import BASELINE, cross_case, unpack_hits
 
-CROSS_CASES = ("B/old", "new/F", "new/old")
-"""The cross entry of the 2x2 matrix, in order of preference (module docstring)."""
-BASELINE = "old/old"
 BACKFILL_TARGET = 0.95
 CONFIDENCE = 0.95
 RESAMPLES = 2000
-
-
-def cross_case(cases: dict[str, Any]) -> str | None:
-    """The case a system serves without backfilling (module docstring), or None."""
-    return next((case for case in CROSS_CASES if cases.get(case) is not None), None)
-
-
-def pack_hits(hits: np.ndarray) -> str:
-    """Per-query booleans as base64 of packed bits (10,000 queries: 1.7 kB of JSON)."""
-    return base64.b64encode(np.packbits(np.asarray(hits, dtype=bool)).tobytes()).decode("ascii")
-
-
-def unpack_hits(text: str, queries: int) -> np.ndarray:
-    """The inverse of :func:`pack_hits` for ``queries`` queries."""
-    return np.unpackbits(np.frombuffer(base64.b64decode(text), dtype=np.uint8), count=queries).astype(bool)
 
 
 @dataclass(frozen=True)

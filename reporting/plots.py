@@ -24,13 +24,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from benchmarks.metrics import area_under_curve, is_number
+from benchmarks.record import RunRecord, checked_records, leave_one_out
 from cl2r_bench.files import atomic_write
 
-from .adapter_cases import area_under_curve
 from .adapter_summary import AdapterSummary
 from .leaderboard import experiment_groups
-from .metrics import is_number
-from .record import RunRecord, checked_records, leave_one_out
 
 ANNOTATED_TASKS = 16
 INTERVAL_TASKS = 12
@@ -406,7 +405,7 @@ def _slug(text: str) -> str:
 
 def save_comparison_plots(groups: dict[tuple[str, str, str], list[RunRecord]],
                           directory: str | Path) -> list[Path]:
-    """For each (scenario, data set) of ``groups`` (:func:`benchmarks.leaderboard.experiment_groups`, one entry per
+    """For each (scenario, data set) of ``groups`` (:func:`reporting.leaderboard.experiment_groups`, one entry per
     experiment, so runs of different settings are separate series and never averaged), write
     ``<scenario>_<dataset>curves_figure.png`` (AC_t and AA_t) and ``<scenario>_<dataset>_summary.png`` (AC, AA, ACA)."""
     plt = _pyplot()
