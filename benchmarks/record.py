@@ -15,22 +15,26 @@ Conventions of every field:
 * **Seconds** for every duration; ``null`` where a value does not exist (the matrix above its diagonal, ACA of
   one task, a case an adapter cannot produce), never 0.
 
-What :func:`record_problem` guarantees (what the leaderboard's tables read): a complete run with its identity
-(``scenario``, ``dataset``, ``strategy``, ``seed``), AC / AA / ACA in range, a well-formed matrix of
-``num_tasks`` rows, and, where present, the replacement tasks, config, noise summary, replacement models' own
-accuracies, task timings and the ``model_update`` cases and backfilling areas. The other fields are as the writer
-wrote them; a hand-made record may lack them, so a reader that needs them checks first (as
-:func:`reporting.plots.figure_problem` does for the per-task curves, violations and noise intervals).
+The schema is also the readers' contract: a field they rely on is marked ``Annotated[type, Read(...)]`` with what
+it must be, and :func:`record_problem` derives its check from those marks (:func:`schema_problem`), adding only the
+rules between fields. It guarantees a complete run with its identity (``scenario``, ``dataset``, ``strategy``,
+``seed``), AC / AA / ACA in range, a well-formed matrix of ``num_tasks`` rows, and, where present, the replacement
+tasks, config, noise summary, replacement models' own accuracies, task timings, the ``model_update`` cases and
+backfilling areas and the leave-one-out cases and areas. The other fields are as the writer wrote them; a
+hand-made record may lack them, so a reader that needs them checks first (as :func:`reporting.plots.figure_problem`
+does for the per-task curves, violations and noise intervals).
 """
 import base64
+import dataclasses
 import json
 import math
 import reprlib
 import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypedDict, get_args, get_origin, get_type_hints, is_typeddict
 
 import numpy as np
 
@@ -73,12 +77,67 @@ def unpack_hits(text: str, queries: int) -> np.ndarray:
     return np.unpackbits(np.frombuffer(base64.b64decode(text), dtype=np.uint8), count=queries).astype(bool)
 
 
-NAME = "a non-empty string"
-FRACTION = "a fraction in [0, 1]"
-OPTIONAL_FRACTION = "null or a fraction in [0, 1]"
-INTERVAL = "[low, high], fractions in [0, 1]"
-
 Check = Callable[[Any], bool]
+
+
+@dataclass(frozen=True)
+class Read:
+    """A field the readers rely on, marked in the schema below as ``Annotated[type, Read(...)]``: what it must be
+    (``expected``, the words of the one-line problem), the test of its value (``check``), and whether a record
+    without it is rejected (``required``; ``required_with``: only when that field beside it is present). A
+    ``TypedDict`` field (or a list of them) that passes is checked field by field in turn
+    (:func:`schema_problem`). Fields without a ``Read`` are as the writer wrote them."""
+
+    expected: str
+    check: Check
+    required: bool = False
+    required_with: str | None = None
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and value.strip() != ""
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> bool:
+    return _integer(value) and value >= 0
+
+
+def _object(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _within(low: float, high: float) -> Check:
+    return lambda value: is_number(value) and low <= value <= high
+
+
+def _optional(check: Check) -> Check:
+    return lambda value: value is None or check(value)
+
+
+def _interval(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(map(_within(0, 1), value))
+
+
+def _objects(value: Any) -> bool:
+    return isinstance(value, list) and all(map(_object, value))
+
+
+def _scores(value: Any) -> bool:
+    return _object(value) and all(_within(0, 100)(value.get(k)) for k in SCORES)
+
+
+def _areas(value: Any) -> bool:
+    return _object(value) and all(_within(0, 100)(value.get(k)) for k in ("top1_auc", "mAP_auc"))
+
+
+NAME = Read("a non-empty string", _text, required=True)
+FRACTION = "a fraction in [0, 1]"
+OPTIONAL_FRACTION = Read("null or a fraction in [0, 1]", _optional(_within(0, 1)))
+INTERVAL = "[low, high], fractions in [0, 1]"
 
 
 class Metrics(TypedDict):
@@ -91,13 +150,14 @@ class Metrics(TypedDict):
     ``M[t][t-1] - M[t][t]``; both percent points, None for one task. ``violations``: the pairs ``[t, k]``, t > k,
     that are not compatible. ``tie_rule``: ``strict`` (a tie is a violation) or ``inclusive``.
     ``ACA_definition``: ACA's definition in words (the suite's own; none is published)."""
-    AC: float
-    AA: float
-    ACA: float | None
+    AC: Annotated[float, Read(FRACTION, _within(0, 1), required=True)]
+    AA: Annotated[float, Read("a percentage in [0, 100]", _within(0, 100), required=True)]
+    ACA: Annotated[float | None, Read("a percentage in [0, 100] (null for one task)", _optional(_within(0, 100)),
+                                      required=True)]
     AC_per_task: list[float]
     AA_per_task: list[float]
-    BC: float | None
-    FC: float | None
+    BC: Annotated[float | None, Read("null or percent points in [-100, 100]", _optional(_within(-100, 100)))]
+    FC: Annotated[float | None, Read("null or percent points in [-100, 100]", _optional(_within(-100, 100)))]
     violations: list[list[int]]
     tie_rule: Literal["strict", "inclusive"]
     ACA_definition: str
@@ -107,10 +167,10 @@ class NoiseSummary(TypedDict):
     """Noise-aware AC over a set of pairs (``benchmarks/noise.py``). ``AC_outside_noise``: share of the pairs
     compatible beyond noise, a lower bound; ``AC_upper``: share not incompatible beyond noise, an upper bound; both
     fractions, None without pairs. ``pairs``: how many pairs; ``within_noise``: how many are neither."""
-    AC_outside_noise: float | None
-    AC_upper: float | None
+    AC_outside_noise: Annotated[float | None, dataclasses.replace(OPTIONAL_FRACTION, required=True)]
+    AC_upper: Annotated[float | None, dataclasses.replace(OPTIONAL_FRACTION, required=True)]
     pairs: int
-    within_noise: int
+    within_noise: Annotated[int, Read("a number of pairs", _count, required=True)]
 
 
 class PairDecision(TypedDict):
@@ -136,12 +196,12 @@ class Noise(NoiseSummary):
     order."""
     method: Literal["paired_bootstrap", "binomial"]
     confidence: float
-    queries: int
+    queries: Annotated[int, Read("a positive number of queries", lambda v: _count(v) and v > 0, required=True)]
     resamples: int
     seed: int
     entry_intervals: list[list[list[float] | None]]
-    AC_interval: list[float]
-    across: NoiseSummary
+    AC_interval: Annotated[list[float], Read(INTERVAL, _interval, required=True)]
+    across: Annotated[NoiseSummary, Read("an object (benchmarks/noise.py)", _object, required=True)]
     pair_decisions: list[PairDecision]
 
 
@@ -154,12 +214,12 @@ class ReplacementModel(TypedDict):
     many classes it was pretrained on (absent for the user's files). ``own_accuracy``: its retrieval accuracy on
     the evaluation set before any fine-tuning (a fraction) and ``own_accuracy_interval`` its Wilson interval;
     absent where the scenario does not score its starting models."""
-    task: int
+    task: Annotated[int, Read("a task index", _count, required_with="own_accuracy")]
     path: str
     source: Literal["user", "encoder", "pretrained", "cached"]
-    classes: NotRequired[int]
-    own_accuracy: NotRequired[float]
-    own_accuracy_interval: NotRequired[list[float]]
+    classes: NotRequired[Annotated[int, Read("a number of classes", _optional(_count))]]
+    own_accuracy: NotRequired[Annotated[float, Read(FRACTION, _within(0, 1))]]
+    own_accuracy_interval: NotRequired[Annotated[list[float], Read(INTERVAL, _interval, required_with="own_accuracy")]]
 
 
 class AdapterFit(TypedDict):
@@ -190,8 +250,8 @@ class TaskTiming(TypedDict):
     steps; ``images``: training images seen, each epoch counted (by all ranks together under torchrun);
     ``final_loss``: the last batch's loss (the global batch's; None without training); ``eval_seconds``: deploying the
     model (embedding and scoring); ``images_per_second``: ``images / seconds``."""
-    seconds: float
-    iterations: int
+    seconds: Annotated[float, Read("a number of seconds", _within(0, math.inf), required=True)]
+    iterations: Annotated[int, Read("a number of iterations", _count, required=True)]
     images: int
     final_loss: float | None
     eval_seconds: float
@@ -204,7 +264,7 @@ class Timings(TypedDict):
     ``wall_seconds_this_invocation``: the whole invocation that completed the run (absent before it completes;
     a resumed run's covers the resumed part only). Records of the former ``model_update`` writer carry
     ``model_training_seconds``, ``adapter_fit_seconds`` and ``evaluation_seconds`` instead of the first four."""
-    tasks: list[TaskTiming]
+    tasks: Annotated[list[TaskTiming], Read("a list of objects", _objects)]
     pretrain_seconds: float
     train_seconds: float
     eval_seconds: float
@@ -238,14 +298,18 @@ class Stream(TypedDict):
     class_order: list[int]
 
 
-UpdateCases = TypedDict("UpdateCases", {
-    "old/old": float | None, "new/new": float | None, "new/old": float | None, "B(new)/old": float | None,
-    "new/F(old)": float | None, "B(new)/B(new)": float | None, "full backfill": float | None})
+UpdateCases = TypedDict("UpdateCases", {**{case: Annotated[float | None, OPTIONAL_FRACTION] for case in UPDATE_CASES},
+                                         "full backfill": float | None}, total=False)
 UpdateCases.__doc__ = """The ``model_update`` retrieval cases (``benchmarks/adapter_cases.py``), top-1 accuracies
 (fractions) named "query features / gallery features": ``old/old`` and ``new/new`` (each model alone), ``new/old``
 (untransformed), ``B(new)/old`` (backward-adapted queries, no backfilling), ``new/F(old)`` (forward-adapted
 gallery), ``B(new)/B(new)`` (adapted on both sides) and ``full backfill``; None where the adapter cannot
 produce a case."""
+
+
+BackfillAreas = TypedDict("BackfillAreas", {order: Annotated[float | None, OPTIONAL_FRACTION]
+                                             for order in BACKFILL_ORDERS}, total=False)
+"""The area under each order's backfilling curve (a fraction), None where the adapter cannot rank the gallery."""
 
 
 class Backfilling(TypedDict):
@@ -255,7 +319,7 @@ class Backfilling(TypedDict):
     each curve over beta in [0, 1] (a mean accuracy, fraction), None likewise."""
     betas: list[float]
     curves: dict[str, list[float] | None]
-    area: dict[str, float | None]
+    area: Annotated[BackfillAreas, Read("an object of areas per order", _object, required=True)]
 
 
 class Device(TypedDict):
@@ -267,7 +331,28 @@ class Device(TypedDict):
     gpu: NotRequired[str]
 
 
-class RunRecord(TypedDict):
+class RecordIdentity(TypedDict):
+    """What every ``metrics.json`` holds, a stream run's (:class:`RunRecord`) and a leave-one-out study's
+    (:class:`LeaveOneOutRecord`) alike: identity, progress and provenance, as :class:`RunRecord` describes them."""
+    scenario: Annotated[str, NAME]
+    strategy: Annotated[str, NAME]
+    method: Annotated[str, dataclasses.replace(NAME, required=False)]
+    dataset: Annotated[str, NAME]
+    seed: Annotated[int, Read("an integer", _integer, required=True)]
+    num_tasks: Annotated[int, Read("a number of tasks", _count)]
+    tasks_completed: Annotated[int, Read("a number of tasks", _count)]
+    complete: bool
+    replacement_tasks: Annotated[list[int], Read("a list of task indices",
+                                                 lambda v: isinstance(v, list) and all(map(_count, v)))]
+    adapter: Adapter | None
+    config: Annotated[dict[str, Any], Read("an object (the resolved settings)", _optional(_object))]
+    versions: dict[str, str | None]
+    device: Device
+    timings: Annotated[Timings, Read("an object", _object)]
+    non_finite_values: NotRequired[dict[str, str]]
+
+
+class RunRecord(RecordIdentity):
     """A run's ``metrics.json``: one scenario, data set, strategy (or adapter) and seed.
 
     Identity: ``scenario`` (``cl2r``, ``iamcl2r``, ``model_update``), ``strategy`` (the training method; the
@@ -287,37 +372,69 @@ class RunRecord(TypedDict):
     Provenance: ``evaluation``, ``stream``, ``replacement_models`` (:class:`ReplacementModel`, task order),
     ``adapter`` (None without one), ``config`` (the resolved settings, as ``config.yaml``), ``versions`` (package
     versions, None where not installed), ``device`` (rank 0's under torchrun), ``world_size`` (the processes that
-    trained and evaluated the run: 1, or N under ``torchrun --nproc_per_node N``; absent in records made before issue
-    18, which had one), ``timings``; ``non_finite_values``: the dotted path of each
+    trained and evaluated the run: 1, or N under ``torchrun --nproc_per_node N``; absent in older records, made by
+    one), ``timings``; ``non_finite_values``: the dotted path of each
     value written as null because it was NaN or infinite, with what it was (absent when there is none).
-    Records of the former ``model_update`` writer also carry ``models`` (the old and new checkpoints)."""
-    scenario: str
-    strategy: str
-    method: str
-    dataset: str
-    seed: int
-    num_tasks: int
-    tasks_completed: int
-    complete: bool
-    replacement_tasks: list[int]
+    Records of the former ``model_update`` writer also carry ``models`` (the old and new checkpoints).
+
+    The fields marked ``Read`` are what the readers rely on: :func:`record_problem` derives its check from them."""
     compatibility_matrix: list[list[float | None]]
-    metrics: Metrics
+    metrics: Annotated[Metrics, Read("an object with AC, AA and ACA", _object, required=True)]
     evaluation: Evaluation
     stream: NotRequired[Stream]
-    replacement_models: list[ReplacementModel]
-    adapter: Adapter | None
-    config: dict[str, Any]
-    versions: dict[str, str | None]
-    device: Device
+    replacement_models: Annotated[list[ReplacementModel], Read("a list of objects", _objects)]
     world_size: NotRequired[int]
-    timings: Timings
-    noise: NotRequired[Noise]
+    noise: NotRequired[Annotated[Noise, Read("an object (benchmarks/noise.py)", lambda v: not v or _object(v))]]
     unadapted_matrix: NotRequired[list[list[float | None]]]
     unadapted_metrics: NotRequired[Metrics]
-    cases: NotRequired[UpdateCases]
-    backfilling: NotRequired[Backfilling]
+    cases: NotRequired[Annotated[UpdateCases, Read("an object of retrieval accuracies", _object)]]
+    backfilling: NotRequired[Annotated[Backfilling, Read("an object with an 'area' object",
+                                                         lambda v: _object(v) and _object(v.get("area")))]]
     models: NotRequired[dict[str, dict[str, Any]]]
-    non_finite_values: NotRequired[dict[str, str]]
+
+
+RetrievalCases = TypedDict("RetrievalCases", {
+    case: Annotated[dict[str, float] | None, Read("null or top1 / top5 / mAP in percent", _optional(_scores))]
+    for case in PAPER_CASES}, total=False)
+"""Each leave-one-out case's ``top1`` / ``top5`` / ``mAP`` in percent, None where the adapter cannot produce it."""
+
+BackfillAUC = TypedDict("BackfillAUC", {
+    order: Annotated[dict[str, float] | None, Read("null or top1_auc / mAP_auc in percent", _optional(_areas))]
+    for order in BACKFILL_ORDERS}, total=False)
+"""Each backfilling order's ``top1_auc`` / ``mAP_auc`` in percent, None where the adapter cannot rank the gallery."""
+
+
+class LeaveOneOutBackfilling(TypedDict):
+    """Partial backfilling under the leave-one-out protocol (:mod:`benchmarks.paper_protocol`): ``betas``, per order
+    the ``curves`` of ``top1`` and ``mAP`` (percent) at each beta, and their areas ``auc``."""
+    betas: list[float]
+    curves: dict[str, dict[str, list[float]] | None]
+    auc: Annotated[BackfillAUC, Read("an object of areas per order", _object, required=True)]
+
+
+class Retrieval(TypedDict):
+    """A leave-one-out study's measurements (:func:`cl2r_bench.adapt.study_record`): the ``cases``, the per-query
+    top-1 hits of each case (``query_top1``, packed by :func:`pack_hits`), ``backfilling``, ``zero_shot`` retention
+    (None where it does not apply), and the ``queries`` and ``fitting_items`` counts."""
+    cases: Annotated[RetrievalCases, Read("an object of cases", _object, required=True)]
+    query_top1: NotRequired[dict[str, str]]
+    backfilling: Annotated[LeaveOneOutBackfilling, Read("an object with 'auc'", _object, required=True)]
+    zero_shot: dict[str, float] | None
+    queries: int
+    fitting_items: int
+
+
+class LeaveOneOutRecord(RecordIdentity):
+    """The ``metrics.json`` of one adapter and seed under the adapter papers' leave-one-out protocol (``runner.py
+    adapt``, ``model_update`` on encoder specs; docs/METHODS.md §7b): ``protocol`` ``leave_one_out``, the
+    ``retrieval`` measurements, the ``models`` (encoder specs or embedding files), and the 2x2 top-1
+    ``compatibility_matrix`` ``[[old/old], [cross, new/new]]`` with its ``metrics`` where the cross case exists."""
+    protocol: Literal["leave_one_out"]
+    retrieval: Annotated[Retrieval, Read("an object with 'cases' and 'backfilling' (a leave-one-out record)", _object,
+                                         required=True)]
+    models: dict[str, Any]
+    compatibility_matrix: NotRequired[list[list[float | None]]]
+    metrics: NotRequired[Annotated[Metrics, Read("an object with AC, AA and ACA", _object)]]
 
 
 def run_record(*, identity: dict[str, Any], num_tasks: int, tasks_completed: int, complete: bool,
@@ -442,41 +559,44 @@ def _parse(path: Path) -> tuple[Any, str | None]:
         return None, f"not valid JSON ({exc})"
 
 
-def _text(value: Any) -> bool:
-    return isinstance(value, str) and value.strip() != ""
+def schema_problem(value: Any, schema: Any, within: str = "") -> str | None:
+    """Why ``value`` breaks the fields of the ``TypedDict`` ``schema`` that are marked :class:`Read` (``within``
+    prefixes their names in the message), or None: each such field in declaration order, then, for a field that
+    passes and is itself a ``TypedDict`` or a list of them, its own marked fields."""
+    for key, hint in get_type_hints(schema, include_extras=True).items():
+        read = _read_mark(hint)
+        if read is None:
+            continue
+        required = read.required or (read.required_with is not None and read.required_with in value)
+        if key not in value:
+            if required:
+                return f"'{within}{key}' is missing; it must be {read.expected}"
+            continue
+        if not read.check(value[key]):
+            return f"'{within}{key}' is {reprlib.repr(value[key])}; it must be {read.expected}"
+        problem = _nested_problem(value[key], hint, f"{within}{key}")
+        if problem:
+            return problem
+    return None
 
 
-def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _read_mark(hint: Any) -> Read | None:
+    """The :class:`Read` of a field's type hint (through ``NotRequired``), or None."""
+    while get_origin(hint) is NotRequired:
+        hint = get_args(hint)[0]
+    return next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Read)), None)
 
 
-def _count(value: Any) -> bool:
-    return _integer(value) and value >= 0
-
-
-def _object(value: Any) -> bool:
-    return isinstance(value, dict)
-
-
-def _within(low: float, high: float) -> Check:
-    return lambda value: is_number(value) and low <= value <= high
-
-
-def _optional(check: Check) -> Check:
-    return lambda value: value is None or check(value)
-
-
-def _interval(value: Any) -> bool:
-    return isinstance(value, list) and len(value) == 2 and all(map(_within(0, 1), value))
-
-
-def _field(data: dict[str, Any], key: str, check: Check, expected: str, *, within: str = "",
-           required: bool = True) -> str | None:
-    """Why ``data[key]`` is unusable (``within`` prefixes its name in the message), or None when it is usable
-    or absent and not ``required``."""
-    if key not in data:
-        return f"'{within}{key}' is missing; it must be {expected}" if required else None
-    return None if check(data[key]) else f"'{within}{key}' is {reprlib.repr(data[key])}; it must be {expected}"
+def _nested_problem(value: Any, hint: Any, name: str) -> str | None:
+    """The problem of a field's own fields: a ``TypedDict`` value, or each item of a list of them."""
+    while get_origin(hint) in (NotRequired, Annotated):
+        hint = get_args(hint)[0]
+    inner = [a for a in get_args(hint) if a is not type(None)] if get_args(hint) else [hint]
+    if len(inner) == 1 and is_typeddict(inner[0]) and isinstance(value, dict):
+        return schema_problem(value, inner[0], f"{name}.")
+    if get_origin(hint) is list and is_typeddict(get_args(hint)[0]) and isinstance(value, list):
+        return _first(schema_problem(item, get_args(hint)[0], f"{name}[{i}].") for i, item in enumerate(value))
+    return None
 
 
 def _first(problems: Iterable[str | None]) -> str | None:
@@ -486,31 +606,23 @@ def _first(problems: Iterable[str | None]) -> str | None:
 def record_problem(record: Any) -> str | None:
     """Why a parsed ``metrics.json`` cannot be a leaderboard row, or None when it can.
 
-    Every field the leaderboard's tables read is checked for type and range (AC a fraction; AA and ACA
-    percent; the matrix as :func:`benchmarks.metrics.as_matrix` reads it; the noise, replacement-model, timing
-    and model-update fields where present), so that a hand-made or damaged file is named and left out instead
-    of crashing a table or being averaged. An incomplete run is reported as such.
+    The fields the readers rely on are checked as the schema marks them (:class:`Read`, :func:`schema_problem`:
+    :class:`RunRecord`, or :class:`LeaveOneOutRecord` for the leave-one-out protocol), then the rules between
+    fields: an incomplete run is reported as such, a complete one has all its tasks, the matrix is read as
+    :func:`benchmarks.metrics.as_matrix` reads it, the config can be grouped by, and a ``model_update`` stream
+    record has its cases, backfilling and adapter fit. So a hand-made or damaged file is named and left out
+    instead of crashing a table or being averaged.
     """
     if not isinstance(record, dict):
         return f"holds {reprlib.repr(record)}, not a JSON object; a metrics.json is one object"
-    return (_field(record, "complete", lambda v: isinstance(v, bool), "true or false")
-            or _incomplete(record)
-            or _first(_field(record, key, _text, NAME) for key in ("scenario", "dataset", "strategy"))
-            or _field(record, "method", _text, NAME, required=False)
-            or _field(record, "seed", _integer, "an integer")
-            or _field(record, "num_tasks", _count, "a number of tasks", required=False)
-            or _field(record, "tasks_completed", _count, "a number of tasks", required=False)
+    if "complete" not in record or not isinstance(record["complete"], bool):
+        return (f"'complete' is {reprlib.repr(record['complete'])}; it must be true or false" if "complete" in record
+                else "'complete' is missing; it must be true or false")
+    return (_incomplete(record)
+            or schema_problem(record, LeaveOneOutRecord if leave_one_out(record) else RunRecord)
             or _tasks_problem(record)
-            or _field(record, "metrics", _object, "an object with AC, AA and ACA", required=not leave_one_out(record))
-            or ("metrics" in record and _metrics_problem(record["metrics"]) or None)
             or _matrix_problem(record)
-            or _field(record, "replacement_tasks", lambda v: isinstance(v, list) and all(map(_count, v)),
-                      "a list of task indices", required=False)
             or _config_problem(record)
-            or _noise_problem(record.get("noise"))
-            or _replacement_models_problem(record)
-            or _timings_problem(record)
-            or (_retrieval_problem(record) if leave_one_out(record) else None)
             or (_update_problem(record) if record["scenario"] == "model_update" and not leave_one_out(record)
                 else None))
 
@@ -519,26 +631,6 @@ def leave_one_out(record: dict[str, Any]) -> bool:
     """Whether a record measures the adapter papers' leave-one-out protocol (``runner.py adapt``, ``model_update``
     with encoder specs; docs/METHODS.md §7b) rather than a compatibility matrix along a stream."""
     return record.get("protocol") == "leave_one_out"
-
-
-def _scores(value: Any) -> bool:
-    return _object(value) and all(_within(0, 100)(value.get(k)) for k in SCORES)
-
-
-def _retrieval_problem(record: dict[str, Any]) -> str | None:
-    """The leave-one-out fields: each case null or top-1 / top-5 / mAP in percent; each backfilling AUC null or
-    ``top1_auc`` / ``mAP_auc`` in percent."""
-    retrieval = record.get("retrieval")
-    if not _object(retrieval) or not _object(retrieval.get("cases")) or not _object(retrieval.get("backfilling")):
-        return "'retrieval' must be an object with 'cases' and 'backfilling' (a leave-one-out record)"
-    auc = retrieval["backfilling"].get("auc")
-    return (_first(_field(retrieval["cases"], case, _optional(_scores), "null or top1 / top5 / mAP in percent",
-                          within="retrieval.cases.", required=False) for case in PAPER_CASES)
-            or _field(retrieval["backfilling"], "auc", _object, "an object of areas per order",
-                      within="retrieval.backfilling.")
-            or _first(_field(auc, order, _optional(lambda v: _object(v) and all(
-                _within(0, 100)(v.get(k)) for k in ("top1_auc", "mAP_auc"))), "null or top1_auc / mAP_auc in percent",
-                within="retrieval.backfilling.auc.", required=False) for order in BACKFILL_ORDERS))
 
 
 def _incomplete(record: dict[str, Any]) -> str | None:
@@ -555,16 +647,6 @@ def _tasks_problem(record: dict[str, Any]) -> str | None:
     return f"'complete' is true but tasks_completed is {done} of num_tasks {total}; rerun it or fix the record"
 
 
-def _metrics_problem(metrics: dict[str, Any]) -> str | None:
-    percent, points = _within(0, 100), _optional(_within(-100, 100))
-    return (_field(metrics, "AC", _within(0, 1), FRACTION, within="metrics.")
-            or _field(metrics, "AA", percent, "a percentage in [0, 100]", within="metrics.")
-            or _field(metrics, "ACA", _optional(percent), "a percentage in [0, 100] (null for one task)",
-                      within="metrics.")
-            or _first(_field(metrics, key, points, "null or percent points in [-100, 100]", within="metrics.",
-                             required=False) for key in ("BC", "FC")))
-
-
 def _matrix_problem(record: dict[str, Any]) -> str | None:
     if "compatibility_matrix" not in record:
         return None
@@ -579,77 +661,36 @@ def _matrix_problem(record: dict[str, Any]) -> str | None:
 
 
 def _config_problem(record: dict[str, Any]) -> str | None:
-    """A config that is not an object, or that is nested too deeply for the leaderboard to group runs by it
-    (``reporting.leaderboard.experiment_settings`` flattens it and serialises its values)."""
-    problem = (_field(record, "config", _optional(_object), "an object (the resolved settings)", required=False)
-               or _field(record.get("config") or {}, "adapter", lambda v: not v or isinstance(v, dict),
-                         "an object with a 'name'", within="config.", required=False))
-    if problem:
-        return problem
+    """A config whose adapter is not an object, or that is nested too deeply for the leaderboard to group runs by
+    it (``reporting.leaderboard.experiment_settings`` flattens it and serialises its values)."""
+    config = record.get("config") or {}
+    adapter = config.get("adapter")
+    if adapter and not isinstance(adapter, dict):
+        return f"'config.adapter' is {reprlib.repr(adapter)}; it must be an object with a 'name'"
     try:
-        json.dumps(record.get("config") or {}, sort_keys=True, default=str)
+        json.dumps(config, sort_keys=True, default=str)
     except RecursionError:
         return "'config' is nested too deeply; it must be the resolved settings of configs/default.yaml"
     return None
 
 
-def _noise_problem(noise: Any) -> str | None:
-    if not noise:
-        return None
-    if not isinstance(noise, dict):
-        return f"'noise' is {reprlib.repr(noise)}; it must be an object (benchmarks/noise.py)"
-    return (_field(noise, "AC_interval", _interval, INTERVAL, within="noise.")
-            or _noise_summary_problem(noise, "noise.")
-            or _field(noise, "across", _object, "an object (benchmarks/noise.py)", within="noise.")
-            or _noise_summary_problem(noise["across"], "noise.across.")
-            or _field(noise, "queries", lambda v: _count(v) and v > 0, "a positive number of queries",
-                      within="noise."))
-
-
-def _noise_summary_problem(summary: dict[str, Any], within: str) -> str | None:
-    return (_first(_field(summary, key, _optional(_within(0, 1)), OPTIONAL_FRACTION, within=within)
-                   for key in ("AC_outside_noise", "AC_upper"))
-            or _field(summary, "within_noise", _count, "a number of pairs", within=within))
-
-
-def _replacement_models_problem(record: dict[str, Any]) -> str | None:
-    problem = _field(record, "replacement_models", lambda v: isinstance(v, list) and all(map(_object, v)),
-                     "a list of objects", required=False)
-    return problem or _first(
-        _field(rep, "task", _count, "a task index", within=f"replacement_models[{i}].")
-        or _field(rep, "own_accuracy", _within(0, 1), FRACTION, within=f"replacement_models[{i}].")
-        or _field(rep, "own_accuracy_interval", _interval, INTERVAL,
-                  within=f"replacement_models[{i}].")
-        or _field(rep, "classes", _optional(_count), "a number of classes", within=f"replacement_models[{i}].",
-                  required=False)
-        for i, rep in enumerate(record.get("replacement_models", [])) if "own_accuracy" in rep)
-
-
-def _timings_problem(record: dict[str, Any]) -> str | None:
-    problem = (_field(record, "timings", _object, "an object", required=False)
-               or _field(record.get("timings", {}), "tasks", lambda v: isinstance(v, list) and all(map(_object, v)),
-                         "a list of objects", within="timings.", required=False))
-    return problem or _first(
-        _field(task, "iterations", _count, "a number of iterations", within=f"timings.tasks[{i}].")
-        or _field(task, "seconds", _within(0, math.inf), "a number of seconds", within=f"timings.tasks[{i}].")
-        for i, task in enumerate(record.get("timings", {}).get("tasks", [])))
-
-
 def _update_problem(record: dict[str, Any]) -> str | None:
-    problem = (_field(record, "cases", _object, "an object of retrieval accuracies")
-               or _first(_field(record["cases"], case, _optional(_within(0, 1)), OPTIONAL_FRACTION, within="cases.",
-                                required=False) for case in UPDATE_CASES)
-               or _field(record, "backfilling", lambda v: _object(v) and _object(v.get("area")),
-                         "an object with an 'area' object")
-               or _first(_field(record["backfilling"]["area"], order, _optional(_within(0, 1)), OPTIONAL_FRACTION,
-                                within="backfilling.area.", required=False) for order in BACKFILL_ORDERS))
+    """A ``model_update`` stream record: its cases and backfilling present, and its adapter's fit log (``fits``, or
+    ``fit`` in older records) with a numeric ``f_W`` where there is one."""
+    problem = (_first(f"'{key}' is missing; it must be {what}" for key, what in (
+        ("cases", "an object of retrieval accuracies"), ("backfilling", "an object with an 'area' object"))
+        if key not in record))
     if problem or not record.get("adapter"):
         return problem
-    return (_field(record, "adapter", lambda v: _object(v) and (_object(v.get("fit")) or _fits(v.get("fits"))),
-                   "null or an object with a 'fits' list (or, in older records, a 'fit' object)")
-            or _field(update_fit(record), ORTHOGONALITY_GAP, is_number, "a number", required=False,
-                      within="adapter.fit." if "fit" in record["adapter"] else
-                      f"adapter.fits[{len(record['adapter']['fits']) - 1}]."))
+    adapter = record["adapter"]
+    if not (_object(adapter) and (_object(adapter.get("fit")) or _fits(adapter.get("fits")))):
+        return (f"'adapter' is {reprlib.repr(adapter)}; it must be null or an object with a 'fits' list (or, in "
+                "older records, a 'fit' object)")
+    fit = update_fit(record)
+    if ORTHOGONALITY_GAP in fit and not is_number(fit[ORTHOGONALITY_GAP]):
+        within = "adapter.fit." if "fit" in adapter else f"adapter.fits[{len(adapter['fits']) - 1}]."
+        return f"'{within}{ORTHOGONALITY_GAP}' is {reprlib.repr(fit[ORTHOGONALITY_GAP])}; it must be a number"
+    return None
 
 
 def _fits(value: Any) -> bool:

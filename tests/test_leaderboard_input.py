@@ -121,7 +121,7 @@ BAD_FILES = {
     "not_utf8": (lambda: b'{"scenario": "iamcl2r", "dataset": "synth\xe9tic"}', "not UTF-8"),
     "case_above_100": (lambda: changed(retrieval_record(6), "retrieval.cases.B/old.mAP", 140.0),
                        "'retrieval.cases.B/old' is"),
-    "no_retrieval": (lambda: changed(retrieval_record(7), "retrieval", DELETE), "'retrieval' must be an object"),
+    "no_retrieval": (lambda: changed(retrieval_record(7), "retrieval", DELETE), "'retrieval' is missing"),
 }
 
 

@@ -1,9 +1,11 @@
 """The run record's schema (``benchmarks/record.py``): reading a ``metrics.json`` either gives the complete record
 or fails in one line naming the file, and the ``TypedDict`` s name every field the metric writers produce."""
 import typing
+from typing import Annotated, TypedDict
 
 import pytest
 from test_leaderboard_input import MATRIX, changed, update_record, valid_record, write
+from typing_extensions import NotRequired
 
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics
@@ -13,12 +15,14 @@ from benchmarks.record import (
     Noise,
     NoiseSummary,
     PairDecision,
+    Read,
     RecordError,
     RunRecord,
     UpdateCases,
     checked_records,
     read_record,
     record_problem,
+    schema_problem,
 )
 from reporting import leaderboard
 
@@ -76,3 +80,30 @@ def test_the_schema_names_every_field_the_writers_produce():
     assert set(valid_record()) | set(update_record()) <= keys(RunRecord)
     assert set(update_record()["cases"]) == keys(UpdateCases)
     assert typing.get_type_hints(RunRecord)["metrics"] is Metrics
+
+
+class _Item(TypedDict):
+    size: Annotated[int, Read("a size", lambda v: isinstance(v, int) and v >= 0, required=True)]
+    note: str
+
+
+class _Box(TypedDict):
+    name: Annotated[str, Read("a name", lambda v: isinstance(v, str) and v != "", required=True)]
+    share: NotRequired[Annotated[float, Read("a share", lambda v: isinstance(v, float) and 0 <= v <= 1)]]
+    width: Annotated[int, Read("a width", lambda v: isinstance(v, int), required_with="share")]
+    items: Annotated[list[_Item], Read("a list", lambda v: isinstance(v, list))]
+    free: dict
+
+
+@pytest.mark.parametrize("value, problem", [
+    ({"name": "a", "free": "anything"}, None),
+    ({}, "'name' is missing; it must be a name"),
+    ({"name": ""}, "'name' is ''; it must be a name"),
+    ({"name": "a", "share": 2.0}, "'share' is 2.0; it must be a share"),
+    ({"name": "a", "share": 0.5}, "'width' is missing; it must be a width"),
+    ({"name": "a", "items": [{"size": 1}, {"size": -1}]}, "'items[1].size' is -1; it must be a size"),
+    ({"name": "a", "items": [{"note": "x"}]}, "'items[0].size' is missing; it must be a size"),
+])
+def test_the_check_is_derived_from_the_fields_the_schema_marks_read(value, problem):
+    """Only ``Read``-marked fields are checked, in declaration order, nested TypedDicts and lists of them too."""
+    assert schema_problem(value, _Box) == problem
