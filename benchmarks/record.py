@@ -50,7 +50,6 @@ else:
     from typing_extensions import NotRequired
 
 RECORD_FILE = "metrics.json"
-UPDATE_CASES = ("old/old", "new/new", "new/old", "B(new)/old", "new/F(old)", "B(new)/B(new)")
 PAPER_CASES = ("old/old", "new/old", "new/new", "F/old", "F/F", "new/F", "B/old", "B/F", "B/B")
 """The leave-one-out cases, query/gallery (λ-orth Table 1b)."""
 SCORES = ("top1", "top5", "mAP")
@@ -298,30 +297,6 @@ class Stream(TypedDict):
     class_order: list[int]
 
 
-UpdateCases = TypedDict("UpdateCases", {**{case: Annotated[float | None, OPTIONAL_FRACTION] for case in UPDATE_CASES},
-                                         "full backfill": float | None}, total=False)
-UpdateCases.__doc__ = """The ``model_update`` retrieval cases (``benchmarks/adapter_cases.py``), top-1 accuracies
-(fractions) named "query features / gallery features": ``old/old`` and ``new/new`` (each model alone), ``new/old``
-(untransformed), ``B(new)/old`` (backward-adapted queries, no backfilling), ``new/F(old)`` (forward-adapted
-gallery), ``B(new)/B(new)`` (adapted on both sides) and ``full backfill``; None where the adapter cannot
-produce a case."""
-
-
-BackfillAreas = TypedDict("BackfillAreas", {order: Annotated[float | None, OPTIONAL_FRACTION]
-                                             for order in BACKFILL_ORDERS}, total=False)
-"""The area under each order's backfilling curve (a fraction), None where the adapter cannot rank the gallery."""
-
-
-class Backfilling(TypedDict):
-    """Partial backfilling of a ``model_update`` run (``benchmarks/adapter_cases.py``). ``betas``: the backfilled shares
-    of the gallery, 0 to 1; ``curves``: per order (``random``, ``uncertainty``, ``class_mean_distance``) the
-    accuracy (fraction) at each beta, None where the adapter cannot rank the gallery; ``area``: the area under
-    each curve over beta in [0, 1] (a mean accuracy, fraction), None likewise."""
-    betas: list[float]
-    curves: dict[str, list[float] | None]
-    area: Annotated[BackfillAreas, Read("an object of areas per order", _object, required=True)]
-
-
 class Device(TypedDict):
     """Where the run computed: ``type`` (``cpu`` / ``cuda``), ``cpu`` (processor), ``cpu_threads`` (torch's
     threads) and, on a GPU, ``gpu`` (its name)."""
@@ -329,6 +304,40 @@ class Device(TypedDict):
     cpu: str
     cpu_threads: int
     gpu: NotRequired[str]
+
+
+RetrievalCases = TypedDict("RetrievalCases", {
+    case: Annotated[dict[str, float] | None, Read("null or top1 / top5 / mAP in percent", _optional(_scores))]
+    for case in PAPER_CASES}, total=False)
+"""Each leave-one-out case's ``top1`` / ``top5`` / ``mAP`` in percent, None where the adapter cannot produce it."""
+
+BackfillAUC = TypedDict("BackfillAUC", {
+    order: Annotated[dict[str, float] | None, Read("null or top1_auc / mAP_auc in percent", _optional(_areas))]
+    for order in BACKFILL_ORDERS}, total=False)
+"""Each backfilling order's ``top1_auc`` / ``mAP_auc`` in percent, None where the adapter cannot rank the gallery."""
+
+
+class StudyBackfilling(TypedDict):
+    """Partial backfilling in an adapter study (:mod:`benchmarks.adapter_study`): ``betas``, per order
+    the ``curves`` of ``top1`` and ``mAP`` (percent) at each beta, and their areas ``auc``."""
+    betas: list[float]
+    curves: dict[str, dict[str, list[float]] | None]
+    auc: Annotated[BackfillAUC, Read("an object of areas per order", _object, required=True)]
+
+
+class Retrieval(TypedDict):
+    """An adapter study's measurements (:func:`benchmarks.adapter_study.measure`), leave-one-out or along a stream:
+    the ``cases``, the per-query top-1 hits of old/old and the cross case (``query_top1``, packed by
+    :func:`pack_hits`), ``backfilling``, ``zero_shot`` retention (None where it does not apply), the ``queries``
+    count, and the ``fitting_items`` (leave-one-out) or the ``gallery_items`` and ``gallery_mode`` (stream)."""
+    cases: Annotated[RetrievalCases, Read("an object of cases", _object, required=True)]
+    query_top1: NotRequired[dict[str, str]]
+    backfilling: Annotated[StudyBackfilling, Read("an object with 'auc'", _object, required=True)]
+    zero_shot: dict[str, float] | None
+    queries: int
+    fitting_items: NotRequired[int]
+    gallery_items: NotRequired[int]
+    gallery_mode: NotRequired[Literal["templates", "images"]]
 
 
 class RecordIdentity(TypedDict):
@@ -367,7 +376,8 @@ class RunRecord(RecordIdentity):
     (``M[t][k]``: queries embedded by model t against the gallery embedded by model k, fractions, None above the
     diagonal; with an adapter along a stream, the adapted matrix); ``metrics`` (:class:`Metrics` of that matrix);
     ``noise`` (:class:`Noise`); ``unadapted_matrix`` / ``unadapted_metrics`` (the plain matrix and its metrics,
-    with an adapter only); ``cases`` and ``backfilling`` (``model_update`` only).
+    with an adapter only); ``protocol`` (``stream``) and ``retrieval`` (:class:`Retrieval`: the adapter study of a
+    ``model_update`` run along a stream).
 
     Provenance: ``evaluation``, ``stream``, ``replacement_models`` (:class:`ReplacementModel`, task order),
     ``adapter`` (None without one), ``config`` (the resolved settings, as ``config.yaml``), ``versions`` (package
@@ -387,41 +397,10 @@ class RunRecord(RecordIdentity):
     noise: NotRequired[Annotated[Noise, Read("an object (benchmarks/noise.py)", lambda v: not v or _object(v))]]
     unadapted_matrix: NotRequired[list[list[float | None]]]
     unadapted_metrics: NotRequired[Metrics]
-    cases: NotRequired[Annotated[UpdateCases, Read("an object of retrieval accuracies", _object)]]
-    backfilling: NotRequired[Annotated[Backfilling, Read("an object with an 'area' object",
-                                                         lambda v: _object(v) and _object(v.get("area")))]]
+    protocol: NotRequired[Literal["stream"]]
+    retrieval: NotRequired[Annotated[Retrieval, Read("an object with 'cases' and 'backfilling' (an adapter study)",
+                                                     _object)]]
     models: NotRequired[dict[str, dict[str, Any]]]
-
-
-RetrievalCases = TypedDict("RetrievalCases", {
-    case: Annotated[dict[str, float] | None, Read("null or top1 / top5 / mAP in percent", _optional(_scores))]
-    for case in PAPER_CASES}, total=False)
-"""Each leave-one-out case's ``top1`` / ``top5`` / ``mAP`` in percent, None where the adapter cannot produce it."""
-
-BackfillAUC = TypedDict("BackfillAUC", {
-    order: Annotated[dict[str, float] | None, Read("null or top1_auc / mAP_auc in percent", _optional(_areas))]
-    for order in BACKFILL_ORDERS}, total=False)
-"""Each backfilling order's ``top1_auc`` / ``mAP_auc`` in percent, None where the adapter cannot rank the gallery."""
-
-
-class LeaveOneOutBackfilling(TypedDict):
-    """Partial backfilling under the leave-one-out protocol (:mod:`benchmarks.paper_protocol`): ``betas``, per order
-    the ``curves`` of ``top1`` and ``mAP`` (percent) at each beta, and their areas ``auc``."""
-    betas: list[float]
-    curves: dict[str, dict[str, list[float]] | None]
-    auc: Annotated[BackfillAUC, Read("an object of areas per order", _object, required=True)]
-
-
-class Retrieval(TypedDict):
-    """A leave-one-out study's measurements (:func:`cl2r_bench.adapt.study_record`): the ``cases``, the per-query
-    top-1 hits of each case (``query_top1``, packed by :func:`pack_hits`), ``backfilling``, ``zero_shot`` retention
-    (None where it does not apply), and the ``queries`` and ``fitting_items`` counts."""
-    cases: Annotated[RetrievalCases, Read("an object of cases", _object, required=True)]
-    query_top1: NotRequired[dict[str, str]]
-    backfilling: Annotated[LeaveOneOutBackfilling, Read("an object with 'auc'", _object, required=True)]
-    zero_shot: dict[str, float] | None
-    queries: int
-    fitting_items: int
 
 
 class LeaveOneOutRecord(RecordIdentity):
@@ -627,6 +606,12 @@ def record_problem(record: Any) -> str | None:
                 else None))
 
 
+def adapter_study(record: dict[str, Any]) -> bool:
+    """Whether a record holds an adapter study (``retrieval``): leave-one-out, or a ``model_update`` run along a
+    stream."""
+    return "retrieval" in record
+
+
 def leave_one_out(record: dict[str, Any]) -> bool:
     """Whether a record measures the adapter papers' leave-one-out protocol (``runner.py adapt``, ``model_update``
     with encoder specs; docs/METHODS.md §7b) rather than a compatibility matrix along a stream."""
@@ -675,13 +660,15 @@ def _config_problem(record: dict[str, Any]) -> str | None:
 
 
 def _update_problem(record: dict[str, Any]) -> str | None:
-    """A ``model_update`` stream record: its cases and backfilling present, and its adapter's fit log (``fits``, or
-    ``fit`` in older records) with a numeric ``f_W`` where there is one."""
-    problem = (_first(f"'{key}' is missing; it must be {what}" for key, what in (
-        ("cases", "an object of retrieval accuracies"), ("backfilling", "an object with an 'area' object"))
-        if key not in record))
-    if problem or not record.get("adapter"):
-        return problem
+    """A ``model_update`` stream record: its adapter study (``retrieval``; a record of the former layout, with
+    top-level ``cases`` as fractions, is refused), and its adapter's fit log (``fits``, or ``fit`` in older
+    records) with a numeric ``f_W`` where there is one."""
+    if "retrieval" not in record:
+        return ("a model_update record of the former layout (top-level 'cases', top-1 only); run it again with this "
+                "version, which reads its cached models, to get the cases' top-1 / top-5 / mAP" if "cases" in record
+                else "'retrieval' is missing; it must be an object with 'cases' and 'backfilling' (an adapter study)")
+    if not record.get("adapter"):
+        return None
     adapter = record["adapter"]
     if not (_object(adapter) and (_object(adapter.get("fit")) or _fits(adapter.get("fits")))):
         return (f"'adapter' is {reprlib.repr(adapter)}; it must be null or an object with a 'fits' list (or, in "

@@ -10,7 +10,7 @@ Two ways in, one way through:
 
 Either gives a :class:`Study`: the train split's features of both models (the adapter's fitting data) and the test
 split's (query and gallery). :func:`evaluate_adapter` fits one adapter with one seed (:func:`fit_adapter`) and
-measures it (:mod:`benchmarks.paper_protocol`): the nine cases, the partial-backfilling AUCs and, where the new
+measures it (:mod:`benchmarks.adapter_study`): the nine cases, the partial-backfilling AUCs and, where the new
 encoder has an ImageNet classifier and the data have ImageNet classes, the zero-shot retention. Labels are
 renumbered 0..C-1 in order of first appearance in the train split, then the test split's other labels in sorted
 order (retrieval compares labels only).
@@ -33,14 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.paper_protocol import (
-    PairedFeatures,
-    backfilling,
-    case_scores,
-    held_out_error,
-    zero_shot_retention,
-)
-from benchmarks.record import BASELINE, cross_case, leave_one_out_record, pack_hits
+from benchmarks.adapter_study import PairedFeatures, StudySplit, held_out_error, measure, zero_shot_retention
+from benchmarks.record import cross_case, leave_one_out_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
 from cl2r_bench.config import CONFIG_DIR, merge, parse_assignment, read_yaml
 from cl2r_bench.data.datasets import DataError, load_dataset, native_image_size
@@ -228,7 +222,7 @@ def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[
     """Fit adapter ``name`` (``none``: no adapter) on the study's train split with ``seed`` and measure it on the
     test split; returns the fitted adapter and ``{"adapter", "seed", "fit", "cases", "query_top1", "backfilling",
     "zero_shot", "seconds"}`` (``query_top1``: each query's top-1 hit in old/old and in the cross case, packed by
-    :func:`reporting.adapter_summary.pack_hits`, for the paired comparison of the study's summary)."""
+    :func:`benchmarks.record.pack_hits`, for the paired comparison of the study's summary)."""
     started = time.perf_counter()
     adapter, fit = None, {}
     if name != "none":
@@ -243,15 +237,8 @@ def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[
     if study.zero_shot is not None:
         z = study.zero_shot
         zero_shot = zero_shot_retention(z.features, z.classes, z.classifier, adapter)
-    scored = case_scores(study.test, adapter)
-    cases = {case: None if result is None else result.as_dict() for case, result in scored.items()}
-    cross = cross_case(cases)
-    result = {"adapter": name, "seed": seed, "fit": fit, "cases": cases,
-              "query_top1": {case: pack_hits(scored[case].query_top1)
-                            for case in dict.fromkeys((BASELINE, cross)) if case},
-              "backfilling": backfilling(study.test, adapter, orders=orders, steps=steps,
-                                         generator=torch.Generator().manual_seed(seed)),
-              "zero_shot": zero_shot}
+    result = {"adapter": name, "seed": seed, "fit": fit,
+              **measure(StudySplit(study.test), adapter, orders=orders, steps=steps, seed=seed, zero_shot=zero_shot)}
     result["seconds"] = {"fit": fit.get("seconds", 0.0), "evaluation": time.perf_counter() - measured}
     return adapter, result
 
@@ -267,7 +254,7 @@ def result_json(result: dict[str, Any]) -> dict[str, Any]:
 
 def cross_entry(cases: dict[str, dict[str, float] | None]) -> float | None:
     """The 2x2 matrix's cross entry, top-1 as a fraction: what the system delivers without backfilling
-    (:func:`reporting.adapter_summary.cross_case`), or None."""
+    (:func:`benchmarks.record.cross_case`), or None."""
     case = cross_case(cases)
     return None if case is None else cases[case]["top1"] / 100
 

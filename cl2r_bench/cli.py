@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="github: markdown (default); latex: booktabs tabulars, ready to paste; csv: one table, "
                        "mean and std in columns NAME_mean, NAME_std, 12 significant digits")
     board.add_argument("--table", metavar="NAME",
-                       help="print only this table: main, noise, replacements, model_update, retrieval (leave-one-out "
-                       "cases), backfilling (their AUCs and zero-shot retention), timing, across or matrices (the mean "
+                       help="print only this table: main, noise, replacements, retrieval (the adapter studies' cases), "
+                       "backfilling (their AUCs, zero-shot retention and f(W)), timing, across or matrices (the mean "
                        "matrices; in csv, rows scenario, dataset, strategy, t, k, mean, std, seeds)")
     board.add_argument("--timing", action="store_true",
                        help="also print each strategy's training time per iteration and its ratio to --baseline")
@@ -163,9 +163,10 @@ def command_run(args: argparse.Namespace) -> int:
                 print(f"\nstopped ({stop_name(stop)}): finished tasks are saved in {run.dir}; continue with the same "
                       "command and --resume", file=sys.stderr)
                 return exit_code(stop)
-            if record.get("protocol") == "leave_one_out":
+            if "retrieval" in record:
                 r = record["retrieval"]
                 say(case_line(s.adapter.name, s.seed, r["cases"], r["backfilling"]["auc"], r["zero_shot"]))
+            if record.get("protocol") == "leave_one_out":
                 records.append(record)
                 continue
             m, noise = record["metrics"], record.get("noise")
@@ -187,14 +188,14 @@ def command_run(args: argparse.Namespace) -> int:
 
 
 def study_answers(records: list[dict[str, Any]]) -> str:
-    """The summary and recommendation of each data set's leave-one-out runs (:mod:`reporting.adapter_summary`),
-    or nothing for stream runs."""
-    from benchmarks.record import leave_one_out
+    """The summary and recommendation of each data set's adapter studies (:mod:`reporting.adapter_summary`), or
+    nothing for runs without one."""
+    from benchmarks.record import adapter_study
     from reporting.adapter_summary import summary_text
 
     studies: dict[str, list[dict[str, Any]]] = {}
     for record in records:
-        if leave_one_out(record):
+        if adapter_study(record):
             studies.setdefault(record["dataset"], []).append(record)
     return "".join(f"\n{dataset}:\n{summary_text(group)}\n" for dataset, group in studies.items())
 

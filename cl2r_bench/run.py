@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.adapter_study import held_out_error
 from benchmarks.metrics import as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
-from benchmarks.paper_protocol import held_out_error
 from benchmarks.record import run_record, write_record
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.adapt import evaluate_adapter, study_record

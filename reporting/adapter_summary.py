@@ -76,7 +76,8 @@ def reembed_share(betas: list[float], top1: list[float], target: float = BACKFIL
 
 
 def _best_backfilling(records: list[dict[str, Any]]) -> tuple[str | None, float | None, float | None]:
-    """``(order, mean top-1 AUC, share to re-embed)`` of the order with the largest mean top-1 AUC."""
+    """``(order, mean top-1 AUC, share to re-embed)`` of the order with the largest mean top-1 AUC (no share where
+    a record lacks the order's curve)."""
     backfills = [r["retrieval"]["backfilling"] for r in records]
     best = None
     for order in backfills[0].get("auc", {}):
@@ -84,8 +85,10 @@ def _best_backfilling(records: list[dict[str, Any]]) -> tuple[str | None, float 
             continue
         auc = float(np.mean([b["auc"][order]["top1_auc"] for b in backfills]))
         if best is None or auc > best[1]:
-            curve = np.mean([b["curves"][order]["top1"] for b in backfills], axis=0).tolist()
-            best = (order, auc, reembed_share(backfills[0]["betas"], curve))
+            curves = [(b.get("curves") or {}).get(order) for b in backfills]
+            share = None if None in curves else reembed_share(backfills[0]["betas"],
+                                                              np.mean([c["top1"] for c in curves], axis=0).tolist())
+            best = (order, auc, share)
     return best or (None, None, None)
 
 

@@ -10,9 +10,11 @@ listed apart with their reason (:func:`benchmarks.record.record_problem`, also i
 or damaged result is never mistaken for a finished one. The std is the sample standard deviation (ddof = 1).
 
 The tables (:data:`TABLES`, built by :func:`build`): ``main`` (AC, AA, ACA, seeds), ``noise`` (the noise-aware
-AC), ``replacements`` (the replacement models' own accuracies), ``model_update`` (retrieval cases, backfilling,
-f(W)), ``timing`` (ms per training iteration), ``across`` (AC and ACA across replacements) and ``matrices`` (the
-mean compatibility matrices). :func:`render` writes them in three formats, each ready to use as it is:
+AC), ``replacements`` (the replacement models' own accuracies), ``retrieval`` and ``backfilling`` (every adapter
+study, leave-one-out or a ``model_update`` run along a stream: each case's top-1 and mAP, each order's AUC, the
+zero-shot change and f(W)), ``timing`` (ms per training iteration), ``across`` (AC and ACA across replacements)
+and ``matrices`` (the mean compatibility matrices). :func:`render` writes them in three formats, each ready to use
+as it is:
 
 - ``github``: markdown, mean ± std in one cell; each matrix a grid under a ``####`` title.
 - ``latex``: one booktabs ``tabular`` per table and per matrix (a ``%`` comment with the matrix's title above
@@ -43,9 +45,9 @@ from benchmarks.metrics import across_replacements, all_metrics, as_matrix
 from benchmarks.record import (
     ORTHOGONALITY_GAP,
     PAPER_CASES,
-    UPDATE_CASES,
     ReplacementModel,
     RunRecord,
+    adapter_study,
     checked_records,
     leave_one_out,
     update_fit,
@@ -69,8 +71,8 @@ from .published import (
 )
 
 FORMATS = ("github", "csv", "latex")
-TABLES = ("main", "noise", "replacements", "model_update", "retrieval", "backfilling", "timing", "across", "matrices")
-SUMMARY = TABLES[:6]
+TABLES = ("main", "noise", "replacements", "retrieval", "backfilling", "timing", "across", "matrices")
+SUMMARY = TABLES[:5]
 COLUMNS = ("AC", "AA", "ACA")
 
 
@@ -129,19 +131,14 @@ NOISE_COLUMNS = (*IDENTITY, Column("AC", "AC", digits=3),
 REPLACEMENT_COLUMNS = (*IDENTITY, Column("replacement task", "replacement_task", Kind.INTEGER),
                        Column("classes", "classes", Kind.INTEGER), Column("own accuracy (%)", "own_accuracy"),
                        Column("95% interval", "own_accuracy_interval", Kind.INTERVAL), SEEDS)
-UPDATE_COLUMNS = (Column("dataset", "dataset", Kind.TEXT), Column("adapter", "adapter", Kind.TEXT),
-                  *(Column(f"{case} (%)", case, Kind.SPREAD) for case in UPDATE_CASES),
-                  *(Column(title, f"backfill_area_{order}", Kind.SPREAD) for title, order in
-                    zip(("backfill area: random", "uncertainty", "class-mean L2", "class-mean cosine"),
-                        BACKFILL_ORDERS, strict=True)),
-                  Column("f(W)", ORTHOGONALITY_GAP, Kind.SPREAD), SEEDS)
 LOO_IDENTITY = (Column("scenario", "scenario", Kind.TEXT), Column("dataset", "dataset", Kind.TEXT),
                 Column("models", "models", Kind.TEXT), Column("adapter", "adapter", Kind.TEXT))
 RETRIEVAL_COLUMNS = (*LOO_IDENTITY, *(Column(f"{case} {score}", f"{case}_{score}", Kind.SPREAD)
                                       for case in PAPER_CASES for score in ("top-1", "mAP")), SEEDS)
 BACKFILLING_COLUMNS = (*LOO_IDENTITY, *(Column(f"AUC {order} {score}", f"auc_{order}_{score}", Kind.SPREAD)
                                         for order in BACKFILL_ORDERS for score in ("top-1", "mAP")),
-                       Column("ZS change (points)", "zero_shot_change", Kind.SPREAD), SEEDS)
+                       Column("ZS change (points)", "zero_shot_change", Kind.SPREAD),
+                       Column("f(W)", ORTHOGONALITY_GAP, Kind.SPREAD), SEEDS)
 TIMING_COLUMNS = (*IDENTITY, Column("train ms / iteration", "train_ms_per_iteration", digits=1),
                   Column("ratio to baseline", "ratio_to_baseline"), SEEDS)
 ACROSS_COLUMNS = (*IDENTITY, Column("AC across replacements", "AC_across", Kind.SPREAD, 3),
@@ -390,28 +387,17 @@ def _mean_matrices(records: list[RunRecord]) -> dict[tuple[str, str, str], tuple
     return out
 
 
-def update_rows(records: list[RunRecord]) -> list[list[Any]]:
-    """Rows of the ``model_update`` runs (:data:`UPDATE_COLUMNS`): each retrieval case and backfilling area
-    (percent) and λ-orth's final f(W), ``(mean, std)`` over seeds; None where an adapter does not produce it."""
-    rows = []
-    for (scenario, dataset, method), runs in experiment_groups(records).items():
-        if scenario != "model_update":
-            continue
-        def column(get, runs=runs) -> tuple[float, float] | None:
-            return _spread([100 * v for v in map(get, runs) if v is not None])
-
-        cases = [column(lambda r, c=c: r["cases"].get(c)) for c in UPDATE_CASES]
-        areas = [column(lambda r, o=o: r["backfilling"]["area"].get(o)) for o in BACKFILL_ORDERS]
-        gaps = [update_fit(r)[ORTHOGONALITY_GAP] for r in runs if ORTHOGONALITY_GAP in update_fit(r)]
-        rows.append([dataset, method, *cases, *areas, _spread(gaps), len(runs)])
-    return rows
-
-
 def models_label(record: RunRecord) -> str:
     """``old → new`` encoders of a leave-one-out record by short name (:func:`short_model_name`; the full specs are
-    in the record's ``models`` and in the report's settings), or ``embeddings`` for the user's own."""
+    in the record's ``models`` and in the report's settings), ``embeddings`` for the user's own, or ``trained on
+    the stream`` for a ``model_update`` run along a stream (its models are in ``replacement_models``)."""
+    if record.get("protocol") == "stream":
+        return STREAM_MODELS
     old, new = model_specs(record)
     return "embeddings" if old is None else f"{short_model_name(old)} → {short_model_name(new)}"
+
+
+STREAM_MODELS = "trained on the stream"
 
 
 def model_specs(record: RunRecord) -> tuple[str | None, str | None]:
@@ -442,9 +428,10 @@ def short_model_name(spec: str) -> str:
 
 
 def retrieval_rows(records: list[RunRecord], values: Callable[[RunRecord], list[float | None]]) -> list[list[Any]]:
-    """One row per leave-one-out experiment: its identity, then ``(mean, std)`` over seeds of each of ``values``."""
+    """One row per adapter study (leave-one-out or along a stream): its identity, then ``(mean, std)`` over seeds of
+    each of ``values``."""
     rows = []
-    for (scenario, dataset, method), runs in experiment_groups([r for r in records if leave_one_out(r)]).items():
+    for (scenario, dataset, method), runs in experiment_groups([r for r in records if adapter_study(r)]).items():
         columns = list(zip(*map(values, runs), strict=True))
         rows.append([scenario, dataset, models_label(runs[0]), method,
                      *(_spread([v for v in column if v is not None]) for column in columns), len(runs)])
@@ -459,10 +446,12 @@ def case_values(record: RunRecord) -> list[float | None]:
 
 
 def backfilling_values(record: RunRecord) -> list[float | None]:
-    """Each order's top-1 and mAP AUC (percent) and the zero-shot change (:data:`BACKFILLING_COLUMNS`)."""
+    """Each order's top-1 and mAP AUC (percent), the zero-shot change and λ-orth's final f(W)
+    (:data:`BACKFILLING_COLUMNS`)."""
     auc, zero_shot = record["retrieval"]["backfilling"]["auc"], record["retrieval"].get("zero_shot")
+    gap = update_fit(record).get(ORTHOGONALITY_GAP)
     return [None if auc.get(order) is None else auc[order][key] for order in BACKFILL_ORDERS
-            for key in ("top1_auc", "mAP_auc")] + [zero_shot["change"] if zero_shot else None]
+            for key in ("top1_auc", "mAP_auc")] + [zero_shot["change"] if zero_shot else None, gap]
 
 
 def published_main_rows(scenarios: set[str]) -> list[list[Any]]:
@@ -524,7 +513,6 @@ def build(records: list[RunRecord], fmt: str = "github", names: Iterable[str] = 
         "main": lambda: [Table(MAIN_COLUMNS, leaderboard_rows(records))],
         "noise": lambda: [Table(NOISE_COLUMNS, noise_rows(records))],
         "replacements": lambda: [Table(REPLACEMENT_COLUMNS, replacement_rows(records))],
-        "model_update": lambda: [Table(UPDATE_COLUMNS, update_rows(records))],
         "timing": lambda: [Table(TIMING_COLUMNS, timing_rows(records, baseline))],
         "across": lambda: [Table(ACROSS_COLUMNS, across_rows(records))],
         "matrices": lambda: ([Table(MATRIX_ROW_COLUMNS, matrix_rows(records))] if fmt == "csv"
@@ -542,8 +530,8 @@ def build(records: list[RunRecord], fmt: str = "github", names: Iterable[str] = 
 
 def tables(records: list[RunRecord], fmt: str = "github") -> str:
     """The summary (:data:`SUMMARY`): the leaderboard, then the noise-aware AC, the replacement models' own
-    accuracies and the model_update cases, each where some record carries them, separated by blank lines; in csv,
-    which holds one table, the leaderboard alone."""
+    accuracies and the adapter studies' cases and backfilling, each where some record carries them, separated by
+    blank lines; in csv, which holds one table, the leaderboard alone."""
     built = build(records, fmt, SUMMARY[:1] if fmt == "csv" else SUMMARY)
     return render([table for group in built.values() for table in group], fmt)
 

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from benchmarks.metrics import area_under_curve, is_number
-from benchmarks.record import RunRecord, checked_records, leave_one_out
+from benchmarks.record import RunRecord, adapter_study, checked_records
 from cl2r_bench.files import atomic_write
 
 from .adapter_summary import AdapterSummary
@@ -75,8 +75,8 @@ def _task_axis(ax, size: int) -> None:
 
 def save_plots(record: RunRecord, directory: str | Path) -> list[Path]:
     """Write a run's figures next to its ``metrics.json``: ``compatibility_matrix.png`` and ``aa_per_task.png``,
-    or for a ``model_update`` run ``backfilling.png``."""
-    if record["scenario"] == "model_update":
+    or for an adapter study (a ``model_update`` run) ``backfilling.png``."""
+    if adapter_study(record):
         return [save_backfilling_plot(record, directory)]
     plt = _pyplot()
     directory = Path(directory)
@@ -177,15 +177,10 @@ def save_backfilling_plot(record: RunRecord, directory: str | Path) -> Path:
 
 
 def backfilling_curves(record: RunRecord) -> tuple[list[float], dict[str, list[float]]]:
-    """``(betas, {order: top-1 in percent})`` of a run's partial backfilling: a stream ``model_update`` run's
-    (fractions) or a leave-one-out run's (``retrieval.backfilling``, percent); orders without a curve left out, and
-    no curve at all for a record that has none."""
-    if leave_one_out(record):
-        fill = record["retrieval"].get("backfilling") or {}
-        curves = {order: curve["top1"] for order, curve in (fill.get("curves") or {}).items() if curve}
-    else:
-        fill = record.get("backfilling") or {}
-        curves = {order: [100 * v for v in curve] for order, curve in (fill.get("curves") or {}).items() if curve}
+    """``(betas, {order: top-1 in percent})`` of an adapter study's partial backfilling (``retrieval.backfilling``);
+    orders without a curve left out, and no curve at all for a record that has none."""
+    fill = (record.get("retrieval") or {}).get("backfilling") or {}
+    curves = {order: curve["top1"] for order, curve in (fill.get("curves") or {}).items() if curve}
     return fill.get("betas", []), curves
 
 
@@ -211,7 +206,8 @@ def backfilling_figure(plt, title: str, runs: list[RunRecord]):
 def study_figure(plt, title: str, rows: list[AdapterSummary], runs: list[RunRecord]):
     """An adapter study at a glance: left, each adapter's cross case (what the system serves without backfilling)
     against old/old, with the 95 % interval of the paired gain; right, each adapter's backfilling curve in its best
-    order (the seeds' mean), from the stale gallery at β = 0 to full backfilling at β = 1."""
+    order (the seeds' mean, where every seed's record holds the curve), from the stale gallery at β = 0 to full
+    backfilling at β = 1."""
     baseline = runs[0]["retrieval"]["cases"]["old/old"]["top1"]
     fig, (bars, curves) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.32 * max(len(rows), 4)),
                                        gridspec_kw={"width_ratios": [1, 1.2]})
@@ -233,7 +229,10 @@ def study_figure(plt, title: str, rows: list[AdapterSummary], runs: list[RunReco
         if row.backfill_order is None:
             continue
         fills = [r["retrieval"]["backfilling"] for r in by_method[row.adapter]]
-        mean = np.mean([f["curves"][row.backfill_order]["top1"] for f in fills], axis=0)
+        drawn = [(f.get("curves") or {}).get(row.backfill_order) for f in fills]
+        if None in drawn:
+            continue
+        mean = np.mean([c["top1"] for c in drawn], axis=0)
         curves.plot(fills[0]["betas"], mean, marker="o", markersize=2.5, color=colours[row.adapter],
                     label=f"{row.adapter} ({row.backfill_order})")
     curves.axhline(baseline, color="black", linestyle="--", linewidth=1)
@@ -277,14 +276,14 @@ def figure_problem(record: RunRecord) -> str | None:
 
     The figures read fields the leaderboard does not (the per-task curves, violations, noise intervals and
     decisions, backfilling curves); a hand-made or older record lacking them is named instead of crashing."""
-    if record["scenario"] == "model_update":
-        fill = record["backfilling"]
+    if adapter_study(record):
+        fill = record["retrieval"]["backfilling"]
         betas, curves = fill.get("betas"), fill.get("curves")
         if not (_numbers(betas, 0, 1) and isinstance(curves, dict) and all(
-                c is None or (_numbers(c, 0, 1) and len(c) == len(betas) and is_number(fill["area"].get(o)))
-                for o, c in curves.items())):
-            return ("'backfilling' needs 'betas' (fractions) and 'curves' (per order, one accuracy per β, with its "
-                    "area); rerun the model_update experiment")
+                c is None or (isinstance(c, dict) and _numbers(c.get("top1"), 0, 100) and len(c["top1"]) == len(betas)
+                              and fill["auc"].get(o)) for o, c in curves.items())):
+            return ("'retrieval.backfilling' needs 'betas' (fractions) and 'curves' (per order, top-1 in percent at "
+                    "each β, with its area); rerun the model_update experiment")
     if "compatibility_matrix" not in record:
         return "'compatibility_matrix' is missing; the figures are drawn from it"
     size, m = len(record["compatibility_matrix"]), record["metrics"]

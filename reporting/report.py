@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from benchmarks.record import RunRecord, leave_one_out
+from benchmarks.record import RunRecord, adapter_study
 from cl2r_bench.files import atomic_write_text
 
 from .adapter_summary import SUMMARY_COLUMNS, AdapterSummary, ranked, recommendation, summarise, summary_cells
@@ -51,10 +51,10 @@ from .plots import (
     viridis,
 )
 
-REPORT_TABLES = ("main", "noise", "replacements", "across", "model_update", "retrieval", "backfilling", "timing")
+REPORT_TABLES = ("main", "noise", "replacements", "across", "retrieval", "backfilling", "timing")
 TABLE_TITLES = {"main": "Leaderboard", "noise": "Noise-aware AC", "replacements": "Replacement models' own accuracy",
-                "across": "AC and ACA across replacements", "model_update": "Adapter cases and backfilling areas",
-                "retrieval": "Retrieval cases (leave-one-out)", "backfilling": "Backfilling AUC and zero-shot change",
+                "across": "AC and ACA across replacements", "retrieval": "Retrieval cases (top-1 and mAP, %)",
+                "backfilling": "Backfilling AUC, zero-shot change and f(W)",
                 "timing": "Training time"}
 
 
@@ -177,7 +177,7 @@ def section(scenario: str, dataset: str, pairs: list[tuple[Path, RunRecord]], li
     records = [record for _, record in pairs]
     built = build(records, "github", REPORT_TABLES)
     part = Section(scenario, dataset, anchor=f"{scenario}-{dataset}".replace(" ", "-"))
-    part.answers = study_answers(dataset, [r for r in records if leave_one_out(r)])
+    part.answers = study_answers(dataset, [r for r in records if adapter_study(r)])
     part.tables = [html_table(TABLE_TITLES[name], table) for name, tables in built.items() for table in tables]
     part.settings = settings_table(records)
     part.matrices = [heat_table(grid) for grid in mean_matrices(records)]
@@ -279,13 +279,13 @@ def figures(scenario: str, dataset: str, records: list[RunRecord]) -> list[Figur
     """The AC_t / AA_t curves of every stream experiment in one figure, and the backfilling curves of each adapter
     experiment that has them."""
     out = []
-    adapter_study = [leave_one_out(r) or r["scenario"] == "model_update" for r in records]
-    stream = [r for r, study in zip(records, adapter_study, strict=True) if not study]
+    studied = [adapter_study(r) for r in records]
+    stream = [r for r, study in zip(records, studied, strict=True) if not study]
     if stream:
         series = experiment_series(experiment_groups(stream))[(scenario, dataset)]
         png = png_bytes(curves_figure, scenario, dataset, series)
         out.append(Figure("AC_t and AA_t of every experiment", encode(png)))
-    studies = [r for r, study in zip(records, adapter_study, strict=True) if study]
+    studies = [r for r, study in zip(records, studied, strict=True) if study]
     for (_, _, label), runs in experiment_groups(studies).items():
         drawn = [r for r in runs if backfilling_curves(r)[1]]
         if drawn:

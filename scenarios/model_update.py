@@ -5,15 +5,16 @@ The λ-orthogonal and FCT papers' setting. Task 0's model is trained with cross-
 ``replacement.pretrain`` settings and the ``model_update.head`` family, and cached like replacement models (every
 adapter and seed of a study shares them; the run seed drives the adapter's fit and the random backfilling order).
 No strategy fine-tunes them. The adapter is fitted at task 1 on every stream training image embedded by both
-models; the run's 2x2 matrix ``[[old/old], [cross, new/new]]`` has the cross entry ``B(new)/old`` for an adapter
-with a backward map, ``new/F(old)`` for a forward-only one and ``new/old`` without adapter. The record adds the
-retrieval ``cases`` and the partial ``backfilling`` curves (``benchmarks/adapter_cases.py``).
+models; the run's 2x2 matrix ``[[old/old], [cross, new/new]]`` has the cross entry ``B/old`` for an adapter with a
+backward map, ``new/F`` for a forward-only one and ``new/old`` without adapter. The record adds the adapter study
+of the stream's query set against its gallery (``protocol: stream``, ``retrieval``: the cases, the per-query hits
+and the partial backfilling curves of :mod:`benchmarks.adapter_study`, in the layout of the leave-one-out records).
 
 With encoder specs (``model_update.old`` / ``model_update.new``: timm, torchvision or the suite's own models,
 :mod:`cl2r_bench.encoders`) the two models are pretrained encoders and, by default (``model_update.protocol``), the
 adapter papers' own protocol measures them (docs/METHODS.md §7b): the adapter is fitted on the data set's train
 split and the test split is query and gallery, each query's own image left out; CMC top-1 / top-5 and mAP of the nine
-cases, backfilling AUCs and zero-shot retention (:mod:`cl2r_bench.adapt`, :mod:`benchmarks.paper_protocol`). No
+cases, backfilling AUCs and zero-shot retention (:mod:`cl2r_bench.adapt`, :mod:`benchmarks.adapter_study`). No
 stream runs: each split is embedded once per encoder into the feature cache, shared by every adapter and seed.
 """
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.adapter_cases import TwoModelFeatures, adapted_cases, partial_backfilling
-from cl2r_bench.adapt import Study, encoder_study
+from benchmarks.adapter_study import PairedFeatures, StudySplit, measure
+from cl2r_bench.adapt import Study, cross_entry, encoder_study
 from cl2r_bench.data.datasets import ImageSet, load_dataset
 from cl2r_bench.data.streams import Stream
 from cl2r_bench.encoders import check_spec
@@ -114,30 +115,24 @@ class ModelUpdate(Scenario):
         return encoder_study(self.settings, device, log)
 
     def finish(self, finished: Finished) -> dict[str, Any]:
-        """The retrieval cases and the partial backfilling curves of the old and the new model."""
+        """The adapter study of the old and the new model on the stream's query set and gallery (module
+        docstring), with the 2x2 matrix of its top-1 cases."""
         old, new, stream = finished.outgoing, finished.model, finished.stream
-        query, gallery = stream.query, stream.gallery
 
-        def features(model: RetrievalModel, images: ImageSet) -> torch.Tensor:
-            return finished.embed(model, images.images)
+        def features(images: ImageSet) -> PairedFeatures:
+            return PairedFeatures(finished.embed(old, images.images), finished.embed(new, images.images),
+                                  images.labels.to(images.images.device))
 
-        two = TwoModelFeatures(query_old=features(old, query), query_new=features(new, query),
-                               gallery_old=features(old, gallery), gallery_new=features(new, gallery),
-                               query_labels=query.labels, gallery_labels=gallery.labels)
         mode, update = self.settings.evaluation.mode, self.settings.model_update
+        split = StudySplit(features(stream.query), features(stream.gallery), mode=mode)
         with torch.no_grad():
-            cases = adapted_cases(two, finished.adapter, mode)
-            backfilling = partial_backfilling(two, finished.adapter, orders=update.backfill_orders,
-                                              steps=update.backfill_steps, mode=mode,
-                                              generator=torch.Generator().manual_seed(self.settings.seed))
-        matrix = [[cases["old/old"], None], [cross_entry(cases), cases["new/new"]]]
-        return {"compatibility_matrix": matrix, "cases": cases, "backfilling": backfilling}
-
-
-def cross_entry(cases: dict[str, float | None]) -> float:
-    """The 2x2 matrix's cross entry (module docstring)."""
-    for key in ("B(new)/old", "new/F(old)", "new/old"):
-        if cases[key] is not None:
-            return cases[key]
-    raise ScenarioError("the old and new features differ in size and the adapter maps neither way; pick another "
-                        "adapter")
+            study = measure(split, finished.adapter, orders=update.backfill_orders, steps=update.backfill_steps,
+                            seed=self.settings.seed)
+        cases, cross = study["cases"], cross_entry(study["cases"])
+        if cross is None:
+            raise ScenarioError("the old and new features differ in size and the adapter maps neither way; pick "
+                                "another adapter")
+        matrix = [[cases["old/old"]["top1"] / 100, None], [cross, cases["new/new"]["top1"] / 100]]
+        return {"compatibility_matrix": matrix, "protocol": "stream",
+                "retrieval": {**study, "queries": len(stream.query), "gallery_items": len(stream.gallery),
+                              "gallery_mode": mode}}

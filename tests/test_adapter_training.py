@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks.paper_protocol import PairedFeatures
+from benchmarks.adapter_study import PairedFeatures
 from benchmarks.record import unpack_hits
 from cl2r_bench.adapt import Study, evaluate_adapter
 from cl2r_bench.adapters import AdapterError, convergence_note, make_adapter

@@ -12,12 +12,7 @@ import yaml
 from conftest import interrupt_run_at
 from torch import nn
 
-from benchmarks.adapter_cases import (
-    TwoModelFeatures,
-    adapted_cases,
-    backfill_order,
-    partial_backfilling,
-)
+from benchmarks.adapter_study import PairedFeatures, StudySplit, backfill_order, backfilling, case_scores
 from benchmarks.metrics import area_under_curve
 from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy
 from cl2r_bench import cli as runner
@@ -178,12 +173,12 @@ def test_every_adapter_beats_the_untransformed_cross_model_entry(name):
     fit, test = slice(0, 900), slice(900, None)
     adapter = make_adapter(name, FAST)
     fit_adapter(adapter, FeaturePair(old[fit], new[fit], labels[fit], classifier), seed=0)
-    features = TwoModelFeatures(old[test], new[test], old[test], new[test], labels[test], labels[test])
-    with torch.no_grad():
-        cases = adapted_cases(features, adapter, "templates")
-    adapted = cases["B(new)/old"] if "backward" in adapter.directions else cases["new/F(old)"]
-    assert cases["new/old"] < 0.4 < cases["old/old"] - 0.3
-    assert adapted > cases["new/old"] + 0.4, cases
+    items = PairedFeatures(old[test], new[test], labels[test])
+    cases = {c: None if r is None else r.top1 for c, r in case_scores(StudySplit(items, items, "templates"),
+                                                                        adapter).items()}
+    adapted = cases["B/old"] if "backward" in adapter.directions else cases["new/F"]
+    assert cases["new/old"] < 40 < cases["old/old"] - 30
+    assert adapted > cases["new/old"] + 40, cases
 
 
 def test_fastfill_uncertainty_ranks_noisy_items_first():
@@ -226,20 +221,19 @@ def test_backfilling_endpoints_and_area():
     old, new, labels, classifier = clustered_spaces()
     adapter = make_adapter("fastfill", FAST)
     fit_adapter(adapter, FeaturePair(old[:900], new[:900], labels[:900], classifier), seed=0)
-    features = TwoModelFeatures(old[900:1000], new[900:1000], old[1000:], new[1000:], labels[900:1000],
-                                labels[1000:])
-    with torch.no_grad():
-        cases = adapted_cases(features, adapter, "images")
-        fill = partial_backfilling(features, adapter, orders=["random", "uncertainty", "class_mean_distance"],
-                                   steps=10, mode="images", generator=torch.Generator().manual_seed(0))
+    split = StudySplit(PairedFeatures(old[900:1000], new[900:1000], labels[900:1000]),
+                       PairedFeatures(old[1000:], new[1000:], labels[1000:]), "images")
+    cases = case_scores(split, adapter)
+    fill = backfilling(split, adapter, orders=["random", "uncertainty", "class_mean_distance"], steps=10,
+                       generator=torch.Generator().manual_seed(0))
     assert fill["betas"] == pytest.approx([i / 10 for i in range(11)])
     for order, curve in fill["curves"].items():
-        assert curve[0] == cases["new/F(old)"] and curve[-1] == cases["full backfill"], order
-        assert fill["area"][order] == pytest.approx(area_under_curve(fill["betas"], curve))
-    without = partial_backfilling(features, None, orders=["random", "uncertainty"], steps=4, mode="images",
-                                  generator=torch.Generator().manual_seed(0))
+        assert curve["top1"][0] == cases["new/F"].top1 and curve["top1"][-1] == cases["new/new"].top1, order
+        assert fill["auc"][order]["top1_auc"] == pytest.approx(area_under_curve(fill["betas"], curve["top1"]))
+    without = backfilling(split, None, orders=["random", "uncertainty"], steps=4,
+                          generator=torch.Generator().manual_seed(0))
     assert without["curves"]["uncertainty"] is None
-    assert without["curves"]["random"][0] == adapted_cases(features, None, "images")["new/old"]
+    assert without["curves"]["random"]["top1"][0] == case_scores(split, None)["new/old"].top1
 
 
 def test_area_under_curve_is_the_trapezoid_rule():
@@ -362,24 +356,27 @@ def test_model_update_runs_every_adapter_and_reports_its_cases(tiny, tmp_path, c
                for p in (out / "model_update" / "synthetic").rglob("metrics.json")}
     assert set(records) == {"none", *list_adapters()}
     for name, record in records.items():
-        cases, fill = record["cases"], record["backfilling"]
-        assert record["complete"] and record["method"] == name
-        cross = next(cases[k] for k in ("B(new)/old", "new/F(old)", "new/old") if cases[k] is not None)
-        assert record["compatibility_matrix"] == [[cases["old/old"], None], [cross, cases["new/new"]]]
-        assert record["metrics"]["AC"] == float(cross > cases["old/old"])
+        top1 = {case: None if v is None else v["top1"] for case, v in record["retrieval"]["cases"].items()}
+        fill = record["retrieval"]["backfilling"]
+        assert record["complete"] and record["method"] == name and record["protocol"] == "stream"
+        cross = next(top1[k] for k in ("B/old", "new/F", "new/old") if top1[k] is not None)
+        assert record["compatibility_matrix"] == [[top1["old/old"] / 100, None], [cross / 100, top1["new/new"] / 100]]
+        assert record["metrics"]["AC"] == float(cross > top1["old/old"])
+        assert set(record["retrieval"]["query_top1"]) <= {"old/old", "B/old", "new/F", "new/old"}
         for curve in fill["curves"].values():
             if curve is not None:
-                start = cases["new/F(old)"] if cases["new/F(old)"] is not None else cases["new/old"]
-                assert curve[0] == start and curve[-1] == cases["full backfill"]
+                start = next(top1[k] for k in ("new/F", "B/F", "new/old") if top1[k] is not None)
+                end = top1["B/B"] if name == "lambda_orth" else top1["new/new"]
+                assert curve["top1"][0] == start and curve["top1"][-1] == end
         assert (out / "model_update/synthetic" / name / "seed42" / "backfilling.png").is_file()
     assert records["lambda_orth"]["adapter"]["fits"][-1]["f_W"] >= 0
-    assert records["fastfill"]["backfilling"]["curves"]["uncertainty"] is not None
-    assert records["fct"]["backfilling"]["curves"]["uncertainty"] is None
+    assert records["fastfill"]["retrieval"]["backfilling"]["curves"]["uncertainty"] is not None
+    assert records["fct"]["retrieval"]["backfilling"]["curves"]["uncertainty"] is None
     old_paths = {r["replacement_models"][0]["path"] for r in records.values()}
     assert len(old_paths) == 1
-    assert "B(new)/old (%)" in printed and "| lambda_orth" in printed
+    assert "B/old top-1" in printed and "| lambda_orth" in printed and "recommendation" in printed.lower()
     assert run_cli("leaderboard", "--results", out) == 0
-    assert "backfill area: random" in capsys.readouterr().out
+    assert "AUC random top-1" in capsys.readouterr().out
 
 
 def test_stream_run_with_an_adapter_reports_the_adapted_matrix_and_resumes(tiny, tmp_path, monkeypatch):

@@ -21,6 +21,7 @@ def test_a_study_is_labelled_by_its_encoders_short_names():
     record = {"models": {"old": {"spec": "timm:tf_efficientnet_lite0@w0.pth"},
                          "new": {"spec": "timm:tf_efficientnet_lite2"}}}
     assert models_label(record) == "Lite0 → Lite2" and models_label({"models": {"train": "a.npz"}}) == "embeddings"
+    assert models_label({"protocol": "stream"}) == "trained on the stream"
 
 
 def test_a_value_no_seed_changes_has_no_spread():

@@ -44,7 +44,35 @@ def valid_record(seed: int = 1) -> dict:
 
 
 def update_record() -> dict:
-    """A complete model_update record shaped as the former model_update writer wrote it (still read)."""
+    """A complete model_update record along a stream, as the run loop writes it: its 2x2 matrix and its adapter
+    study of the stream's queries against its gallery (``protocol: stream``, ``retrieval``)."""
+    def scores(top1: float, mAP: float) -> dict:
+        return {"top1": top1, "top5": top1 + 20, "mAP": mAP}
+
+    cases = {"old/old": scores(50.0, 40.0), "new/old": scores(45.0, 35.0), "new/new": scores(60.0, 50.0),
+             "F/old": scores(48.0, 38.0), "F/F": scores(55.0, 44.0), "new/F": None, "B/old": scores(52.0, 41.0),
+             "B/F": scores(53.0, 42.0), "B/B": scores(58.0, 47.0)}
+    matrix = [[0.5, None], [0.52, 0.6]]
+    curve, auc = {"top1": [53.0, 55.0, 58.0], "mAP": [42.0, 44.0, 47.0]}, {"top1_auc": 55.25, "mAP_auc": 44.25}
+    return {
+        "scenario": "model_update", "strategy": "model_update", "method": "lambda_orth", "dataset": "synthetic",
+        "seed": 1, "protocol": "stream", "num_tasks": 2, "tasks_completed": 2, "complete": True,
+        "replacement_tasks": [0, 1], "compatibility_matrix": matrix, "metrics": all_metrics(as_matrix(matrix)),
+        "retrieval": {"cases": cases, "query_top1": {},
+                      "backfilling": {"betas": [0.0, 0.5, 1.0],
+                                      "curves": {"random": curve, "uncertainty": None, "class_mean_distance": curve},
+                                      "auc": {"random": auc, "uncertainty": None, "class_mean_distance": auc}},
+                      "zero_shot": None, "queries": 144, "gallery_items": 36, "gallery_mode": "templates"},
+        "adapter": {"name": "lambda_orth", "direction": "backward", "at": "replacements",
+                    "fits": [{"task": 1, "items": 96, "seconds": 0.5, "f_W": 0.02}]},
+        "config": {"seed": 1, "scenario": "model_update", "adapter": {"name": "lambda_orth"}},
+        "timings": {"tasks": [{"seconds": 0.0, "iterations": 0}, {"seconds": 0.0, "iterations": 0}],
+                    "pretrain_seconds": 6.0, "train_seconds": 0.0, "eval_seconds": 0.2},
+    }
+
+
+def former_update_record() -> dict:
+    """A model_update record of the former layout (top-level ``cases`` as top-1 fractions): refused."""
     matrix = [[0.5, None], [0.45, 0.6]]
     return {
         "scenario": "model_update", "strategy": "model_update", "method": "lambda_orth", "dataset": "synthetic",
@@ -52,8 +80,7 @@ def update_record() -> dict:
         "compatibility_matrix": matrix, "metrics": all_metrics(as_matrix(matrix)),
         "cases": {"old/old": 0.5, "new/new": 0.6, "new/old": 0.45, "B(new)/old": None, "new/F(old)": 0.52,
                   "B(new)/B(new)": None, "full backfill": 0.6},
-        "backfilling": {"betas": [0.0, 0.5, 1.0], "curves": {"random": [0.45, 0.5, 0.6]},
-                        "area": {"random": 0.51, "uncertainty": None, "class_mean_distance": None}},
+        "backfilling": {"betas": [0.0, 0.5, 1.0], "curves": {"random": [0.45, 0.5, 0.6]}, "area": {"random": 0.51}},
         "adapter": {"name": "lambda_orth", "fit": {"f_W": 0.02}, "fit_items": 96},
         "config": {"seed": 1, "scenario": "model_update", "adapter": {"name": "lambda_orth"}},
         "timings": {"model_training_seconds": 3.0, "adapter_fit_seconds": 0.5, "evaluation_seconds": 0.2},
@@ -219,11 +246,14 @@ def test_well_formed_records_pass(record):
     (changed(valid_record(), "timings", None), "'timings' is None"),
     (changed(valid_record(), "timings.tasks.1", {"seconds": 2.0, "iterations": "100"}),
      "'timings.tasks[1].iterations' is '100'"),
-    (changed(update_record(), "cases.new/old", 45.0), "'cases.new/old' is 45.0"),
-    (changed(update_record(), "backfilling.area", None), "'backfilling' is"),
-    (changed(update_record(), "backfilling.area.random", -0.1), "'backfilling.area.random' is -0.1"),
-    (changed(update_record(), "adapter.fit", None), "'adapter' is"),
-    (changed(update_record(), "adapter.fit.f_W", "0.02"), "'adapter.fit.f_W' is '0.02'"),
+    (changed(update_record(), "retrieval.cases.B/old.top1", 145.0), "'retrieval.cases.B/old' is"),
+    (changed(update_record(), "retrieval.backfilling.auc", None), "'retrieval.backfilling.auc' is None"),
+    (changed(update_record(), "retrieval.backfilling.auc.random.top1_auc", -0.1),
+     "'retrieval.backfilling.auc.random' is"),
+    (changed(update_record(), "retrieval", DELETE), "'retrieval' is missing"),
+    (changed(update_record(), "adapter.fits", None), "'adapter' is"),
+    (changed(update_record(), "adapter.fits.0.f_W", "0.02"), "'adapter.fits[0].f_W' is '0.02'"),
+    (former_update_record(), "a model_update record of the former layout (top-level 'cases', top-1 only)"),
 ])
 def test_record_problem_names_the_field(record, fragment):
     problem = record_problem(record)

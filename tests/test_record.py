@@ -10,6 +10,7 @@ from typing_extensions import NotRequired
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics
 from benchmarks.record import (
+    PAPER_CASES,
     RECORD_FILE,
     Metrics,
     Noise,
@@ -17,8 +18,8 @@ from benchmarks.record import (
     PairDecision,
     Read,
     RecordError,
+    Retrieval,
     RunRecord,
-    UpdateCases,
     checked_records,
     read_record,
     record_problem,
@@ -78,7 +79,8 @@ def test_the_schema_names_every_field_the_writers_produce():
     assert keys(Noise) == set(noise) and keys(NoiseSummary) == set(noise["across"])
     assert keys(PairDecision) == set(noise["pair_decisions"][0])
     assert set(valid_record()) | set(update_record()) <= keys(RunRecord)
-    assert set(update_record()["cases"]) == keys(UpdateCases)
+    assert set(update_record()["retrieval"]) <= keys(Retrieval)
+    assert tuple(update_record()["retrieval"]["cases"]) == PAPER_CASES
     assert typing.get_type_hints(RunRecord)["metrics"] is Metrics
 
 

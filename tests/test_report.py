@@ -53,8 +53,9 @@ def test_the_report_holds_every_experiment_the_published_rows_apart_and_links_to
     published = page[page.index('data-kind="published"'):]
     assert "IAM-CL2R authors&#39; released runs" in published and ">0.952<" in published
     assert "apple/ml-fct README" in page
-    # AC_t / AA_t curves; model_update's and the study's backfilling; the study's answer (cross case, curves)
-    assert page.count("data:image/png;base64,") == 4
+    # AC_t / AA_t curves; the backfilling and the answer (cross case, curves) of both adapter studies: the
+    # model_update run along a stream and the leave-one-out one
+    assert page.count("data:image/png;base64,") == 5
     answer = page[page.index('<div class="answer">'):]
     assert answer.index("Recommendation:") < answer.index('class="sortable summary"') < answer.index("<figure>")
     assert ">procrustes<" in answer[:answer.index("</table>")]
@@ -116,10 +117,10 @@ def test_the_page_in_a_real_browser_has_every_row_decodes_every_image_and_sorts(
         page.goto(out.as_uri())
         page.wait_for_load_state("load")
         images = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete && i.naturalWidth > 0)")
-        assert images == [True, True, True, True]
+        assert images == [True] * 5
         fits = page.eval_on_selector_all("table.summary",
                                          "ts => ts.map(t => t.scrollWidth <= t.parentElement.clientWidth)")
-        assert fits == [True] and page.evaluate("document.documentElement.scrollWidth") <= 1400  # no page scrolling
+        assert fits == [True, True] and page.evaluate("document.documentElement.scrollWidth") <= 1400  # no page scroll
         board = page.locator("section#iamcl2r-synthetic table").first
         strategies = lambda: board.locator("tbody tr td:nth-child(3)").all_inner_texts()  # noqa: E731
         assert strategies() == ["er", "dsimplex_hoc"]  # the leaderboard's order: AC, highest first
@@ -135,12 +136,12 @@ def test_the_page_in_a_real_browser_has_every_row_decodes_every_image_and_sorts(
 
 def test_an_adapter_study_without_backfilling_curves_has_no_figure_and_breaks_nothing(results, tmp_path):
     record = update_record()
-    del record["backfilling"]["curves"]
+    del record["retrieval"]["backfilling"]["curves"]
     record["method"] = record["config"]["adapter"]["name"] = "procrustes"
     put(results / "model_update/synthetic/procrustes/seed1", record, config=False)
     out, runs, skipped = write_report(results, tmp_path / "report.html")
     assert runs == 6 and len(skipped) == 1, skipped
-    assert out.read_text().count("data:image/png;base64,") == 4  # as without it: no curve, no figure
+    assert out.read_text().count("data:image/png;base64,") == 5  # as without it: no curve, no figure
 
 
 def test_the_report_never_writes_over_a_file_it_did_not_create(results, tmp_path, capsys):

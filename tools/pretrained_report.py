@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.paper_protocol import PAPER_CASES
-from benchmarks.record import checked_records, leave_one_out, update_fit
+from benchmarks.record import PAPER_CASES, checked_records, leave_one_out, update_fit
 from cl2r_bench.settings import BACKFILL_ORDERS
 from reporting.adapter_summary import SUMMARY_COLUMNS, ranked, recommendation, summarise, summary_cells
 from reporting.published import LAMBDA_ORTH_SOURCE, LAMBDA_ORTH_TABLE_1B, LAMBDA_ORTH_TABLE_2

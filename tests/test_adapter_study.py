@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.paper_protocol import PAPER_CASES, PairedFeatures, backfilling, paper_cases, zero_shot_retention
+from benchmarks.adapter_study import PairedFeatures, StudySplit, backfilling, case_scores, zero_shot_retention
+from benchmarks.record import PAPER_CASES
+from benchmarks.retrieval import gallery_hits
 from cl2r_bench.adapters import FeaturePair, fit_adapter, make_adapter
 
 FAST = {"lambda_orth": {"max_steps": 4}, "fct": {"max_steps": 4}, "fastfill": {"max_steps": 4}}
@@ -18,6 +20,11 @@ def rotated_pair(n: int = 120, dim: int = 8, seed: int = 0) -> tuple[PairedFeatu
     old = torch.randn(4, dim, generator=generator)[labels] + 0.5 * torch.randn(n, dim, generator=generator)
     rotation = torch.linalg.qr(torch.randn(dim, dim, generator=generator))[0]
     return PairedFeatures.normalised(old, old @ rotation, labels), rotation
+
+
+def paper_cases(pair: PairedFeatures, adapter) -> dict:
+    """Top-1 / top-5 / mAP of every case, leave-one-out on ``pair``."""
+    return {case: None if r is None else r.as_dict() for case, r in case_scores(StudySplit(pair), adapter).items()}
 
 
 def fitted(name: str, pair: PairedFeatures):
@@ -43,7 +50,7 @@ def test_each_adapter_produces_the_cases_whose_sides_share_a_frame(name, produce
 def test_backfilling_starts_at_new_on_f_and_ends_at_new_on_new():
     pair, _ = rotated_pair()
     adapter = fitted("procrustes", pair)
-    result = backfilling(pair, adapter, orders=["random", "class_mean_distance"], steps=4,
+    result = backfilling(StudySplit(pair), adapter, orders=["random", "class_mean_distance"], steps=4,
                          generator=torch.Generator().manual_seed(0))
     cases = paper_cases(pair, adapter)
     for order, curve in result["curves"].items():
@@ -69,3 +76,34 @@ def test_zero_shot_retention_is_kept_by_an_orthogonal_map_and_lost_by_an_unrelat
     assert zero_shot_retention(features, classes, classifier, fitted("irp", pair)) is None
     assert zero_shot_retention(features, classes, classifier, fitted("fct", pair)) is None
     assert zero_shot_retention(features, classes, classifier, None) is None
+
+
+@pytest.mark.parametrize("mode", ["templates", "images"])
+def test_a_stream_split_scores_queries_against_a_separate_gallery_as_the_evaluator_does(mode):
+    """Along a stream the query set and the gallery are different items: no item is left out, the gallery is kept per
+    image or reduced to class templates, and each case's top-1 counts the evaluator's hits (``gallery_hits``), for the
+    adapted sides too."""
+    pair, _ = rotated_pair(n=200)
+    queries, gallery = (PairedFeatures(pair.old[i], pair.new[i], pair.labels[i])
+                        for i in (slice(0, 80), slice(80, None)))
+    adapter = fitted("procrustes", pair)
+    split = StudySplit(queries, gallery, mode=mode)
+    scores = case_scores(split, adapter)
+    with torch.no_grad():
+        expected = {"old/old": (queries.old, gallery.old), "new/old": (queries.new, gallery.old),
+                    "B/old": (adapter.backward(queries.new), adapter.old_frame(gallery.old)),
+                    "new/F": (queries.new, adapter.forward(gallery.old))}
+    for case, (q, g) in expected.items():
+        hits = gallery_hits(q, queries.labels, g, gallery.labels, mode)
+        assert scores[case].top1 == 100.0 * int(hits.sum()) / 80, case
+        assert (scores[case].query_top1 == hits.numpy()).all(), case
+        assert scores[case].queries == 80
+    fill = backfilling(split, adapter, orders=["random"], steps=2, generator=torch.Generator().manual_seed(0))
+    assert fill["curves"]["random"]["top1"][0] == pytest.approx(scores["new/F"].top1)
+    assert fill["curves"]["random"]["top1"][-1] == pytest.approx(scores["new/new"].top1)
+
+
+def test_an_unknown_gallery_mode_is_refused():
+    pair, _ = rotated_pair()
+    with pytest.raises(ValueError, match="unknown gallery mode 'classes'"):
+        StudySplit(pair, pair, mode="classes")

@@ -1,0 +1,280 @@
+"""An adapter study (docs/METHODS.md §7, §7b): the retrieval cases of two models' features bridged by an adapter,
+the partial-backfilling curves and their areas, and zero-shot retention. The one measure of an adapter, whether
+``runner.py adapt``, ``model_update`` on encoder specs or ``model_update`` along a stream asks for it.
+
+Where the cases are measured (:class:`StudySplit`):
+
+* **leave-one-out** (the adapter papers' protocol): the test split is both query and gallery, each query's own item
+  left out (:func:`benchmarks.ranking.retrieval_scores` with ``exclude_self``: query i and gallery item i are the
+  same image, whichever model embedded each side);
+* **stream** (``model_update`` along a stream): the stream's query set against its gallery, the gallery kept per
+  image or reduced to one L2-normalised mean per class (``evaluation.mode``: ``images`` / ``templates``; METHODS.md
+  §3), each side's templates taken from its own (possibly adapted) features.
+
+Scores are CMC top-1, top-5 and mAP in percent. Every feature is L2-normalised before an adapter sees it, as a
+retrieval system stores it and as the adapters are fitted (``cl2r_bench/adapters``).
+
+Cases, ``query/gallery`` (λ-orth Table 1b), each computed only where both sides live in one frame, else null:
+
+* ``old/old``, ``new/new``; ``new/old`` (untransformed; null when the widths differ);
+* ``B/old``, ``B/B``: backward-adapted new features against the old gallery (in the adapter's old frame: the
+  common width for λ-orth) and against the backward-adapted new gallery;
+* ``F/F``: forward-adapted old queries against the forward-adapted old gallery;
+* ``new/F``: the new model's own queries on F(old), where F maps into the new model's space (FCT, FastFill,
+  the translation baselines);
+* ``F/old``, ``B/F``: where F maps into the old frame, as λ-orth's F does (into B's frame).
+
+Backfilling: queries are the new model's features in the adapter's new frame (B(new) for λ-orth); the gallery
+starts as the stale F(old) (the old features without a forward map) and the first β of it, in the order's
+sequence (:func:`backfill_order`), is replaced by the fresh new-frame features; top-1 and mAP against
+β = 0, 1/s, ..., 1 and their area (trapezoid rule). Orders: ``random``; ``uncertainty`` (FastFill's σ², largest
+first; only for adapters that predict it); ``class_mean_distance`` / ``class_mean_cosine`` (λ-orth: the L2 / cosine
+distance of each stale gallery item to its class mean of the stale gallery, largest first).
+
+Zero-shot retention (λ-orth's "ZS"): how much the backward map distorts the new model's own space. Its classifier
+(rows w_c, biases) scores the raw features h, then the same classifier moved with the features by B's linear part
+L(x) = B(x) - B(0): logits ``L(h) · L(w_c) + bias_c``. An orthogonal L keeps every logit, so strict orthogonality
+keeps the accuracy exactly (the paper's 0.000) and an affine B loses most (its -3.5 on CUB); the new classifier on
+B(h) alone would score features in the old model's frame. Both top-1 accuracies in percent and their difference;
+only for an affine backward map that keeps the new model's width (the suite's reading; METHODS.md §7b).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cl2r_bench.adapters.protocol import FeatureAdapter
+from cl2r_bench.models import class_means
+from cl2r_bench.settings import BACKFILL_ORDERS, GALLERY_MODES
+
+from .metrics import area_under_curve
+from .ranking import RetrievalScores, retrieval_scores
+from .record import BASELINE, PAPER_CASES, cross_case, pack_hits
+from .retrieval import class_templates
+
+
+@dataclass
+class PairedFeatures:
+    """The same ``n`` items embedded by the old and the new encoder, L2-normalised, with their labels."""
+
+    old: torch.Tensor
+    new: torch.Tensor
+    labels: torch.Tensor
+
+    @classmethod
+    def normalised(cls, old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor) -> PairedFeatures:
+        return cls(F.normalize(old.float(), dim=1), F.normalize(new.float(), dim=1), labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def to(self, device: torch.device | str) -> PairedFeatures:
+        return PairedFeatures(self.old.to(device), self.new.to(device), self.labels.to(device))
+
+
+@dataclass(frozen=True)
+class StudySplit:
+    """Where an adapter is measured (module docstring): ``queries`` and, along a stream, a separate ``gallery``
+    kept per image or reduced to class templates (``mode``); without a gallery, leave-one-out on the queries."""
+
+    queries: PairedFeatures
+    gallery: PairedFeatures | None = None
+    mode: str = "images"
+
+    def __post_init__(self) -> None:
+        if self.mode not in GALLERY_MODES:
+            raise ValueError(f"unknown gallery mode {self.mode!r}; choose from {list(GALLERY_MODES)}")
+
+    @property
+    def gallery_items(self) -> PairedFeatures:
+        return self.queries if self.gallery is None else self.gallery
+
+    def score(self, queries: torch.Tensor, gallery: torch.Tensor) -> RetrievalScores | None:
+        """The scores of ``queries`` (features of the query items) against ``gallery`` (features of the gallery
+        items), or None when their widths differ."""
+        if queries.shape[1] != gallery.shape[1]:
+            return None
+        if self.gallery is None:
+            labels = self.queries.labels
+            return retrieval_scores(queries, labels, gallery, labels, exclude_self=True)
+        labels = self.gallery.labels
+        if self.mode == "templates":
+            gallery, labels = class_templates(F.normalize(gallery.float(), dim=1), labels)
+        return retrieval_scores(queries, self.queries.labels, gallery, labels, exclude_self=False)
+
+
+def case_sides(split: StudySplit, adapter: FeatureAdapter | None
+               ) -> dict[str, tuple[torch.Tensor, torch.Tensor] | None]:
+    """``(queries, gallery)`` of each case of :data:`PAPER_CASES` (module docstring), None where the adapter
+    cannot produce it."""
+    query, gallery = split.queries, split.gallery_items
+    same = split.gallery is None
+
+    def both(transform, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mapped = transform(a)
+        return mapped, mapped if same else transform(b)
+
+    sides: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = dict.fromkeys(PAPER_CASES)
+    sides.update({"old/old": (query.old, gallery.old), "new/old": (query.new, gallery.old),
+                  "new/new": (query.new, gallery.new)})
+    if adapter is None:
+        return sides
+    old_in_frame = adapter.old_frame(gallery.old)
+    if "backward" in adapter.directions:
+        backward_query, backward_gallery = both(adapter.backward, query.new, gallery.new)
+        sides.update({"B/old": (backward_query, old_in_frame), "B/B": (backward_query, backward_gallery)})
+    if "forward" in adapter.directions:
+        forward_query, forward_gallery = both(adapter.forward, query.old, gallery.old)
+        sides["F/F"] = (forward_query, forward_gallery)
+        if adapter.forward_into_new_space:
+            sides["new/F"] = (query.new, forward_gallery)
+        else:
+            sides["F/old"] = (forward_query, old_in_frame)
+            if "backward" in adapter.directions:
+                sides["B/F"] = (sides["B/B"][0], forward_gallery)
+    return sides
+
+
+def case_scores(split: StudySplit, adapter: FeatureAdapter | None) -> dict[str, RetrievalScores | None]:
+    """The scores of every case (module docstring); None where the adapter cannot produce a case or its two sides
+    differ in width."""
+    with torch.no_grad():
+        return {case: None if pair is None else split.score(*pair)
+                for case, pair in case_sides(split, adapter).items()}
+
+
+WATCHED_CASES = ("B/old", "new/F")
+"""The cross case whose held-out mAP decides when a learned adapter stops (:func:`held_out_error`)."""
+
+
+def held_out_error(adapter: FeatureAdapter, old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor) -> float:
+    """100 - the leave-one-out mAP of the adapter's cross case (B/old, else new/F) on held-out fitting items: what
+    a learned adapter watches to decide that it has converged (:mod:`cl2r_bench.adapters.training`). Retrieval,
+    not the training loss: FastFill's uncertainty-weighted loss and λ-orth's contrastive term rise on held-out items
+    while the maps they train still improve."""
+    with torch.no_grad():
+        split = StudySplit(PairedFeatures.normalised(old, new, labels))
+        sides = case_sides(split, adapter)
+        queries, gallery = next(sides[case] for case in WATCHED_CASES if sides[case] is not None)
+        return 100.0 - split.score(queries, gallery).mAP
+
+
+def backfilling(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[str], steps: int,
+                generator: torch.Generator) -> dict[str, Any]:
+    """``{"betas", "curves": {order: {"top1": [...], "mAP": [...]}}, "auc": {order: {"top1_auc", "mAP_auc"}}}``
+    (module docstring); an order the adapter cannot rank, or a stale gallery of another width than the fresh one,
+    gives None."""
+    betas = [i / steps for i in range(steps + 1)]
+    query, gallery = split.queries, split.gallery_items
+    curves: dict[str, dict[str, list[float]] | None] = {}
+    with torch.no_grad():
+        queries = query.new if adapter is None else adapter.new_frame(query.new)
+        fresh = queries if split.gallery is None else (gallery.new if adapter is None else
+                                                        adapter.new_frame(gallery.new))
+        has_forward = adapter is not None and "forward" in adapter.directions
+        stale = adapter.forward(gallery.old) if has_forward else gallery.old
+        for kind in orders:
+            order = backfill_order(kind, stale=stale, old=gallery.old, labels=gallery.labels, adapter=adapter,
+                                   generator=generator)
+            curves[kind] = None if order is None or stale.shape[1] != fresh.shape[1] else \
+                backfilling_curve(split, queries, fresh, stale, order, betas)
+    auc = {kind: None if c is None else {"top1_auc": area_under_curve(betas, c["top1"]),
+                                         "mAP_auc": area_under_curve(betas, c["mAP"])}
+           for kind, c in curves.items()}
+    return {"betas": betas, "curves": curves, "auc": auc}
+
+
+def backfilling_curve(split: StudySplit, queries: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor,
+                      order: torch.Tensor, betas: list[float]) -> dict[str, list[float]]:
+    """Top-1 and mAP at each β when the first ``round(β n)`` items of ``order`` are backfilled (fresh) and the
+    rest stale."""
+    curve: dict[str, list[float]] = {"top1": [], "mAP": []}
+    for beta in betas:
+        gallery = stale.clone()
+        chosen = order[:round(beta * len(order))]
+        gallery[chosen] = fresh[chosen]
+        result = split.score(queries, gallery)
+        curve["top1"].append(result.top1)
+        curve["mAP"].append(result.mAP)
+    return curve
+
+
+def backfill_order(kind: str, *, stale: torch.Tensor, old: torch.Tensor, labels: torch.Tensor,
+                   adapter: FeatureAdapter | None, generator: torch.Generator) -> torch.Tensor | None:
+    """Gallery indices, first to be backfilled first (module docstring); ``stale`` is the gallery as searched
+    before backfilling and ``old`` the old model's features of the same items. None when ``kind`` needs what the
+    adapter lacks."""
+    if kind == "random":
+        return torch.randperm(len(stale), generator=generator).to(stale.device)
+    if kind == "uncertainty":
+        score = None if adapter is None else adapter.uncertainty(old)
+        return None if score is None else torch.argsort(score, descending=True)
+    if kind in ("class_mean_distance", "class_mean_cosine"):
+        classes, index = labels.unique(return_inverse=True)
+        means, _ = class_means(stale, index, len(classes))
+        if kind == "class_mean_distance":
+            distance = (stale - means[index]).norm(dim=1)
+        else:
+            distance = 1 - F.cosine_similarity(stale.float(), means[index], dim=1)
+        return torch.argsort(distance, descending=True)
+    raise ValueError(f"unknown backfilling order {kind!r}; choose from {list(BACKFILL_ORDERS)}")
+
+
+
+def measure(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[str], steps: int, seed: int,
+            zero_shot: dict[str, float] | None = None) -> dict[str, Any]:
+    """Everything an adapter study records of a fitted adapter (or none) on ``split``: ``cases`` (top-1 / top-5 /
+    mAP in percent per case), ``query_top1`` (each query's top-1 hit in old/old and in the cross case, packed by
+    :func:`benchmarks.record.pack_hits`, for the paired comparison of the study's answer), ``backfilling`` (orders
+    drawn with ``seed``) and ``zero_shot`` as given."""
+    scored = case_scores(split, adapter)
+    cases = {case: None if result is None else result.as_dict() for case, result in scored.items()}
+    cross = cross_case(cases)
+    return {"cases": cases,
+            "query_top1": {case: pack_hits(scored[case].query_top1) for case in dict.fromkeys((BASELINE, cross))
+                           if case},
+            "backfilling": backfilling(split, adapter, orders=orders, steps=steps,
+                                       generator=torch.Generator().manual_seed(seed)),
+            "zero_shot": zero_shot}
+
+
+def zero_shot_retention(features: torch.Tensor, classes: torch.Tensor, classifier: nn.Linear,
+                        adapter: FeatureAdapter | None) -> dict[str, float] | None:
+    """The new encoder's classification accuracy (percent) on raw ``features`` whose true class indices in its
+    classifier are ``classes``, before and after the backward adapter's linear part L(x) = B(x) - B(0) moves both
+    the features and the classifier's rows, and the change in points (module docstring); None without an affine
+    backward map that keeps the classifier's width."""
+    if adapter is None or "backward" not in adapter.directions:
+        return None
+    with torch.no_grad():
+        raw = features.float()
+        origin = adapter.backward(raw.new_zeros(1, raw.shape[1]))
+        if origin.shape[1] != raw.shape[1] or not affine(adapter, raw[:2], origin):
+            return None
+
+        def linear(x: torch.Tensor) -> torch.Tensor:
+            return adapter.backward(x) - origin
+
+        weight = classifier.weight.float().to(raw.device)
+        bias = classifier.bias.float().to(raw.device) if classifier.bias is not None else 0.0
+        before = accuracy(raw @ weight.t() + bias, classes)
+        after = accuracy(linear(raw) @ linear(weight).t() + bias, classes)
+    return {"before": before, "after": after, "change": after - before}
+
+
+def affine(adapter: FeatureAdapter, samples: torch.Tensor, origin: torch.Tensor) -> bool:
+    """Whether the backward map is affine on ``samples`` (B(a + b) - B(0) = L(a) + L(b)): IRP's normalising map is
+    not, so its classifier rows cannot be moved with it."""
+    a, b = samples[:1], samples[1:2]
+    combined = adapter.backward(a + b) - origin
+    parts = adapter.backward(a) - origin + adapter.backward(b) - origin
+    return bool(torch.allclose(combined, parts, rtol=1e-3, atol=1e-3 * float(parts.abs().max().clamp(min=1))))
+
+
+def accuracy(logits: torch.Tensor, classes: torch.Tensor) -> float:
+    return float((logits.argmax(dim=1) == classes.to(logits.device)).float().mean()) * 100
+
