@@ -350,22 +350,22 @@ def encoder_study(settings: Any, device: torch.device, log: Any = print) -> Stud
     first ``fit_per_class`` train-split images per class to fit on, the first ``test_per_class`` test-split
     images per class to measure on, each embedded once per encoder (:mod:`cl2r_bench.feature_cache`). Both
     encoders are built before the data are read, so a spec that cannot be built fails first."""
-    u, d = settings.model_update, settings.data
-    encoders = {"old": build_encoder(u.old), "new": build_encoder(u.new)}
+    update, data_settings = settings.model_update, settings.data
+    encoders = {"old": build_encoder(update.old), "new": build_encoder(update.new)}
     data = load_dataset(settings.dataset, settings.data_root, download=settings.download,
-                        image_size=native_image_size(settings.dataset) or d.image_size, verify=d.verify,
-                        **d.synthetic)
+                        image_size=native_image_size(settings.dataset) or data_settings.image_size,
+                        verify=data_settings.verify, **data_settings.synthetic)
     classes = list(range(data.num_classes))
-    splits = {"train": first_per_class(data.train, classes, u.fit_per_class),
-              "test": first_per_class(data.test, classes, u.test_per_class)}
+    splits = {"train": first_per_class(data.train, classes, update.fit_per_class),
+              "test": first_per_class(data.test, classes, update.test_per_class)}
     raw: dict[tuple[str, str], torch.Tensor] = {}
     seconds: dict[str, float] = {}
     for role, encoder in encoders.items():
         for split, images in splits.items():
-            per_class = u.fit_per_class if split == "train" else u.test_per_class
+            per_class = update.fit_per_class if split == "train" else update.test_per_class
             got = cached_features(encoder, images, data={"dataset": settings.dataset, "split": split,
                                                          "per_class": per_class},
-                                  cache_dir=u.feature_cache, device=device, batch_size=u.encoder_batch_size,
+                                  cache_dir=update.feature_cache, device=device, batch_size=update.encoder_batch_size,
                                   amp=settings.training.autocast, progress=settings.training.progress, log=log)
             raw[role, split] = got.features
             seconds[f"{role}/{split}"] = got.seconds
@@ -376,8 +376,8 @@ def encoder_study(settings: Any, device: torch.device, log: Any = print) -> Stud
               for split, images in splits.items()}
     about = {"old": encoders["old"].describe(), "new": encoders["new"].describe(),
              "data": {"dataset": settings.dataset, "train_items": len(splits["train"]),
-                      "test_items": len(splits["test"]), "fit_per_class": u.fit_per_class,
-                      "test_per_class": u.test_per_class}}
+                      "test_items": len(splits["test"]), "fit_per_class": update.fit_per_class,
+                      "test_per_class": update.test_per_class}}
     classifier = encoders["new"].classifier
     zero_shot = None
     imagenet = imagenet_classes(data.class_names) if classifier is not None else None

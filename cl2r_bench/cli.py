@@ -154,9 +154,9 @@ def command_run(args: argparse.Namespace) -> int:
         say = print if runs[0].main else (lambda *_, **__: None)
         records = []
         for run in runs:
-            s = run.settings
-            say(f"== {s.scenario} / {s.dataset} / {run.parts.label} / seed {s.seed} (preset {s.preset}, device "
-                f"{run.device}{processes_note(run.processes.world_size)}) -> {run.dir}")
+            settings = run.settings
+            say(f"== {settings.scenario} / {settings.dataset} / {run.parts.label} / seed {settings.seed} (preset "
+                f"{settings.preset}, device {run.device}{processes_note(run.processes.world_size)}) -> {run.dir}")
             try:
                 record = run.execute()
             except KeyboardInterrupt as stop:
@@ -165,7 +165,8 @@ def command_run(args: argparse.Namespace) -> int:
                 return exit_code(stop)
             if "retrieval" in record:
                 r = record["retrieval"]
-                say(case_line(s.adapter.name, s.seed, r["cases"], r["backfilling"]["auc"], r["zero_shot"]))
+                say(case_line(settings.adapter.name, settings.seed, r["cases"], r["backfilling"]["auc"],
+                              r["zero_shot"]))
             if record.get("protocol") == "leave_one_out":
                 records.append(record)
                 continue
@@ -250,18 +251,19 @@ def command_pretrain(args: argparse.Namespace) -> int:
 
     done = set()
     for parts in requested_runs(args):
-        s = parts.settings
+        settings = parts.settings
         if parts.scenario.measures_features():
-            print(f"{s.scenario} on encoder specs trains nothing: each split is embedded once per encoder into "
-                  f"{s.model_update.feature_cache} when it first runs")
+            print(f"{settings.scenario} on encoder specs trains nothing: each split is embedded once per encoder into "
+                  f"{settings.model_update.feature_cache} when it first runs")
             continue
-        key = (s.scenario, replacement_family(parts.head), s.dataset, s.replacement.pretrain.dataset)
+        key = (settings.scenario, replacement_family(parts.head), settings.dataset,
+               settings.replacement.pretrain.dataset)
         if key not in done:
             done.add(key)
             made = parts.scenario.starting_models(parts.scenario.stream(), parts.head, parts.device, print)
             if not made:
-                print(f"{s.scenario} starts from no pretrained model: nothing to pretrain (iamcl2r pretrains its "
-                      "replacement models, model_update its old and new models)")
+                print(f"{settings.scenario} starts from no pretrained model: nothing to pretrain (iamcl2r pretrains "
+                      "its replacement models, model_update its old and new models)")
     return 0
 
 

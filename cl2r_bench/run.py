@@ -124,17 +124,18 @@ class Run:
         if self.processes.world_size > 1:
             raise RunError("the leave-one-out protocol on encoder features runs in one process; run it without "
                            "torchrun")
-        s = self.settings
+        settings = self.settings
         study = self.scenario.feature_study(self.device, self.log)
         with self.folder.writing(self.parts.config):
-            adapter, result = evaluate_adapter(study, s.adapter.name, adapter_params=s.adapter_params, seed=s.seed,
-                                               orders=s.model_update.backfill_orders,
-                                               steps=s.model_update.backfill_steps)
-            note = convergence_note(s.adapter.name, result["fit"])
+            adapter, result = evaluate_adapter(study, settings.adapter.name, adapter_params=settings.adapter_params,
+                                               seed=settings.seed, orders=settings.model_update.backfill_orders,
+                                               steps=settings.model_update.backfill_steps)
+            note = convergence_note(settings.adapter.name, result["fit"])
             if note:
                 self.log(note)
-            record = study_record(result, study, scenario=s.scenario, method=self.parts.label, dataset=s.dataset,
-                                  config=self.parts.config, device=self.device, adapter=adapter)
+            record = study_record(result, study, scenario=settings.scenario, method=self.parts.label,
+                                  dataset=settings.dataset, config=self.parts.config, device=self.device,
+                                  adapter=adapter)
             record["timings"]["wall_seconds_this_invocation"] = time.perf_counter() - started
             write_record(self.dir, record)
         return record
@@ -148,9 +149,9 @@ class Run:
             task.train = to_device(task.train, self.device)
         self.stream.query, self.stream.gallery = (to_device(s, self.device) for s in (self.stream.query,
                                                                                       self.stream.gallery))
-        e = self.settings.evaluation
-        evaluator = CompatibilityEvaluator(self.stream.query, self.stream.gallery, mode=e.mode,
-                                           batch_size=e.batch_size, amp=self.amp, adapted=self.parts.direction,
+        evaluation = self.settings.evaluation
+        evaluator = CompatibilityEvaluator(self.stream.query, self.stream.gallery, mode=evaluation.mode,
+                                           batch_size=evaluation.batch_size, amp=self.amp, adapted=self.parts.direction,
                                            adapter_factory=self.parts.new_adapter, embedder=self.processes.embed)
         start = self.state["next_task"]
         model = None
@@ -182,7 +183,7 @@ class Run:
             outgoing = self._restore_model(self.stream.num_tasks - 2)
         extra = self.scenario.finish(Finished(self.stream, outgoing, model, adapter, self.embed))
         record = self.record(evaluator, complete=True, seconds=time.perf_counter() - started, extra=extra)
-        if e.plots and self.main:
+        if evaluation.plots and self.main:
             save_plots(record, self.dir)
         return record
 
@@ -235,8 +236,8 @@ class Run:
         pending = [r for r in self.state["replacements"] if "own_accuracy" not in r]
         if not pending:
             return
-        e = self.settings.evaluation
-        evaluation = evaluation_fingerprint(self.stream, e.mode, self.device, self.amp)
+        scoring = self.settings.evaluation
+        evaluation = evaluation_fingerprint(self.stream, scoring.mode, self.device, self.amp)
         scores = Path(self.settings.replacement.pretrain.cache_dir) / "scores"
         for r in pending:
             model = self._starting_model(r["task"], r["path"]) if is_spec(r["path"]) else None
@@ -250,7 +251,8 @@ class Run:
                                    f"the cached models in {self.settings.replacement.pretrain.cache_dir}") from None
                 if self.main:
                     atomic_write_json(cached, {"own_accuracy": r["own_accuracy"], "checkpoint": r["path"]})
-            r["own_accuracy_interval"] = list(wilson_interval(r["own_accuracy"], len(self.stream.query), e.confidence))
+            r["own_accuracy_interval"] = list(wilson_interval(r["own_accuracy"], len(self.stream.query),
+                                                              scoring.confidence))
             self.log(f"replacement model for task {r['task']}: own accuracy {r['own_accuracy']:.4f} "
                      f"[{r['own_accuracy_interval'][0]:.4f}, {r['own_accuracy_interval'][1]:.4f}]")
 
@@ -335,20 +337,22 @@ class Run:
     def record(self, evaluator: CompatibilityEvaluator, *, complete: bool, seconds: float | None,
                extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write ``metrics.json`` for the tasks finished so far and return it (fields: :mod:`benchmarks.record`)."""
-        s, extra = self.settings, dict(extra or {})
-        tie_rule = s.evaluation.tie_rule
+        settings, extra = self.settings, dict(extra or {})
+        tie_rule = settings.evaluation.tie_rule
         direction = self.parts.direction
         matrix = extra.pop("compatibility_matrix", None) or (evaluator.adapted_matrix if direction else
                                                              evaluator.matrix)
         hits = None if "cases" in extra else evaluator.hit_matrix(adapted=bool(direction))
         timings = self.state["timings"]
-        e, tasks = s.evaluation, self.stream.tasks
+        evaluation, tasks = settings.evaluation, self.stream.tasks
         noise = noise_metrics(as_matrix(matrix), len(self.stream.query), hits=hits,
                               replacement_tasks=self.stream.replacement_tasks, tie_rule=tie_rule,
-                              confidence=e.confidence, resamples=e.resamples, seed=s.seed) if matrix else None
+                              confidence=evaluation.confidence, resamples=evaluation.resamples,
+                              seed=settings.seed) if matrix else None
         record = run_record(
-            identity={"scenario": s.scenario, "strategy": s.strategy if self.scenario.trains else s.scenario,
-                      "method": self.parts.label, "dataset": s.dataset, "seed": s.seed},
+            identity={"scenario": settings.scenario,
+                      "strategy": settings.strategy if self.scenario.trains else settings.scenario,
+                      "method": self.parts.label, "dataset": settings.dataset, "seed": settings.seed},
             num_tasks=self.stream.num_tasks, tasks_completed=len(evaluator.rows), complete=complete,
             replacement_tasks=self.stream.replacement_tasks, matrix=matrix, tie_rule=tie_rule,
             evaluation={"queries": len(self.stream.query), "gallery_images": len(self.stream.gallery),
@@ -357,8 +361,9 @@ class Run:
                     "train_images_per_task": [len(t.train) for t in tasks],
                     "class_order": self.stream.class_order[: sum(len(t.new_classes) for t in tasks)]},
             replacement_models=self.state["replacements"],
-            adapter=None if not s.adapter.used else {"name": s.adapter.name, "direction": direction,
-                                                     "at": s.adapter.at, "fits": self.state.get("adapter_fits", [])},
+            adapter=None if not settings.adapter.used else {
+                "name": settings.adapter.name, "direction": direction, "at": settings.adapter.at,
+                "fits": self.state.get("adapter_fits", [])},
             config=self.parts.config, device=device_description(self.device), world_size=self.processes.world_size,
             timings={"tasks": timings, "pretrain_seconds": self.state["pretrain_seconds"],
                      "train_seconds": sum(t["seconds"] for t in timings),

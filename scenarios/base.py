@@ -72,12 +72,12 @@ class Scenario:
         section has checked its own values): by default the replacements (tasks in the stream, one checkpoint or
         pretraining class count per replacement task) and the classes the stream, its held-out evaluation and the
         pretrained replacement models need from the data set."""
-        s = self.settings
-        if s.model_update.encoders:
+        settings = self.settings
+        if settings.model_update.encoders:
             raise ConfigError("model_update.old / model_update.new name the models of --scenario model_update; for "
                               "IAM-CL2R's replacements use replacement.checkpoints")
-        check_replacements(s)
-        check_class_budget(s)
+        check_replacements(settings)
+        check_class_budget(settings)
 
     def label(self) -> str:
         """The run's name in folders and leaderboards: ``adapter.label`` when set, else the strategy (``avalanche:X``
@@ -166,10 +166,10 @@ def check_replacements(s: RunSettings) -> None:
 def check_class_budget(s: RunSettings, *, pretrains_replacements: bool = True) -> None:
     """The stream, the held-out evaluation classes and (``pretrains_replacements``) the classes of the replacement
     models the suite pretrains must fit the data set; the message gives a ``--set`` that fits."""
-    st, e = s.stream, s.evaluation
+    st, evaluation = s.stream, s.evaluation
     available = class_count(s.dataset, s.data.synthetic_classes)
     stream = st.initial_classes + st.increment * (st.num_tasks - 1)
-    heldout = e.heldout_classes if e.dataset == "heldout" else 0
+    heldout = evaluation.heldout_classes if evaluation.dataset == "heldout" else 0
     if stream + heldout > available:
         fits = (available - heldout - st.initial_classes) // st.increment + 1
         fix = (f"--set stream.num_tasks={fits}" if fits >= 2 and pretrains_replacements else
@@ -192,13 +192,14 @@ def check_class_budget(s: RunSettings, *, pretrains_replacements: bool = True) -
 
 def stream_from_settings(settings: RunSettings, replacement_tasks: list[int]) -> Stream:
     """The stream of the run's data set and evaluation protocol (``stream``, ``evaluation`` and ``data``)."""
-    s, e, d = settings.stream, settings.evaluation, settings.data
+    stream, evaluation, data = settings.stream, settings.evaluation, settings.data
     return build_stream(
-        dataset=settings.dataset, data_root=settings.data_root, download=settings.download, verify=d.verify,
-        image_size=d.image_size, initial_classes=s.initial_classes, increment=s.increment, num_tasks=s.num_tasks,
-        images_per_class=s.images_per_class, class_order=s.class_order, order_seed=s.order_seed,
-        replacement_tasks=replacement_tasks, eval_dataset=e.dataset, heldout_classes=e.heldout_classes,
-        queries_per_class=e.queries_per_class, synthetic=d.synthetic)
+        dataset=settings.dataset, data_root=settings.data_root, download=settings.download, verify=data.verify,
+        image_size=data.image_size, initial_classes=stream.initial_classes, increment=stream.increment,
+        num_tasks=stream.num_tasks, images_per_class=stream.images_per_class, class_order=stream.class_order,
+        order_seed=stream.order_seed, replacement_tasks=replacement_tasks, eval_dataset=evaluation.dataset,
+        heldout_classes=evaluation.heldout_classes, queries_per_class=evaluation.queries_per_class,
+        synthetic=data.synthetic)
 
 
 SCENARIOS = Registry("scenario", ScenarioError)

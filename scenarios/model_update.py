@@ -47,20 +47,20 @@ class ModelUpdate(Scenario):
     def check_settings(self) -> None:
         """Two models: encoder specs that exist in their library (nothing is built or downloaded here), or two
         models the suite pretrains on the stream's 2 tasks (old classes, then the new ones)."""
-        s = self.settings
-        seed = s.replacement.pretrain.seed
+        settings = self.settings
+        seed = settings.replacement.pretrain.seed
         if isinstance(seed, list) and (not int_list(seed) or len(seed) < 2):
             raise ConfigError(f"replacement.pretrain.seed = {seed!r}: give one int, or a list of 2 ints (the old and "
                               "the new model)")
-        for spec in (s.model_update.old, s.model_update.new):
+        for spec in (settings.model_update.old, settings.model_update.new):
             if spec:
                 check_spec(spec)
-        if s.model_update.leave_one_out:
+        if settings.model_update.leave_one_out:
             return
-        if s.stream.num_tasks != 2:
+        if settings.stream.num_tasks != 2:
             raise ConfigError(f"model_update needs stream.num_tasks = 2 (old classes, then the new ones), not "
-                              f"{s.stream.num_tasks}")
-        check_class_budget(s, pretrains_replacements=False)
+                              f"{settings.stream.num_tasks}")
+        check_class_budget(settings, pretrains_replacements=False)
 
     def label(self) -> str:
         """``adapter.label`` when set, else the adapter's name (``none`` without adapter)."""
@@ -75,17 +75,19 @@ class ModelUpdate(Scenario):
     def starting_models(self, stream: Stream, head: str, device: torch.device,
                         log: Callable[[str], None]) -> list[dict[str, Any]]:
         """The old model (task 0) and the new one (task 1), pretrained on the stream's own classes."""
-        s = self.settings
-        pre = s.replacement.pretrain
-        source = load_dataset(s.dataset, s.data_root, download=s.download, image_size=s.data.image_size,
-                              verify=s.data.verify, **s.data.synthetic)
+        settings = self.settings
+        pre = settings.replacement.pretrain
+        source = load_dataset(settings.dataset, settings.data_root, download=settings.download,
+                              image_size=settings.data.image_size, verify=settings.data.verify,
+                              **settings.data.synthetic)
         counts = [len(t.new_classes) for t in stream.tasks]
         out = []
         for task, seed in zip(range(2), pre.seeds(2), strict=True):
             classes = stream.class_order[:sum(counts[:task + 1])]
             path, cached = pretrained_replacement(
-                source, classes, head=head, model_kwargs=s.model.build_kwargs, settings=pre.train_settings(s.training),
-                images_per_class=s.stream.images_per_class, device=device, seed=seed, cache_dir=pre.cache_dir,
+                source, classes, head=head, model_kwargs=settings.model.build_kwargs,
+                settings=pre.train_settings(settings.training),
+                images_per_class=settings.stream.images_per_class, device=device, seed=seed, cache_dir=pre.cache_dir,
                 keep_classifier=True, plateau=pre.plateau, log=log)
             log(f"model on {len(classes)} classes: {path} ({'cached' if cached else 'trained now'})")
             out.append({"task": task, "path": str(path.resolve()), "source": "cached" if cached else "pretrained",

@@ -69,10 +69,11 @@ def evaluation_counts(settings: RunSettings) -> tuple[int, int]:
     """``(queries, gallery images)`` of one evaluation of a CIFAR-10-evaluated run (docs/METHODS.md §3: queries =
     the 5,000 train images of each class, or ``evaluation.queries_per_class`` of them; gallery = the 10,000 test
     images)."""
-    e = settings.evaluation
-    if e.dataset != "cifar10":
-        raise ValueError(f"evaluation.dataset {e.dataset!r}: this benchmark times the CIFAR-10 evaluation only")
-    per_class = min(e.queries_per_class or CIFAR10_TRAIN_PER_CLASS, CIFAR10_TRAIN_PER_CLASS)
+    evaluation = settings.evaluation
+    if evaluation.dataset != "cifar10":
+        raise ValueError(f"evaluation.dataset {evaluation.dataset!r}: this benchmark times the CIFAR-10 evaluation "
+                         "only")
+    per_class = min(evaluation.queries_per_class or CIFAR10_TRAIN_PER_CLASS, CIFAR10_TRAIN_PER_CLASS)
     return CIFAR10_CLASSES * per_class, CIFAR10_CLASSES * CIFAR10_TEST_PER_CLASS
 
 
@@ -128,13 +129,14 @@ def time_records(settings: RunSettings, seed: int = 0) -> float:
     tasks 0..T-1, on random hits of the protocol's query count)."""
     rng = np.random.default_rng(seed)
     queries = evaluation_counts(settings)[0]
-    e, total = settings.evaluation, 0.0
+    evaluation, total = settings.evaluation, 0.0
     for size in range(1, settings.stream.num_tasks + 1):
         hits = rng.random((size * (size + 1) // 2, queries)) < 0.5
         matrix = np.tril(np.full((size, size), 0.5))
         started = time.perf_counter()
         noise_metrics(matrix, queries, hits=hits, replacement_tasks=settings.replacement.tasks,
-                      tie_rule=e.tie_rule, confidence=e.confidence, resamples=e.resamples, seed=settings.seed)
+                      tie_rule=evaluation.tie_rule, confidence=evaluation.confidence, resamples=evaluation.resamples,
+                      seed=settings.seed)
         total += time.perf_counter() - started
     return total
 

@@ -271,15 +271,15 @@ def protocol_iterations(settings: RunSettings, uses_memory: bool) -> list[int]:
     """The training iterations of each task of the protocol, counted as :func:`train_task` counts them: epochs x
     ``len(DeviceBatches)`` of the task's new images and the replay memory held before it (``memory_per_class``
     exemplars of every class seen, ``engine.update_memory``; none when the strategy does not replay)."""
-    s, t = settings.stream, settings.training
-    per_class = min(s.images_per_class or CIFAR100_TRAIN_PER_CLASS, CIFAR100_TRAIN_PER_CLASS)
+    stream, training = settings.stream, settings.training
+    per_class = min(stream.images_per_class or CIFAR100_TRAIN_PER_CLASS, CIFAR100_TRAIN_PER_CLASS)
     iterations, seen = [], 0
-    for classes in task_class_counts(s.initial_classes, s.increment, s.num_tasks):
-        memory = seen * min(t.memory_per_class, per_class) if uses_memory and seen else 0
+    for classes in task_class_counts(stream.initial_classes, stream.increment, stream.num_tasks):
+        memory = seen * min(training.memory_per_class, per_class) if uses_memory and seen else 0
         batches = DeviceBatches(sized(classes * per_class), sized(memory) if memory else None,
-                                new_batch=t.new_batch_size if memory else t.batch_size,
-                                memory_batch=t.memory_batch_size, epoch_length=t.epoch_length)
-        iterations.append(t.epochs * len(batches))
+                                new_batch=training.new_batch_size if memory else training.batch_size,
+                                memory_batch=training.memory_batch_size, epoch_length=training.epoch_length)
+        iterations.append(training.epochs * len(batches))
         seen += classes
     return iterations
 
