@@ -18,7 +18,9 @@ For each adapter, over its seeds:
   closed-form adapters and no adapter).
 
 The recommendation: the compatible adapter with the largest top-1 gain (the others whose gain lies inside its
-interval are named as equivalent); without one, that no adapter is compatible and the cheapest backfilling.
+interval are named as equivalent); without one, that no adapter is compatible and the cheapest backfilling. Only
+adapters measured on the study's largest number of seeds are ranked: a one-seed variant beside three-seed adapters
+is one draw against a mean, so it is named apart, with its seeds, rather than recommended.
 """
 from __future__ import annotations
 
@@ -138,7 +140,10 @@ def ranked(rows: list[AdapterSummary]) -> list[AdapterSummary]:
 
 def recommendation(rows: list[AdapterSummary]) -> str:
     """One line: what to deploy and why (module docstring)."""
+    most_seeds = max((r.seeds for r in rows), default=0)
     compatible = sorted((r for r in rows if r.compatible == "yes"), key=lambda r: -r.top1_gain)
+    fewer_seeds = [r for r in compatible if r.seeds < most_seeds]
+    compatible = [r for r in compatible if r.seeds == most_seeds]
     if compatible:
         best = compatible[0]
         low, high = best.top1_interval
@@ -151,6 +156,8 @@ def recommendation(rows: list[AdapterSummary]) -> str:
             line += f"; within its interval: {', '.join(peers)}"
         if best.converged is False:
             line += "; its fit did not converge (see the warning above), so it may do better with more steps"
+        if fewer_seeds:
+            line += f"; not ranked, measured on fewer seeds: {seed_phrase(fewer_seeds)}"
         return line
     measured = [r for r in rows if r.top1_gain is not None]
     undecided = [r for r in measured if r.compatible == "n/a" and r.top1_gain > 0]
@@ -160,6 +167,9 @@ def recommendation(rows: list[AdapterSummary]) -> str:
                 f"interval; by the mean, {top.adapter}'s {top.cross_case} leads old/old by {top.top1_gain:+.1f} top-1 "
                 f"points; run the study again to decide")
     line = "no adapter is compatible here"
+    if fewer_seeds:
+        line = f"no adapter measured on {most_seeds} seeds is compatible here (compatible on fewer seeds: " \
+               f"{seed_phrase(fewer_seeds)})"
     if measured:
         top = max(measured, key=lambda r: r.top1_gain)
         line += f" (best cross case: {top.adapter}'s {top.cross_case}, {top.top1_gain:+.1f} top-1 points vs old/old)"
@@ -168,6 +178,11 @@ def recommendation(rows: list[AdapterSummary]) -> str:
         cheapest = min(backfilled, key=lambda r: (r.reembed_share, -r.backfill_auc))
         line += f"; to move to the new model: with {cheapest.adapter}, {backfill_phrase(cheapest)}"
     return line
+
+
+def seed_phrase(rows: list[AdapterSummary]) -> str:
+    """``rows`` named with their gains and seed counts, for the adapters the recommendation does not rank."""
+    return ", ".join(f"{r.adapter} ({r.top1_gain:+.1f}, {r.seeds} seed{'s' * (r.seeds != 1)})" for r in rows)
 
 
 def backfill_phrase(row: AdapterSummary) -> str:

@@ -90,3 +90,14 @@ def test_without_a_compatible_adapter_the_recommendation_says_so_and_how_to_move
     assert line.startswith("no adapter is compatible here (best cross case: procrustes's B/old, +0.0 top-1 points")
     assert line.endswith("with procrustes, re-embedding 100% of the gallery (random order) reaches 95% of full "
                          "backfilling's top-1")
+
+
+def test_a_variant_measured_on_fewer_seeds_is_named_apart_not_recommended():
+    luckier = np.arange(N) < int(N * 0.7)
+    variant = record("lambda_orth-lam22", 0, cross="B/old", cross_top1=70.0, hits=luckier, auc=67.0,
+                     curve=[70.0, 70.0, 70.0], fit={"converged": True, "steps": 800})
+    line = recommendation(summarise([*study(), variant]))
+    assert line.startswith("deploy lambda_orth: its B/old beats old/old by +10.0 top-1 points")
+    assert line.endswith("; not ranked, measured on fewer seeds: lambda_orth-lam22 (+20.0, 1 seed)")
+    alone = [r for r in study() if r["method"] != "lambda_orth"] + [variant]
+    assert recommendation(summarise(alone)).startswith("deploy lambda_orth-lam22")

@@ -37,9 +37,11 @@ def grouped(results: Path) -> dict[Group, dict[str, list[dict[str, Any]]]]:
 
 
 def mean_std(values: list[float]) -> tuple[float, float] | None:
+    """Mean and seed std (ddof 1); the std is 0 where every seed gave the same value (a case no seed changes)."""
     if not values:
         return None
-    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    varies = len(values) > 1 and float(np.ptp(values)) > 1e-9
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if varies else 0.0
 
 
 def case_cell(runs: list[dict[str, Any]], case: str) -> str:
@@ -47,7 +49,7 @@ def case_cell(runs: list[dict[str, Any]], case: str) -> str:
     mAP = mean_std([r["retrieval"]["cases"][case]["mAP"] for r in runs if r["retrieval"]["cases"].get(case)])
     if top1 is None:
         return "-"
-    return f"{top1[0]:.2f} / {mAP[0]:.2f}" + (f" (±{top1[1]:.2f})" if len(runs) > 1 else "")
+    return f"{top1[0]:.2f} / {mAP[0]:.2f}" + (f" (±{top1[1]:.2f})" if top1[1] > 0 else "")
 
 
 def auc_cell(runs: list[dict[str, Any]], order: str) -> str:
@@ -63,8 +65,9 @@ def zero_shot_cell(runs: list[dict[str, Any]]) -> str:
     if not shots:
         return "-"
     change = mean_std([z["change"] for z in shots])
+    spread = f" ± {change[1]:.2f}" if change[1] > 0 else ""
     return f"{np.mean([z['before'] for z in shots]):.2f} -> {np.mean([z['after'] for z in shots]):.2f} " \
-           f"({change[0]:+.2f} ± {change[1]:.2f})"
+           f"({change[0]:+.2f}{spread})"
 
 
 def fit_cell(runs: list[dict[str, Any]]) -> str:
@@ -104,7 +107,7 @@ def group_tables(pair: str, dataset: str, by_adapter: dict[str, list[dict[str, A
                      [[n, *(auc_cell(by_adapter[n], o) for o in BACKFILL_ORDERS), zero_shot_cell(by_adapter[n]),
                        fit_cell(by_adapter[n])] for n in names])
     return (f"### {pair}, {dataset}\n\n{about}\n\n{answer(by_adapter)}\n\n"
-            f"CMC top-1 / mAP (%), mean over seeds (± seed std of top-1):\n\n"
+            f"CMC top-1 / mAP (%), mean over seeds (± seed std of top-1, where the seeds differ):\n\n"
             f"{cases}\n\nBackfilling AUC top-1 / mAP (%), zero-shot ImageNet-1k top-1 of the new encoder before -> "
             f"after B (change in points), mean adapter fit time (steps and converged fits of a learned adapter):\n\n"
             f"{backfill}\n")
