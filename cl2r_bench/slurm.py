@@ -52,8 +52,11 @@ def add_slurm_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("SLURM (--launcher slurm; needs pip install submitit)")
     group.add_argument("--partition", help="SLURM partition (default: the cluster's default partition)")
     group.add_argument("--time", type=int, default=180, metavar="MINUTES",
-                       help="time limit of each job (default %(default)s); a job that reaches it is requeued (up to 3 "
-                       "times) and resumes after its last finished task")
+                       help="time limit of each job (default %(default)s); a job that reaches it is requeued (up to "
+                       "--requeues times) and resumes after its last finished task")
+    group.add_argument("--requeues", type=int, default=3, metavar="N",
+                       help="how many times a job that reaches its time limit is requeued (default %(default)s, "
+                       "submitit's); a run longer than (N + 1) x --time needs more")
     group.add_argument("--gpus-per-job", type=int, default=1, metavar="N", help="GPUs of each job (default "
                        "%(default)s; 0 on a cluster without GPUs)")
     group.add_argument("--cpus-per-job", type=int, default=4, metavar="N", help="CPU cores of each job (default "
@@ -185,7 +188,7 @@ def warning_seconds(minutes: int) -> int:
 def sbatch_parameters(args: argparse.Namespace) -> dict[str, Any]:
     """submitit's ``SlurmExecutor`` parameters of the sweep's options; a bad value is a :class:`UsageError`."""
     for option, value, least in (("--time", args.time, 1), ("--gpus-per-job", args.gpus_per_job, 0),
-                                 ("--cpus-per-job", args.cpus_per_job, 1),
+                                 ("--cpus-per-job", args.cpus_per_job, 1), ("--requeues", args.requeues, 0),
                                  ("--array-parallelism", args.array_parallelism, 1)):
         if value < least:
             raise UsageError(f"{option} must be at least {least}, not {value}")
@@ -279,7 +282,7 @@ def submit(jobs: list[Job], args: argparse.Namespace, folder: Path) -> dict[str,
     job id of a single job)."""
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=folder)
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=args.requeues)
     executor.update_parameters(**sbatch_parameters(args))
     try:
         with contextlib.redirect_stderr(io.StringIO()), executor.batch():
