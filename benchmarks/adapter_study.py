@@ -40,7 +40,7 @@ only for an affine backward map that keeps the new model's width (the suite's re
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -49,10 +49,10 @@ from torch import nn
 
 from cl2r_bench.adapters.protocol import FeatureAdapter
 from cl2r_bench.models import class_means
-from cl2r_bench.settings import BACKFILL_ORDERS, GALLERY_MODES
+from cl2r_bench.settings import BACKFILL_ORDERS, GALLERY_MODES, UNMATCHED_CONVENTIONS
 
 from .metrics import area_under_curve
-from .ranking import RetrievalScores, retrieval_scores
+from .ranking import RetrievalScores, backfilling_scores, retrieval_scores
 from .record import BASELINE, PAPER_CASES, cross_case, pack_hits
 from .retrieval import class_templates
 
@@ -84,10 +84,16 @@ class StudySplit:
     queries: PairedFeatures
     gallery: PairedFeatures | None = None
     mode: str = "images"
+    unmatched_queries: str = "miss"
+    adapter_free: dict[str, RetrievalScores | None] = field(default_factory=dict, compare=False, repr=False)
+    """The scores of the cases no adapter changes (:data:`ADAPTER_FREE_CASES`), ranked once per split."""
 
     def __post_init__(self) -> None:
         if self.mode not in GALLERY_MODES:
             raise ValueError(f"unknown gallery mode {self.mode!r}; choose from {list(GALLERY_MODES)}")
+        if self.unmatched_queries not in UNMATCHED_CONVENTIONS:
+            raise ValueError(f"unknown unmatched_queries convention {self.unmatched_queries!r}; choose from "
+                             f"{list(UNMATCHED_CONVENTIONS)}")
 
     @property
     def gallery_items(self) -> PairedFeatures:
@@ -100,11 +106,38 @@ class StudySplit:
             return None
         if self.gallery is None:
             labels = self.queries.labels
-            return retrieval_scores(queries, labels, gallery, labels, exclude_self=True)
+            return retrieval_scores(queries, labels, gallery, labels, exclude_self=True,
+                                    unmatched_queries=self.unmatched_queries)
         labels = self.gallery.labels
         if self.mode == "templates":
             gallery, labels = class_templates(F.normalize(gallery.float(), dim=1), labels)
-        return retrieval_scores(queries, self.queries.labels, gallery, labels, exclude_self=False)
+        return retrieval_scores(queries, self.queries.labels, gallery, labels, exclude_self=False,
+                                unmatched_queries=self.unmatched_queries)
+
+    def backfill(self, queries: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor, orders: list[torch.Tensor],
+                 betas: list[float]) -> list[list[RetrievalScores]]:
+        """The scores ``[order][step]`` of a gallery whose first ``round(β n)`` items of each order are ``fresh``
+        and the rest ``stale``: per image, both versions ranked once for every step and order
+        (:func:`benchmarks.ranking.backfilling_scores`); as class templates, whose means change with each step,
+        each step's gallery scored again."""
+        if self.gallery is not None and self.mode == "templates":
+            return [[self.score(queries, mixed_gallery(fresh, stale, order, beta)) for beta in betas]
+                    for order in orders]
+        fresh_from = torch.full((len(orders), len(fresh)), len(betas), dtype=torch.long, device=fresh.device)
+        for c, order in enumerate(orders):
+            for step in range(len(betas) - 1, -1, -1):
+                fresh_from[c, order[:round(betas[step] * len(order))]] = step
+        labels = self.gallery_items.labels
+        return backfilling_scores(queries, self.queries.labels, fresh, stale, labels, fresh_from, len(betas),
+                                  exclude_self=self.gallery is None, unmatched_queries=self.unmatched_queries)
+
+
+def mixed_gallery(fresh: torch.Tensor, stale: torch.Tensor, order: torch.Tensor, beta: float) -> torch.Tensor:
+    """The gallery with the first ``round(β n)`` items of ``order`` backfilled (fresh) and the rest stale."""
+    gallery = stale.clone()
+    chosen = order[:round(beta * len(order))]
+    gallery[chosen] = fresh[chosen]
+    return gallery
 
 
 def case_sides(split: StudySplit, adapter: FeatureAdapter | None
@@ -139,12 +172,39 @@ def case_sides(split: StudySplit, adapter: FeatureAdapter | None
     return sides
 
 
-def case_scores(split: StudySplit, adapter: FeatureAdapter | None) -> dict[str, RetrievalScores | None]:
+ADAPTER_FREE_CASES = ("old/old", "new/old", "new/new")
+"""The cases no adapter changes: a split ranks them once, for every adapter and seed measured on it."""
+
+
+Ranked = tuple[torch.Tensor, torch.Tensor, RetrievalScores]
+"""Queries, gallery and their scores, ranked already (a backfilling curve's ends: :func:`backfilling`)."""
+
+
+def case_scores(split: StudySplit, adapter: FeatureAdapter | None,
+                known: list[Ranked] | None = None) -> dict[str, RetrievalScores | None]:
     """The scores of every case (module docstring); None where the adapter cannot produce a case or its two sides
-    differ in width."""
+    differ in width. A case is ranked only if neither the split (its adapter-free cases) nor ``known`` (rankings of
+    the same queries and gallery, equal to the last bit) holds it already."""
+    scores: dict[str, RetrievalScores | None] = {}
     with torch.no_grad():
-        return {case: None if pair is None else split.score(*pair)
-                for case, pair in case_sides(split, adapter).items()}
+        for case, pair in case_sides(split, adapter).items():
+            if pair is None:
+                scores[case] = None
+            elif case in ADAPTER_FREE_CASES:
+                if case not in split.adapter_free:
+                    split.adapter_free[case] = already_ranked(pair, known) or split.score(*pair)
+                scores[case] = split.adapter_free[case]
+            else:
+                scores[case] = already_ranked(pair, known) or split.score(*pair)
+    return scores
+
+
+def already_ranked(pair: tuple[torch.Tensor, torch.Tensor], known: list[Ranked] | None) -> RetrievalScores | None:
+    """The scores in ``known`` of exactly these queries and gallery, if any."""
+    for queries, gallery, scores in known or []:
+        if all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(pair, (queries, gallery), strict=True)):
+            return scores
+    return None
 
 
 WATCHED_CASES = ("B/old", "new/F")
@@ -164,10 +224,11 @@ def held_out_error(adapter: FeatureAdapter, old: torch.Tensor, new: torch.Tensor
 
 
 def backfilling(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[str], steps: int,
-                generator: torch.Generator) -> dict[str, Any]:
+                generator: torch.Generator, ends: list[Ranked] | None = None) -> dict[str, Any]:
     """``{"betas", "curves": {order: {"top1": [...], "mAP": [...]}}, "auc": {order: {"top1_auc", "mAP_auc"}}}``
     (module docstring); an order the adapter cannot rank, or a stale gallery of another width than the fresh one,
-    gives None."""
+    gives None. ``ends`` receives the curves' two ends, the queries against the whole stale gallery and against
+    the whole fresh one: two cases of the study (new/F and new/new for Procrustes), ranked already."""
     betas = [i / steps for i in range(steps + 1)]
     query, gallery = split.queries, split.gallery_items
     curves: dict[str, dict[str, list[float]] | None] = {}
@@ -177,30 +238,20 @@ def backfilling(split: StudySplit, adapter: FeatureAdapter | None, *, orders: li
                                                         adapter.new_frame(gallery.new))
         has_forward = adapter is not None and "forward" in adapter.directions
         stale = adapter.forward(gallery.old) if has_forward else gallery.old
-        for kind in orders:
-            order = backfill_order(kind, stale=stale, old=gallery.old, labels=gallery.labels, adapter=adapter,
-                                   generator=generator)
-            curves[kind] = None if order is None or stale.shape[1] != fresh.shape[1] else \
-                backfilling_curve(split, queries, fresh, stale, order, betas)
+        ranked = {kind: backfill_order(kind, stale=stale, old=gallery.old, labels=gallery.labels, adapter=adapter,
+                                       generator=generator) for kind in orders}
+        ranked = {kind: order for kind, order in ranked.items() if order is not None}
+        if stale.shape[1] == fresh.shape[1] and ranked:
+            steps_scores = split.backfill(queries, fresh, stale, list(ranked.values()), betas)
+            curves = {kind: {"top1": [r.top1 for r in scores], "mAP": [r.mAP for r in scores]}
+                      for kind, scores in zip(ranked, steps_scores, strict=True)}
+            if ends is not None:
+                ends += [(queries, stale, steps_scores[0][0]), (queries, fresh, steps_scores[0][-1])]
+    curves = {kind: curves.get(kind) for kind in orders}
     auc = {kind: None if c is None else {"top1_auc": area_under_curve(betas, c["top1"]),
                                          "mAP_auc": area_under_curve(betas, c["mAP"])}
            for kind, c in curves.items()}
     return {"betas": betas, "curves": curves, "auc": auc}
-
-
-def backfilling_curve(split: StudySplit, queries: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor,
-                      order: torch.Tensor, betas: list[float]) -> dict[str, list[float]]:
-    """Top-1 and mAP at each β when the first ``round(β n)`` items of ``order`` are backfilled (fresh) and the
-    rest stale."""
-    curve: dict[str, list[float]] = {"top1": [], "mAP": []}
-    for beta in betas:
-        gallery = stale.clone()
-        chosen = order[:round(beta * len(order))]
-        gallery[chosen] = fresh[chosen]
-        result = split.score(queries, gallery)
-        curve["top1"].append(result.top1)
-        curve["mAP"].append(result.mAP)
-    return curve
 
 
 def backfill_order(kind: str, *, stale: torch.Tensor, old: torch.Tensor, labels: torch.Tensor,
@@ -231,15 +282,19 @@ def measure(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[s
     mAP in percent per case), ``query_top1`` (each query's top-1 hit in old/old and in the cross case, packed by
     :func:`benchmarks.record.pack_hits`, for the paired comparison of the study's answer), ``backfilling`` (orders
     drawn with ``seed``) and ``zero_shot`` as given."""
-    scored = case_scores(split, adapter)
+    ends: list[Ranked] = []
+    curves = backfilling(split, adapter, orders=orders, steps=steps, generator=torch.Generator().manual_seed(seed),
+                         ends=ends)
+    scored = case_scores(split, adapter, known=ends)
     cases = {case: None if result is None else result.as_dict() for case, result in scored.items()}
     cross = cross_case(cases)
     return {"cases": cases,
             "query_top1": {case: pack_hits(scored[case].query_top1) for case in dict.fromkeys((BASELINE, cross))
                            if case},
-            "backfilling": backfilling(split, adapter, orders=orders, steps=steps,
-                                       generator=torch.Generator().manual_seed(seed)),
-            "zero_shot": zero_shot}
+            "backfilling": curves,
+            "zero_shot": zero_shot, "cmc": {case: result.cmc_curve() for case, result in scored.items() if result},
+            "queries_without_match": scored[BASELINE].queries_without_positive,
+            "unmatched_queries": split.unmatched_queries}
 
 
 def zero_shot_retention(features: torch.Tensor, classes: torch.Tensor, classifier: nn.Linear,

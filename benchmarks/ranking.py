@@ -1,58 +1,140 @@
-"""Leave-one-out retrieval scores: CMC top-k and mAP over the whole ranking (docs/METHODS.md §7b).
+"""Retrieval scores from the ranks of each query's positives: CMC top-k at any k, and mAP over the whole ranking
+(docs/METHODS.md §7b).
 
 Queries and gallery items are compared by cosine similarity (both sides are L2-normalised here; adapted features
 need not be). With ``exclude_self`` the query set and the gallery are the same items in the same order, possibly
 embedded by different models (query i and gallery item i are one image), and each query's own item is left out of
 its ranking: the adapter papers' protocol, where the test split is both query and gallery.
 
-* CMC top-k: the share of queries with an item of their label among the k most similar gallery items (a query
-  without any positive counts as a miss).
-* mAP: for a query with P positives at ranks r_1 < ... < r_P (1-based), AP = (1/P) Σ_j j / r_j, the average
-  precision over the whole ranking (not mAP@R); averaged over the queries with at least one positive, the others
-  skipped and counted. This is scikit-learn's ``average_precision_score`` on the similarities when no two
-  similarities tie; ties are broken by gallery index (a stable sort), the suite's choice.
+* A query's ranking is the gallery by descending cosine, ties broken by gallery index (a stable sort, the suite's
+  choice). Every score reads only the 1-based ranks of the query's *positives* (the gallery items of its label).
+* CMC top-k: the share of queries whose first positive is within rank k.
+* mAP: for a query with P positives at ranks r_1 < ... < r_P, AP = (1/P) Σ_j j / r_j, the average precision over
+  the whole ranking (not mAP@R); averaged over the queries with at least one positive. This is scikit-learn's
+  ``average_precision_score`` on the similarities when no two similarities tie.
+* **Queries without a match** (no other item of their label) are counted (``unmatched``) and, by the convention
+  ``unmatched_queries``, either count as misses in CMC (``miss``, the suite's default) or are left out of it
+  (``exclude``, the FCT authors' evaluation); the mAP always leaves them out. METHODS.md §7b says which papers'
+  tables use which.
+
+**How the ranks are found without sorting rows.** A positive's rank is one plus the number of gallery items that
+come before it: the items with a larger similarity. So each row's positives' similarities are sorted (a few
+hundred values), every gallery item is placed among them by binary search, and a histogram of those places counts,
+for every positive at once, the items above it. A row where some other item's similarity equals a positive's
+exactly (a duplicate image, a collapsed feature) is ranked again by a stable sort, so ties are broken by gallery
+index exactly as the whole-row sort does.
+
+**Backfilling for the price of one ranking** (:func:`backfilling_scores`): along a backfilling curve the queries
+stay the same and each gallery item has two versions, stale and fresh, so the similarities of both versions (two
+blocks per block of queries) are placed once among the positives' similarities of both versions; the histogram of
+each curve step then counts only the version each item has at that step, and one histogram per order, summed
+cumulatively over the steps at which items turn fresh, serves every step.
 
 Every score is in percent; precisions are summed in float64, so chunking changes no digit that matters. The
-queries are processed in chunks of at most ``chunk_elements`` query x gallery
-entries, so a 50,000 x 50,000 evaluation holds one chunk's similarities, ranks and precisions at a time
-(``python -m tools.bench_ranking`` measures its time and peak memory).
+queries are processed in blocks of at most ``chunk_elements`` query x gallery entries (``python -m
+tools.bench_ranking`` and ``python -m tools.bench_adapt_study`` measure time and peak memory).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-TOPK = (1, 5)
+from cl2r_bench.settings import UNMATCHED_CONVENTIONS
+
+CMC_DEPTH = 100
+"""The deepest k of the CMC curve a record keeps."""
 
 
 @dataclass(frozen=True)
 class RetrievalScores:
-    """CMC top-1 / top-5 and mAP in percent over ``queries`` queries; ``queries_without_positive`` were left out of
-    the mAP. ``query_top1`` (bool) and ``query_ap`` (float64, NaN without a positive) are each query's own, for
-    paired comparisons over queries (:mod:`reporting.adapter_summary`)."""
+    """The scores of one ranking, from each query's ``first_rank`` (1-based rank of its first positive; 0 for a
+    query without one) and ``ap`` (float64 average precision, NaN without a positive); ``unmatched_queries`` is the
+    CMC convention (module docstring). Every score is in percent."""
 
-    top1: float
-    top5: float
-    mAP: float
-    queries: int
-    queries_without_positive: int
-    query_top1: np.ndarray | None = field(default=None, repr=False, compare=False)
-    query_ap: np.ndarray | None = field(default=None, repr=False, compare=False)
+    first_rank: np.ndarray = field(repr=False, compare=False)
+    ap: np.ndarray = field(repr=False, compare=False)
+    unmatched_queries: str = "miss"
+
+    @property
+    def queries(self) -> int:
+        return len(self.first_rank)
+
+    @property
+    def queries_without_positive(self) -> int:
+        return int((self.first_rank == 0).sum())
+
+    @property
+    def query_top1(self) -> np.ndarray:
+        """Each query's top-1 hit (bool), for paired comparisons over queries (:mod:`reporting.adapter_summary`)."""
+        return self.first_rank == 1
+
+    def cmc(self, k: int) -> float:
+        """CMC top-``k`` in percent, under :attr:`unmatched_queries`."""
+        hits = int(((self.first_rank >= 1) & (self.first_rank <= k)).sum())
+        counted = self.queries - (self.queries_without_positive if self.unmatched_queries == "exclude" else 0)
+        return 100.0 * hits / max(counted, 1)
+
+    def cmc_curve(self, depth: int = CMC_DEPTH) -> list[float]:
+        """CMC top-1 ... top-``depth`` in percent."""
+        matched = self.first_rank[self.first_rank >= 1]
+        hits = np.cumsum(np.bincount(np.minimum(matched, depth + 1), minlength=depth + 2)[1:depth + 1])
+        counted = self.queries - (self.queries_without_positive if self.unmatched_queries == "exclude" else 0)
+        return (100.0 * hits / max(counted, 1)).tolist()
+
+    @property
+    def top1(self) -> float:
+        return self.cmc(1)
+
+    @property
+    def top5(self) -> float:
+        return self.cmc(5)
+
+    @property
+    def mAP(self) -> float:
+        matched = self.ap[~np.isnan(self.ap)]
+        return 100.0 * float(matched.sum()) / max(len(matched), 1)
 
     def as_dict(self) -> dict[str, float]:
         return {"top1": self.top1, "top5": self.top5, "mAP": self.mAP}
 
+    def per_class_cmc(self, labels: np.ndarray, k: int = 1) -> dict[int, float]:
+        """CMC top-``k`` of each query label's queries, in percent, under the same convention."""
+        return {int(c): RetrievalScores(self.first_rank[labels == c], self.ap[labels == c],
+                                        self.unmatched_queries).cmc(k) for c in np.unique(labels)}
+
 
 def retrieval_scores(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
-                     gallery_labels: torch.Tensor, *, exclude_self: bool, topk: Sequence[int] = TOPK,
+                     gallery_labels: torch.Tensor, *, exclude_self: bool, unmatched_queries: str = "miss",
                      chunk_elements: int = 1 << 24) -> RetrievalScores:
     """The scores of the module docstring; inputs on any one device."""
-    if tuple(topk) != TOPK:
-        raise ValueError(f"topk must be {TOPK} (the papers' CMC top-1 and top-5), not {tuple(topk)}")
+    check_inputs(queries, query_labels, gallery, gallery_labels, exclude_self, unmatched_queries)
+    fresh_from = torch.zeros(1, len(gallery), dtype=torch.long)
+    return ranked(queries, query_labels, gallery, None, gallery_labels, fresh_from, 1, exclude_self,
+                  unmatched_queries, chunk_elements)[0][0]
+
+
+def backfilling_scores(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor,
+                       gallery_labels: torch.Tensor, fresh_from: torch.Tensor, steps: int, *, exclude_self: bool,
+                       unmatched_queries: str = "miss", chunk_elements: int = 1 << 24) -> list[list[RetrievalScores]]:
+    """The scores at every step of several backfilling curves over one gallery: gallery item j is ``fresh[j]`` at
+    the steps t >= ``fresh_from[c, j]`` of curve c and ``stale[j]`` before (``fresh_from``: ``(curves, n)`` in
+    0..``steps``, ``steps`` meaning never). ``[curve][step]``; each equals :func:`retrieval_scores` of that step's
+    gallery (module docstring)."""
+    check_inputs(queries, query_labels, fresh, gallery_labels, exclude_self, unmatched_queries)
+    if stale.shape != fresh.shape or fresh_from.ndim != 2 or fresh_from.shape[1] != len(fresh):
+        raise ValueError(f"stale {tuple(stale.shape)} must match fresh {tuple(fresh.shape)}, and fresh_from must be "
+                         f"(curves, {len(fresh)}), not {tuple(fresh_from.shape)}")
+    return ranked(queries, query_labels, fresh, stale, gallery_labels, fresh_from.long(), steps, exclude_self,
+                  unmatched_queries, chunk_elements)
+
+
+def check_inputs(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
+                 gallery_labels: torch.Tensor, exclude_self: bool, unmatched_queries: str) -> None:
+    if unmatched_queries not in UNMATCHED_CONVENTIONS:
+        raise ValueError(f"unmatched_queries must be one of {list(UNMATCHED_CONVENTIONS)}, not {unmatched_queries!r}")
     if queries.ndim != 2 or gallery.ndim != 2 or queries.shape[1] != gallery.shape[1]:
         raise ValueError(f"queries {tuple(queries.shape)} and gallery {tuple(gallery.shape)} must be 2-D with one "
                          "feature width")
@@ -61,47 +143,159 @@ def retrieval_scores(queries: torch.Tensor, query_labels: torch.Tensor, gallery:
     if exclude_self and len(queries) != len(gallery):
         raise ValueError(f"exclude_self needs the query set and the gallery to be the same items, not "
                          f"{len(queries)} queries and {len(gallery)} gallery items")
-    q, g = F.normalize(queries.float(), dim=1), F.normalize(gallery.float(), dim=1)
-    gallery_labels = gallery_labels.to(g.device)
-    step = max(1, chunk_elements // max(len(g), 1))
-    hits1 = hits5 = 0
-    ap_sum, with_positive = 0.0, 0
-    query_top1, query_ap = [], []
-    ranks = torch.arange(1, len(g) + 1, device=g.device, dtype=torch.float64)
-    for start in range(0, len(q), step):
-        stop = min(start + step, len(q))
-        relevant = ranked_relevance(q[start:stop], query_labels[start:stop].to(g.device), g, gallery_labels,
-                                    start if exclude_self else None)
-        hits1 += int(relevant[:, 0].sum())
-        hits5 += int(relevant[:, :5].any(dim=1).sum())
-        positives = relevant.sum(dim=1)
-        precision = relevant.cumsum(dim=1, dtype=torch.int32).double().div_(ranks).mul_(relevant)
-        has = positives > 0
-        ap = precision.sum(dim=1) / positives
-        ap_sum += float(ap[has].sum())
-        with_positive += int(has.sum())
-        query_top1.append(relevant[:, 0].cpu())
-        query_ap.append(ap.cpu())
-    n = len(q)
-    return RetrievalScores(top1=100.0 * hits1 / max(n, 1), top5=100.0 * hits5 / max(n, 1),
-                           mAP=100.0 * ap_sum / max(with_positive, 1), queries=n,
-                           queries_without_positive=n - with_positive,
-                           query_top1=torch.cat(query_top1).numpy() if query_top1 else np.zeros(0, bool),
-                           query_ap=torch.cat(query_ap).numpy() if query_ap else np.zeros(0))
 
 
-def ranked_relevance(queries: torch.Tensor, labels: torch.Tensor, gallery: torch.Tensor, gallery_labels: torch.Tensor,
-                     first_index: int | None) -> torch.Tensor:
-    """``(chunk, gallery)`` bool: whether the gallery item at each rank has the query's label, ranks by descending
-    cosine with ties in gallery order; with ``first_index`` (the chunk's first query's index in the gallery) each
-    query's own item is ranked last and never relevant."""
-    similarity = queries @ gallery.t()
-    if first_index is not None:
-        own = torch.arange(len(queries), device=gallery.device) + first_index
-        similarity[torch.arange(len(queries), device=gallery.device), own] = float("-inf")
-    order = torch.sort(similarity, dim=1, descending=True, stable=True).indices
-    del similarity
-    relevant = gallery_labels[order] == labels[:, None]
-    if first_index is not None:
-        relevant &= order != own[:, None]
-    return relevant
+def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor | None,
+           gallery_labels: torch.Tensor, fresh_from: torch.Tensor, steps: int, exclude_self: bool,
+           unmatched_queries: str, chunk_elements: int) -> list[list[RetrievalScores]]:
+    """``[curve][step]`` scores, the queries taken in blocks (module docstring)."""
+    device = fresh.device
+    q = F.normalize(queries.float(), dim=1)
+    versions = [F.normalize(v.float(), dim=1) for v in (fresh, stale) if v is not None]
+    query_labels, gallery_labels = query_labels.to(device), gallery_labels.to(device)
+    fresh_from = fresh_from.to(device)
+    n, curves = len(fresh), len(fresh_from)
+    by_label = LabelIndex(gallery_labels)
+    thresholds = len(versions) * by_label.largest + 1
+    rows = max(1, min(chunk_elements // max(n, 1), chunk_elements // (curves * (steps + 1) * thresholds)))
+    first = torch.zeros(curves, steps, len(q), dtype=torch.long)
+    ap = torch.full((curves, steps, len(q)), float("nan"), dtype=torch.float64)
+    for start in range(0, len(q), rows):
+        stop = min(start + rows, len(q))
+        scores = [q[start:stop] @ v.t() for v in versions]
+        own = torch.arange(start, stop, device=device) if exclude_self else None
+        if own is not None:
+            for block in scores:
+                block[torch.arange(stop - start, device=device), own] = float("-inf")
+        index, valid = by_label.positives(query_labels[start:stop], own)
+        ranks, counts = positive_ranks(scores, index, valid, fresh_from, steps)
+        first[:, :, start:stop], ap[:, :, start:stop] = summarise_ranks(ranks, counts)
+    first_np, ap_np = first.numpy(), ap.numpy()
+    return [[RetrievalScores(first_np[c, t], ap_np[c, t], unmatched_queries) for t in range(steps)]
+            for c in range(curves)]
+
+
+class LabelIndex:
+    """The gallery's items grouped by label, so a block of queries finds its positives without comparing every
+    label: :meth:`positives` gathers each query's label's items."""
+
+    def __init__(self, gallery_labels: torch.Tensor) -> None:
+        self.order = torch.argsort(gallery_labels, stable=True)
+        self.labels, self.counts = torch.unique_consecutive(gallery_labels[self.order], return_counts=True)
+        self.starts = self.counts.cumsum(0) - self.counts
+        self.largest = int(self.counts.max()) if len(self.counts) else 0
+
+    def positives(self, query_labels: torch.Tensor, own: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(index, valid)``, both ``(rows, P)``: the gallery items of each query's label, ``valid`` False for
+        padding and for the query's ``own`` item when given."""
+        if not len(self.labels):
+            empty = torch.zeros(len(query_labels), 0, dtype=torch.long, device=query_labels.device)
+            return empty, empty.bool()
+        at = torch.searchsorted(self.labels, query_labels).clamp(max=len(self.labels) - 1)
+        counts = torch.where(self.labels[at] == query_labels, self.counts[at], 0)
+        width = int(counts.max()) if len(counts) else 0
+        slot = torch.arange(width, device=query_labels.device)
+        valid = slot < counts[:, None]
+        index = self.order[(self.starts[at][:, None] + slot).clamp(max=len(self.order) - 1)]
+        if own is not None:
+            valid &= index != own[:, None]
+        return index, valid
+
+
+def summarise_ranks(ranks: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's first rank (0 without a positive) and AP (NaN without one) from its positives' ``ranks``
+    (``(curves, steps, rows, P)``, ascending, padding past ``counts``)."""
+    valid = torch.arange(ranks.shape[-1], device=ranks.device) < counts[:, None]
+    first = torch.where(counts > 0, ranks[..., 0] if ranks.shape[-1] else torch.zeros_like(counts), 0)
+    order = torch.arange(1, ranks.shape[-1] + 1, device=ranks.device, dtype=torch.float64)
+    precision = torch.where(valid, order / ranks.double(), 0.0)
+    ap = precision.sum(dim=-1) / counts.double()
+    ap = torch.where(counts > 0, ap, float("nan"))
+    return first.cpu(), ap.cpu()
+
+
+def positive_ranks(scores: list[torch.Tensor], index: torch.Tensor, valid: torch.Tensor, fresh_from: torch.Tensor,
+                   steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ascending 1-based ranks of each row's positives (gallery items ``index`` where ``valid``),
+    ``(curves, steps, rows, P)`` (padding past each row's count), and the counts ``(rows,)``. ``scores`` holds the
+    fresh block and, for a backfilling curve, the stale one; item j is fresh at the steps t >= ``fresh_from[c, j]``
+    (module docstring)."""
+    rows, n = scores[0].shape
+    device = scores[0].device
+    curves = len(fresh_from)
+    counts = valid.sum(dim=1)
+    width = index.shape[1]
+    if width == 0:
+        return torch.zeros(curves, steps, rows, 0, dtype=torch.long, device=device), counts
+    own = torch.cat([torch.where(valid, block.gather(1, index), float("inf")) for block in scores], dim=1)
+    thresholds, placed = own.sort(dim=1)
+    position = torch.empty_like(placed).scatter_(1, placed, torch.arange(placed.shape[1], device=device)
+                                                 .expand(rows, -1).contiguous())
+    above = items_above(scores, thresholds, index[torch.arange(rows, device=device)[:, None], placed % width],
+                        fresh_from, steps)
+    is_fresh = fresh_from[:, index][:, :, None, :] <= torch.arange(steps, device=device)[None, None, :, None]
+    ranks = above.gather(3, position[:, :width][None, :, None, :].expand(curves, rows, steps, width))
+    if len(scores) > 1:
+        stale_ranks = above.gather(3, position[:, width:][None, :, None, :].expand(curves, rows, steps, width))
+        ranks = torch.where(is_fresh, ranks, stale_ranks)
+    ranks = torch.where(valid[None, :, None, :], ranks + 1, n + 1).sort(dim=-1).values
+    return ranks.permute(0, 2, 1, 3).contiguous(), counts
+
+
+def items_above(scores: list[torch.Tensor], thresholds: torch.Tensor, owner: torch.Tensor, fresh_from: torch.Tensor,
+                steps: int) -> torch.Tensor:
+    """``(curves, rows, steps, m)``: how many gallery items come before the positive whose similarity is
+    ``thresholds[row, i]`` (ascending; ``owner[row, i]`` is that positive's gallery index), at each step of each
+    curve. Items are placed among the thresholds by binary search; a histogram per curve, summed over the steps at
+    which items turn fresh, counts those with a larger similarity, and the items whose similarity equals a
+    positive's (few: duplicates and float coincidences) are added where their index is lower, the stable sort's
+    tie-break (module docstring)."""
+    rows, n = scores[0].shape
+    device = thresholds.device
+    curves, m = len(fresh_from), thresholds.shape[1]
+    entry = fresh_from.clamp(max=steps)
+    small = rows * (steps + 1) * (m + 1) < 2 ** 31
+    kind = torch.int32 if small else torch.long
+    row_cells = torch.arange(rows, device=device, dtype=kind)[:, None] * ((steps + 1) * (m + 1))
+    step_cells = [None if not entry[c].any() else (entry[c] * (m + 1)).to(kind)[None, :] for c in range(curves)]
+    above = torch.zeros(curves, rows, steps, m, dtype=torch.long, device=device)
+    ties = torch.zeros(curves, rows, steps + 1, m, dtype=torch.long, device=device)
+    for version, block in enumerate(scores):
+        bucket = torch.searchsorted(thresholds, block, out_int32=small)
+        add_ties(ties, block, bucket, thresholds, owner, entry, version)
+        bucket += row_cells
+        for c in range(curves):
+            cells = bucket if step_cells[c] is None else bucket + step_cells[c]
+            histogram = torch.bincount(cells.flatten(), minlength=rows * (steps + 1) * (m + 1))
+            beyond = histogram.view(rows, steps + 1, m + 1).flip(-1).cumsum(-1).flip(-1)[..., 1:].cumsum(dim=1)
+            above[c] += beyond[:, :steps] if version == 0 else beyond[:, steps:] - beyond[:, :steps]
+    return above + ties.cumsum(dim=2)[:, :, :steps]
+
+
+def add_ties(ties: torch.Tensor, block: torch.Tensor, bucket: torch.Tensor, thresholds: torch.Tensor,
+             owner: torch.Tensor, entry: torch.Tensor, version: int) -> None:
+    """Count into ``ties`` (per step, as differences along the step axis) each item of ``block`` (version 0: fresh,
+    1: stale) whose similarity equals a positive's threshold and whose gallery index is lower than that positive's:
+    it comes first in the stable sort while it has this version (:func:`items_above`). An item's equal thresholds
+    start at its ``bucket``; the few items that match one are followed along the run of equal thresholds."""
+    m = thresholds.shape[1]
+    start = bucket.clamp(max=m - 1).long()
+    row, item = (thresholds.gather(1, start) == block).nonzero(as_tuple=True)
+    position = start[row, item]
+    value = block[row, item]
+    while len(row):
+        first = item < owner[row, position]
+        for c in range(len(entry)):
+            turns = entry[c, item[first]]
+            at = (row[first], turns, position[first])
+            ones = torch.ones_like(turns)
+            if version == 0:
+                ties[c].index_put_(at, ones, accumulate=True)
+            else:
+                ties[c].index_put_((at[0], torch.zeros_like(turns), at[2]), ones, accumulate=True)
+                ties[c].index_put_(at, -ones, accumulate=True)
+        position = position + 1
+        inside = position < m
+        row, item, position, value = row[inside], item[inside], position[inside], value[inside]
+        same = thresholds[row, position] == value
+        row, item, position, value = row[same], item[same], position[same], value[same]

@@ -328,12 +328,18 @@ class StudyBackfilling(TypedDict):
 class Retrieval(TypedDict):
     """An adapter study's measurements (:func:`benchmarks.adapter_study.measure`), leave-one-out or along a stream:
     the ``cases``, the per-query top-1 hits of old/old and the cross case (``query_top1``, packed by
-    :func:`pack_hits`), ``backfilling``, ``zero_shot`` retention (None where it does not apply), the ``queries``
-    count, and the ``fitting_items`` (leave-one-out) or the ``gallery_items`` and ``gallery_mode`` (stream)."""
+    :func:`pack_hits`), ``backfilling``, ``zero_shot`` retention (None where it does not apply), each case's
+    CMC top-1 ... top-100 in percent (``cmc``), the ``queries`` count, of which ``queries_without_match`` have no
+    other item of their class in the gallery, counted in CMC by the convention ``unmatched_queries`` (``miss`` or
+    ``exclude``; these three are absent in records before version 0.5, which counted such queries as misses), and the
+    ``fitting_items`` (leave-one-out) or the ``gallery_items`` and ``gallery_mode`` (stream)."""
     cases: Annotated[RetrievalCases, Read("an object of cases", _object, required=True)]
     query_top1: NotRequired[dict[str, str]]
     backfilling: Annotated[StudyBackfilling, Read("an object with 'auc'", _object, required=True)]
     zero_shot: dict[str, float] | None
+    cmc: NotRequired[dict[str, list[float]]]
+    queries_without_match: NotRequired[int]
+    unmatched_queries: NotRequired[Literal["miss", "exclude"]]
     queries: int
     fitting_items: NotRequired[int]
     gallery_items: NotRequired[int]

@@ -33,7 +33,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.adapter_study import PairedFeatures, StudySplit, held_out_error, measure, zero_shot_retention
+from benchmarks.adapter_study import (
+    PairedFeatures,
+    StudySplit,
+    backfilling,
+    held_out_error,
+    measure,
+    zero_shot_retention,
+)
 from benchmarks.record import cross_case, leave_one_out_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
 from cl2r_bench.config import CONFIG_DIR, merge, parse_assignment, read_yaml
@@ -43,7 +50,7 @@ from cl2r_bench.encoders import build_encoder
 from cl2r_bench.feature_cache import cached_features
 from cl2r_bench.files import device_description
 from cl2r_bench.models import class_means
-from cl2r_bench.settings import at_least, check_backfill_orders, check_rules
+from cl2r_bench.settings import UNMATCHED_CONVENTIONS, at_least, check_backfill_orders, check_choices, check_rules
 
 ARRAYS = ("old", "new", "labels")
 
@@ -52,7 +59,7 @@ class EmbeddingsError(DataError):
     """The user's embedding files cannot be used; the message names the file and the fix."""
 
 
-ADAPT_KEYS = ("backfill_orders", "backfill_steps")
+ADAPT_KEYS = ("backfill_orders", "backfill_steps", "unmatched_queries")
 
 
 def adapt_settings(assignments: list[str]) -> dict[str, Any]:
@@ -66,7 +73,9 @@ def adapt_settings(assignments: list[str]) -> dict[str, Any]:
     for assignment in assignments:
         merged = merge(merged, parse_assignment(assignment), f"--set {assignment}")
     check_backfill_orders(merged["model_update"]["backfill_orders"])
-    check_rules("model_update", SimpleNamespace(**merged["model_update"]), at_least(1, "backfill_steps"))
+    update = SimpleNamespace(**merged["model_update"])
+    check_rules("model_update", update, at_least(1, "backfill_steps"))
+    check_choices("model_update", update, {"unmatched_queries": UNMATCHED_CONVENTIONS})
     for name in merged["adapter_params"]:
         make_adapter(name, merged["adapter_params"])
     return {"adapter_params": merged["adapter_params"], **merged["model_update"], "seed": defaults["seed"],
@@ -93,6 +102,15 @@ class Study:
     about: dict[str, Any]
     zero_shot: ZeroShot | None = None
     embedding_seconds: dict[str, float] = field(default_factory=dict)
+    splits: dict[tuple[str, int], StudySplit] = field(default_factory=dict, repr=False)
+
+    def split(self, unmatched_queries: str) -> StudySplit:
+        """The test split as a leave-one-out :class:`StudySplit`, one per CMC convention and test features, so its
+        adapter-free cases are ranked once per study, whatever the adapters and seeds."""
+        key = (unmatched_queries, id(self.test))
+        if key not in self.splits:
+            self.splits[key] = StudySplit(self.test, unmatched_queries=unmatched_queries)
+        return self.splits[key]
 
     @property
     def classifier_rows(self) -> torch.Tensor:
@@ -218,11 +236,18 @@ def study_from_embeddings(train_path: str | Path, test_path: str | Path) -> Stud
 
 
 def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[str, Any]], seed: int,
-                     orders: list[str], steps: int) -> tuple[Adapter | None, dict[str, Any]]:
+                     orders: list[str], steps: int, unmatched_queries: str,
+                     measured: tuple[Adapter, dict[str, Any]] | None = None) -> tuple[Adapter | None, dict[str, Any]]:
     """Fit adapter ``name`` (``none``: no adapter) on the study's train split with ``seed`` and measure it on the
     test split; returns the fitted adapter and ``{"adapter", "seed", "fit", "cases", "query_top1", "backfilling",
-    "zero_shot", "seconds"}`` (``query_top1``: each query's top-1 hit in old/old and in the cross case, packed by
-    :func:`benchmarks.record.pack_hits`, for the paired comparison of the study's summary)."""
+    "zero_shot", "unmatched_queries", "seconds"}`` (``query_top1``: each query's top-1 hit in old/old and in the
+    cross case, packed by :func:`benchmarks.record.pack_hits`, for the paired comparison of the study's summary).
+
+    ``measured``: a seed-free adapter (:meth:`Adapter.seed_free`) already fitted and measured with another seed;
+    its fit and cases are taken as they are (the fit log says ``same_as_seed``) and only the backfilling curves,
+    whose random order is this seed's, are measured."""
+    if measured is not None:
+        return reuse_seed_free(study, measured, seed=seed, orders=orders, steps=steps)
     started = time.perf_counter()
     adapter, fit = None, {}
     if name != "none":
@@ -238,8 +263,22 @@ def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[
         z = study.zero_shot
         zero_shot = zero_shot_retention(z.features, z.classes, z.classifier, adapter)
     result = {"adapter": name, "seed": seed, "fit": fit,
-              **measure(StudySplit(study.test), adapter, orders=orders, steps=steps, seed=seed, zero_shot=zero_shot)}
+              **measure(study.split(unmatched_queries), adapter, orders=orders, steps=steps, seed=seed,
+                        zero_shot=zero_shot)}
     result["seconds"] = {"fit": fit.get("seconds", 0.0), "evaluation": time.perf_counter() - measured}
+    return adapter, result
+
+
+def reuse_seed_free(study: Study, measured: tuple[Adapter, dict[str, Any]], *, seed: int, orders: list[str],
+                    steps: int) -> tuple[Adapter, dict[str, Any]]:
+    """:func:`evaluate_adapter` of a seed-free adapter for another ``seed``: the first seed's fit and cases, and
+    this seed's backfilling curves."""
+    adapter, first = measured
+    started = time.perf_counter()
+    split = study.split(first["unmatched_queries"])
+    curves = backfilling(split, adapter, orders=orders, steps=steps, generator=torch.Generator().manual_seed(seed))
+    result = {**first, "seed": seed, "fit": {**first["fit"], "same_as_seed": first["seed"]}, "backfilling": curves,
+              "seconds": {"fit": 0.0, "evaluation": time.perf_counter() - started}}
     return adapter, result
 
 
@@ -270,7 +309,10 @@ def study_record(result: dict[str, Any], study: Study, *, scenario: str, method:
         identity={"scenario": scenario, "strategy": scenario, "method": method, "dataset": dataset,
                   "seed": result["seed"]},
         retrieval={"cases": cases, "query_top1": result["query_top1"], "backfilling": result["backfilling"],
-                   "zero_shot": result["zero_shot"], "queries": len(study.test), "fitting_items": len(study.train)},
+                   "zero_shot": result["zero_shot"], "cmc": result["cmc"],
+                   "queries_without_match": result["queries_without_match"],
+                   "unmatched_queries": result["unmatched_queries"],
+                   "queries": len(study.test), "fitting_items": len(study.train)},
         models=study.about,
         adapter=None if adapter is None else {"name": adapter.name, "fits": [{"task": 1, **result["fit"]}]},
         config=config, device=device_description(device),

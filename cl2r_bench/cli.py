@@ -128,9 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument("--output", help="results folder: records go to OUTPUT/adapt/NAME/ADAPTER/seedK/ (default: "
                        "the output of configs/default.yaml)")
     adapt.add_argument("--export", metavar="DIR", help="write each fitted adapter (last seed) to DIR/ADAPTER/: state "
-                       "dict, TorchScript maps and a README snippet for a production system")
+                       "dict, torch.export programs (.pt2) and a README snippet for a production system")
     adapt.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="adapter parameters "
-                       "(adapter_params.NAME.KEY=VALUE) or model_update.backfill_orders / backfill_steps")
+                       "(adapter_params.NAME.KEY=VALUE) or model_update.backfill_orders / backfill_steps / "
+                       "unmatched_queries")
     adapt.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (fitting and scoring)")
     listing = sub.add_parser("list", help="what can be run: the scenarios, strategies, adapters, presets and data "
                              "sets, one line each")
@@ -272,6 +273,7 @@ def command_adapt(args: argparse.Namespace) -> int:
     before the files are read, the files before any adapter is fitted."""
     from benchmarks.record import write_record
     from cl2r_bench.adapt import (
+        ADAPT_KEYS,
         adapt_settings,
         evaluate_adapter,
         export_adapter,
@@ -304,13 +306,17 @@ def command_adapt(args: argparse.Namespace) -> int:
               f"{study.about['test_items']} (old {study.about['old_dim']}-d, new {study.about['new_dim']}-d)")
     records = []
     for name in names:
+        measured = None
         for seed in args.seeds:
             adapter, result = evaluate_adapter(study, name, adapter_params=settings["adapter_params"], seed=seed,
-                                               orders=settings["backfill_orders"], steps=settings["backfill_steps"])
+                                               orders=settings["backfill_orders"], steps=settings["backfill_steps"],
+                                               unmatched_queries=settings["unmatched_queries"], measured=measured)
+            if adapter is not None and adapter.seed_free(len(study.train)):
+                measured = measured or (adapter, result)
             config = {"command": "adapt", "train": str(Path(args.train).resolve()),
                       "test": str(Path(args.test).resolve()), "adapter": {"name": name}, "seed": seed,
                       "adapter_params": {name: settings["adapter_params"].get(name, {})} if name != "none" else {},
-                      "model_update": {k: settings[k] for k in ("backfill_orders", "backfill_steps")}}
+                      "model_update": {k: settings[k] for k in ADAPT_KEYS}}
             record = study_record(result, study, scenario="adapt", method=name, dataset=study_name, config=config,
                                   device=device, adapter=adapter)
             folder = Path(args.output) / "adapt" / study_name / name / f"seed{seed}"

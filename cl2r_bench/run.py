@@ -129,7 +129,8 @@ class Run:
         with self.folder.writing(self.parts.config):
             adapter, result = evaluate_adapter(study, settings.adapter.name, adapter_params=settings.adapter_params,
                                                seed=settings.seed, orders=settings.model_update.backfill_orders,
-                                               steps=settings.model_update.backfill_steps)
+                                               steps=settings.model_update.backfill_steps,
+                                               unmatched_queries=settings.model_update.unmatched_queries)
             note = convergence_note(settings.adapter.name, result["fit"])
             if note:
                 self.log(note)

@@ -40,6 +40,8 @@ BACKFILL_ORDERS = ("random", "uncertainty", "class_mean_distance", "class_mean_c
 ADAPTER_AT = ("replacements", "every_task")
 ADAPTER_DIRECTIONS = ("auto", "backward", "forward")
 UPDATE_PROTOCOLS = ("auto", "leave_one_out", "stream")
+UNMATCHED_CONVENTIONS = ("miss", "exclude")
+"""How CMC counts a query without another item of its class (benchmarks/ranking.py; docs/METHODS.md §7b)."""
 PRETRAIN_SCHEDULES = ("cosine", "plateau")
 AMP_DTYPES = ("float16", "bfloat16")
 EPOCH_LENGTHS = ("reference", "full_pass")
@@ -348,11 +350,13 @@ class ModelUpdateSettings:
     feature_cache: str
     backfill_orders: list[str]
     backfill_steps: int
+    unmatched_queries: str
 
     def __post_init__(self) -> None:
         check_rules("model_update", self, at_least(1, "backfill_steps", "fit_per_class", "test_per_class",
                                                    "encoder_batch_size"))
-        check_choices("model_update", self, {"head": UPDATE_HEADS, "protocol": UPDATE_PROTOCOLS})
+        check_choices("model_update", self, {"head": UPDATE_HEADS, "protocol": UPDATE_PROTOCOLS,
+                                             "unmatched_queries": UNMATCHED_CONVENTIONS})
         check_backfill_orders(self.backfill_orders)
         if self.encoders and not (self.old and self.new):
             raise ConfigError("give both model_update.old and model_update.new (encoder specs), or neither")

@@ -20,7 +20,9 @@ For each adapter, over its seeds:
 The recommendation: the compatible adapter with the largest top-1 gain (the others whose gain lies inside its
 interval are named as equivalent); without one, that no adapter is compatible and the cheapest backfilling. Only
 adapters measured on the study's largest number of seeds are ranked: a one-seed variant beside three-seed adapters
-is one draw against a mean, so it is named apart, with its seeds, rather than recommended.
+is one draw against a mean, so it is named apart, with its seeds, rather than recommended. A seed-free adapter
+(a closed form on every fitting item, fitted and scored once for all seeds; its seeds column says "one fit") is
+ranked with the others: more seeds would not change it.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class AdapterSummary:
 
     adapter: str
     seeds: int
+    seed_free: bool
     cross_case: str | None
     compatible: str
     top1_gain: float | None
@@ -118,10 +121,12 @@ def summarise_adapter(method: str, records: list[dict[str, Any]]) -> AdapterSumm
     order, auc, share = _best_backfilling(records)
     fits = [_fit(r) for r in records]
     flags = [f["converged"] for f in fits if "converged" in f]
+    seconds = [f.get("seconds", r["timings"].get("adapter_fit_seconds", 0.0)) for f, r in zip(fits, records,
+                                                                                                 strict=True)]
     return AdapterSummary(
-        adapter=method, seeds=len(records), cross_case=case, compatible=verdict, top1_gain=gain,
-        top1_interval=interval, mAP_gain=map_gain, backfill_order=order, backfill_auc=auc, reembed_share=share,
-        fit_seconds=float(np.mean([r["timings"].get("adapter_fit_seconds", 0.0) for r in records])),
+        adapter=method, seeds=len(records), seed_free=len(records) > 1 and all("same_as_seed" in f for f in fits[1:]),
+        cross_case=case, compatible=verdict, top1_gain=gain, top1_interval=interval, mAP_gain=map_gain,
+        backfill_order=order, backfill_auc=auc, reembed_share=share, fit_seconds=float(np.mean(seconds)),
         converged=all(flags) if flags else None)
 
 
@@ -142,8 +147,8 @@ def recommendation(rows: list[AdapterSummary]) -> str:
     """One line: what to deploy and why (module docstring)."""
     most_seeds = max((r.seeds for r in rows), default=0)
     compatible = sorted((r for r in rows if r.compatible == "yes"), key=lambda r: -r.top1_gain)
-    fewer_seeds = [r for r in compatible if r.seeds < most_seeds]
-    compatible = [r for r in compatible if r.seeds == most_seeds]
+    fewer_seeds = [r for r in compatible if r.seeds < most_seeds and not r.seed_free]
+    compatible = [r for r in compatible if r not in fewer_seeds]
     if compatible:
         best = compatible[0]
         low, high = best.top1_interval
@@ -203,21 +208,49 @@ def summary_cells(row: AdapterSummary) -> list[str]:
         return "-" if value is None else f"{value:+.1f}"
 
     interval = f" ({row.top1_interval[0]:+.1f}, {row.top1_interval[1]:+.1f})" if row.top1_interval else ""
-    return [row.adapter, str(row.seeds), row.cross_case or "-", row.compatible, signed(row.top1_gain) + interval,
+    seeds = f"{row.seeds} (one fit)" if row.seed_free else str(row.seeds)
+    return [row.adapter, seeds, row.cross_case or "-", row.compatible, signed(row.top1_gain) + interval,
             signed(row.mAP_gain), "-" if row.backfill_auc is None else f"{row.backfill_auc:.1f} ({row.backfill_order})",
             "-" if row.reembed_share is None else f"{row.reembed_share:.0%}", f"{row.fit_seconds:.1f}",
             {True: "yes", False: "NO", None: "-"}[row.converged]]
 
 
+def unmatched(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``{"count", "queries", "convention"}``: the study's queries without another item of their class in the
+    gallery and how CMC counted them; None for records before the count."""
+    retrieval = records[0]["retrieval"]
+    count = retrieval.get("queries_without_match")
+    if count is None:
+        return None
+    return {"count": count, "queries": retrieval["queries"],
+            "convention": retrieval.get("unmatched_queries", "miss")}
+
+
+def unmatched_line(records: list[dict[str, Any]]) -> str:
+    """One line on the queries without a match, when there are any: how many, and how the CMC figures count them."""
+    found = unmatched(records)
+    if not found or not found["count"]:
+        return ""
+    how = ("counted as misses in top-1 / top-5 (--set model_update.unmatched_queries=exclude leaves them out, as "
+           "the FCT authors' evaluation does)" if found["convention"] == "miss" else
+           "left out of top-1 / top-5 (model_update.unmatched_queries=exclude)")
+    return (f"{found['count']} of {found['queries']} queries have no other item of their class: {how}; the mAP "
+            "leaves them out")
+
+
 def summary_text(records: list[dict[str, Any]]) -> str:
-    """The study's answer for a terminal: the table of :func:`summarise` and the line of :func:`recommendation`."""
+    """The study's answer for a terminal: the table of :func:`summarise`, the queries without a match, and the line
+    of :func:`recommendation`."""
     rows = summarise(records)
     table = tabulate([summary_cells(r) for r in rows], headers=SUMMARY_COLUMNS, tablefmt="simple",
                      disable_numparse=True)
-    return f"{table}\n\nrecommendation: {recommendation(rows)}"
+    note = unmatched_line(records)
+    return f"{table}\n\n{note + chr(10) if note else ''}recommendation: {recommendation(rows)}"
 
 
 def summary_json(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The same answer as JSON: ``{"summary": [row, ...], "recommendation": line}``."""
+    """The same answer as JSON: ``{"summary": [row, ...], "unmatched_queries": {...} | null, "recommendation":
+    line}``."""
     rows = summarise(records)
-    return {"summary": [r.as_dict() for r in rows], "recommendation": recommendation(rows)}
+    return {"summary": [r.as_dict() for r in rows], "unmatched_queries": unmatched(records),
+            "recommendation": recommendation(rows)}

@@ -134,7 +134,8 @@ REPLACEMENT_COLUMNS = (*IDENTITY, Column("replacement task", "replacement_task",
 LOO_IDENTITY = (Column("scenario", "scenario", Kind.TEXT), Column("dataset", "dataset", Kind.TEXT),
                 Column("models", "models", Kind.TEXT), Column("adapter", "adapter", Kind.TEXT))
 RETRIEVAL_COLUMNS = (*LOO_IDENTITY, *(Column(f"{case} {score}", f"{case}_{score}", Kind.SPREAD)
-                                      for case in PAPER_CASES for score in ("top-1", "mAP")), SEEDS)
+                                      for case in PAPER_CASES for score in ("top-1", "mAP")),
+                     Column("queries without a match", "unmatched_queries", Kind.SPREAD, 0), SEEDS)
 BACKFILLING_COLUMNS = (*LOO_IDENTITY, *(Column(f"AUC {order} {score}", f"auc_{order}_{score}", Kind.SPREAD)
                                         for order in BACKFILL_ORDERS for score in ("top-1", "mAP")),
                        Column("ZS change (points)", "zero_shot_change", Kind.SPREAD),
@@ -439,10 +440,11 @@ def retrieval_rows(records: list[RunRecord], values: Callable[[RunRecord], list[
 
 
 def case_values(record: RunRecord) -> list[float | None]:
-    """Each case's top-1 and mAP (percent, :data:`RETRIEVAL_COLUMNS`)."""
+    """Each case's top-1 and mAP (percent) and the queries without another item of their class, counted in CMC as
+    the record's ``unmatched_queries`` convention says (:data:`RETRIEVAL_COLUMNS`; None in records before it)."""
     cases = record["retrieval"]["cases"]
     return [None if cases.get(case) is None else cases[case][key] for case in PAPER_CASES
-            for key in ("top1", "mAP")]
+            for key in ("top1", "mAP")] + [record["retrieval"].get("queries_without_match")]
 
 
 def backfilling_values(record: RunRecord) -> list[float | None]:

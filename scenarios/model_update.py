@@ -126,7 +126,8 @@ class ModelUpdate(Scenario):
                                   images.labels.to(images.images.device))
 
         mode, update = self.settings.evaluation.mode, self.settings.model_update
-        split = StudySplit(features(stream.query), features(stream.gallery), mode=mode)
+        split = StudySplit(features(stream.query), features(stream.gallery), mode=mode,
+                           unmatched_queries=update.unmatched_queries)
         with torch.no_grad():
             study = measure(split, finished.adapter, orders=update.backfill_orders, steps=update.backfill_steps,
                             seed=self.settings.seed)

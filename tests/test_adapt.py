@@ -408,3 +408,63 @@ def test_seeds_out_of_range_are_one_line(rotated, tmp_path, capsys, args, messag
     train, test = rotated
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", *args, "--output", tmp_path, capsys=capsys)
     assert code == 2 and message in out.err and len(out.err.strip().splitlines()) == 1
+
+
+def test_a_seed_free_adapter_is_fitted_and_scored_once_and_the_record_says_so(rotated, tmp_path, capsys, monkeypatch):
+    """Procrustes on every fitting item (120 < its 2,048 anchors) draws nothing: seeds 1 and 2 reuse seed 0's fit
+    and cases (their fit log says so), only the random backfilling order is the seed's own, the adapter-free cases
+    are ranked once for the whole study, and a backfilling curve's ends are cases ranked already (no adapter:
+    new/old and new/new; Procrustes: new/F). So the study ranks four cases on their own, old/old, B/old, B/B and
+    F/F, where three seeds of two adapters used to rank 3 x 3 + 3 x 7. The summary counts it as one fit."""
+    from benchmarks import adapter_study
+
+    ranked = []
+    score = adapter_study.StudySplit.score
+    monkeypatch.setattr(adapter_study.StudySplit, "score", lambda self, q, g: ranked.append(1) or score(self, q, g))
+    train, test = rotated
+    code, out = adapt("--train", train, "--test", test, "--adapter", "none", "procrustes", "--seeds", 0, 1, 2,
+                      "--json", "--output", tmp_path, capsys=capsys)
+    assert code == 0, out.err
+    lines = [json.loads(line) for line in out.out.strip().splitlines()]
+    procrustes = [line for line in lines[:-1] if line["adapter"] == "procrustes"]
+    assert [line["cases"] for line in procrustes[1:]] == [procrustes[0]["cases"]] * 2
+    assert len(ranked) == 4
+    records = [json.loads((tmp_path / "adapt" / "train" / "procrustes" / f"seed{s}" / "metrics.json").read_text())
+               for s in (0, 1, 2)]
+    assert [r["adapter"]["fits"][0].get("same_as_seed") for r in records] == [None, 0, 0]
+    summary = {row["adapter"]: row for row in lines[-1]["summary"]}
+    assert summary["procrustes"]["seed_free"] and not summary["none"]["seed_free"]
+
+
+def test_queries_without_a_match_are_counted_and_their_convention_is_a_setting(tmp_path, capsys):
+    """Two test items are the only ones of their classes: each has no other item of its class. Under the default
+    they are misses in top-1 (the summary says so); with unmatched_queries=exclude top-1 is over the 118 others."""
+    paths = []
+    for split, seed in (("train", 1), ("test", 2)):
+        old, labels = clustered(20, 6, 8, seed)
+        if split == "test":
+            labels = labels.copy()
+            labels[:2] = [7, 8]
+        path = tmp_path / f"{split}.npz"
+        np.savez(path, old=old, new=old, labels=labels)
+        paths.append(path)
+    results = {}
+    for convention in ("miss", "exclude"):
+        code, out = adapt("--train", paths[0], "--test", paths[1], "--adapter", "none", "--output",
+                          tmp_path / convention, "--set", f"model_update.unmatched_queries={convention}",
+                          capsys=capsys)
+        assert code == 0, out.err
+        record = json.loads((tmp_path / convention / "adapt" / "train" / "none" / "seed42" / "metrics.json")
+                            .read_text())
+        retrieval = record["retrieval"]
+        assert (retrieval["queries_without_match"], retrieval["unmatched_queries"]) == (2, convention)
+        assert len(retrieval["cmc"]["old/old"]) == 100 and retrieval["cmc"]["old/old"][0] == \
+            retrieval["cases"]["old/old"]["top1"]
+        results[convention] = retrieval["cases"]["old/old"]
+        assert ("2 of 120 queries have no other item of their class: counted as misses" in out.out) == \
+            (convention == "miss")
+    assert results["exclude"]["top1"] == pytest.approx(results["miss"]["top1"] * 120 / 118)
+    assert results["exclude"]["mAP"] == results["miss"]["mAP"]
+    code, out = adapt("--train", paths[0], "--test", paths[1], "--adapter", "none", "--output", tmp_path,
+                      "--set", "model_update.unmatched_queries=skip", capsys=capsys)
+    assert code == 2 and "model_update.unmatched_queries = 'skip'; choose from ['miss', 'exclude']" in out.err

@@ -27,7 +27,8 @@ def noisy_rotation(seed: int, classes: int = 40, per_class: int = 30, dim: int =
 
 
 def backward_hits(study: Study, name: str, params: dict) -> tuple[np.ndarray, dict]:
-    _, result = evaluate_adapter(study, name, adapter_params=params, seed=0, orders=["random"], steps=2)
+    _, result = evaluate_adapter(study, name, adapter_params=params, seed=0, orders=["random"], steps=2,
+                                 unmatched_queries="miss")
     return unpack_hits(result["query_top1"]["B/old"], len(study.test)), result
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.ranking import retrieval_scores
+from benchmarks.ranking import backfilling_scores, retrieval_scores
 
 # Five unit vectors; cosines: (0,1) .8, (0,3) .6, (1,3) .96, (1,2) .6, (2,3) .8, (0,2) 0, (2,4) 0, (3,4) -.6,
 # (1,4) -.8, (0,4) -1. Item 4 is the only one of class 2.
@@ -89,7 +89,7 @@ def test_random_clusters_match_the_brute_force_definition_and_chunking_changes_n
 @pytest.mark.parametrize("kwargs, message", [
     ({"gallery": torch.zeros(3, 4)}, "one feature width"),
     ({"query_labels": torch.zeros(2, dtype=torch.long)}, "one label"),
-    ({"topk": (1, 10)}, "topk must be"),
+    ({"unmatched_queries": "skip"}, "unmatched_queries must be one of"),
 ])
 def test_bad_shapes_are_one_line(kwargs, message):
     args = {"queries": ITEMS, "query_labels": LABELS, "gallery": ITEMS, "gallery_labels": LABELS, **kwargs}
@@ -97,7 +97,8 @@ def test_bad_shapes_are_one_line(kwargs, message):
     args.pop("gallery_labels", None)
     with pytest.raises(ValueError, match=message):
         retrieval_scores(args["queries"], args["query_labels"], args["gallery"], gallery_labels,
-                         exclude_self=False, **({"topk": kwargs["topk"]} if "topk" in kwargs else {}))
+                         exclude_self=False, **({"unmatched_queries": kwargs["unmatched_queries"]}
+                                                if "unmatched_queries" in kwargs else {}))
 
 
 def test_exclude_self_needs_the_same_items_on_both_sides():
@@ -141,3 +142,75 @@ def test_map_matches_scikit_learn_average_precision_without_ties(exclude_self):
                               exclude_self=exclude_self, chunk_elements=700)
     assert scores.mAP == pytest.approx(100 * float(np.mean(aps)), abs=1e-4)
     assert scores.queries_without_positive == (1 if exclude_self else 0)
+
+
+def clusters_with_duplicates(n: int = 150, classes: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Noisy class clusters where every tenth item repeats the one before it exactly (ties of a duplicate image)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, classes, size=n)
+    labels[-1] = classes                                               # one class of a single item: unmatched
+    features = rng.normal(size=(classes + 1, 16))[labels] + 1.5 * rng.normal(size=(n, 16))
+    features[10::10] = features[9:-1:10]
+    labels[10::10] = labels[9:-1:10]
+    return torch.tensor(features, dtype=torch.float32), torch.tensor(labels)
+
+
+def test_cmc_at_any_k_and_the_curve_follow_the_first_positive():
+    """Every query's first positive by a stable sort, one at a time; CMC top-k is the share within rank k."""
+    x, y = clusters_with_duplicates()
+    scores = retrieval_scores(x, y, x, y, exclude_self=True, chunk_elements=900)
+    q = torch.nn.functional.normalize(x, dim=1)
+    first = []
+    for i in range(len(q)):
+        similarity = q @ q[i]
+        similarity[i] = float("-inf")
+        order = torch.sort(similarity, descending=True, stable=True).indices
+        found = ((y[order] == y[i]) & (order != i)).nonzero().flatten()
+        first.append(int(found[0]) + 1 if len(found) else 0)
+    first = np.array(first)
+    for k in (1, 3, 5, 10, 40):
+        assert scores.cmc(k) == pytest.approx(100 * np.mean((first >= 1) & (first <= k)))
+    curve = scores.cmc_curve(100)
+    assert len(curve) == 100 and curve[0] == scores.top1 and curve[4] == scores.top5 and curve[-1] == scores.cmc(100)
+    assert (scores.top1, scores.top5, scores.mAP) == pytest.approx(brute_force(x.numpy(), y.numpy(), True), abs=1e-9)
+
+
+def test_unmatched_queries_are_counted_and_their_convention_is_applied():
+    """One query of 150 has no other item of its class: a miss under "miss", left out under "exclude"; the mAP
+    leaves it out either way."""
+    x, y = clusters_with_duplicates()
+    miss = retrieval_scores(x, y, x, y, exclude_self=True)
+    leave = retrieval_scores(x, y, x, y, exclude_self=True, unmatched_queries="exclude")
+    assert miss.queries_without_positive == leave.queries_without_positive == 1
+    hits = miss.top1 * 150 / 100
+    assert leave.top1 == pytest.approx(100 * hits / 149) and leave.mAP == miss.mAP
+    per_class = miss.per_class_cmc(y.numpy())
+    assert per_class[6] == 0.0 and len(per_class) == 7
+
+
+@pytest.mark.parametrize("exclude_self", [True, False])
+def test_every_step_of_a_backfilling_curve_equals_ranking_its_gallery_again(exclude_self):
+    """Two orders, eleven steps; the stale gallery is another noisy "model" of the same items, and duplicates make
+    ties in both versions, so the rows ranked again by a stable sort are exercised too. Every step's top-1, top-5
+    and mAP equal :func:`retrieval_scores` of that step's gallery, to the last digit for CMC."""
+    x, y = clusters_with_duplicates(seed=1)
+    stale = x + 0.8 * torch.tensor(np.random.default_rng(2).normal(size=x.shape), dtype=torch.float32)
+    stale[10::10] = stale[9:-1:10]
+    generator = torch.Generator().manual_seed(0)
+    betas = [i / 10 for i in range(11)]
+    orders = [torch.randperm(len(x), generator=generator), torch.arange(len(x)).flip(0)]
+    fresh_from = torch.full((2, len(x)), 11, dtype=torch.long)
+    for c, order in enumerate(orders):
+        for t in range(len(betas) - 1, -1, -1):
+            fresh_from[c, order[:round(betas[t] * len(x))]] = t
+    curves = backfilling_scores(x, y, x, stale, y, fresh_from, 11, exclude_self=exclude_self, chunk_elements=700)
+    for c, order in enumerate(orders):
+        for t, beta in enumerate(betas):
+            gallery = stale.clone()
+            chosen = order[:round(beta * len(x))]
+            gallery[chosen] = x[chosen]
+            again = retrieval_scores(x, y, gallery, y, exclude_self=exclude_self)
+            step = curves[c][t]
+            assert (step.top1, step.top5) == (again.top1, again.top5)
+            assert step.mAP == pytest.approx(again.mAP, abs=1e-9)
+            assert np.array_equal(step.first_rank, again.first_rank)

@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                         fitted, result = evaluate_adapter(study, parts.settings.adapter.name,
                                                           adapter_params=parts.settings.adapter_params,
                                                           seed=seed, orders=parts.settings.model_update.backfill_orders,
-                                                          steps=parts.settings.model_update.backfill_steps)
+                                                          steps=parts.settings.model_update.backfill_steps,
+                                                          unmatched_queries=parts.settings.model_update.unmatched_queries)
                         record = study_record(result, study, scenario="model_update", method=parts.label,
                                               dataset=dataset, config=parts.config, device=parts.device,
                                               adapter=fitted)

@@ -122,6 +122,11 @@ class Adapter(nn.Module):
         """Fit on ``pair``; return what is worth logging with the result (numbers, flags, curves)."""
         raise NotImplementedError
 
+    def seed_free(self, items: int) -> bool:
+        """Whether a fit on ``items`` fitting items is the same whatever the seed, so a study fits and scores it
+        once for all its seeds (``runner.py adapt``). False unless an adapter knows better."""
+        return False
+
     def backward(self, new: torch.Tensor) -> torch.Tensor:
         raise AdapterError(f"adapter {self.name!r} has no backward map; it offers {list(self.directions)}")
 

@@ -81,8 +81,11 @@ class IRPConfig:
 
 
 def pick_anchors(pair: FeaturePair, count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(old anchors, new anchors)``: ``count`` items chosen at random, the same in both spaces."""
+    """``(old anchors, new anchors)``: ``count`` items chosen at random, the same in both spaces; every item, in
+    order, when ``count`` is not smaller than the fitting set (so such a fit does not depend on the seed)."""
     n = len(pair.old)
+    if count >= n:
+        return pair.old.float(), pair.new.float()
     idx = torch.randperm(n, generator=generator, device=generator.device)[:count].to(pair.old.device)
     return pair.old[idx].float(), pair.new[idx].float()
 
@@ -129,6 +132,10 @@ class _TwoWayMap(Adapter):
         self.fit_map(self.to_old, new, old, generator)
         self.fit_map(self.to_new, old, new, generator)
         return {"anchors": float(len(old))}
+
+    def seed_free(self, items: int) -> bool:
+        """Every item is an anchor and the closed form draws nothing (IRP's pruning starts at a random anchor)."""
+        return not self.irp_style and self.config.anchors >= items
 
     def fit_map(self, target_map: LinearMap, source: torch.Tensor, target: torch.Tensor,
                 generator: torch.Generator) -> None:
