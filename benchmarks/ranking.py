@@ -12,17 +12,18 @@ its ranking: the adapter papers' protocol, where the test split is both query an
 * mAP: for a query with P positives at ranks r_1 < ... < r_P, AP = (1/P) Σ_j j / r_j, the average precision over
   the whole ranking (not mAP@R); averaged over the queries with at least one positive. This is scikit-learn's
   ``average_precision_score`` on the similarities when no two similarities tie.
-* **Queries without a match** (no other item of their label) are counted (``unmatched``) and, by the convention
-  ``unmatched_queries``, either count as misses in CMC (``miss``, the suite's default) or are left out of it
-  (``exclude``, the FCT authors' evaluation); the mAP always leaves them out. METHODS.md §7b says which papers'
-  tables use which.
+* **Queries without a match** (no other item of their label) are counted (``queries_without_positive``) and, by
+  the convention ``unmatched_queries``, either count as misses in CMC (``miss``, the suite's default) or are left
+  out of it (``exclude``, the FCT authors' evaluation); the mAP always leaves them out. METHODS.md §7b says which
+  papers' tables use which.
 
 **How the ranks are found without sorting rows.** A positive's rank is one plus the number of gallery items that
 come before it: the items with a larger similarity. So each row's positives' similarities are sorted (a few
 hundred values), every gallery item is placed among them by binary search, and a histogram of those places counts,
-for every positive at once, the items above it. A row where some other item's similarity equals a positive's
-exactly (a duplicate image, a collapsed feature) is ranked again by a stable sort, so ties are broken by gallery
-index exactly as the whole-row sort does.
+for every positive at once, the items above it. An item whose similarity equals a positive's exactly (a duplicate
+image, or two float32 products that round alike: about one row in a hundred at 10,000 items) is counted above
+that positive when its gallery index is lower, so ties are broken exactly as the whole-row stable sort breaks them.
+A block's positives come from the gallery grouped by label (:class:`LabelIndex`), not from comparing labels.
 
 **Backfilling for the price of one ranking** (:func:`backfilling_scores`): along a backfilling curve the queries
 stay the same and each gallery item has two versions, stale and fresh, so the similarities of both versions (two
