@@ -77,6 +77,31 @@ class PairedFeatures:
 
 
 @dataclass(frozen=True)
+class Scoring:
+    """How a study scores its rankings (docs/METHODS.md §7b), from ``model_update.unmatched_queries`` and
+    ``model_update.per_class_cmc``: the CMC convention for queries without a match, and whether the record keeps
+    CMC top-1 and top-5 per query class too."""
+
+    unmatched_queries: str
+    per_class_cmc: bool
+
+    def __post_init__(self) -> None:
+        if self.unmatched_queries not in UNMATCHED_CONVENTIONS:
+            raise ValueError(f"unknown unmatched_queries convention {self.unmatched_queries!r}; choose from "
+                             f"{list(UNMATCHED_CONVENTIONS)}")
+
+    @classmethod
+    def of(cls, update: Any) -> Scoring:
+        """From the ``model_update`` settings, a section object or a dict of them."""
+        value = update.get if isinstance(update, dict) else lambda key: getattr(update, key)
+        return cls(value("unmatched_queries"), value("per_class_cmc"))
+
+
+WATCHING = Scoring("miss", per_class_cmc=False)
+"""What the held-out watch scores with: it reads the mAP, which no CMC convention changes."""
+
+
+@dataclass(frozen=True)
 class StudySplit:
     """Where an adapter is measured (module docstring): ``queries`` and, along a stream, a separate ``gallery``
     kept per image or reduced to class templates (``mode``); without a gallery, leave-one-out on the queries."""
@@ -84,16 +109,13 @@ class StudySplit:
     queries: PairedFeatures
     gallery: PairedFeatures | None = None
     mode: str = "images"
-    unmatched_queries: str = "miss"
+    scoring: Scoring = WATCHING
     adapter_free: dict[str, RetrievalScores | None] = field(default_factory=dict, compare=False, repr=False)
     """The scores of the cases no adapter changes (:data:`ADAPTER_FREE_CASES`), ranked once per split."""
 
     def __post_init__(self) -> None:
         if self.mode not in GALLERY_MODES:
             raise ValueError(f"unknown gallery mode {self.mode!r}; choose from {list(GALLERY_MODES)}")
-        if self.unmatched_queries not in UNMATCHED_CONVENTIONS:
-            raise ValueError(f"unknown unmatched_queries convention {self.unmatched_queries!r}; choose from "
-                             f"{list(UNMATCHED_CONVENTIONS)}")
 
     @property
     def gallery_items(self) -> PairedFeatures:
@@ -107,12 +129,12 @@ class StudySplit:
         if self.gallery is None:
             labels = self.queries.labels
             return retrieval_scores(queries, labels, gallery, labels, exclude_self=True,
-                                    unmatched_queries=self.unmatched_queries)
+                                    unmatched_queries=self.scoring.unmatched_queries)
         labels = self.gallery.labels
         if self.mode == "templates":
             gallery, labels = class_templates(F.normalize(gallery.float(), dim=1), labels)
         return retrieval_scores(queries, self.queries.labels, gallery, labels, exclude_self=False,
-                                unmatched_queries=self.unmatched_queries)
+                                unmatched_queries=self.scoring.unmatched_queries)
 
     def backfill(self, queries: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor, orders: list[torch.Tensor],
                  betas: list[float]) -> list[list[RetrievalScores]]:
@@ -129,7 +151,7 @@ class StudySplit:
                 fresh_from[c, order[:round(betas[step] * len(order))]] = step
         labels = self.gallery_items.labels
         return backfilling_scores(queries, self.queries.labels, fresh, stale, labels, fresh_from, len(betas),
-                                  exclude_self=self.gallery is None, unmatched_queries=self.unmatched_queries)
+                                  exclude_self=self.gallery is None, unmatched_queries=self.scoring.unmatched_queries)
 
 
 def mixed_gallery(fresh: torch.Tensor, stale: torch.Tensor, order: torch.Tensor, beta: float) -> torch.Tensor:
@@ -217,7 +239,7 @@ def held_out_error(adapter: FeatureAdapter, old: torch.Tensor, new: torch.Tensor
     not the training loss: FastFill's uncertainty-weighted loss and λ-orth's contrastive term rise on held-out items
     while the maps they train still improve."""
     with torch.no_grad():
-        split = StudySplit(PairedFeatures.normalised(old, new, labels))
+        split = StudySplit(PairedFeatures.normalised(old, new, labels), scoring=WATCHING)
         sides = case_sides(split, adapter)
         queries, gallery = next(sides[case] for case in WATCHED_CASES if sides[case] is not None)
         return 100.0 - split.score(queries, gallery).mAP
@@ -294,7 +316,20 @@ def measure(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[s
             "backfilling": curves,
             "zero_shot": zero_shot, "cmc": {case: result.cmc_curve() for case, result in scored.items() if result},
             "queries_without_match": scored[BASELINE].queries_without_positive,
-            "unmatched_queries": split.unmatched_queries}
+            "unmatched_queries": split.scoring.unmatched_queries,
+            **({"per_class_cmc": {case: per_class_cmc(result, split.queries.labels)
+                                  for case, result in scored.items() if result}}
+               if split.scoring.per_class_cmc else {})}
+
+
+def per_class_cmc(scores: RetrievalScores, labels: torch.Tensor) -> dict[str, list[float] | list[int]]:
+    """CMC top-1 and top-5 (percent) of each query class, with its ``labels`` (the split's class indices) and its
+    ``queries``: the FCT authors' per-class view, under the study's convention for queries without a match."""
+    labels = labels.cpu().numpy()
+    classes = sorted(set(labels.tolist()))
+    top1, top5 = scores.per_class_cmc(labels, 1), scores.per_class_cmc(labels, 5)
+    return {"labels": classes, "queries": [int((labels == c).sum()) for c in classes],
+            "top1": [top1[c] for c in classes], "top5": [top5[c] for c in classes]}
 
 
 def zero_shot_retention(features: torch.Tensor, classes: torch.Tensor, classifier: nn.Linear,

@@ -331,7 +331,8 @@ class Retrieval(TypedDict):
     :func:`pack_hits`), ``backfilling``, ``zero_shot`` retention (None where it does not apply), each case's
     CMC top-1 ... top-100 in percent (``cmc``), the ``queries`` count, of which ``queries_without_match`` have no
     other item of their class in the gallery, counted in CMC by the convention ``unmatched_queries`` (``miss`` or
-    ``exclude``; these three are absent in records before version 0.5, which counted such queries as misses), and the
+    ``exclude``; these three are absent in records before version 0.5, which counted such queries as misses), with
+    ``model_update.per_class_cmc`` each case's CMC top-1 and top-5 per query class (``per_class_cmc``), and the
     ``fitting_items`` (leave-one-out) or the ``gallery_items`` and ``gallery_mode`` (stream)."""
     cases: Annotated[RetrievalCases, Read("an object of cases", _object, required=True)]
     query_top1: NotRequired[dict[str, str]]
@@ -340,6 +341,7 @@ class Retrieval(TypedDict):
     cmc: NotRequired[dict[str, list[float]]]
     queries_without_match: NotRequired[int]
     unmatched_queries: NotRequired[Literal["miss", "exclude"]]
+    per_class_cmc: NotRequired[dict[str, dict[str, list[float] | list[int]]]]
     queries: int
     fitting_items: NotRequired[int]
     gallery_items: NotRequired[int]

@@ -35,6 +35,7 @@ from torch import nn
 
 from benchmarks.adapter_study import (
     PairedFeatures,
+    Scoring,
     StudySplit,
     backfilling,
     held_out_error,
@@ -59,7 +60,7 @@ class EmbeddingsError(DataError):
     """The user's embedding files cannot be used; the message names the file and the fix."""
 
 
-ADAPT_KEYS = ("backfill_orders", "backfill_steps", "unmatched_queries")
+ADAPT_KEYS = ("backfill_orders", "backfill_steps", "unmatched_queries", "per_class_cmc")
 
 
 def adapt_settings(assignments: list[str]) -> dict[str, Any]:
@@ -102,14 +103,14 @@ class Study:
     about: dict[str, Any]
     zero_shot: ZeroShot | None = None
     embedding_seconds: dict[str, float] = field(default_factory=dict)
-    splits: dict[tuple[str, int], StudySplit] = field(default_factory=dict, repr=False)
+    splits: dict[tuple[Scoring, int], StudySplit] = field(default_factory=dict, repr=False)
 
-    def split(self, unmatched_queries: str) -> StudySplit:
-        """The test split as a leave-one-out :class:`StudySplit`, one per CMC convention and test features, so its
+    def split(self, scoring: Scoring) -> StudySplit:
+        """The test split as a leave-one-out :class:`StudySplit`, one per scoring and test features, so its
         adapter-free cases are ranked once per study, whatever the adapters and seeds."""
-        key = (unmatched_queries, id(self.test))
+        key = (scoring, id(self.test))
         if key not in self.splits:
-            self.splits[key] = StudySplit(self.test, unmatched_queries=unmatched_queries)
+            self.splits[key] = StudySplit(self.test, scoring=scoring)
         return self.splits[key]
 
     @property
@@ -236,7 +237,7 @@ def study_from_embeddings(train_path: str | Path, test_path: str | Path) -> Stud
 
 
 def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[str, Any]], seed: int,
-                     orders: list[str], steps: int, unmatched_queries: str,
+                     orders: list[str], steps: int, scoring: Scoring,
                      measured: tuple[Adapter, dict[str, Any]] | None = None) -> tuple[Adapter | None, dict[str, Any]]:
     """Fit adapter ``name`` (``none``: no adapter) on the study's train split with ``seed`` and measure it on the
     test split; returns the fitted adapter and ``{"adapter", "seed", "fit", "cases", "query_top1", "backfilling",
@@ -262,8 +263,8 @@ def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[
     if study.zero_shot is not None:
         z = study.zero_shot
         zero_shot = zero_shot_retention(z.features, z.classes, z.classifier, adapter)
-    result = {"adapter": name, "seed": seed, "fit": fit,
-              **measure(study.split(unmatched_queries), adapter, orders=orders, steps=steps, seed=seed,
+    result = {"adapter": name, "seed": seed, "fit": fit, "scoring": scoring,
+              **measure(study.split(scoring), adapter, orders=orders, steps=steps, seed=seed,
                         zero_shot=zero_shot)}
     result["seconds"] = {"fit": fit.get("seconds", 0.0), "evaluation": time.perf_counter() - measured}
     return adapter, result
@@ -275,7 +276,7 @@ def reuse_seed_free(study: Study, measured: tuple[Adapter, dict[str, Any]], *, s
     this seed's backfilling curves."""
     adapter, first = measured
     started = time.perf_counter()
-    split = study.split(first["unmatched_queries"])
+    split = study.split(first["scoring"])
     curves = backfilling(split, adapter, orders=orders, steps=steps, generator=torch.Generator().manual_seed(seed))
     result = {**first, "seed": seed, "fit": {**first["fit"], "same_as_seed": first["seed"]}, "backfilling": curves,
               "seconds": {"fit": 0.0, "evaluation": time.perf_counter() - started}}
@@ -312,6 +313,7 @@ def study_record(result: dict[str, Any], study: Study, *, scenario: str, method:
                    "zero_shot": result["zero_shot"], "cmc": result["cmc"],
                    "queries_without_match": result["queries_without_match"],
                    "unmatched_queries": result["unmatched_queries"],
+                   **({"per_class_cmc": result["per_class_cmc"]} if "per_class_cmc" in result else {}),
                    "queries": len(study.test), "fitting_items": len(study.train)},
         models=study.about,
         adapter=None if adapter is None else {"name": adapter.name, "fits": [{"task": 1, **result["fit"]}]},

@@ -271,6 +271,7 @@ def command_pretrain(args: argparse.Namespace) -> int:
 def command_adapt(args: argparse.Namespace) -> int:
     """Fit and measure adapters on the user's embeddings (:mod:`cl2r_bench.adapt`): every setting is checked
     before the files are read, the files before any adapter is fitted."""
+    from benchmarks.adapter_study import Scoring
     from benchmarks.record import write_record
     from cl2r_bench.adapt import (
         ADAPT_KEYS,
@@ -310,7 +311,7 @@ def command_adapt(args: argparse.Namespace) -> int:
         for seed in args.seeds:
             adapter, result = evaluate_adapter(study, name, adapter_params=settings["adapter_params"], seed=seed,
                                                orders=settings["backfill_orders"], steps=settings["backfill_steps"],
-                                               unmatched_queries=settings["unmatched_queries"], measured=measured)
+                                               scoring=Scoring.of(settings), measured=measured)
             if adapter is not None and adapter.seed_free(len(study.train)):
                 measured = measured or (adapter, result)
             config = {"command": "adapt", "train": str(Path(args.train).resolve()),

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.adapter_study import held_out_error
+from benchmarks.adapter_study import Scoring, held_out_error
 from benchmarks.metrics import as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
 from benchmarks.record import run_record, write_record
@@ -130,7 +130,7 @@ class Run:
             adapter, result = evaluate_adapter(study, settings.adapter.name, adapter_params=settings.adapter_params,
                                                seed=settings.seed, orders=settings.model_update.backfill_orders,
                                                steps=settings.model_update.backfill_steps,
-                                               unmatched_queries=settings.model_update.unmatched_queries)
+                                               scoring=Scoring.of(settings.model_update))
             note = convergence_note(settings.adapter.name, result["fit"])
             if note:
                 self.log(note)

@@ -351,6 +351,7 @@ class ModelUpdateSettings:
     backfill_orders: list[str]
     backfill_steps: int
     unmatched_queries: str
+    per_class_cmc: bool
 
     def __post_init__(self) -> None:
         check_rules("model_update", self, at_least(1, "backfill_steps", "fit_per_class", "test_per_class",

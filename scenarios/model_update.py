@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.adapter_study import PairedFeatures, StudySplit, measure
+from benchmarks.adapter_study import PairedFeatures, Scoring, StudySplit, measure
 from cl2r_bench.adapt import Study, cross_entry, encoder_study
 from cl2r_bench.data.datasets import ImageSet, load_dataset
 from cl2r_bench.data.streams import Stream
@@ -127,7 +127,7 @@ class ModelUpdate(Scenario):
 
         mode, update = self.settings.evaluation.mode, self.settings.model_update
         split = StudySplit(features(stream.query), features(stream.gallery), mode=mode,
-                           unmatched_queries=update.unmatched_queries)
+                           scoring=Scoring.of(update))
         with torch.no_grad():
             study = measure(split, finished.adapter, orders=update.backfill_orders, steps=update.backfill_steps,
                             seed=self.settings.seed)

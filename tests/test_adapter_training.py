@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks.adapter_study import PairedFeatures
+from benchmarks.adapter_study import WATCHING, PairedFeatures
 from benchmarks.record import unpack_hits
 from cl2r_bench.adapt import Study, evaluate_adapter
 from cl2r_bench.adapters import AdapterError, convergence_note, make_adapter
@@ -28,7 +28,7 @@ def noisy_rotation(seed: int, classes: int = 40, per_class: int = 30, dim: int =
 
 def backward_hits(study: Study, name: str, params: dict) -> tuple[np.ndarray, dict]:
     _, result = evaluate_adapter(study, name, adapter_params=params, seed=0, orders=["random"], steps=2,
-                                 unmatched_queries="miss")
+                                 scoring=WATCHING)
     return unpack_hits(result["query_top1"]["B/old"], len(study.test)), result
 
 

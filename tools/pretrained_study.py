@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.adapter_study import Scoring
 from benchmarks.record import holds_complete_record, write_record
 from cl2r_bench.adapt import encoder_study, evaluate_adapter, study_record
 from cl2r_bench.adapters import convergence_note, list_adapters
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           adapter_params=parts.settings.adapter_params,
                                                           seed=seed, orders=parts.settings.model_update.backfill_orders,
                                                           steps=parts.settings.model_update.backfill_steps,
-                                                          unmatched_queries=parts.settings.model_update.unmatched_queries)
+                                                          scoring=Scoring.of(parts.settings.model_update))
                         record = study_record(result, study, scenario="model_update", method=parts.label,
                                               dataset=dataset, config=parts.config, device=parts.device,
                                               adapter=fitted)
