@@ -78,12 +78,14 @@ class PairedFeatures:
 
 @dataclass(frozen=True)
 class Scoring:
-    """How a study scores its rankings (docs/METHODS.md §7b), from ``model_update.unmatched_queries`` and
-    ``model_update.per_class_cmc``: the CMC convention for queries without a match, and whether the record keeps
-    CMC top-1 and top-5 per query class too."""
+    """How a study scores its rankings (docs/METHODS.md §7b), from ``model_update.unmatched_queries``,
+    ``per_class_cmc`` and ``queries``: the CMC convention for queries without a match, whether the record keeps CMC
+    top-1 and top-5 per query class too, and how many queries a seeded sample ranks against the whole gallery (None:
+    every query)."""
 
     unmatched_queries: str
     per_class_cmc: bool
+    queries: int | None = None
 
     def __post_init__(self) -> None:
         if self.unmatched_queries not in UNMATCHED_CONVENTIONS:
@@ -94,7 +96,21 @@ class Scoring:
     def of(cls, update: Any) -> Scoring:
         """From the ``model_update`` settings, a section object or a dict of them."""
         value = update.get if isinstance(update, dict) else lambda key: getattr(update, key)
-        return cls(value("unmatched_queries"), value("per_class_cmc"))
+        return cls(value("unmatched_queries"), value("per_class_cmc"), value("queries"))
+
+    def sample(self, items: int) -> torch.Tensor | None:
+        """The query items a study ranks: a seeded draw (:data:`QUERY_SAMPLE_SEED`) of :attr:`queries` of
+        ``items``, in index order, or None for all of them."""
+        if self.queries is None or self.queries >= items:
+            return None
+        generator = torch.Generator().manual_seed(QUERY_SAMPLE_SEED)
+        return torch.randperm(items, generator=generator)[:self.queries].sort().values
+
+
+QUERY_SAMPLE_SEED = 0
+"""The seed of the query sample: one sample for every adapter and seed of a study, so their cases are paired."""
+SAMPLING_CONFIDENCE, SAMPLING_RESAMPLES = 0.95, 1000
+"""The sampling interval of a sampled study's figures: a percentile bootstrap over the sampled queries."""
 
 
 WATCHING = Scoring("miss", per_class_cmc=False)
@@ -110,6 +126,9 @@ class StudySplit:
     gallery: PairedFeatures | None = None
     mode: str = "images"
     scoring: Scoring = WATCHING
+    sample: torch.Tensor | None = None
+    """The query items ranked (indices into ``queries``; leave-one-out: into the gallery too, each left out of its
+    own ranking), None for all."""
     adapter_free: dict[str, RetrievalScores | None] = field(default_factory=dict, compare=False, repr=False)
     """The scores of the cases no adapter changes (:data:`ADAPTER_FREE_CASES`), ranked once per split."""
 
@@ -127,14 +146,23 @@ class StudySplit:
         if queries.shape[1] != gallery.shape[1]:
             return None
         if self.gallery is None:
-            labels = self.queries.labels
-            return retrieval_scores(queries, labels, gallery, labels, exclude_self=True,
-                                    unmatched_queries=self.scoring.unmatched_queries)
+            return retrieval_scores(queries, self.query_labels, gallery, self.queries.labels, exclude_self=True,
+                                    unmatched_queries=self.scoring.unmatched_queries, query_index=self.sample)
         labels = self.gallery.labels
         if self.mode == "templates":
             gallery, labels = class_templates(F.normalize(gallery.float(), dim=1), labels)
-        return retrieval_scores(queries, self.queries.labels, gallery, labels, exclude_self=False,
+        return retrieval_scores(queries, self.query_labels, gallery, labels, exclude_self=False,
                                 unmatched_queries=self.scoring.unmatched_queries)
+
+    @property
+    def query_labels(self) -> torch.Tensor:
+        """The labels of the query items ranked (:attr:`sample`)."""
+        return self.queries.labels if self.sample is None else self.queries.labels[self.sample.to(
+            self.queries.labels.device)]
+
+    def sampled(self, features: torch.Tensor) -> torch.Tensor:
+        """The rows of ``features`` (one per query item) that are ranked as queries."""
+        return features if self.sample is None else features[self.sample.to(features.device)]
 
     def backfill(self, queries: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor, orders: list[torch.Tensor],
                  betas: list[float]) -> list[list[RetrievalScores]]:
@@ -150,8 +178,9 @@ class StudySplit:
             for step in range(len(betas) - 1, -1, -1):
                 fresh_from[c, order[:round(betas[step] * len(order))]] = step
         labels = self.gallery_items.labels
-        return backfilling_scores(queries, self.queries.labels, fresh, stale, labels, fresh_from, len(betas),
-                                  exclude_self=self.gallery is None, unmatched_queries=self.scoring.unmatched_queries)
+        return backfilling_scores(queries, self.query_labels, fresh, stale, labels, fresh_from, len(betas),
+                                  exclude_self=self.gallery is None, unmatched_queries=self.scoring.unmatched_queries,
+                                  query_index=self.sample if self.gallery is None else None)
 
 
 def mixed_gallery(fresh: torch.Tensor, stale: torch.Tensor, order: torch.Tensor, beta: float) -> torch.Tensor:
@@ -165,7 +194,14 @@ def mixed_gallery(fresh: torch.Tensor, stale: torch.Tensor, order: torch.Tensor,
 def case_sides(split: StudySplit, adapter: FeatureAdapter | None
                ) -> dict[str, tuple[torch.Tensor, torch.Tensor] | None]:
     """``(queries, gallery)`` of each case of :data:`PAPER_CASES` (module docstring), None where the adapter
-    cannot produce it."""
+    cannot produce it; the queries are those the split ranks (:attr:`StudySplit.sample`)."""
+    return {case: None if pair is None else (split.sampled(pair[0]), pair[1])
+            for case, pair in every_item_sides(split, adapter).items()}
+
+
+def every_item_sides(split: StudySplit, adapter: FeatureAdapter | None
+                     ) -> dict[str, tuple[torch.Tensor, torch.Tensor] | None]:
+    """:func:`case_sides` with every query item on the query side."""
     query, gallery = split.queries, split.gallery_items
     same = split.gallery is None
 
@@ -264,6 +300,7 @@ def backfilling(split: StudySplit, adapter: FeatureAdapter | None, *, orders: li
                                        generator=generator) for kind in orders}
         ranked = {kind: order for kind, order in ranked.items() if order is not None}
         if stale.shape[1] == fresh.shape[1] and ranked:
+            queries = split.sampled(queries)
             steps_scores = split.backfill(queries, fresh, stale, list(ranked.values()), betas)
             curves = {kind: {"top1": [r.top1 for r in scores], "mAP": [r.mAP for r in scores]}
                       for kind, scores in zip(ranked, steps_scores, strict=True)}
@@ -316,7 +353,11 @@ def measure(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[s
             "backfilling": curves,
             "zero_shot": zero_shot, "cmc": {case: result.cmc_curve() for case, result in scored.items() if result},
             "queries_without_match": scored[BASELINE].queries_without_positive,
-            "unmatched_queries": split.scoring.unmatched_queries,
+            "unmatched_queries": split.scoring.unmatched_queries, "queries": scored[BASELINE].queries,
+            **({} if split.sample is None else {
+                "sampled_queries": {"count": len(split.sample), "of": len(split.queries), "seed": QUERY_SAMPLE_SEED},
+                "sampling_interval": {case: result.interval(SAMPLING_CONFIDENCE, SAMPLING_RESAMPLES)
+                                      for case, result in scored.items() if result}}),
             **({"per_class_cmc": {case: per_class_cmc(result, split.queries.labels)
                                   for case, result in scored.items() if result}}
                if split.scoring.per_class_cmc else {})}

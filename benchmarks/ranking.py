@@ -101,6 +101,26 @@ class RetrievalScores:
     def as_dict(self) -> dict[str, float]:
         return {"top1": self.top1, "top5": self.top5, "mAP": self.mAP}
 
+    def interval(self, confidence: float, resamples: int, seed: int = 0) -> dict[str, list[float]]:
+        """``{"top1": [low, high], "mAP": [low, high]}`` in percent: the percentile bootstrap interval over these
+        queries, for a sample of queries standing in for all of them (the sampling noise)."""
+        counted = self.first_rank if self.unmatched_queries == "miss" else self.first_rank[self.first_rank >= 1]
+        hits = (counted == 1).astype(np.float64)
+        matched = self.ap[~np.isnan(self.ap)]
+        rng = np.random.default_rng(seed)
+        tail = (1 - confidence) / 2 * 100
+        bounds = {}
+        for name, values in (("top1", hits), ("mAP", matched)):
+            if not len(values):
+                bounds[name] = [0.0, 0.0]
+                continue
+            per_chunk = max(1, 10_000_000 // len(values))
+            means = np.concatenate([values[rng.integers(0, len(values), size=(min(per_chunk, resamples - done),
+                                                                               len(values)))].mean(axis=1)
+                                    for done in range(0, resamples, per_chunk)]) * 100
+            bounds[name] = np.percentile(means, [tail, 100 - tail]).tolist()
+        return bounds
+
     def per_class_cmc(self, labels: np.ndarray, k: int = 1) -> dict[int, float]:
         """CMC top-``k`` of each query label's queries, in percent, under the same convention."""
         return {int(c): RetrievalScores(self.first_rank[labels == c], self.ap[labels == c],
@@ -109,31 +129,37 @@ class RetrievalScores:
 
 def retrieval_scores(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
                      gallery_labels: torch.Tensor, *, exclude_self: bool, unmatched_queries: str = "miss",
-                     chunk_elements: int = 1 << 24) -> RetrievalScores:
-    """The scores of the module docstring; inputs on any one device."""
-    check_inputs(queries, query_labels, gallery, gallery_labels, exclude_self, unmatched_queries)
+                     query_index: torch.Tensor | None = None, chunk_elements: int = 1 << 24) -> RetrievalScores:
+    """The scores of the module docstring; inputs on any one device. ``query_index``: with ``exclude_self``, the
+    queries are a sample of the gallery's items, query i being gallery item ``query_index[i]`` (left out of its
+    ranking), rather than all of them in order."""
+    own = check_inputs(queries, query_labels, gallery, gallery_labels, exclude_self, unmatched_queries, query_index)
     fresh_from = torch.zeros(1, len(gallery), dtype=torch.long)
-    return ranked(queries, query_labels, gallery, None, gallery_labels, fresh_from, 1, exclude_self,
+    return ranked(queries, query_labels, gallery, None, gallery_labels, fresh_from, 1, own,
                   unmatched_queries, chunk_elements)[0][0]
 
 
 def backfilling_scores(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor,
                        gallery_labels: torch.Tensor, fresh_from: torch.Tensor, steps: int, *, exclude_self: bool,
-                       unmatched_queries: str = "miss", chunk_elements: int = 1 << 24) -> list[list[RetrievalScores]]:
+                       unmatched_queries: str = "miss", query_index: torch.Tensor | None = None,
+                       chunk_elements: int = 1 << 24) -> list[list[RetrievalScores]]:
     """The scores at every step of several backfilling curves over one gallery: gallery item j is ``fresh[j]`` at
     the steps t >= ``fresh_from[c, j]`` of curve c and ``stale[j]`` before (``fresh_from``: ``(curves, n)`` in
     0..``steps``, ``steps`` meaning never). ``[curve][step]``; each equals :func:`retrieval_scores` of that step's
-    gallery (module docstring)."""
-    check_inputs(queries, query_labels, fresh, gallery_labels, exclude_self, unmatched_queries)
+    gallery (module docstring); ``query_index`` as in :func:`retrieval_scores`."""
+    own = check_inputs(queries, query_labels, fresh, gallery_labels, exclude_self, unmatched_queries, query_index)
     if stale.shape != fresh.shape or fresh_from.ndim != 2 or fresh_from.shape[1] != len(fresh):
         raise ValueError(f"stale {tuple(stale.shape)} must match fresh {tuple(fresh.shape)}, and fresh_from must be "
                          f"(curves, {len(fresh)}), not {tuple(fresh_from.shape)}")
-    return ranked(queries, query_labels, fresh, stale, gallery_labels, fresh_from.long(), steps, exclude_self,
+    return ranked(queries, query_labels, fresh, stale, gallery_labels, fresh_from.long(), steps, own,
                   unmatched_queries, chunk_elements)
 
 
 def check_inputs(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
-                 gallery_labels: torch.Tensor, exclude_self: bool, unmatched_queries: str) -> None:
+                 gallery_labels: torch.Tensor, exclude_self: bool, unmatched_queries: str,
+                 query_index: torch.Tensor | None) -> torch.Tensor | None:
+    """Each input's shape and choice checked (a :class:`ValueError` in one line); returns the gallery index of each
+    query's own item, None when nothing is left out."""
     if unmatched_queries not in UNMATCHED_CONVENTIONS:
         raise ValueError(f"unmatched_queries must be one of {list(UNMATCHED_CONVENTIONS)}, not {unmatched_queries!r}")
     if queries.ndim != 2 or gallery.ndim != 2 or queries.shape[1] != gallery.shape[1]:
@@ -141,15 +167,21 @@ def check_inputs(queries: torch.Tensor, query_labels: torch.Tensor, gallery: tor
                          "feature width")
     if len(queries) != len(query_labels) or len(gallery) != len(gallery_labels):
         raise ValueError("each query and gallery item needs one label")
+    if query_index is not None:
+        if not exclude_self or query_index.shape != (len(queries),):
+            raise ValueError("query_index names each query's own gallery item: one per query, with exclude_self")
+        return query_index.to(gallery.device)
     if exclude_self and len(queries) != len(gallery):
         raise ValueError(f"exclude_self needs the query set and the gallery to be the same items, not "
                          f"{len(queries)} queries and {len(gallery)} gallery items")
+    return torch.arange(len(queries), device=gallery.device) if exclude_self else None
 
 
 def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor | None,
-           gallery_labels: torch.Tensor, fresh_from: torch.Tensor, steps: int, exclude_self: bool,
+           gallery_labels: torch.Tensor, fresh_from: torch.Tensor, steps: int, own_index: torch.Tensor | None,
            unmatched_queries: str, chunk_elements: int) -> list[list[RetrievalScores]]:
-    """``[curve][step]`` scores, the queries taken in blocks (module docstring)."""
+    """``[curve][step]`` scores, the queries taken in blocks, query i's own gallery item ``own_index[i]`` left out
+    (module docstring)."""
     device = fresh.device
     q = F.normalize(queries.float(), dim=1)
     versions = [F.normalize(v.float(), dim=1) for v in (fresh, stale) if v is not None]
@@ -164,7 +196,7 @@ def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tenso
     for start in range(0, len(q), rows):
         stop = min(start + rows, len(q))
         scores = [q[start:stop] @ v.t() for v in versions]
-        own = torch.arange(start, stop, device=device) if exclude_self else None
+        own = None if own_index is None else own_index[start:stop]
         if own is not None:
             for block in scores:
                 block[torch.arange(stop - start, device=device), own] = float("-inf")

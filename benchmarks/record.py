@@ -332,8 +332,11 @@ class Retrieval(TypedDict):
     CMC top-1 ... top-100 in percent (``cmc``), the ``queries`` count, of which ``queries_without_match`` have no
     other item of their class in the gallery, counted in CMC by the convention ``unmatched_queries`` (``miss`` or
     ``exclude``; these three are absent in records before version 0.5, which counted such queries as misses), with
-    ``model_update.per_class_cmc`` each case's CMC top-1 and top-5 per query class (``per_class_cmc``), and the
-    ``fitting_items`` (leave-one-out) or the ``gallery_items`` and ``gallery_mode`` (stream)."""
+    ``model_update.per_class_cmc`` each case's CMC top-1 and top-5 per query class (``per_class_cmc``), with
+    ``model_update.queries`` the seeded sample of queries ranked against the whole gallery
+    (``sampled_queries``: ``count``, ``of``, ``seed``; ``queries`` is then its count) and each case's 95 %
+    bootstrap interval over those queries (``sampling_interval``), and the ``fitting_items`` (leave-one-out) or the
+    ``gallery_items`` and ``gallery_mode`` (stream)."""
     cases: Annotated[RetrievalCases, Read("an object of cases", _object, required=True)]
     query_top1: NotRequired[dict[str, str]]
     backfilling: Annotated[StudyBackfilling, Read("an object with 'auc'", _object, required=True)]
@@ -342,6 +345,8 @@ class Retrieval(TypedDict):
     queries_without_match: NotRequired[int]
     unmatched_queries: NotRequired[Literal["miss", "exclude"]]
     per_class_cmc: NotRequired[dict[str, dict[str, list[float] | list[int]]]]
+    sampled_queries: NotRequired[dict[str, int]]
+    sampling_interval: NotRequired[dict[str, dict[str, list[float]]]]
     queries: int
     fitting_items: NotRequired[int]
     gallery_items: NotRequired[int]

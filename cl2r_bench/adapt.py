@@ -60,7 +60,7 @@ class EmbeddingsError(DataError):
     """The user's embedding files cannot be used; the message names the file and the fix."""
 
 
-ADAPT_KEYS = ("backfill_orders", "backfill_steps", "unmatched_queries", "per_class_cmc")
+ADAPT_KEYS = ("backfill_orders", "backfill_steps", "unmatched_queries", "per_class_cmc", "queries")
 
 
 def adapt_settings(assignments: list[str]) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def adapt_settings(assignments: list[str]) -> dict[str, Any]:
         merged = merge(merged, parse_assignment(assignment), f"--set {assignment}")
     check_backfill_orders(merged["model_update"]["backfill_orders"])
     update = SimpleNamespace(**merged["model_update"])
-    check_rules("model_update", update, at_least(1, "backfill_steps"))
+    check_rules("model_update", update, at_least(1, "backfill_steps", "queries"))
     check_choices("model_update", update, {"unmatched_queries": UNMATCHED_CONVENTIONS})
     for name in merged["adapter_params"]:
         make_adapter(name, merged["adapter_params"])
@@ -110,7 +110,7 @@ class Study:
         adapter-free cases are ranked once per study, whatever the adapters and seeds."""
         key = (scoring, id(self.test))
         if key not in self.splits:
-            self.splits[key] = StudySplit(self.test, scoring=scoring)
+            self.splits[key] = StudySplit(self.test, scoring=scoring, sample=scoring.sample(len(self.test)))
         return self.splits[key]
 
     @property
@@ -314,7 +314,8 @@ def study_record(result: dict[str, Any], study: Study, *, scenario: str, method:
                    "queries_without_match": result["queries_without_match"],
                    "unmatched_queries": result["unmatched_queries"],
                    **({"per_class_cmc": result["per_class_cmc"]} if "per_class_cmc" in result else {}),
-                   "queries": len(study.test), "fitting_items": len(study.train)},
+                   "queries": result["queries"], "fitting_items": len(study.train),
+                   **{key: result[key] for key in ("sampled_queries", "sampling_interval") if key in result}},
         models=study.about,
         adapter=None if adapter is None else {"name": adapter.name, "fits": [{"task": 1, **result["fit"]}]},
         config=config, device=device_description(device),

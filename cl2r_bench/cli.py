@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument("--seeds", type=seed_argument, nargs="+",
                        help="fit seeds (default: the seed of configs/default.yaml)")
     adapt.add_argument("--name", help="the study's name in results folders (default: TRAIN's file name)")
+    adapt.add_argument("--queries", type=count_argument, metavar="N", help="rank a seeded sample of N queries against "
+                       "the whole gallery, with the sampling noise as a 95%% interval (model_update.queries; default: "
+                       "every query)")
     adapt.add_argument("--json", action="store_true", help="print one JSON line per adapter and seed, then one with "
                        "the summary and the recommendation")
     adapt.add_argument("--output", help="results folder: records go to OUTPUT/adapt/NAME/ADAPTER/seedK/ (default: "
@@ -288,7 +291,7 @@ def command_adapt(args: argparse.Namespace) -> int:
     from cl2r_bench.files import atomic_write_text
     from reporting.adapter_summary import summary_json, summary_text
 
-    settings = adapt_settings(args.set)
+    settings = adapt_settings(args.set if args.queries is None else [*args.set, f"model_update.queries={args.queries}"])
     args.output = settings["output"] if args.output is None else args.output
     args.seeds = args.seeds or [settings["seed"]]
     writable_folder(args.output, "--output")

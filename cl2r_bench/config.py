@@ -30,6 +30,7 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "replacement.pretrain.seed": (int, list),
     "model_update.fit_per_class": (int, type(None)),
     "model_update.test_per_class": (int, type(None)),
+    "model_update.queries": (int, type(None)),
 }
 
 

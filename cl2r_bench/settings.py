@@ -352,10 +352,11 @@ class ModelUpdateSettings:
     backfill_steps: int
     unmatched_queries: str
     per_class_cmc: bool
+    queries: int | None
 
     def __post_init__(self) -> None:
         check_rules("model_update", self, at_least(1, "backfill_steps", "fit_per_class", "test_per_class",
-                                                   "encoder_batch_size"))
+                                                   "encoder_batch_size", "queries"))
         check_choices("model_update", self, {"head": UPDATE_HEADS, "protocol": UPDATE_PROTOCOLS,
                                              "unmatched_queries": UNMATCHED_CONVENTIONS})
         check_backfill_orders(self.backfill_orders)

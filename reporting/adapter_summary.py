@@ -244,8 +244,18 @@ def summary_text(records: list[dict[str, Any]]) -> str:
     rows = summarise(records)
     table = tabulate([summary_cells(r) for r in rows], headers=SUMMARY_COLUMNS, tablefmt="simple",
                      disable_numparse=True)
-    note = unmatched_line(records)
-    return f"{table}\n\n{note + chr(10) if note else ''}recommendation: {recommendation(rows)}"
+    notes = [line for line in (sampled_line(records), unmatched_line(records)) if line]
+    return "\n".join([table, "", *notes, f"recommendation: {recommendation(rows)}"])
+
+
+def sampled_line(records: list[dict[str, Any]]) -> str:
+    """One line when the study ranked a sample of its queries: how many, and where the sampling noise is."""
+    sample = records[0]["retrieval"].get("sampled_queries")
+    if not sample:
+        return ""
+    return (f"a seeded sample of {sample['count']} of {sample['of']} queries ranked the whole gallery; each case's "
+            "95% sampling interval is in the records (retrieval.sampling_interval), and the compatible column's "
+            "interval is over these queries")
 
 
 def summary_json(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -126,8 +126,9 @@ class ModelUpdate(Scenario):
                                   images.labels.to(images.images.device))
 
         mode, update = self.settings.evaluation.mode, self.settings.model_update
-        split = StudySplit(features(stream.query), features(stream.gallery), mode=mode,
-                           scoring=Scoring.of(update))
+        scoring = Scoring.of(update)
+        split = StudySplit(features(stream.query), features(stream.gallery), mode=mode, scoring=scoring,
+                           sample=scoring.sample(len(stream.query)))
         with torch.no_grad():
             study = measure(split, finished.adapter, orders=update.backfill_orders, steps=update.backfill_steps,
                             seed=self.settings.seed)
@@ -137,5 +138,5 @@ class ModelUpdate(Scenario):
                                 "another adapter")
         matrix = [[cases["old/old"]["top1"] / 100, None], [cross, cases["new/new"]["top1"] / 100]]
         return {"compatibility_matrix": matrix, "protocol": "stream",
-                "retrieval": {**study, "queries": len(stream.query), "gallery_items": len(stream.gallery),
+                "retrieval": {**study, "gallery_items": len(stream.gallery),
                               "gallery_mode": mode}}

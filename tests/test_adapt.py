@@ -490,3 +490,24 @@ def test_per_class_cmc_on_request_adds_up_to_the_whole(rotated, tmp_path, capsys
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--output", tmp_path,
                       "--set", "model_update.per_class_cmc=2", capsys=capsys)
     assert code == 2 and "model_update.per_class_cmc = 2 has type int; expected bool" in out.err
+
+
+def test_a_sample_of_queries_is_the_same_for_every_adapter_and_seed_and_says_so(rotated, tmp_path, capsys):
+    """--queries 40 of 120: every record ranks the same 40 queries against all 120 items (paired), says so, and
+    carries each case's sampling interval; the summary says the figures come from a sample."""
+    train, test = rotated
+    code, out = adapt("--train", train, "--test", test, "--adapter", "none", "procrustes", "--seeds", 0, 1,
+                      "--queries", 40, "--output", tmp_path, capsys=capsys)
+    assert code == 0, out.err
+    records = [json.loads(p.read_text()) for p in sorted(tmp_path.rglob("metrics.json"))]
+    assert len(records) == 4
+    for record in records:
+        retrieval = record["retrieval"]
+        assert retrieval["queries"] == 40 and retrieval["sampled_queries"] == {"count": 40, "of": 120, "seed": 0}
+        low, high = retrieval["sampling_interval"]["old/old"]["top1"]
+        assert low <= retrieval["cases"]["old/old"]["top1"] <= high
+    assert len({r["retrieval"]["query_top1"]["old/old"] for r in records}) == 1
+    assert "a seeded sample of 40 of 120 queries ranked the whole gallery" in out.out
+    code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--queries", 0, "--output", tmp_path,
+                      capsys=capsys)
+    assert code == 2 and out.err.count("\n") == 1

@@ -1,6 +1,7 @@
 """The papers' cases, backfilling and zero-shot retention on fitted adapters (benchmarks/paper_protocol.py,
 docs/METHODS.md §7b): which cases each adapter produces, backfilling's end points, and zero-shot retention that an
 orthogonal map keeps exactly."""
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -101,9 +102,35 @@ def test_a_stream_split_scores_queries_against_a_separate_gallery_as_the_evaluat
     fill = backfilling(split, adapter, orders=["random"], steps=2, generator=torch.Generator().manual_seed(0))
     assert fill["curves"]["random"]["top1"][0] == pytest.approx(scores["new/F"].top1)
     assert fill["curves"]["random"]["top1"][-1] == pytest.approx(scores["new/new"].top1)
+    sample = torch.tensor([3, 10, 41, 77])
+    sampled = case_scores(StudySplit(queries, gallery, mode=mode, sample=sample), adapter)
+    for case in expected:
+        assert (sampled[case].query_top1 == scores[case].query_top1[sample.numpy()]).all(), case
 
 
 def test_an_unknown_gallery_mode_is_refused():
     pair, _ = rotated_pair()
     with pytest.raises(ValueError, match="unknown gallery mode 'classes'"):
         StudySplit(pair, pair, mode="classes")
+
+
+def test_the_sampling_interval_of_a_query_sample_covers_the_all_queries_figure():
+    """600 items of 12 noisy classes: 40 seeded samples of 150 queries each rank the whole gallery; their 95 %
+    bootstrap intervals cover the all-queries top-1 and mAP in at least 34 of 40 (binomial: 38 expected)."""
+    from benchmarks.adapter_study import Scoring
+
+    rng = np.random.default_rng(5)
+    labels = rng.integers(0, 12, size=600)
+    old = torch.tensor(rng.normal(size=(12, 16))[labels] + 2.0 * rng.normal(size=(600, 16)), dtype=torch.float32)
+    items = PairedFeatures.normalised(old, old, torch.tensor(labels))
+    scoring = Scoring("miss", per_class_cmc=False)
+    full = case_scores(StudySplit(items, scoring=scoring), None)["old/old"]
+    covered = {"top1": 0, "mAP": 0}
+    for seed in range(40):
+        sample = torch.randperm(600, generator=torch.Generator().manual_seed(seed))[:150].sort().values
+        part = case_scores(StudySplit(items, scoring=scoring, sample=sample), None)["old/old"]
+        assert part.queries == 150
+        interval = part.interval(0.95, 1000)
+        for name, value in (("top1", full.top1), ("mAP", full.mAP)):
+            covered[name] += interval[name][0] <= value <= interval[name][1]
+    assert min(covered.values()) >= 34, covered

@@ -214,3 +214,14 @@ def test_every_step_of_a_backfilling_curve_equals_ranking_its_gallery_again(excl
             assert (step.top1, step.top5) == (again.top1, again.top5)
             assert step.mAP == pytest.approx(again.mAP, abs=1e-9)
             assert np.array_equal(step.first_rank, again.first_rank)
+
+
+def test_a_sample_of_queries_ranks_the_whole_gallery_as_the_full_ranking_does():
+    """Queries that are a sample of the gallery's items (``query_index``), each left out of its own ranking, get
+    exactly the ranks they have in the ranking of every item."""
+    x, y = clusters_with_duplicates(seed=3)
+    whole = retrieval_scores(x, y, x, y, exclude_self=True)
+    sample = torch.tensor([0, 7, 9, 10, 33, 80, 149])
+    part = retrieval_scores(x[sample], y[sample], x, y, exclude_self=True, query_index=sample, chunk_elements=300)
+    assert np.array_equal(part.first_rank, whole.first_rank[sample.numpy()])
+    assert np.allclose(part.ap, whole.ap[sample.numpy()], equal_nan=True)
