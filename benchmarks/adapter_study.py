@@ -358,7 +358,7 @@ def measure(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[s
                 "sampled_queries": {"count": len(split.sample), "of": len(split.queries), "seed": QUERY_SAMPLE_SEED},
                 "sampling_interval": {case: result.interval(SAMPLING_CONFIDENCE, SAMPLING_RESAMPLES)
                                       for case, result in scored.items() if result}}),
-            **({"per_class_cmc": {case: per_class_cmc(result, split.queries.labels)
+            **({"per_class_cmc": {case: per_class_cmc(result, split.query_labels)
                                   for case, result in scored.items() if result}}
                if split.scoring.per_class_cmc else {})}
 
