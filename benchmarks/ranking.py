@@ -45,6 +45,8 @@ import torch.nn.functional as F
 
 from cl2r_bench.settings import UNMATCHED_CONVENTIONS
 
+from .noise import bootstrap_accuracies
+
 CMC_DEPTH = 100
 """The deepest k of the CMC curve a record keeps."""
 
@@ -72,18 +74,23 @@ class RetrievalScores:
         """Each query's top-1 hit (bool), for paired comparisons over queries (:mod:`reporting.adapter_summary`)."""
         return self.first_rank == 1
 
+    @property
+    def counted_first_ranks(self) -> np.ndarray:
+        """The first ranks CMC counts under :attr:`unmatched_queries`: every query's (0, a miss, for one without a
+        positive), or only the matched queries' under ``exclude``."""
+        return self.first_rank if self.unmatched_queries == "miss" else self.first_rank[self.first_rank >= 1]
+
     def cmc(self, k: int) -> float:
         """CMC top-``k`` in percent, under :attr:`unmatched_queries`."""
-        hits = int(((self.first_rank >= 1) & (self.first_rank <= k)).sum())
-        counted = self.queries - (self.queries_without_positive if self.unmatched_queries == "exclude" else 0)
-        return 100.0 * hits / max(counted, 1)
+        counted = self.counted_first_ranks
+        return 100.0 * int(((counted >= 1) & (counted <= k)).sum()) / max(len(counted), 1)
 
     def cmc_curve(self, depth: int = CMC_DEPTH) -> list[float]:
         """CMC top-1 ... top-``depth`` in percent."""
-        matched = self.first_rank[self.first_rank >= 1]
+        counted = self.counted_first_ranks
+        matched = counted[counted >= 1]
         hits = np.cumsum(np.bincount(np.minimum(matched, depth + 1), minlength=depth + 2)[1:depth + 1])
-        counted = self.queries - (self.queries_without_positive if self.unmatched_queries == "exclude" else 0)
-        return (100.0 * hits / max(counted, 1)).tolist()
+        return (100.0 * hits / max(len(counted), 1)).tolist()
 
     @property
     def top1(self) -> float:
@@ -103,21 +110,12 @@ class RetrievalScores:
 
     def interval(self, confidence: float, resamples: int, seed: int = 0) -> dict[str, list[float]]:
         """``{"top1": [low, high], "mAP": [low, high]}`` in percent: the percentile bootstrap interval over these
-        queries, for a sample of queries standing in for all of them (the sampling noise)."""
-        counted = self.first_rank if self.unmatched_queries == "miss" else self.first_rank[self.first_rank >= 1]
-        hits = (counted == 1).astype(np.float64)
-        matched = self.ap[~np.isnan(self.ap)]
-        rng = np.random.default_rng(seed)
+        queries, for a sample of queries standing in for all of them (the sampling noise; the resampling of
+        :func:`benchmarks.noise.bootstrap_accuracies`)."""
         tail = (1 - confidence) / 2 * 100
         bounds = {}
-        for name, values in (("top1", hits), ("mAP", matched)):
-            if not len(values):
-                bounds[name] = [0.0, 0.0]
-                continue
-            per_chunk = max(1, 10_000_000 // len(values))
-            means = np.concatenate([values[rng.integers(0, len(values), size=(min(per_chunk, resamples - done),
-                                                                               len(values)))].mean(axis=1)
-                                    for done in range(0, resamples, per_chunk)]) * 100
+        for name, values in (("top1", self.counted_first_ranks == 1), ("mAP", self.ap[~np.isnan(self.ap)])):
+            means = bootstrap_accuracies(values[None, :], resamples, seed)[0] * 100 if len(values) else np.zeros(1)
             bounds[name] = np.percentile(means, [tail, 100 - tail]).tolist()
         return bounds
 

@@ -299,6 +299,11 @@ def cross_entry(cases: dict[str, dict[str, float] | None]) -> float | None:
     return None if case is None else cases[case]["top1"] / 100
 
 
+NOT_MEASURED = ("adapter", "seed", "fit", "scoring", "seconds")
+"""The keys of :func:`evaluate_adapter`'s result that are not :func:`benchmarks.adapter_study.measure`'s (the
+record's ``retrieval``)."""
+
+
 def study_record(result: dict[str, Any], study: Study, *, scenario: str, method: str, dataset: str,
                  config: dict[str, Any], device: torch.device, adapter: Adapter | None) -> dict[str, Any]:
     """The ``metrics.json`` of one adapter and seed under the leave-one-out protocol (:mod:`benchmarks.record`):
@@ -309,13 +314,8 @@ def study_record(result: dict[str, Any], study: Study, *, scenario: str, method:
     return leave_one_out_record(
         identity={"scenario": scenario, "strategy": scenario, "method": method, "dataset": dataset,
                   "seed": result["seed"]},
-        retrieval={"cases": cases, "query_top1": result["query_top1"], "backfilling": result["backfilling"],
-                   "zero_shot": result["zero_shot"], "cmc": result["cmc"],
-                   "queries_without_match": result["queries_without_match"],
-                   "unmatched_queries": result["unmatched_queries"],
-                   **({"per_class_cmc": result["per_class_cmc"]} if "per_class_cmc" in result else {}),
-                   "queries": result["queries"], "fitting_items": len(study.train),
-                   **{key: result[key] for key in ("sampled_queries", "sampling_interval") if key in result}},
+        retrieval={**{key: value for key, value in result.items() if key not in NOT_MEASURED},
+                   "fitting_items": len(study.train)},
         models=study.about,
         adapter=None if adapter is None else {"name": adapter.name, "fits": [{"task": 1, **result["fit"]}]},
         config=config, device=device_description(device),

@@ -133,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument("--export", metavar="DIR", help="write each fitted adapter (last seed) to DIR/ADAPTER/: state "
                        "dict, torch.export programs (.pt2) and a README snippet for a production system")
     adapt.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="adapter parameters "
-                       "(adapter_params.NAME.KEY=VALUE) or model_update.backfill_orders / backfill_steps / "
-                       "unmatched_queries")
+                       "(adapter_params.NAME.KEY=VALUE) or model_update.KEY=VALUE for backfill_orders, backfill_steps, "
+                       "unmatched_queries, per_class_cmc, queries")
     adapt.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (fitting and scoring)")
     listing = sub.add_parser("list", help="what can be run: the scenarios, strategies, adapters, presets and data "
                              "sets, one line each")

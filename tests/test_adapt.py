@@ -483,6 +483,10 @@ def test_per_class_cmc_on_request_adds_up_to_the_whole(rotated, tmp_path, capsys
         for k in ("top1", "top5"):
             whole = sum(q * v for q, v in zip(per_class["queries"], per_class[k], strict=True)) / 120
             assert whole == pytest.approx(retrieval["cases"][case][k]), (case, k)
+    code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--output", tmp_path / "sampled",
+                      "--queries", 30, "--set", "model_update.per_class_cmc=true", capsys=capsys)
+    retrieval = json.loads(next((tmp_path / "sampled").rglob("metrics.json")).read_text())["retrieval"]
+    assert code == 0 and sum(retrieval["per_class_cmc"]["old/old"]["queries"]) == 30
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--output", tmp_path / "plain",
                       capsys=capsys)
     assert "per_class_cmc" not in json.loads(next((tmp_path / "plain").rglob("metrics.json")).read_text())[
@@ -493,8 +497,12 @@ def test_per_class_cmc_on_request_adds_up_to_the_whole(rotated, tmp_path, capsys
 
 
 def test_a_sample_of_queries_is_the_same_for_every_adapter_and_seed_and_says_so(rotated, tmp_path, capsys):
-    """--queries 40 of 120: every record ranks the same 40 queries against all 120 items (paired), says so, and
-    carries each case's sampling interval; the summary says the figures come from a sample."""
+    """--queries 40 of 120: every record ranks the same 40 queries against all 120 items (paired), each query's
+    top-1 hit the one it has when every query is ranked, says so, and carries each case's sampling interval; the
+    summary says the figures come from a sample."""
+    from benchmarks.adapter_study import Scoring
+    from benchmarks.record import unpack_hits
+
     train, test = rotated
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "procrustes", "--seeds", 0, 1,
                       "--queries", 40, "--output", tmp_path, capsys=capsys)
@@ -505,9 +513,16 @@ def test_a_sample_of_queries_is_the_same_for_every_adapter_and_seed_and_says_so(
         retrieval = record["retrieval"]
         assert retrieval["queries"] == 40 and retrieval["sampled_queries"] == {"count": 40, "of": 120, "seed": 0}
         low, high = retrieval["sampling_interval"]["old/old"]["top1"]
-        assert low <= retrieval["cases"]["old/old"]["top1"] <= high
+        assert low < retrieval["cases"]["old/old"]["top1"] < high or low == high == 100.0
     assert len({r["retrieval"]["query_top1"]["old/old"] for r in records}) == 1
     assert "a seeded sample of 40 of 120 queries ranked the whole gallery" in out.out
+    code, out = adapt("--train", train, "--test", test, "--adapter", "procrustes", "--output", tmp_path / "all",
+                      capsys=capsys)
+    every = json.loads(next((tmp_path / "all").rglob("metrics.json")).read_text())["retrieval"]["query_top1"]
+    sample = Scoring("miss", per_class_cmc=False, queries=40).sample(120).numpy()
+    procrustes = next(r for r in records if r["method"] == "procrustes")["retrieval"]["query_top1"]
+    for case in ("old/old", "B/old"):
+        assert (unpack_hits(procrustes[case], 40) == unpack_hits(every[case], 120)[sample]).all(), case
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--queries", 0, "--output", tmp_path,
                       capsys=capsys)
     assert code == 2 and out.err.count("\n") == 1
