@@ -37,6 +37,7 @@ setup(
         "pillow",
         "timm>=1.0",
         "jinja2",
+        "numba",
     ],
     extras_require={"test": ["pytest", "tensorboard", "submitit", "scikit-learn", *LITE_WEIGHTS, *OPEN_CLIP, *CHECKS,
                              *BROWSER],

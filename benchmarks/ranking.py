@@ -39,12 +39,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from cl2r_bench.settings import UNMATCHED_CONVENTIONS
 
+from . import ranking_cpu
 from .noise import bootstrap_accuracies
 
 CMC_DEPTH = 100
@@ -277,10 +279,24 @@ def items_above(scores: list[torch.Tensor], thresholds: torch.Tensor, owner: tor
                 steps: int) -> torch.Tensor:
     """``(curves, rows, steps, m)``: how many gallery items come before the positive whose similarity is
     ``thresholds[row, i]`` (ascending; ``owner[row, i]`` is that positive's gallery index), at each step of each
-    curve. Items are placed among the thresholds by binary search; a histogram per curve, summed over the steps at
-    which items turn fresh, counts those with a larger similarity, and the items whose similarity equals a
-    positive's (few: duplicates and float coincidences) are added where their index is lower, the stable sort's
-    tie-break (module docstring)."""
+    curve: the items with a larger similarity, and those with an equal one (few: duplicates and float coincidences)
+    and a lower gallery index, the stable sort's tie-break (module docstring). On CPU the compiled kernel of
+    :mod:`benchmarks.ranking_cpu` counts them, elsewhere :func:`items_above_vectorised`; both give the same counts."""
+    if thresholds.device.type != "cpu":
+        return items_above_vectorised(scores, thresholds, owner, fresh_from, steps)
+    numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    entry = fresh_from.clamp(max=steps)
+    stale = scores[-1]
+    return torch.from_numpy(ranking_cpu.items_above(
+        scores[0].contiguous().numpy(), stale.contiguous().numpy(), thresholds.contiguous().numpy(),
+        owner.contiguous().numpy(), entry.contiguous().numpy(), steps, len(scores)))
+
+
+def items_above_vectorised(scores: list[torch.Tensor], thresholds: torch.Tensor, owner: torch.Tensor,
+                           fresh_from: torch.Tensor, steps: int) -> torch.Tensor:
+    """:func:`items_above` in tensor operations, for any device: items are placed among the thresholds by binary
+    search, a histogram per curve, summed over the steps at which items turn fresh, counts those with a larger
+    similarity, and :func:`add_ties` adds the equal ones."""
     rows, n = scores[0].shape
     device = thresholds.device
     curves, m = len(fresh_from), thresholds.shape[1]

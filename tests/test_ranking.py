@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks import ranking
 from benchmarks.ranking import backfilling_scores, retrieval_scores
 
 # Five unit vectors; cosines: (0,1) .8, (0,3) .6, (1,3) .96, (1,2) .6, (2,3) .8, (0,2) 0, (2,4) 0, (3,4) -.6,
@@ -225,3 +226,24 @@ def test_a_sample_of_queries_ranks_the_whole_gallery_as_the_full_ranking_does():
     part = retrieval_scores(x[sample], y[sample], x, y, exclude_self=True, query_index=sample, chunk_elements=300)
     assert np.array_equal(part.first_rank, whole.first_rank[sample.numpy()])
     assert np.allclose(part.ap, whole.ap[sample.numpy()], equal_nan=True)
+
+
+@pytest.mark.parametrize("versions, curves, steps", [(1, 1, 1), (2, 2, 11)])
+def test_the_cpu_kernel_counts_exactly_what_the_vectorised_version_counts(versions, curves, steps):
+    """:func:`benchmarks.ranking.items_above` on CPU (the compiled kernel) against
+    :func:`benchmarks.ranking.items_above_vectorised` (the GPU path), on similarities rounded to quarters so that
+    most items tie with some positive, with positives of both versions, padding (+inf) and the own item (-inf)."""
+    generator = torch.Generator().manual_seed(versions)
+    rows, n, per_version = 9, 301, 12
+    scores = [torch.round(torch.randn(rows, n, generator=generator) * 4) / 4 for _ in range(versions)]
+    for block in scores:
+        block[torch.arange(rows), torch.arange(rows)] = float("-inf")
+    positive = torch.randint(0, n, (rows, per_version), generator=generator)
+    similarity = torch.cat([block.gather(1, positive) for block in scores], dim=1)
+    similarity[:, -3:] = float("inf")
+    thresholds, placed = similarity.sort(dim=1)
+    owner = positive.repeat(1, versions).gather(1, placed)
+    fresh_from = torch.randint(0, steps + 1, (curves, n), generator=generator)
+    kernel = ranking.items_above(scores, thresholds, owner, fresh_from, steps)
+    assert torch.equal(kernel, ranking.items_above_vectorised(scores, thresholds, owner, fresh_from, steps))
+    assert kernel.shape == (curves, rows, steps, versions * per_version)
