@@ -10,8 +10,11 @@ its ranking: the adapter papers' protocol, where the test split is both query an
   choice). Every score reads only the 1-based ranks of the query's *positives* (the gallery items of its label).
 * CMC top-k: the share of queries whose first positive is within rank k.
 * mAP: for a query with P positives at ranks r_1 < ... < r_P, AP = (1/P) Σ_j j / r_j, the average precision over
-  the whole ranking (not mAP@R); averaged over the queries with at least one positive. This is scikit-learn's
+  the whole ranking; averaged over the queries with at least one positive. This is scikit-learn's
   ``average_precision_score`` on the similarities when no two similarities tie.
+* mAP@R, the large-gallery definition (Musgrave et al., "A Metric Learning Reality Check", 2020): the same sum
+  over the positives within the first R = P ranks only, AP@R = (1/P) Σ_{j: r_j <= P} j / r_j; it reads only the
+  first R items of a ranking, so a top-k search (:mod:`benchmarks.faiss_search`) gives it too.
 * **Queries without a match** (no other item of their label) are counted (``queries_without_positive``) and, by
   the convention ``unmatched_queries``, either count as misses in CMC (``miss``, the suite's default) or are left
   out of it (``exclude``, the FCT authors' evaluation); the mAP always leaves them out. METHODS.md §7b says which
@@ -56,11 +59,13 @@ CMC_DEPTH = 100
 @dataclass(frozen=True)
 class RetrievalScores:
     """The scores of one ranking, from each query's ``first_rank`` (1-based rank of its first positive; 0 for a
-    query without one) and ``ap`` (float64 average precision, NaN without a positive); ``unmatched_queries`` is the
-    CMC convention (module docstring). Every score is in percent."""
+    query without one), ``ap`` and ``ap_at_r`` (float64 average precision over the whole ranking and over its first
+    R ranks, NaN without a positive); ``unmatched_queries`` is the CMC convention (module docstring). Every score
+    is in percent."""
 
     first_rank: np.ndarray = field(repr=False, compare=False)
     ap: np.ndarray = field(repr=False, compare=False)
+    ap_at_r: np.ndarray = field(repr=False, compare=False)
     unmatched_queries: str = "miss"
 
     @property
@@ -104,11 +109,14 @@ class RetrievalScores:
 
     @property
     def mAP(self) -> float:
-        matched = self.ap[~np.isnan(self.ap)]
-        return 100.0 * float(matched.sum()) / max(len(matched), 1)
+        return mean_precision(self.ap)
+
+    @property
+    def mAP_at_R(self) -> float:
+        return mean_precision(self.ap_at_r)
 
     def as_dict(self) -> dict[str, float]:
-        return {"top1": self.top1, "top5": self.top5, "mAP": self.mAP}
+        return {"top1": self.top1, "top5": self.top5, "mAP": self.mAP, "mAP@R": self.mAP_at_R}
 
     def interval(self, confidence: float, resamples: int, seed: int = 0) -> dict[str, list[float]]:
         """``{"top1": [low, high], "mAP": [low, high]}`` in percent: the percentile bootstrap interval over these
@@ -124,7 +132,14 @@ class RetrievalScores:
     def per_class_cmc(self, labels: np.ndarray, k: int = 1) -> dict[int, float]:
         """CMC top-``k`` of each query label's queries, in percent, under the same convention."""
         return {int(c): RetrievalScores(self.first_rank[labels == c], self.ap[labels == c],
-                                        self.unmatched_queries).cmc(k) for c in np.unique(labels)}
+                                        self.ap_at_r[labels == c], self.unmatched_queries).cmc(k)
+                for c in np.unique(labels)}
+
+
+def mean_precision(ap: np.ndarray) -> float:
+    """The mean in percent of the queries' average precisions, those without a positive (NaN) left out."""
+    matched = ap[~np.isnan(ap)]
+    return 100.0 * float(matched.sum()) / max(len(matched), 1)
 
 
 def retrieval_scores(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
@@ -192,7 +207,7 @@ def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tenso
     thresholds = len(versions) * by_label.largest + 1
     rows = max(1, min(chunk_elements // max(n, 1), chunk_elements // (curves * (steps + 1) * thresholds)))
     first = torch.zeros(curves, steps, len(q), dtype=torch.long)
-    ap = torch.full((curves, steps, len(q)), float("nan"), dtype=torch.float64)
+    ap = torch.full((2, curves, steps, len(q)), float("nan"), dtype=torch.float64)
     for start in range(0, len(q), rows):
         stop = min(start + rows, len(q))
         scores = [q[start:stop] @ v.t() for v in versions]
@@ -202,9 +217,9 @@ def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tenso
                 block[torch.arange(stop - start, device=device), own] = float("-inf")
         index, valid = by_label.positives(query_labels[start:stop], own)
         ranks, counts = positive_ranks(scores, index, valid, fresh_from, steps)
-        first[:, :, start:stop], ap[:, :, start:stop] = summarise_ranks(ranks, counts)
+        first[:, :, start:stop], ap[:, :, :, start:stop] = summarise_ranks(ranks, counts)
     first_np, ap_np = first.numpy(), ap.numpy()
-    return [[RetrievalScores(first_np[c, t], ap_np[c, t], unmatched_queries) for t in range(steps)]
+    return [[RetrievalScores(first_np[c, t], ap_np[0, c, t], ap_np[1, c, t], unmatched_queries) for t in range(steps)]
             for c in range(curves)]
 
 
@@ -236,13 +251,14 @@ class LabelIndex:
 
 
 def summarise_ranks(ranks: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each query's first rank (0 without a positive) and AP (NaN without one) from its positives' ``ranks``
-    (``(curves, steps, rows, P)``, ascending, padding past ``counts``)."""
+    """Each query's first rank (0 without a positive), and its AP and AP@R stacked (NaN without a positive), from its
+    positives' ``ranks`` (``(curves, steps, rows, P)``, ascending, padding past ``counts``)."""
     valid = torch.arange(ranks.shape[-1], device=ranks.device) < counts[:, None]
     first = torch.where(counts > 0, ranks[..., 0] if ranks.shape[-1] else torch.zeros_like(counts), 0)
     order = torch.arange(1, ranks.shape[-1] + 1, device=ranks.device, dtype=torch.float64)
     precision = torch.where(valid, order / ranks.double(), 0.0)
-    ap = precision.sum(dim=-1) / counts.double()
+    within_r = torch.where(ranks <= counts[:, None], precision, 0.0)
+    ap = torch.stack([precision.sum(dim=-1), within_r.sum(dim=-1)]) / counts.double()
     ap = torch.where(counts > 0, ap, float("nan"))
     return first.cpu(), ap.cpu()
 

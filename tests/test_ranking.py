@@ -20,20 +20,24 @@ def test_self_excluded_scores_by_hand():
     q0: 1 (.8, class 0), 3, 2, 4 -> hit, AP 1/1;     q1: 3 (.96, class 1), 0 (.8), ... -> miss, AP 1/2;
     q2: 3 (.8, class 1), 1, then 0 and 4 tie at 0 -> hit, AP 1;   q3: 1 (.96), 2 (.8, class 1) -> miss, AP 1/2;
     q4: no other item of class 2 -> miss, left out of the mAP.
-    top-1 2/5, top-5 4/5 (every query with a positive sees all four others), mAP (1 + .5 + 1 + .5) / 4."""
+    top-1 2/5, top-5 4/5 (every query with a positive sees all four others), mAP (1 + .5 + 1 + .5) / 4; each query
+    with a match has R = 1 positive, so AP@R is its top-1 hit: mAP@R (1 + 0 + 1 + 0) / 4."""
     scores = retrieval_scores(ITEMS, LABELS, ITEMS, LABELS, exclude_self=True)
     assert scores.top1 == pytest.approx(40.0)
     assert scores.top5 == pytest.approx(80.0)
     assert scores.mAP == pytest.approx(75.0)
+    assert scores.mAP_at_R == pytest.approx(50.0)
     assert (scores.queries, scores.queries_without_positive) == (5, 1)
 
 
 def test_with_the_own_item_kept_each_query_finds_itself_first():
     """Own item at rank 1: q0 positives at ranks 1, 2 -> AP 1; q1 at 1 and 3 (after item 3, .96) -> (1 + 2/3) / 2;
-    q2 at 1, 2 -> 1; q3 at 1 and 3 -> (1 + 2/3) / 2; q4 itself -> 1."""
+    q2 at 1, 2 -> 1; q3 at 1 and 3 -> (1 + 2/3) / 2; q4 itself -> 1. mAP@R reads the first R ranks only: R = 2 for
+    q0-q3, so q1 and q3 keep only their rank-1 positive, 1/2 each; R = 1 for q4: (1 + .5 + 1 + .5 + 1) / 5."""
     scores = retrieval_scores(ITEMS, LABELS, ITEMS, LABELS, exclude_self=False)
     assert scores.top1 == pytest.approx(100.0)
     assert scores.mAP == pytest.approx(100 * (1 + 5 / 6 + 1 + 5 / 6 + 1) / 5)
+    assert scores.mAP_at_R == pytest.approx(80.0)
     assert scores.queries_without_positive == 0
 
 
@@ -57,11 +61,12 @@ def test_top5_counts_a_positive_at_rank_5_but_not_at_rank_6():
     assert scores.mAP == pytest.approx(100 * (1 / 5 + 1 / 6) / 2)
 
 
-def brute_force(queries: np.ndarray, labels: np.ndarray, exclude_self: bool) -> tuple[float, float, float]:
-    """top-1, top-5 and mAP by the definitions, one query at a time (stable descending sort)."""
+def brute_force(queries: np.ndarray, labels: np.ndarray, exclude_self: bool) -> tuple[float, float, float, float]:
+    """top-1, top-5, mAP and mAP@R by the definitions, one query at a time (stable descending sort); AP@R is the
+    precision at each of the first R ranks that holds a positive, summed and divided by R, the query's positives."""
     q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
     top1 = top5 = 0
-    aps = []
+    aps, aps_at_r = [], []
     for i in range(len(q)):
         keep = np.array([j for j in range(len(q)) if not (exclude_self and j == i)])
         order = keep[np.argsort(-(q[keep] @ q[i]), kind="stable")]
@@ -71,7 +76,9 @@ def brute_force(queries: np.ndarray, labels: np.ndarray, exclude_self: bool) -> 
         if relevant.any():
             ranks = np.flatnonzero(relevant) + 1
             aps.append(np.mean(np.arange(1, len(ranks) + 1) / ranks))
-    return 100 * top1 / len(q), 100 * top5 / len(q), 100 * float(np.mean(aps))
+            first_r = relevant[:len(ranks)]
+            aps_at_r.append(float((np.cumsum(first_r) / np.arange(1, len(ranks) + 1))[first_r].sum() / len(ranks)))
+    return 100 * top1 / len(q), 100 * top5 / len(q), 100 * float(np.mean(aps)), 100 * float(np.mean(aps_at_r))
 
 
 @pytest.mark.parametrize("exclude_self", [True, False])
@@ -82,7 +89,9 @@ def test_random_clusters_match_the_brute_force_definition_and_chunking_changes_n
     x, y = torch.tensor(features, dtype=torch.float32), torch.tensor(labels)
     whole = retrieval_scores(x, y, x, y, exclude_self=exclude_self)
     chunked = retrieval_scores(x, y, x, y, exclude_self=exclude_self, chunk_elements=250)
-    assert (whole.top1, whole.top5, whole.mAP) == pytest.approx(brute_force(features, labels, exclude_self), abs=1e-4)
+    assert (whole.top1, whole.top5, whole.mAP, whole.mAP_at_R) == pytest.approx(
+        brute_force(features, labels, exclude_self), abs=1e-4)
+    assert whole.mAP_at_R < whole.mAP
     assert chunked.as_dict() == pytest.approx(whole.as_dict(), abs=1e-9)
     assert 0 < whole.mAP < 100 and not math.isnan(whole.mAP)
 
@@ -173,7 +182,8 @@ def test_cmc_at_any_k_and_the_curve_follow_the_first_positive():
         assert scores.cmc(k) == pytest.approx(100 * np.mean((first >= 1) & (first <= k)))
     curve = scores.cmc_curve(100)
     assert len(curve) == 100 and curve[0] == scores.top1 and curve[4] == scores.top5 and curve[-1] == scores.cmc(100)
-    assert (scores.top1, scores.top5, scores.mAP) == pytest.approx(brute_force(x.numpy(), y.numpy(), True), abs=1e-9)
+    assert (scores.top1, scores.top5, scores.mAP, scores.mAP_at_R) == pytest.approx(
+        brute_force(x.numpy(), y.numpy(), True), abs=1e-9)
 
 
 def test_unmatched_queries_are_counted_and_their_convention_is_applied():
