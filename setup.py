@@ -15,7 +15,7 @@ BROWSER = ["playwright"]
 
 setup(
     name="cl2r-bench",
-    version="0.5.0",
+    version="0.6.0",
     description="Compatible representation learning benchmarks: CL2R and IAM-CL2R scenarios, strategies, "
                 "compatibility matrix and leaderboards",
     long_description=open("README.md", encoding="utf-8").read(),

@@ -3,4 +3,9 @@
 The suite's own parts live here; the users' parts are the top-level packages ``scenarios``, ``strategies`` and
 ``benchmarks``. The layout is described in the README (Layout).
 """
-__version__ = "0.2.0"
+from importlib import metadata
+
+try:
+    __version__: str | None = metadata.version("cl2r-bench")
+except metadata.PackageNotFoundError:
+    __version__ = None

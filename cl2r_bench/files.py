@@ -23,7 +23,8 @@ from typing import IO, Any
 
 import torch
 
-PACKAGES = ("torch", "torchvision", "avalanche-lib", "numpy", "tabulate", "pyyaml", "tqdm", "matplotlib")
+PACKAGES = ("cl2r-bench", "torch", "torchvision", "avalanche-lib", "numpy", "numba", "timm", "tabulate", "pyyaml",
+            "tqdm", "matplotlib")
 
 
 class FolderBusyError(RuntimeError):
