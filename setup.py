@@ -12,6 +12,9 @@ OPEN_CLIP = ["open_clip_torch>=3.0"]
 CHECKS = ["ruff", "import-linter", "mkdocs>=1.6,<2"]
 # Drives the system's Chromium (Debian's chromium; .ci/run installs it) to check the HTML report in a real browser.
 BROWSER = ["playwright"]
+# faiss's exact top-k search: the independent check and yardstick of the ranking on large galleries
+# (benchmarks/faiss_search.py, python -m tools.bench_large); faiss-gpu where a GPU is.
+LARGE = ["faiss-cpu"]
 
 setup(
     name="cl2r-bench",
@@ -40,10 +43,11 @@ setup(
         "numba",
     ],
     extras_require={"test": ["pytest", "tensorboard", "submitit", "scikit-learn", *LITE_WEIGHTS, *OPEN_CLIP, *CHECKS,
-                             *BROWSER],
+                             *BROWSER, *LARGE],
                     "tensorboard": ["tensorboard"],
                     "imagenet-lite": LITE_WEIGHTS,
                     "open-clip": OPEN_CLIP,
+                    "large": LARGE,
                     "slurm": ["submitit"]},
     entry_points={"console_scripts": ["cl2r-bench=cl2r_bench.cli:main"]},
 )

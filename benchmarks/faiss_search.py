@@ -1,0 +1,98 @@
+"""Exact top-k search with faiss, the field's tool for large galleries: CMC top-k and mAP@R of a set of queries,
+the gallery searched in chunks (docs/METHODS.md §7b; docs/scale-out.md, "Galleries of millions").
+
+It is the suite's independent check and yardstick, not its ranking engine: :mod:`benchmarks.ranking` gives the same
+CMC top-k (k <= ``depth``) and mAP@R, and also the papers' mAP over the whole ranking and a backfilling curve for
+about the price of one ranking, which a top-k search cannot give. ``tests/test_faiss_search.py`` checks that both
+agree to the last digit where no two similarities tie; ``python -m tools.bench_large`` times both on the same
+arrays.
+
+* Similarity is the inner product of L2-normalised rows (cosine), as in :mod:`benchmarks.ranking`.
+* Each gallery chunk is searched with ``faiss.knn`` (a matrix product and a k-selection) and the chunks' results are
+  merged by ``faiss.ResultHeap``, so memory holds one chunk and the ``queries x k`` results.
+* k is the larger of ``depth`` and the most positives a query has, plus one for the own item when it is left out
+  (it is searched and then dropped); equal similarities come back in faiss's order, not by gallery index.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import faiss
+import numpy as np
+
+from .ranking import CMC_DEPTH, mean_precision
+
+
+@dataclass(frozen=True)
+class TopKScores:
+    """CMC and mAP@R from each query's ``first_rank`` (1-based rank of its first positive within the searched
+    ``depth``; ``depth + 1`` when it lies deeper; 0 without a positive) and ``ap_at_r`` (NaN without a positive).
+    CMC counts queries without a positive as misses, :mod:`benchmarks.ranking`'s default convention."""
+
+    first_rank: np.ndarray = field(repr=False, compare=False)
+    ap_at_r: np.ndarray = field(repr=False, compare=False)
+    depth: int
+
+    def cmc(self, k: int) -> float:
+        if not 1 <= k <= self.depth:
+            raise ValueError(f"CMC top-{k} needs a search at least {k} deep; this one is {self.depth} deep")
+        return 100.0 * int(((self.first_rank >= 1) & (self.first_rank <= k)).sum()) / max(len(self.first_rank), 1)
+
+    @property
+    def mAP_at_R(self) -> float:
+        return mean_precision(self.ap_at_r)
+
+
+def gallery_chunks(gallery: np.ndarray, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+    """``(start, rows)`` of an in-memory or memory-mapped gallery, each chunk read and normalised on its own."""
+    for start in range(0, len(gallery), rows):
+        yield start, normalised(gallery[start:start + rows])
+
+
+def normalised(rows: np.ndarray) -> np.ndarray:
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+
+
+def search(queries: np.ndarray, chunks: Iterable[tuple[int, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` most similar gallery items of each (normalised) query over every chunk: similarities and gallery
+    indices, ``(queries, k)`` each, most similar first."""
+    heap = faiss.ResultHeap(len(queries), k, keep_max=True)
+    for start, chunk in chunks:
+        similarity, index = faiss.knn(queries, chunk, min(k, len(chunk)), metric=faiss.METRIC_INNER_PRODUCT)
+        heap.add_result(similarity, index + start)
+    heap.finalize()
+    return heap.D, heap.I
+
+
+def top_k_scores(queries: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray, gallery_labels: np.ndarray, *,
+                 own_index: np.ndarray | None = None, depth: int = CMC_DEPTH,
+                 chunk_rows: int = 65536) -> TopKScores:
+    """CMC top-1 ... top-``depth`` and mAP@R of ``queries`` against ``gallery`` (module docstring); ``own_index``:
+    each query's own gallery item, left out of its ranking (the leave-one-out protocol), or None."""
+    label_counts = dict(zip(*np.unique(gallery_labels, return_counts=True), strict=True))
+    positives = np.array([label_counts.get(label, 0) for label in query_labels.tolist()], dtype=np.int64)
+    if own_index is not None:
+        positives -= gallery_labels[own_index] == query_labels
+    extra = 0 if own_index is None else 1
+    k = min(max(depth, int(positives.max(initial=0))) + extra, len(gallery))
+    _, index = search(normalised(queries), gallery_chunks(gallery, chunk_rows), k)
+    if own_index is not None:
+        index = drop_own(index, own_index)
+    relevant = gallery_labels[index] == query_labels[:, None]
+    hit = relevant.any(axis=1)
+    first_rank = np.where(hit, relevant.argmax(axis=1) + 1, depth + 1)
+    first_rank = np.where(positives > 0, np.minimum(first_rank, depth + 1), 0)
+    within_r = relevant & (np.arange(1, index.shape[1] + 1) <= positives[:, None])
+    precision = np.cumsum(within_r, axis=1) / np.arange(1, index.shape[1] + 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ap_at_r = np.where(positives > 0, (precision * within_r).sum(axis=1) / positives, np.nan)
+    return TopKScores(first_rank, ap_at_r, depth)
+
+
+def drop_own(index: np.ndarray, own_index: np.ndarray) -> np.ndarray:
+    """Each row of ``index`` without its own item (or without its last entry, when the own item was not found)."""
+    own = index == own_index[:, None]
+    own[~own.any(axis=1), -1] = True
+    return index[~own].reshape(len(index), index.shape[1] - 1)
