@@ -40,7 +40,9 @@ tools.bench_ranking`` and ``python -m tools.bench_adapt_study`` measure time and
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numba
 import numpy as np
@@ -50,6 +52,7 @@ import torch.nn.functional as F
 from cl2r_bench.settings import UNMATCHED_CONVENTIONS
 
 from . import ranking_cpu
+from .gallery_rows import GalleryRows
 from .noise import bootstrap_accuracies
 
 CMC_DEPTH = 100
@@ -142,31 +145,35 @@ def mean_precision(ap: np.ndarray) -> float:
     return 100.0 * float(matched.sum()) / max(len(matched), 1)
 
 
-def retrieval_scores(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
+def retrieval_scores(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor | GalleryRows,
                      gallery_labels: torch.Tensor, *, exclude_self: bool, unmatched_queries: str = "miss",
                      query_index: torch.Tensor | None = None, chunk_elements: int = 1 << 24) -> RetrievalScores:
     """The scores of the module docstring; inputs on any one device. ``query_index``: with ``exclude_self``, the
     queries are a sample of the gallery's items, query i being gallery item ``query_index[i]`` (left out of its
-    ranking), rather than all of them in order."""
+    ranking), rather than all of them in order. A :class:`~benchmarks.gallery_rows.GalleryRows` gallery is streamed
+    in chunks (:func:`streamed`), a tensor ranked whole."""
     own = check_inputs(queries, query_labels, gallery, gallery_labels, exclude_self, unmatched_queries, query_index)
     fresh_from = torch.zeros(1, len(gallery), dtype=torch.long)
-    return ranked(queries, query_labels, gallery, None, gallery_labels, fresh_from, 1, own,
+    engine = ranked if isinstance(gallery, torch.Tensor) else streamed
+    return engine(queries, query_labels, gallery, None, gallery_labels, fresh_from, 1, own,
                   unmatched_queries, chunk_elements)[0][0]
 
 
-def backfilling_scores(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor,
-                       gallery_labels: torch.Tensor, fresh_from: torch.Tensor, steps: int, *, exclude_self: bool,
+def backfilling_scores(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tensor | GalleryRows,
+                       stale: torch.Tensor | GalleryRows, gallery_labels: torch.Tensor, fresh_from: torch.Tensor,
+                       steps: int, *, exclude_self: bool,
                        unmatched_queries: str = "miss", query_index: torch.Tensor | None = None,
                        chunk_elements: int = 1 << 24) -> list[list[RetrievalScores]]:
     """The scores at every step of several backfilling curves over one gallery: gallery item j is ``fresh[j]`` at
     the steps t >= ``fresh_from[c, j]`` of curve c and ``stale[j]`` before (``fresh_from``: ``(curves, n)`` in
     0..``steps``, ``steps`` meaning never). ``[curve][step]``; each equals :func:`retrieval_scores` of that step's
-    gallery (module docstring); ``query_index`` as in :func:`retrieval_scores`."""
+    gallery (module docstring); ``query_index`` and the kinds of gallery as in :func:`retrieval_scores`."""
     own = check_inputs(queries, query_labels, fresh, gallery_labels, exclude_self, unmatched_queries, query_index)
     if stale.shape != fresh.shape or fresh_from.ndim != 2 or fresh_from.shape[1] != len(fresh):
         raise ValueError(f"stale {tuple(stale.shape)} must match fresh {tuple(fresh.shape)}, and fresh_from must be "
                          f"(curves, {len(fresh)}), not {tuple(fresh_from.shape)}")
-    return ranked(queries, query_labels, fresh, stale, gallery_labels, fresh_from.long(), steps, own,
+    engine = ranked if isinstance(fresh, torch.Tensor) else streamed
+    return engine(queries, query_labels, fresh, stale, gallery_labels, fresh_from.long(), steps, own,
                   unmatched_queries, chunk_elements)
 
 
@@ -216,11 +223,90 @@ def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tenso
             for block in scores:
                 block[torch.arange(stop - start, device=device), own] = float("-inf")
         index, valid = by_label.positives(query_labels[start:stop], own)
-        ranks, counts = positive_ranks(scores, index, valid, fresh_from, steps)
+        similarity = [block.gather(1, index) for block in scores]
+        ranks, counts = positive_ranks(similarity, index, valid, n, fresh_from, steps,
+                                       partial(items_above, scores, fresh_from=fresh_from, steps=steps))
         first[:, :, start:stop], ap[:, :, :, start:stop] = summarise_ranks(ranks, counts)
+    return as_scores(first, ap, unmatched_queries)
+
+
+def as_scores(first: torch.Tensor, ap: torch.Tensor, unmatched_queries: str) -> list[list[RetrievalScores]]:
+    """``[curve][step]`` scores from the first ranks ``(curves, steps, queries)`` and AP / AP@R ``(2, ...)``."""
     first_np, ap_np = first.numpy(), ap.numpy()
-    return [[RetrievalScores(first_np[c, t], ap_np[0, c, t], ap_np[1, c, t], unmatched_queries) for t in range(steps)]
-            for c in range(curves)]
+    return [[RetrievalScores(first_np[c, t], ap_np[0, c, t], ap_np[1, c, t], unmatched_queries)
+             for t in range(first_np.shape[1])] for c in range(first_np.shape[0])]
+
+
+def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRows, stale: GalleryRows | None,
+             gallery_labels: torch.Tensor, fresh_from: torch.Tensor, steps: int, own_index: torch.Tensor | None,
+             unmatched_queries: str, chunk_elements: int) -> list[list[RetrievalScores]]:
+    """:func:`ranked` with the gallery read in chunks, never whole (docs/scale-out.md, "Galleries of millions").
+
+    Per block of queries, each positive's similarity is computed first, class by class (the block's queries of a
+    label against that label's gallery items); then every chunk of the gallery is compared with the block and its
+    items are counted above the positives they exceed (:func:`items_above`, whose counts add up over chunks). In
+    each chunk the positives' own entries are set to the similarities their thresholds were made of, so a positive
+    is placed against itself exactly whatever rounding the two matrix products had."""
+    device = fresh.device
+    q = F.normalize(queries.float(), dim=1).to(device)
+    versions = [v for v in (fresh, stale) if v is not None]
+    query_labels, gallery_labels = query_labels.to(device), gallery_labels.to(device)
+    fresh_from = fresh_from.to(device)
+    n, curves = len(fresh), len(fresh_from)
+    by_label = LabelIndex(gallery_labels)
+    thresholds = len(versions) * by_label.largest + 1
+    rows = max(1, min(len(q), chunk_elements // (curves * (steps + 1) * thresholds)))
+    items = max(1, chunk_elements // rows)
+    first = torch.zeros(curves, steps, len(q), dtype=torch.long)
+    ap = torch.full((2, curves, steps, len(q)), float("nan"), dtype=torch.float64)
+    for start in range(0, len(q), rows):
+        stop = min(start + rows, len(q))
+        block, own = q[start:stop], None if own_index is None else own_index[start:stop]
+        index, valid = by_label.positives(query_labels[start:stop], own)
+        similarity = [positive_similarity(block, query_labels[start:stop], version, by_label, valid)
+                      for version in versions]
+        ranks, counts = positive_ranks(similarity, index, valid, n, fresh_from, steps, partial(
+            chunked_items_above, block=block, versions=versions, items=items, own=own, index=index, valid=valid,
+            similarity=similarity, fresh_from=fresh_from, steps=steps))
+        first[:, :, start:stop], ap[:, :, :, start:stop] = summarise_ranks(ranks, counts)
+    return as_scores(first, ap, unmatched_queries)
+
+
+def positive_similarity(block: torch.Tensor, block_labels: torch.Tensor, gallery: GalleryRows,
+                        by_label: LabelIndex, valid: torch.Tensor) -> torch.Tensor:
+    """``(rows, P)``: each query's similarity to the gallery items of its label in :class:`LabelIndex` order (the
+    slots of :meth:`LabelIndex.positives`; zero where not ``valid``), one matrix product per label of the block."""
+    similarity = torch.zeros(valid.shape, device=block.device)
+    for label in block_labels.unique():
+        items = by_label.items_of(label)
+        if len(items):
+            same = (block_labels == label).nonzero().flatten()
+            similarity[same, :len(items)] = block[same] @ gallery.rows(items).t()
+    return torch.where(valid, similarity, 0.0)
+
+
+def chunked_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, block: torch.Tensor,
+                        versions: list[GalleryRows], items: int, own: torch.Tensor | None, index: torch.Tensor,
+                        valid: torch.Tensor, similarity: list[torch.Tensor], fresh_from: torch.Tensor,
+                        steps: int) -> torch.Tensor:
+    """:func:`items_above` summed over the gallery's chunks of ``items`` rows (:func:`streamed`)."""
+    rows = torch.arange(len(block), device=block.device)
+    positive_row, positive_slot = valid.nonzero(as_tuple=True)
+    positive_item = index[positive_row, positive_slot]
+    above = None
+    for chunk in zip(*(version.chunks(items) for version in versions), strict=True):
+        start, stop = chunk[0][0], chunk[0][0] + len(chunk[0][1])
+        scores = [block @ rows_read.t() for _, rows_read in chunk]
+        inside = (positive_item >= start) & (positive_item < stop)
+        for score, own_similarity in zip(scores, similarity, strict=True):
+            score[positive_row[inside], positive_item[inside] - start] = own_similarity[positive_row[inside],
+                                                                                       positive_slot[inside]]
+            if own is not None:
+                mine = (own >= start) & (own < stop)
+                score[rows[mine], own[mine] - start] = float("-inf")
+        counted = items_above(scores, thresholds, owner - start, fresh_from[:, start:stop], steps)
+        above = counted if above is None else above + counted
+    return above
 
 
 class LabelIndex:
@@ -232,6 +318,13 @@ class LabelIndex:
         self.labels, self.counts = torch.unique_consecutive(gallery_labels[self.order], return_counts=True)
         self.starts = self.counts.cumsum(0) - self.counts
         self.largest = int(self.counts.max()) if len(self.counts) else 0
+
+    def items_of(self, label: torch.Tensor) -> torch.Tensor:
+        """The gallery items of ``label``, in gallery order (empty when the gallery has none)."""
+        at = int(torch.searchsorted(self.labels, label.reshape(1)).clamp(max=max(len(self.labels) - 1, 0)))
+        if not len(self.labels) or self.labels[at] != label:
+            return self.order[:0]
+        return self.order[self.starts[at]:self.starts[at] + self.counts[at]]
 
     def positives(self, query_labels: torch.Tensor, own: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(index, valid)``, both ``(rows, P)``: the gallery items of each query's label, ``valid`` False for
@@ -263,28 +356,30 @@ def summarise_ranks(ranks: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Te
     return first.cpu(), ap.cpu()
 
 
-def positive_ranks(scores: list[torch.Tensor], index: torch.Tensor, valid: torch.Tensor, fresh_from: torch.Tensor,
-                   steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ascending 1-based ranks of each row's positives (gallery items ``index`` where ``valid``),
-    ``(curves, steps, rows, P)`` (padding past each row's count), and the counts ``(rows,)``. ``scores`` holds the
-    fresh block and, for a backfilling curve, the stale one; item j is fresh at the steps t >= ``fresh_from[c, j]``
-    (module docstring)."""
-    rows, n = scores[0].shape
-    device = scores[0].device
+def positive_ranks(similarity: list[torch.Tensor], index: torch.Tensor, valid: torch.Tensor, n: int,
+                   fresh_from: torch.Tensor, steps: int,
+                   count_above: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ascending 1-based ranks of each row's positives (gallery items ``index`` where ``valid``, of ``n``),
+    ``(curves, steps, rows, P)`` (padding past each row's count), and the counts ``(rows,)``. ``similarity`` holds
+    each row's similarity to its positives in the fresh version and, for a backfilling curve, the stale one; item j
+    is fresh at the steps t >= ``fresh_from[c, j]`` (module docstring). ``count_above(thresholds, owner)`` counts
+    the gallery items before each positive (:func:`items_above`)."""
+    rows = len(index)
+    device = index.device
     curves = len(fresh_from)
     counts = valid.sum(dim=1)
     width = index.shape[1]
     if width == 0:
         return torch.zeros(curves, steps, rows, 0, dtype=torch.long, device=device), counts
-    own = torch.cat([torch.where(valid, block.gather(1, index), float("inf")) for block in scores], dim=1)
+    own = torch.cat([torch.where(valid, version, float("inf")) for version in similarity], dim=1)
     thresholds, placed = own.sort(dim=1)
     position = torch.empty_like(placed).scatter_(1, placed, torch.arange(placed.shape[1], device=device)
                                                  .expand(rows, -1).contiguous())
-    above = items_above(scores, thresholds, index[torch.arange(rows, device=device)[:, None], placed % width],
-                        fresh_from, steps)
+    above = count_above(thresholds, index[torch.arange(rows, device=device)[:, None], placed % width])
     is_fresh = fresh_from[:, index][:, :, None, :] <= torch.arange(steps, device=device)[None, None, :, None]
     ranks = above.gather(3, position[:, :width][None, :, None, :].expand(curves, rows, steps, width))
-    if len(scores) > 1:
+    if len(similarity) > 1:
         stale_ranks = above.gather(3, position[:, width:][None, :, None, :].expand(curves, rows, steps, width))
         ranks = torch.where(is_fresh, ranks, stale_ranks)
     ranks = torch.where(valid[None, :, None, :], ranks + 1, n + 1).sort(dim=-1).values

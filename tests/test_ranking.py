@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from benchmarks import ranking
+from benchmarks.gallery_rows import NpyRows, TensorRows
 from benchmarks.ranking import backfilling_scores, retrieval_scores
 
 # Five unit vectors; cosines: (0,1) .8, (0,3) .6, (1,3) .96, (1,2) .6, (2,3) .8, (0,2) 0, (2,4) 0, (3,4) -.6,
@@ -257,3 +258,58 @@ def test_the_cpu_kernel_counts_exactly_what_the_vectorised_version_counts(versio
     kernel = ranking.items_above(scores, thresholds, owner, fresh_from, steps)
     assert torch.equal(kernel, ranking.items_above_vectorised(scores, thresholds, owner, fresh_from, steps))
     assert kernel.shape == (curves, rows, steps, versions * per_version)
+
+
+def assert_same_scores(streamed, whole):
+    assert np.array_equal(streamed.first_rank, whole.first_rank)
+    assert np.allclose(streamed.ap, whole.ap, rtol=0, atol=1e-12, equal_nan=True)
+    assert np.allclose(streamed.ap_at_r, whole.ap_at_r, rtol=0, atol=1e-12, equal_nan=True)
+
+
+@pytest.mark.parametrize("exclude_self, sample", [(True, None), (False, None),
+                                                  (True, torch.tensor([0, 7, 9, 10, 33, 80, 149]))])
+def test_a_gallery_streamed_in_chunks_ranks_exactly_as_the_whole_one(exclude_self, sample):
+    """A gallery read in chunks of 40 rows (:class:`TensorRows`; ``chunk_elements`` small enough for several query
+    blocks too) gives every query the first rank, AP and AP@R it has when the gallery is ranked whole, with
+    duplicate items (ties), an unmatched query, another "model" on the query side and a sample of queries."""
+    x, y = clusters_with_duplicates(seed=4)
+    queries = x + 0.3 * torch.tensor(np.random.default_rng(5).normal(size=x.shape), dtype=torch.float32)
+    picked = queries if sample is None else queries[sample]
+    labels = y if sample is None else y[sample]
+    whole = retrieval_scores(picked, labels, x, y, exclude_self=exclude_self, query_index=sample)
+    streamed = retrieval_scores(picked, labels, TensorRows(x, chunk_rows=40), y, exclude_self=exclude_self,
+                                query_index=sample, chunk_elements=2000)
+    assert_same_scores(streamed, whole)
+
+
+def test_a_backfilling_curve_over_a_streamed_gallery_equals_the_whole_one():
+    x, y = clusters_with_duplicates(seed=6)
+    stale = x + 0.8 * torch.tensor(np.random.default_rng(7).normal(size=x.shape), dtype=torch.float32)
+    stale[10::10] = stale[9:-1:10]
+    fresh_from = torch.randint(0, 12, (2, len(x)), generator=torch.Generator().manual_seed(0))
+    whole = backfilling_scores(x, y, x, stale, y, fresh_from, 11, exclude_self=True)
+    streamed = backfilling_scores(x, y, TensorRows(x, chunk_rows=40), TensorRows(stale, chunk_rows=40), y,
+                                  fresh_from, 11, exclude_self=True, chunk_elements=20000)
+    for curve_whole, curve_streamed in zip(whole, streamed, strict=True):
+        for step_whole, step_streamed in zip(curve_whole, curve_streamed, strict=True):
+            assert_same_scores(step_streamed, step_whole)
+
+
+def test_a_memory_mapped_npy_gallery_and_a_transform_read_per_chunk(tmp_path):
+    """An ``.npy`` gallery (:class:`NpyRows`) mapped for each read, through a transform (a rotation and a scale, as
+    an adapter's map), ranks as the transformed gallery in memory does."""
+    x, y = clusters_with_duplicates(seed=8)
+    rotation = torch.linalg.qr(torch.randn(16, 16, generator=torch.Generator().manual_seed(1)))[0]
+    np.save(tmp_path / "gallery.npy", x.numpy())
+    rows = NpyRows(tmp_path / "gallery.npy", transform=lambda features: 2.0 * features @ rotation, chunk_rows=64)
+    assert rows.shape == (150, 16)
+    whole = retrieval_scores(x @ rotation, y, 2.0 * x @ rotation, y, exclude_self=True)
+    streamed = retrieval_scores(x @ rotation, y, rows, y, exclude_self=True, chunk_elements=3000)
+    assert np.array_equal(streamed.first_rank, whole.first_rank)
+    assert streamed.mAP == pytest.approx(whole.mAP, abs=1e-9)
+
+
+def test_an_npy_file_that_is_not_a_feature_matrix_is_refused_in_one_line(tmp_path):
+    np.save(tmp_path / "labels.npy", np.arange(5))
+    with pytest.raises(ValueError, match="1-D int64 array; a gallery needs 2-D floating-point features"):
+        NpyRows(tmp_path / "labels.npy")
