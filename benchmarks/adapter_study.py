@@ -40,6 +40,7 @@ only for an affine backward map that keeps the new model's width (the suite's re
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,23 +52,33 @@ from cl2r_bench.adapters.protocol import FeatureAdapter
 from cl2r_bench.models import class_means
 from cl2r_bench.settings import BACKFILL_ORDERS, GALLERY_MODES, UNMATCHED_CONVENTIONS
 
+from .gallery_rows import GalleryRows, normalise_rows
 from .metrics import area_under_curve
 from .ranking import RetrievalScores, backfilling_scores, retrieval_scores
 from .record import BASELINE, PAPER_CASES, cross_case, pack_hits
 from .retrieval import class_templates
+
+Features = torch.Tensor | GalleryRows
+"""Features in memory, or a gallery streamed from its rows (:mod:`benchmarks.gallery_rows`; galleries of
+millions, leave-one-out only)."""
+
+
+def through(transform: Any, features: Features) -> Features:
+    """``transform`` (an adapter's map) applied to features in memory, or to every read of a streamed gallery."""
+    return features.mapped(transform) if isinstance(features, GalleryRows) else transform(features)
 
 
 @dataclass
 class PairedFeatures:
     """The same ``n`` items embedded by the old and the new encoder, L2-normalised, with their labels."""
 
-    old: torch.Tensor
-    new: torch.Tensor
+    old: Features
+    new: Features
     labels: torch.Tensor
 
     @classmethod
-    def normalised(cls, old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor) -> PairedFeatures:
-        return cls(F.normalize(old.float(), dim=1), F.normalize(new.float(), dim=1), labels)
+    def normalised(cls, old: Features, new: Features, labels: torch.Tensor) -> PairedFeatures:
+        return cls(through(normalise_rows, old), through(normalise_rows, new), labels)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -160,8 +171,10 @@ class StudySplit:
         return self.queries.labels if self.sample is None else self.queries.labels[self.sample.to(
             self.queries.labels.device)]
 
-    def sampled(self, features: torch.Tensor) -> torch.Tensor:
-        """The rows of ``features`` (one per query item) that are ranked as queries."""
+    def sampled(self, features: Features) -> torch.Tensor:
+        """The rows of ``features`` (one per query item) that are ranked as queries, in memory."""
+        if isinstance(features, GalleryRows):
+            return features.read(0, len(features)) if self.sample is None else features.rows(self.sample)
         return features if self.sample is None else features[self.sample.to(features.device)]
 
     def backfill(self, queries: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor, orders: list[torch.Tensor],
@@ -205,16 +218,16 @@ def every_item_sides(split: StudySplit, adapter: FeatureAdapter | None
     query, gallery = split.queries, split.gallery_items
     same = split.gallery is None
 
-    def both(transform, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mapped = transform(a)
-        return mapped, mapped if same else transform(b)
+    def both(transform, a: Features, b: Features) -> tuple[Features, Features]:
+        mapped = through(transform, a)
+        return mapped, mapped if same else through(transform, b)
 
     sides: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = dict.fromkeys(PAPER_CASES)
     sides.update({"old/old": (query.old, gallery.old), "new/old": (query.new, gallery.old),
                   "new/new": (query.new, gallery.new)})
     if adapter is None:
         return sides
-    old_in_frame = adapter.old_frame(gallery.old)
+    old_in_frame = through(adapter.old_frame, gallery.old)
     if "backward" in adapter.directions:
         backward_query, backward_gallery = both(adapter.backward, query.new, gallery.new)
         sides.update({"B/old": (backward_query, old_in_frame), "B/B": (backward_query, backward_gallery)})
@@ -260,9 +273,16 @@ def case_scores(split: StudySplit, adapter: FeatureAdapter | None,
 def already_ranked(pair: tuple[torch.Tensor, torch.Tensor], known: list[Ranked] | None) -> RetrievalScores | None:
     """The scores in ``known`` of exactly these queries and gallery, if any."""
     for queries, gallery, scores in known or []:
-        if all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(pair, (queries, gallery), strict=True)):
+        if all(same_features(a, b) for a, b in zip(pair, (queries, gallery), strict=True)):
             return scores
     return None
+
+
+def same_features(a: Features, b: Features) -> bool:
+    """Equal to the last bit (in memory) or reading the same rows through the same maps (streamed)."""
+    if isinstance(a, GalleryRows) or isinstance(b, GalleryRows):
+        return a == b
+    return a.shape == b.shape and torch.equal(a, b)
 
 
 WATCHED_CASES = ("B/old", "new/F")
@@ -291,11 +311,11 @@ def backfilling(split: StudySplit, adapter: FeatureAdapter | None, *, orders: li
     query, gallery = split.queries, split.gallery_items
     curves: dict[str, dict[str, list[float]] | None] = {}
     with torch.no_grad():
-        queries = query.new if adapter is None else adapter.new_frame(query.new)
+        queries = query.new if adapter is None else through(adapter.new_frame, query.new)
         fresh = queries if split.gallery is None else (gallery.new if adapter is None else
-                                                        adapter.new_frame(gallery.new))
+                                                        through(adapter.new_frame, gallery.new))
         has_forward = adapter is not None and "forward" in adapter.directions
-        stale = adapter.forward(gallery.old) if has_forward else gallery.old
+        stale = through(adapter.forward, gallery.old) if has_forward else gallery.old
         ranked = {kind: backfill_order(kind, stale=stale, old=gallery.old, labels=gallery.labels, adapter=adapter,
                                        generator=generator) for kind in orders}
         ranked = {kind: order for kind, order in ranked.items() if order is not None}
@@ -313,25 +333,49 @@ def backfilling(split: StudySplit, adapter: FeatureAdapter | None, *, orders: li
     return {"betas": betas, "curves": curves, "auc": auc}
 
 
-def backfill_order(kind: str, *, stale: torch.Tensor, old: torch.Tensor, labels: torch.Tensor,
+def backfill_order(kind: str, *, stale: Features, old: Features, labels: torch.Tensor,
                    adapter: FeatureAdapter | None, generator: torch.Generator) -> torch.Tensor | None:
     """Gallery indices, first to be backfilled first (module docstring); ``stale`` is the gallery as searched
     before backfilling and ``old`` the old model's features of the same items. None when ``kind`` needs what the
-    adapter lacks."""
+    adapter lacks. A streamed gallery is read chunk by chunk."""
     if kind == "random":
         return torch.randperm(len(stale), generator=generator).to(stale.device)
     if kind == "uncertainty":
-        score = None if adapter is None else adapter.uncertainty(old)
-        return None if score is None else torch.argsort(score, descending=True)
+        if adapter is None or adapter.uncertainty(first_rows(old)) is None:
+            return None
+        return torch.argsort(torch.cat([adapter.uncertainty(chunk) for _, chunk in in_chunks(old)]), descending=True)
     if kind in ("class_mean_distance", "class_mean_cosine"):
         classes, index = labels.unique(return_inverse=True)
-        means, _ = class_means(stale, index, len(classes))
-        if kind == "class_mean_distance":
-            distance = (stale - means[index]).norm(dim=1)
+        if isinstance(stale, GalleryRows):
+            means = streamed_class_means(stale, index, len(classes))
         else:
-            distance = 1 - F.cosine_similarity(stale.float(), means[index], dim=1)
+            means, _ = class_means(stale, index, len(classes))
+        distance = torch.cat([
+            (chunk - means[index[start:start + len(chunk)]]).norm(dim=1) if kind == "class_mean_distance" else
+            1 - F.cosine_similarity(chunk.float(), means[index[start:start + len(chunk)]], dim=1)
+            for start, chunk in in_chunks(stale)])
         return torch.argsort(distance, descending=True)
     raise ValueError(f"unknown backfilling order {kind!r}; choose from {list(BACKFILL_ORDERS)}")
+
+
+def in_chunks(features: Features) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(start, rows)``: a streamed gallery's chunks as they are read, or features in memory as one chunk."""
+    if isinstance(features, GalleryRows):
+        yield from features.chunks()
+    else:
+        yield 0, features
+
+
+def first_rows(features: Features) -> torch.Tensor:
+    return features.read(0, 1) if isinstance(features, GalleryRows) else features[:1]
+
+
+def streamed_class_means(features: GalleryRows, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """:func:`cl2r_bench.models.class_means` of a streamed gallery, its class sums added up chunk by chunk."""
+    sums = torch.zeros(num_classes, features.shape[1], device=labels.device)
+    for start, chunk in features.chunks():
+        sums.index_add_(0, labels[start:start + len(chunk)], chunk.float())
+    return sums / torch.bincount(labels, minlength=num_classes).clamp(min=1)[:, None].float()
 
 
 

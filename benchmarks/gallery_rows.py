@@ -2,8 +2,8 @@
 (:func:`benchmarks.ranking.retrieval_scores` with a :class:`GalleryRows`; docs/scale-out.md, "Galleries of
 millions").
 
-A gallery gives its rows L2-normalised, float32, on the ranking's device, optionally through a ``transform`` (an
-adapter's map) applied to each chunk as it is read:
+A gallery gives its rows as float32 on the ranking's device, optionally through ``transforms`` (the study's
+normalisation, an adapter's map) applied to each chunk as it is read; the ranking normalises what it compares:
 
 * :class:`TensorRows`: a tensor in memory (the streamed ranking of an in-memory gallery, e.g. to bound the memory
   of a GPU);
@@ -12,6 +12,7 @@ adapter's map) applied to each chunk as it is read:
 """
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,16 +28,24 @@ CHUNK_ROWS = 65536
 """The most gallery rows a streamed ranking reads at once, by default (1,280-wide float32: 335 MB)."""
 
 
-class GalleryRows(ABC):
-    """The rows of a gallery (module docstring): :meth:`read` a range or :meth:`rows` a set of items. ``width`` is
-    the rows' width as read, after the transform; ``chunk_rows`` the most rows a ranking reads at once."""
+def normalise_rows(features: torch.Tensor) -> torch.Tensor:
+    """Each row L2-normalised: the first transform of a study's features (adapters see normalised features)."""
+    return F.normalize(features.float(), dim=1)
 
-    def __init__(self, items: int, stored_width: int, device: torch.device | str, transform: Transform | None,
+
+class GalleryRows(ABC):
+    """The rows of a gallery (module docstring): :meth:`read` a range or :meth:`rows` a set of items, each read
+    through ``transforms`` in order. ``width`` is the rows' width as read; ``chunk_rows`` the most
+    rows a ranking reads at once. Two galleries are equal when they read the same stored rows through equal
+    transforms (an adapter's bound methods compare equal), so a study recognises a ranking it has done."""
+
+    def __init__(self, items: int, stored_width: int, device: torch.device | str, transforms: tuple[Transform, ...],
                  chunk_rows: int) -> None:
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows must be at least 1, not {chunk_rows}")
-        self.items, self.device, self.transform, self.chunk_rows = items, torch.device(device), transform, chunk_rows
-        self.width = self.read(0, 1).shape[1] if transform is not None and items else stored_width
+        self.items, self.device, self.chunk_rows = items, torch.device(device), chunk_rows
+        self.transforms = tuple(transforms)
+        self.width = self.read(0, 1).shape[1] if self.transforms and items else stored_width
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -49,13 +58,38 @@ class GalleryRows(ABC):
     def __len__(self) -> int:
         return self.items
 
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is type(self) and other.source() == self.source()
+                and other.transforms == self.transforms)
+
+    __hash__ = None
+
     @abstractmethod
     def raw(self, index: slice | np.ndarray) -> torch.Tensor:
         """The stored rows at ``index``, as they are."""
 
+    @abstractmethod
+    def source(self) -> object:
+        """What identifies the stored rows."""
+
+    def to(self, device: torch.device | str) -> GalleryRows:
+        """The same rows, read onto ``device``."""
+        other = copy.copy(self)
+        other.device = torch.device(device)
+        return other
+
+    def mapped(self, transform: Transform) -> GalleryRows:
+        """The same rows read through ``transform`` too, after this gallery's transforms."""
+        other = copy.copy(self)
+        other.transforms = (*self.transforms, transform)
+        other.width = other.read(0, 1).shape[1] if self.items else self.width
+        return other
+
     def prepared(self, raw: torch.Tensor) -> torch.Tensor:
         rows = raw.to(self.device).float()
-        return F.normalize(rows if self.transform is None else self.transform(rows).float(), dim=1)
+        for transform in self.transforms:
+            rows = transform(rows).float()
+        return rows
 
     def read(self, start: int, stop: int) -> torch.Tensor:
         return self.prepared(self.raw(slice(start, stop)))
@@ -64,9 +98,9 @@ class GalleryRows(ABC):
         """The rows of the items ``index``, in that order."""
         return self.prepared(self.raw(index.cpu().numpy()))
 
-    def chunks(self, rows: int) -> Iterator[tuple[int, torch.Tensor]]:
+    def chunks(self, rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
         """``(start, rows)`` from the first item to the last, at most ``rows`` (and :attr:`chunk_rows`) at a time."""
-        rows = min(rows, self.chunk_rows)
+        rows = self.chunk_rows if rows is None else min(rows, self.chunk_rows)
         for start in range(0, self.items, rows):
             yield start, self.read(start, min(start + rows, self.items))
 
@@ -74,19 +108,22 @@ class GalleryRows(ABC):
 class TensorRows(GalleryRows):
     """A gallery in memory."""
 
-    def __init__(self, features: torch.Tensor, transform: Transform | None = None,
+    def __init__(self, features: torch.Tensor, transforms: tuple[Transform, ...] = (),
                  chunk_rows: int = CHUNK_ROWS) -> None:
         self.features = features
-        super().__init__(len(features), int(features.shape[1]), features.device, transform, chunk_rows)
+        super().__init__(len(features), int(features.shape[1]), features.device, transforms, chunk_rows)
 
     def raw(self, index: slice | np.ndarray) -> torch.Tensor:
         return self.features[index if isinstance(index, slice) else torch.from_numpy(index).to(self.device)]
+
+    def source(self) -> object:
+        return id(self.features)
 
 
 class NpyRows(GalleryRows):
     """A 2-D float ``.npy`` file, memory-mapped for each read (module docstring)."""
 
-    def __init__(self, path: str | Path, device: torch.device | str = "cpu", transform: Transform | None = None,
+    def __init__(self, path: str | Path, device: torch.device | str = "cpu", transforms: tuple[Transform, ...] = (),
                  chunk_rows: int = CHUNK_ROWS) -> None:
         self.path = Path(path)
         mapped = np.load(self.path, mmap_mode="r")
@@ -95,10 +132,13 @@ class NpyRows(GalleryRows):
                              "floating-point features, one row per item")
         items, stored_width = mapped.shape
         del mapped
-        super().__init__(items, int(stored_width), device, transform, chunk_rows)
+        super().__init__(items, int(stored_width), device, transforms, chunk_rows)
 
     def raw(self, index: slice | np.ndarray) -> torch.Tensor:
         mapped = np.load(self.path, mmap_mode="r")
         rows = np.array(mapped[index], dtype=np.float32)
         del mapped
         return torch.from_numpy(rows)
+
+    def source(self) -> object:
+        return self.path.resolve()

@@ -281,7 +281,7 @@ def positive_similarity(block: torch.Tensor, block_labels: torch.Tensor, gallery
         items = by_label.items_of(label)
         if len(items):
             same = (block_labels == label).nonzero().flatten()
-            similarity[same, :len(items)] = block[same] @ gallery.rows(items).t()
+            similarity[same, :len(items)] = block[same] @ F.normalize(gallery.rows(items), dim=1).t()
     return torch.where(valid, similarity, 0.0)
 
 
@@ -296,7 +296,7 @@ def chunked_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, block:
     above = None
     for chunk in zip(*(version.chunks(items) for version in versions), strict=True):
         start, stop = chunk[0][0], chunk[0][0] + len(chunk[0][1])
-        scores = [block @ rows_read.t() for _, rows_read in chunk]
+        scores = [block @ F.normalize(rows_read, dim=1).t() for _, rows_read in chunk]
         inside = (positive_item >= start) & (positive_item < stop)
         for score, own_similarity in zip(scores, similarity, strict=True):
             score[positive_row[inside], positive_item[inside] - start] = own_similarity[positive_row[inside],

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.adapter_study import (
+    Features,
     PairedFeatures,
     Scoring,
     StudySplit,
@@ -42,6 +43,7 @@ from benchmarks.adapter_study import (
     measure,
     zero_shot_retention,
 )
+from benchmarks.gallery_rows import NpyRows
 from benchmarks.record import cross_case, leave_one_out_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
 from cl2r_bench.config import CONFIG_DIR, merge, parse_assignment, read_yaml
@@ -60,7 +62,7 @@ class EmbeddingsError(DataError):
     """The user's embedding files cannot be used; the message names the file and the fix."""
 
 
-ADAPT_KEYS = ("backfill_orders", "backfill_steps", "unmatched_queries", "per_class_cmc", "queries")
+ADAPT_KEYS = ("backfill_orders", "backfill_steps", "unmatched_queries", "per_class_cmc", "queries", "stream_rows")
 
 
 def adapt_settings(assignments: list[str]) -> dict[str, Any]:
@@ -75,7 +77,7 @@ def adapt_settings(assignments: list[str]) -> dict[str, Any]:
         merged = merge(merged, parse_assignment(assignment), f"--set {assignment}")
     check_backfill_orders(merged["model_update"]["backfill_orders"])
     update = SimpleNamespace(**merged["model_update"])
-    check_rules("model_update", update, at_least(1, "backfill_steps", "queries"))
+    check_rules("model_update", update, at_least(1, "backfill_steps", "queries", "stream_rows"))
     check_choices("model_update", update, {"unmatched_queries": UNMATCHED_CONVENTIONS})
     for name in merged["adapter_params"]:
         make_adapter(name, merged["adapter_params"])
@@ -120,11 +122,19 @@ class Study:
         return F.normalize(means, dim=1)
 
 
-def read_embeddings(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+def read_embeddings(path: str | Path, stream_rows: int | None = None
+                    ) -> tuple[Features, Features, np.ndarray]:
     """``(old, new, labels)`` of a ``.npz`` file or a folder (module docstring), checked: 2-D finite float arrays
-    with one row per label, integer labels; each problem is an :class:`EmbeddingsError` in one line."""
+    with one row per label, integer labels; each problem is an :class:`EmbeddingsError` in one line. With
+    ``stream_rows`` (``model_update.stream_rows``) the folder's ``old.npy`` and ``new.npy`` stay on disk, memory-mapped,
+    checked and later read ``stream_rows`` rows at a time (:class:`benchmarks.gallery_rows.NpyRows`)."""
     path = Path(path)
-    if path.is_dir():
+    if stream_rows is not None:
+        if not (path.is_dir() and all((path / f"{name}.npy").is_file() for name in ARRAYS)):
+            raise EmbeddingsError(f"model_update.stream_rows reads a folder holding old.npy, new.npy and labels.npy; "
+                                  f"{path} is not one: save the arrays with np.save, or leave stream_rows null")
+        arrays = {name: _read_array(path / f"{name}.npy", mapped=name != "labels") for name in ARRAYS}
+    elif path.is_dir():
         arrays = {name: _read_array(_array_file(path, name)) for name in ARRAYS}
     elif path.is_file() and path.suffix == ".npz":
         try:
@@ -144,7 +154,10 @@ def read_embeddings(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, np.nd
     else:
         raise EmbeddingsError(f"{path} is neither a .npz file nor a folder holding old.npy, new.npy and labels.npy "
                               "(or .pt); check the path")
-    return _checked(path, arrays)
+    old, new, labels = _checked(path, arrays)
+    if stream_rows is not None:
+        old, new = (NpyRows(path / f"{name}.npy", chunk_rows=stream_rows) for name in ("old", "new"))
+    return old, new, labels
 
 
 def _array_file(folder: Path, name: str) -> Path:
@@ -154,13 +167,14 @@ def _array_file(folder: Path, name: str) -> Path:
     return found[0]
 
 
-def _read_array(path: Path) -> np.ndarray:
+def _read_array(path: Path, mapped: bool = False) -> np.ndarray:
+    """The array of a ``.npy`` or ``.pt`` file; ``mapped``: a ``.npy`` file memory-mapped, not read."""
     if path.suffix == ".npy":
         with path.open("rb") as handle:
             _check_header(str(path), handle, path.stat().st_size)
     try:
         if path.suffix == ".npy":
-            return np.load(path, allow_pickle=False)
+            return np.load(path, allow_pickle=False, mmap_mode="r" if mapped else None)
         value = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - numpy, zip and unpickling failures of a damaged or foreign file
         raise EmbeddingsError(f"{path} cannot be read ({type(exc).__name__}); save it with np.save or "
@@ -201,23 +215,39 @@ def _checked(path: Path, arrays: dict[str, np.ndarray]) -> tuple[torch.Tensor, t
                                   f"shape {x.shape}")
         if len(x) != len(labels):
             raise EmbeddingsError(f"{path}: {name} has {len(x)} rows but labels has {len(labels)}; one row per item")
-        bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
-        if len(bad):
-            raise EmbeddingsError(f"{path}: {name} has {len(bad)} row(s) with NaN or inf (first: row {bad[0]}); "
-                                  "drop or re-embed those items")
-        zero = np.flatnonzero(~np.abs(x).any(axis=1))
-        if len(zero):
-            raise EmbeddingsError(f"{path}: {name} has {len(zero)} all-zero row(s) (first: row {zero[0]}), which "
-                                  "have no direction to compare; drop or re-embed those items")
-        out.append(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
+        _check_rows(path, name, x)
+        out.append(x if isinstance(x, np.memmap) else torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
     if len(labels) < 2:
         raise EmbeddingsError(f"{path}: {len(labels)} item(s); retrieval needs at least 2")
     return out[0], out[1], labels.astype(np.int64)
 
 
-def study_from_embeddings(train_path: str | Path, test_path: str | Path) -> Study:
-    """A :class:`Study` of the user's train and test embeddings, checked against each other."""
-    train, test = read_embeddings(train_path), read_embeddings(test_path)
+CHECKED_ROWS = 65536
+"""Rows checked at a time, so a memory-mapped file is never read whole."""
+
+
+def _check_rows(path: Path, name: str, x: np.ndarray) -> None:
+    """Refuse rows with NaN or inf, or all zero (no direction to compare), counted and the first named, reading
+    :data:`CHECKED_ROWS` rows at a time."""
+    problems: dict[str, list[int]] = {"with NaN or inf": [], "all-zero": []}
+    for start in range(0, len(x), CHECKED_ROWS):
+        rows = np.asarray(x[start:start + CHECKED_ROWS])
+        problems["with NaN or inf"] += (start + np.flatnonzero(~np.isfinite(rows).all(axis=1))).tolist()
+        problems["all-zero"] += (start + np.flatnonzero(~np.abs(rows).any(axis=1))).tolist()
+    bad = problems["with NaN or inf"]
+    if bad:
+        raise EmbeddingsError(f"{path}: {name} has {len(bad)} row(s) with NaN or inf (first: row {bad[0]}); "
+                              "drop or re-embed those items")
+    zero = problems["all-zero"]
+    if zero:
+        raise EmbeddingsError(f"{path}: {name} has {len(zero)} all-zero row(s) (first: row {zero[0]}), which "
+                              "have no direction to compare; drop or re-embed those items")
+
+
+def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_rows: int | None = None) -> Study:
+    """A :class:`Study` of the user's train and test embeddings, checked against each other; ``stream_rows``: the
+    test split's features stay memory-mapped (:func:`read_embeddings`)."""
+    train, test = read_embeddings(train_path), read_embeddings(test_path, stream_rows)
     for i, name in enumerate(("old", "new")):
         if train[i].shape[1] != test[i].shape[1]:
             raise EmbeddingsError(f"{name} has {train[i].shape[1]} dimensions in {train_path} but "

@@ -303,7 +303,7 @@ def command_adapt(args: argparse.Namespace) -> int:
             settings["adapter_params"][name] = make_adapter(name, settings["adapter_params"]).parameters_used()
     device = resolve_device(args.device)
     study_name = safe_name(args.name or Path(args.train).stem, "--name")
-    study = study_from_embeddings(args.train, args.test)
+    study = study_from_embeddings(args.train, args.test, settings["stream_rows"])
     study.train, study.test = study.train.to(device), study.test.to(device)
     if not args.json:
         print(f"{study_name}: fitting on {study.about['train_items']} items, evaluating on "

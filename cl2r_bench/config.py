@@ -31,6 +31,7 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "model_update.fit_per_class": (int, type(None)),
     "model_update.test_per_class": (int, type(None)),
     "model_update.queries": (int, type(None)),
+    "model_update.stream_rows": (int, type(None)),
 }
 
 

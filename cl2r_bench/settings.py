@@ -353,10 +353,14 @@ class ModelUpdateSettings:
     unmatched_queries: str
     per_class_cmc: bool
     queries: int | None
+    stream_rows: int | None
 
     def __post_init__(self) -> None:
         check_rules("model_update", self, at_least(1, "backfill_steps", "fit_per_class", "test_per_class",
                                                    "encoder_batch_size", "queries"))
+        if self.stream_rows is not None:
+            raise ConfigError("model_update.stream_rows streams the .npy embeddings runner.py adapt reads; a run "
+                              "embeds its splits itself: leave it null here")
         check_choices("model_update", self, {"head": UPDATE_HEADS, "protocol": UPDATE_PROTOCOLS,
                                              "unmatched_queries": UNMATCHED_CONVENTIONS})
         check_backfill_orders(self.backfill_orders)

@@ -526,3 +526,38 @@ def test_a_sample_of_queries_is_the_same_for_every_adapter_and_seed_and_says_so(
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--queries", 0, "--output", tmp_path,
                       capsys=capsys)
     assert code == 2 and out.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("adapters", [["procrustes"], ["fastfill"]])
+def test_a_test_split_streamed_from_memory_mapped_npy_files_gives_the_in_memory_records(rotated, tmp_path, capsys,
+                                                                                        adapters):
+    """``model_update.stream_rows=16``: the test folder's old.npy / new.npy stay memory-mapped and every ranking,
+    adapter map and backfilling order reads 16 rows at a time (FastFill: its uncertainty order too); every case
+    and every backfilling curve equal the run that reads the folder into memory, with and without a sample."""
+    train, test = rotated
+    with np.load(test) as z:
+        folder = write_folder(tmp_path / "test_folder", ".npy", z["old"], z["new"], z["labels"])
+    orders = "model_update.backfill_orders=[random,uncertainty,class_mean_distance,class_mean_cosine]"
+    for sample in ([], ["--queries", 50]):
+        retrievals = []
+        for streamed in ([], ["--set", "model_update.stream_rows=16"]):
+            output = tmp_path / f"out{len(sample)}{len(streamed)}"
+            code, out = adapt("--train", train, "--test", folder, "--adapter", *adapters, "--output", output,
+                              "--set", orders, "--set", "adapter_params.fastfill.max_steps=30", *streamed, *sample,
+                              capsys=capsys)
+            assert code == 0, out.err
+            retrievals.append(json.loads(next(output.rglob("metrics.json")).read_text())["retrieval"])
+        memory, streamed_run = retrievals
+        assert streamed_run["cases"] == memory["cases"]
+        assert streamed_run["backfilling"] == memory["backfilling"]
+        assert streamed_run["query_top1"] == memory["query_top1"]
+
+
+def test_streaming_needs_a_folder_of_npy_files_and_a_positive_row_count(rotated, tmp_path, capsys):
+    train, test = rotated
+    code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--output", tmp_path,
+                      "--set", "model_update.stream_rows=16", capsys=capsys)
+    assert code == 2 and "model_update.stream_rows reads a folder holding old.npy, new.npy and labels.npy" in out.err
+    code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--output", tmp_path,
+                      "--set", "model_update.stream_rows=0", capsys=capsys)
+    assert code == 2 and out.err.count("\n") == 1 and "stream_rows" in out.err

@@ -301,7 +301,7 @@ def test_a_memory_mapped_npy_gallery_and_a_transform_read_per_chunk(tmp_path):
     x, y = clusters_with_duplicates(seed=8)
     rotation = torch.linalg.qr(torch.randn(16, 16, generator=torch.Generator().manual_seed(1)))[0]
     np.save(tmp_path / "gallery.npy", x.numpy())
-    rows = NpyRows(tmp_path / "gallery.npy", transform=lambda features: 2.0 * features @ rotation, chunk_rows=64)
+    rows = NpyRows(tmp_path / "gallery.npy", transforms=(lambda features: 2.0 * features @ rotation,), chunk_rows=64)
     assert rows.shape == (150, 16)
     whole = retrieval_scores(x @ rotation, y, 2.0 * x @ rotation, y, exclude_self=True)
     streamed = retrieval_scores(x @ rotation, y, rows, y, exclude_self=True, chunk_elements=3000)
