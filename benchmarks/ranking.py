@@ -289,24 +289,32 @@ def chunked_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, block:
                         versions: list[GalleryRows], items: int, own: torch.Tensor | None, index: torch.Tensor,
                         valid: torch.Tensor, similarity: list[torch.Tensor], fresh_from: torch.Tensor,
                         steps: int) -> torch.Tensor:
-    """:func:`items_above` summed over the gallery's chunks of ``items`` rows (:func:`streamed`)."""
+    """:func:`items_above` over the gallery's chunks of ``items`` rows (:func:`streamed`): on CPU the chunks'
+    counts accumulate and are turned into items above once; elsewhere each chunk's items above are summed."""
     rows = torch.arange(len(block), device=block.device)
     positive_row, positive_slot = valid.nonzero(as_tuple=True)
-    positive_item = index[positive_row, positive_slot]
+    positive_item, by_item = index[positive_row, positive_slot].sort()
+    positive_row, positive_slot = positive_row[by_item], positive_slot[by_item]
+    on_cpu = block.device.type == "cpu"
+    count = new_count(thresholds, len(versions), len(fresh_from), steps) if on_cpu else None
     above = None
     for chunk in zip(*(version.chunks(items) for version in versions), strict=True):
         start, stop = chunk[0][0], chunk[0][0] + len(chunk[0][1])
         scores = [block @ F.normalize(rows_read, dim=1).t() for _, rows_read in chunk]
-        inside = (positive_item >= start) & (positive_item < stop)
+        first, last = torch.searchsorted(positive_item, torch.tensor([start, stop], device=block.device)).tolist()
+        inside = slice(first, last)
         for score, own_similarity in zip(scores, similarity, strict=True):
             score[positive_row[inside], positive_item[inside] - start] = own_similarity[positive_row[inside],
                                                                                        positive_slot[inside]]
             if own is not None:
                 mine = (own >= start) & (own < stop)
                 score[rows[mine], own[mine] - start] = float("-inf")
-        counted = items_above(scores, thresholds, owner - start, fresh_from[:, start:stop], steps)
-        above = counted if above is None else above + counted
-    return above
+        if on_cpu:
+            count_items(count, scores, thresholds, owner, fresh_from[:, start:stop], steps, offset=start)
+        else:
+            counted = items_above(scores, thresholds, owner - start, fresh_from[:, start:stop], steps)
+            above = counted if above is None else above + counted
+    return torch.from_numpy(ranking_cpu.finish(count, steps)) if on_cpu else above
 
 
 class LabelIndex:
@@ -395,12 +403,24 @@ def items_above(scores: list[torch.Tensor], thresholds: torch.Tensor, owner: tor
     :mod:`benchmarks.ranking_cpu` counts them, elsewhere :func:`items_above_vectorised`; both give the same counts."""
     if thresholds.device.type != "cpu":
         return items_above_vectorised(scores, thresholds, owner, fresh_from, steps)
+    count = new_count(thresholds, len(scores), len(fresh_from), steps)
+    count_items(count, scores, thresholds, owner, fresh_from, steps, offset=0)
+    return torch.from_numpy(ranking_cpu.finish(count, steps))
+
+
+def new_count(thresholds: torch.Tensor, versions: int, curves: int, steps: int) -> np.ndarray:
+    """The zero counts :func:`benchmarks.ranking_cpu.count_items` adds to."""
+    return np.zeros((len(thresholds), versions, curves, steps + 1, thresholds.shape[1] + 2), dtype=np.int64)
+
+
+def count_items(count: np.ndarray, scores: list[torch.Tensor], thresholds: torch.Tensor, owner: torch.Tensor,
+                fresh_from: torch.Tensor, steps: int, offset: int) -> None:
+    """:func:`benchmarks.ranking_cpu.count_items` of a block of gallery items ``offset ...`` on CPU tensors, on as
+    many threads as torch uses."""
     numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    entry = fresh_from.clamp(max=steps)
-    stale = scores[-1]
-    return torch.from_numpy(ranking_cpu.items_above(
-        scores[0].contiguous().numpy(), stale.contiguous().numpy(), thresholds.contiguous().numpy(),
-        owner.contiguous().numpy(), entry.contiguous().numpy(), steps, len(scores)))
+    ranking_cpu.count_items(count, scores[0].contiguous().numpy(), scores[-1].contiguous().numpy(),
+                            thresholds.contiguous().numpy(), owner.contiguous().numpy(),
+                            fresh_from.clamp(max=steps).contiguous().numpy(), offset, len(scores))
 
 
 def items_above_vectorised(scores: list[torch.Tensor], thresholds: torch.Tensor, owner: torch.Tensor,
