@@ -47,10 +47,10 @@ from benchmarks.gallery_rows import NpyRows
 from benchmarks.record import cross_case, leave_one_out_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
 from cl2r_bench.config import CONFIG_DIR, merge, parse_assignment, read_yaml
-from cl2r_bench.data.datasets import DataError, load_dataset, native_image_size
+from cl2r_bench.data.datasets import DataError, ImageSet, load_dataset, native_image_size
 from cl2r_bench.data.streams import first_per_class
-from cl2r_bench.encoders import build_encoder
-from cl2r_bench.feature_cache import cached_features
+from cl2r_bench.encoders import Encoder, build_encoder
+from cl2r_bench.feature_cache import ONE_PIECE, Sharding, cached_features
 from cl2r_bench.files import device_description
 from cl2r_bench.models import class_means
 from cl2r_bench.settings import UNMATCHED_CONVENTIONS, at_least, check_backfill_orders, check_choices, check_rules
@@ -425,28 +425,9 @@ def encoder_study(settings: Any, device: torch.device, log: Any = print) -> Stud
     first ``fit_per_class`` train-split images per class to fit on, the first ``test_per_class`` test-split
     images per class to measure on, each embedded once per encoder (:mod:`cl2r_bench.feature_cache`). Both
     encoders are built before the data are read, so a spec that cannot be built fails first."""
-    update, data_settings = settings.model_update, settings.data
-    encoders = {"old": build_encoder(update.old), "new": build_encoder(update.new)}
-    data = load_dataset(settings.dataset, settings.data_root, download=settings.download,
-                        image_size=native_image_size(settings.dataset) or data_settings.image_size,
-                        verify=data_settings.verify, **data_settings.synthetic)
-    classes = list(range(data.num_classes))
-    splits = {"train": first_per_class(data.train, classes, update.fit_per_class),
-              "test": first_per_class(data.test, classes, update.test_per_class)}
-    raw: dict[tuple[str, str], torch.Tensor] = {}
-    seconds: dict[str, float] = {}
-    for role, encoder in encoders.items():
-        for split, images in splits.items():
-            per_class = update.fit_per_class if split == "train" else update.test_per_class
-            got = cached_features(encoder, images, data={"dataset": settings.dataset, "split": split,
-                                                         "per_class": per_class},
-                                  cache_dir=update.feature_cache, device=device, batch_size=update.encoder_batch_size,
-                                  amp=settings.training.autocast, progress=settings.training.progress, log=log)
-            raw[role, split] = got.features
-            seconds[f"{role}/{split}"] = got.seconds
-            log(f"{role} encoder, {split} split: {len(images)} images "
-                + ("(cached)" if got.cached else f"embedded in {got.seconds:.1f}s "
-                   f"({len(images) / max(got.seconds, 1e-9):.1f} images/s)"))
+    update = settings.model_update
+    encoders, data, splits = study_images(settings)
+    raw, seconds = embedded(settings, encoders, splits, device, log)
     paired = {split: PairedFeatures.normalised(raw["old", split], raw["new", split], images.labels).to(device)
               for split, images in splits.items()}
     about = {"old": encoders["old"].describe(), "new": encoders["new"].describe(),
@@ -460,6 +441,44 @@ def encoder_study(settings: Any, device: torch.device, log: Any = print) -> Stud
         zero_shot = ZeroShot(raw["new", "test"].to(device), imagenet[splits["test"].labels].to(device),
                              classifier.to(device))
     return Study(settings.dataset, paired["train"], paired["test"], about, zero_shot, seconds)
+
+
+def study_images(settings: Any) -> tuple[dict[str, Encoder], Any, dict[str, ImageSet]]:
+    """The two encoders (built before the data are read, so a spec that cannot be built fails first), the data
+    set, and the train and test images a study embeds (:func:`encoder_study`)."""
+    update, data_settings = settings.model_update, settings.data
+    encoders = {"old": build_encoder(update.old), "new": build_encoder(update.new)}
+    data = load_dataset(settings.dataset, settings.data_root, download=settings.download,
+                        image_size=native_image_size(settings.dataset) or data_settings.image_size,
+                        verify=data_settings.verify, **data_settings.synthetic)
+    classes = list(range(data.num_classes))
+    splits = {"train": first_per_class(data.train, classes, update.fit_per_class),
+              "test": first_per_class(data.test, classes, update.test_per_class)}
+    return encoders, data, splits
+
+
+def embedded(settings: Any, encoders: dict[str, Encoder], splits: dict[str, ImageSet], device: torch.device,
+             log: Any, sharding: Sharding = ONE_PIECE
+             ) -> tuple[dict[tuple[str, str], torch.Tensor], dict[str, float]]:
+    """Each split's raw features under each encoder, from the feature cache or embedded into it (``sharding``:
+    this process's part, ``runner.py embed``), and the seconds each embedding took here."""
+    update = settings.model_update
+    raw: dict[tuple[str, str], torch.Tensor] = {}
+    seconds: dict[str, float] = {}
+    for role, encoder in encoders.items():
+        for split, images in splits.items():
+            per_class = update.fit_per_class if split == "train" else update.test_per_class
+            got = cached_features(encoder, images, data={"dataset": settings.dataset, "split": split,
+                                                         "per_class": per_class},
+                                  cache_dir=update.feature_cache, device=device, batch_size=update.encoder_batch_size,
+                                  amp=settings.training.autocast, progress=settings.training.progress, log=log,
+                                  sharding=sharding)
+            raw[role, split] = got.features
+            seconds[f"{role}/{split}"] = got.seconds
+            log(f"{role} encoder, {split} split: {len(images)} images "
+                + ("(cached)" if got.cached else f"embedded in {got.seconds:.1f}s "
+                   f"({len(images) / max(got.seconds, 1e-9):.1f} images/s)"))
+    return raw, seconds
 
 
 IMAGENET_CLASSES = 1000

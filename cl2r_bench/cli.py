@@ -32,7 +32,7 @@ from cl2r_bench.stops import exit_code, stop_handlers, stop_name
 
 # Each command imports its parts inside its handler: they import torch, timm and Avalanche (seconds), so --help, a
 # usage error and the commands that read results answer without them.
-COMMANDS = ("run", "pretrain", "sweep", "metrics", "leaderboard", "plot", "report", "list", "adapt")
+COMMANDS = ("run", "pretrain", "embed", "sweep", "metrics", "leaderboard", "plot", "report", "list", "adapt")
 EXIT_DIVERGED = 3
 EXIT_STRATEGY_FAILED = 4
 
@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="refuse a grid of more runs than this before "
                        "planning it (default %(default)s), so a typo in a grid never plans for hours")
     add_slurm_options(sweep)
+    embed = sub.add_parser("embed", help="embed a model-update study's splits with its two encoders into the feature "
+                           "cache, in shards spread over processes (torchrun ranks, a SLURM job array)")
+    add_run_options(embed)
+    from cl2r_bench.embedding import add_embed_options
+
+    add_embed_options(embed)
+    add_slurm_options(embed)
     adapt = sub.add_parser("adapt", help="fit adapters on your own old and new embeddings and measure them by the "
                            "adapter papers' leave-one-out protocol (docs/METHODS.md §7b)",
                            description="TRAIN and TEST are each a .npz holding arrays old (N x d_old), new (N x d_new) "
@@ -246,6 +253,34 @@ def command_sweep(args: argparse.Namespace) -> int:
 
         return run_slurm(jobs, args, output / "sweep" / "slurm")
     return run_local(jobs, parallel=args.jobs)
+
+
+def command_embed(args: argparse.Namespace) -> int:
+    """Embed the asked study's splits into the feature cache as this process's shards (:mod:`cl2r_bench.embedding`),
+    or, with ``--launcher slurm``, as a job array followed to its end, then join what the tasks left."""
+    from cl2r_bench.embedding import embed_study, mark_done, slurm_workers, this_worker
+    from cl2r_bench.feature_cache import Sharding
+    from cl2r_bench.run_options import requested_runs
+
+    sharding = this_worker(args)
+    runs = requested_runs(args)
+    if len(runs) != 1 or not runs[0].scenario.measures_features():
+        raise UsageError("runner.py embed embeds one model-update study of two encoders: give --scenario "
+                         "model_update --set model_update.old=SPEC --set model_update.new=SPEC (one seed, one adapter)")
+    parts = runs[0]
+    if args.launcher == "slurm" and args.worker is None:
+        from cl2r_bench.slurm import check_cluster, run_slurm
+
+        check_cluster(args)
+        folder = Path(parts.settings.model_update.feature_cache) / "slurm"
+        writable_folder(folder, "the feature cache's SLURM folder")
+        code = run_slurm(slurm_workers(parts, args, folder), args, folder)
+        if code != 0:
+            print("embed: some array tasks failed; their shards are embedded here instead")
+        sharding = Sharding(args.shards)
+    embed_study(parts, sharding)
+    mark_done(args.done_file)
+    return 0
 
 
 def command_pretrain(args: argparse.Namespace) -> int:
@@ -604,13 +639,13 @@ def _main(argv: list[str] | None) -> int:
     user_errors = (UsageError, ConfigError, DataError, CheckpointError, PartError, MatrixError, FolderBusyError,
                    TrackingError, LaunchError)
     try:
-        if args.command != "run" and torchrun_ranks() is not None:
-            raise UsageError(f"torchrun runs one run data-parallel: use the run command under it, and "
-                             f"`runner.py {args.command}` in one process")
+        if args.command not in ("run", "embed") and torchrun_ranks() is not None:
+            raise UsageError(f"torchrun runs one run data-parallel, or one embedding in shards: use the run or "
+                             f"embed command under it, and `runner.py {args.command}` in one process")
         handler = {"run": command_run, "pretrain": command_pretrain, "sweep": command_sweep,
                    "metrics": command_metrics, "leaderboard": command_leaderboard, "plot": command_plot,
                    "report": command_report,
-                   "list": command_list, "adapt": command_adapt}[args.command]
+                   "list": command_list, "adapt": command_adapt, "embed": command_embed}[args.command]
         return handler(args)
     except DivergedError as exc:
         print(f"error: {exc}", file=sys.stderr)

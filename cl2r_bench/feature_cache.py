@@ -9,6 +9,15 @@ not normalised) and labels, next to ``<key>.json`` saying what made it; both are
 lock, so two processes embedding the same set wait for one another instead of doing it twice. A damaged entry
 (unreadable, or whose shapes or description do not match) is embedded again.
 
+**Embedding in shards** (:class:`Sharding`; ``runner.py embed``, docs/scale-out.md): a split is cut into
+``shards`` contiguous pieces, each written as ``<key>.shard-<i>-of-<k>.pt`` when done. Any number of processes
+(torchrun ranks on one machine, SLURM array tasks on many) work on one split: each takes its own shards first
+(``worker``, ``worker + workers``, ...), then any shard nobody holds, each under the shard's lock
+(:func:`cl2r_bench.files.exclusive`, which a dead holder's lock does not outlive), and waits for the shards others
+hold. When every shard is on disk, the first process to take the entry's lock joins them into the one entry and
+removes the shard files; the others read it. A killed process loses only the shard it was embedding: its lock goes
+stale and the shard is embedded again, by whoever runs next; the finished shards are kept.
+
 Usage::
 
     features = cached_features(encoder, test_images, data={"dataset": "cifar10", "split": "test"},
@@ -29,8 +38,31 @@ import torch
 
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.encoders import Encoder
-from cl2r_bench.files import atomic_write, atomic_write_json, exclusive
+from cl2r_bench.files import POLL_SECONDS, FolderBusyError, atomic_write, atomic_write_json, exclusive
 from cl2r_bench.models import DEFAULT_AMP, autocast_dtype, forward_in_batches
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How a split is embedded: in ``shards`` pieces, by ``workers`` processes of which this is ``worker``
+    (module docstring). One shard is the whole split, in one piece."""
+
+    shards: int = 1
+    worker: int = 0
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.shards < 1 or self.workers < 1 or not 0 <= self.worker < self.workers:
+            raise ValueError(f"sharding needs shards >= 1 and 0 <= worker < workers, not {self}")
+
+    def order(self) -> list[int]:
+        """The shards this worker takes first (its own), then the others."""
+        own = list(range(self.worker % self.shards, self.shards, self.workers))
+        return own + [shard for shard in range(self.shards) if shard not in own]
+
+
+ONE_PIECE = Sharding()
+"""The whole split embedded by this one process."""
 
 
 @dataclass
@@ -50,10 +82,12 @@ def cache_key(description: dict[str, Any]) -> str:
 
 def cached_features(encoder: Encoder, images: ImageSet, *, data: dict[str, Any], cache_dir: str | Path,
                     batch_size: int, device: torch.device | str = "cpu", amp: bool | str = DEFAULT_AMP,
-                    progress: bool = True, log: Callable[[str], Any] = print) -> CachedFeatures:
+                    progress: bool = True, log: Callable[[str], Any] = print,
+                    sharding: Sharding = ONE_PIECE) -> CachedFeatures:
     """The features of ``images`` under ``encoder``, from the cache or embedded now and cached (module docstring).
 
-    ``data`` names the images for people (data set, split, selection); the key adds their digest."""
+    ``data`` names the images for people (data set, split, selection); the key adds their digest. ``sharding``:
+    this process's part in embedding the split in shards."""
     device = torch.device(device)
     precision = str(autocast_dtype(amp, device) or "float32")
     description = json.loads(json.dumps({"encoder": encoder.describe(), "precision": precision,
@@ -62,6 +96,9 @@ def cached_features(encoder: Encoder, images: ImageSet, *, data: dict[str, Any],
     entry = read_entry(path, description)
     if entry is not None:
         return CachedFeatures(*entry, cached=True, seconds=0.0)
+    if sharding.shards > 1:
+        return in_shards(encoder, images, path, description, sharding, batch_size=batch_size, device=device, amp=amp,
+                         progress=progress, log=log)
     with exclusive(path.with_suffix(".lock"), f"the feature cache entry {path}", wait=log):
         entry = read_entry(path, description)
         if entry is not None:
@@ -77,6 +114,90 @@ def cached_features(encoder: Encoder, images: ImageSet, *, data: dict[str, Any],
         atomic_write_json(path.with_suffix(".json"), {**description, "seconds": seconds,
                                                       "images_per_second": len(images) / max(seconds, 1e-9)})
     return CachedFeatures(features, labels, cached=False, seconds=seconds)
+
+
+def in_shards(encoder: Encoder, images: ImageSet, path: Path, description: dict[str, Any], sharding: Sharding, *,
+              batch_size: int, device: torch.device, amp: bool | str, progress: bool,
+              log: Callable[[str], Any]) -> CachedFeatures:
+    """Embed the shards nobody holds, wait for the others, join them into the entry (module docstring)."""
+    bounds = [round(i * len(images) / sharding.shards) for i in range(sharding.shards + 1)]
+
+    def finished(shard: int) -> torch.Tensor | None:
+        return read_shard(path, shard, sharding.shards, description, bounds[shard + 1] - bounds[shard])
+
+    def joined() -> tuple[torch.Tensor, torch.Tensor] | None:
+        return read_entry(path, description) if path.is_file() else None
+
+    embedded, seconds, said = 0, 0.0, False
+    while (entry := joined()) is None:
+        missing = [i for i in sharding.order() if finished(i) is None]
+        if not missing:
+            entry = join_shards(path, description, images, sharding.shards, finished, log)
+            break
+        progressed = False
+        for shard in missing:
+            shard_path = shard_file(path, shard, sharding.shards)
+            try:
+                with exclusive(shard_path.with_suffix(".lock"), f"shard {shard} of {path}"):
+                    if finished(shard) is not None or joined() is not None:
+                        continue
+                    started = time.perf_counter()
+                    features = embed_raw(encoder, images.images[bounds[shard]:bounds[shard + 1]], device=device,
+                                         batch_size=batch_size, amp=amp, progress=progress,
+                                         description=f"embed shard {shard + 1}/{sharding.shards} with {encoder.spec}")
+                    atomic_write(shard_path, lambda f, x=features, i=shard: torch.save(
+                        {"description": description, "shard": [i, sharding.shards], "features": x}, f))
+                    seconds += time.perf_counter() - started
+                    embedded, progressed = embedded + 1, True
+            except FolderBusyError:
+                continue
+        if not progressed:
+            if not said:
+                log(f"waiting for shards {missing} of {path}, which other processes are embedding")
+                said = True
+            time.sleep(POLL_SECONDS)
+    log(f"{path.name}: {embedded} of {sharding.shards} shards embedded here" + (f" in {seconds:.1f}s" if embedded
+                                                                                 else ""))
+    return CachedFeatures(*entry, cached=embedded == 0, seconds=seconds)
+
+
+def join_shards(path: Path, description: dict[str, Any], images: ImageSet, shards: int,
+                finished: Callable[[int], torch.Tensor | None],
+                log: Callable[[str], Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entry made of the finished shards, written by the first process to take the entry's lock (the others
+    read it), the shard files removed after it is written."""
+    with exclusive(path.with_suffix(".lock"), f"the feature cache entry {path}", wait=log):
+        entry = read_entry(path, description)
+        if entry is None:
+            features = torch.cat([finished(i) for i in range(shards)])
+            labels = images.labels.cpu()
+            atomic_write(path, lambda f: torch.save({"description": description, "features": features,
+                                                     "labels": labels}, f))
+            atomic_write_json(path.with_suffix(".json"), {**description, "shards": shards})
+            entry = (features, labels)
+        for shard in range(shards):
+            shard_file(path, shard, shards).unlink(missing_ok=True)
+    return entry
+
+
+def shard_file(path: Path, shard: int, shards: int) -> Path:
+    return path.with_name(f"{path.stem}.shard-{shard}-of-{shards}.pt")
+
+
+def read_shard(path: Path, shard: int, shards: int, description: dict[str, Any], rows: int) -> torch.Tensor | None:
+    """The ``rows`` features of a finished shard of the entry ``path``, or None when it is absent or damaged."""
+    shard_path = shard_file(path, shard, shards)
+    if not shard_path.is_file():
+        return None
+    try:
+        saved = torch.load(shard_path, map_location="cpu", weights_only=True)
+        features = saved["features"]
+        ok = (saved["description"] == description and saved["shard"] == [shard, shards] and features.ndim == 2
+              and len(features) == rows and features.shape[1] == description["encoder"]["feature_dim"]
+              and bool(torch.isfinite(features).all()))
+    except Exception:  # noqa: BLE001 - a truncated or foreign file fails in torch's zip reader or its unpickler
+        return None
+    return features if ok else None
 
 
 def read_entry(path: Path, description: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:

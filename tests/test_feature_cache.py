@@ -7,7 +7,7 @@ import torch
 
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.encoders import build_encoder
-from cl2r_bench.feature_cache import cached_features
+from cl2r_bench.feature_cache import Sharding, cached_features
 
 IMAGES = ImageSet(torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)),
                   torch.tensor([0, 0, 1, 1, 2, 2]))
@@ -59,3 +59,52 @@ def test_a_damaged_entry_is_embedded_again(encoder, tmp_path, damage):
     again = features(encoder, tmp_path)
     assert not again.cached
     assert torch.equal(again.features, first.features)
+
+
+def sharded(encoder, cache, sharding):
+    return cached_features(encoder, IMAGES, data={"dataset": "unit", "split": "test"}, cache_dir=cache,
+                           batch_size=4, progress=False, log=lambda _: None, sharding=sharding)
+
+
+def test_a_split_embedded_in_shards_is_one_entry_equal_to_the_whole(encoder, tmp_path):
+    whole = features(encoder, tmp_path / "whole")
+    pieces = sharded(encoder, tmp_path / "shards", Sharding(shards=3))
+    torch.testing.assert_close(pieces.features, whole.features)
+    assert torch.equal(pieces.labels, IMAGES.labels) and not pieces.cached
+    assert len(list((tmp_path / "shards").glob("*.pt"))) == 1 and not list((tmp_path / "shards").glob("*.shard-*"))
+    assert json.loads(next((tmp_path / "shards").glob("*.json")).read_text())["shards"] == 3
+    assert sharded(encoder, tmp_path / "shards", Sharding(shards=3)).cached
+
+
+def test_a_killed_embedding_keeps_its_finished_shards_and_the_next_one_embeds_only_the_rest(encoder, tmp_path,
+                                                                                          monkeypatch):
+    """Worker 1 of 2 takes shards 1 and 3 first; it is killed while embedding shard 3 (its second). The next
+    process, worker 0, embeds shards 0 and 2, finds shard 1 done, embeds 3 again, and joins all four."""
+    from cl2r_bench import feature_cache
+
+    real, calls = feature_cache.embed_raw, []
+
+    def dying(encoder, images, **kwargs):
+        calls.append(kwargs["description"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(encoder, images, **kwargs)
+
+    monkeypatch.setattr(feature_cache, "embed_raw", dying)
+    with pytest.raises(KeyboardInterrupt):
+        sharded(encoder, tmp_path, Sharding(shards=4, worker=1, workers=2))
+    assert [p.name.split(".", 1)[1] for p in tmp_path.glob("*.pt")] == ["shard-1-of-4.pt"]
+    assert not list(tmp_path.glob("*.lock"))
+    calls.clear()
+    monkeypatch.setattr(feature_cache, "embed_raw", lambda encoder, images, **kwargs: calls.append(
+        kwargs["description"]) or real(encoder, images, **kwargs))
+    joined = sharded(encoder, tmp_path, Sharding(shards=4, worker=0, workers=2))
+    assert [c.split()[2] for c in calls] == ["1/4", "3/4", "4/4"]
+    torch.testing.assert_close(joined.features, features(encoder, tmp_path / "whole").features)
+    assert len(list(tmp_path.glob("*.pt"))) == 1
+
+
+def test_sharding_is_checked():
+    with pytest.raises(ValueError, match="worker < workers"):
+        Sharding(shards=2, worker=2, workers=2)
+    assert Sharding(shards=5, worker=1, workers=2).order() == [1, 3, 0, 2, 4]

@@ -1,0 +1,82 @@
+"""``runner.py embed`` (cl2r_bench/embedding.py): a model-update study's splits embedded into the feature cache in
+shards, by two torchrun ranks on the CPU and by a job array on the test SLURM cluster, then found cached by the
+study itself."""
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cl2r_bench.cli import main
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """The settings of a small study on synthetic data: two random timm encoders, 5 classes."""
+    import timm
+
+    folder = tmp_path_factory.mktemp("encoders")
+    specs = []
+    for seed, name in ((0, "test_efficientnet"), (1, "test_resnet")):
+        torch.manual_seed(seed)
+        torch.save(timm.create_model(name).state_dict(), folder / f"{name}.pth")
+        specs.append(f"timm:{name}@{folder / name}.pth")
+    return ["--scenario", "model_update", "--dataset", "synthetic", "--device", "cpu", "--no-progress",
+            "--set", "data.synthetic_classes=5", "--set", "data.synthetic_train_per_class=8",
+            "--set", "data.synthetic_test_per_class=4", "--set", f"model_update.old={specs[0]}",
+            "--set", f"model_update.new={specs[1]}", "--set", "model_update.backfill_steps=2"]
+
+
+def found_cached(study, cache, out, capsys):
+    """The study run on the cache: every split of both encoders read from it, none embedded."""
+    capsys.readouterr()
+    assert main([*study, "--set", f"model_update.feature_cache={cache}", "--adapter", "procrustes",
+                 "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    return printed.count("(cached)") == 4 and "embedded in" not in printed
+
+
+def test_two_torchrun_ranks_embed_the_shards_between_them_and_the_study_finds_them(study, tmp_path, capsys):
+    """Each of the four splits (2 encoders x train / test) in 3 shards: every shard is embedded exactly once by one
+    of the two ranks (a rank that takes part in a split says how many of its shards it embedded; which rank does
+    how many depends on which starts first), and the study then embeds nothing."""
+    from test_distributed import torchrun
+
+    cache = tmp_path / "features"
+    done = torchrun(str(TESTS.parent / "runner.py"), "embed", *study, "--set", f"model_update.feature_cache={cache}",
+                    "--shards", "3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(list(cache.glob("*.pt"))) == 4 and not list(cache.glob("*.shard-*")) and not list(cache.glob("*.lock"))
+    embedded_here = [int(n) for n in re.findall(r"(\d) of 3 shards embedded here", done.stdout)]
+    assert len(embedded_here) >= 4 and sum(embedded_here) == 4 * 3
+    assert found_cached(study, cache, tmp_path / "out", capsys)
+
+
+def test_embed_refuses_what_is_not_a_two_encoder_study_in_one_line(tmp_path, capsys):
+    assert main(["embed", "--scenario", "cl2r", "--dataset", "synthetic", "--shards", "2"]) == 2
+    assert "runner.py embed embeds one model-update study of two encoders" in capsys.readouterr().err
+    assert main(["embed", "--scenario", "model_update", "--shards", "0"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.slurm
+def test_a_slurm_job_array_embeds_the_shards_and_the_study_finds_them(study, tmp_path, monkeypatch, capsys):
+    from test_slurm import CLUSTER, SMALL
+
+    pytest.importorskip("submitit")
+    if shutil.which("sbatch") is None or not (CLUSTER.parent / "slurmctld.pid").exists():
+        pytest.skip("the test SLURM cluster is not up: tests/slurm/cluster.sh start")
+    monkeypatch.setenv("SLURM_CONF", str(CLUSTER))
+    cache = tmp_path / "features"
+    done = subprocess.run([sys.executable, "-m", "cl2r_bench", "embed", *study, "--set",
+                           f"model_update.feature_cache={cache}", "--shards", "2", "--launcher", "slurm", *SMALL],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert len(list((cache / "slurm").glob("embed-worker-*.done"))) == 2
+    assert len(list(cache.glob("*.pt"))) == 4 and not list(cache.glob("*.shard-*"))
+    assert found_cached(study, cache, tmp_path / "out", capsys)
