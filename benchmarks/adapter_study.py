@@ -11,8 +11,11 @@ Where the cases are measured (:class:`StudySplit`):
   image or reduced to one L2-normalised mean per class (``evaluation.mode``: ``images`` / ``templates``; METHODS.md
   §3), each side's templates taken from its own (possibly adapted) features.
 
-Scores are CMC top-1, top-5 and mAP in percent. Every feature is L2-normalised before an adapter sees it, as a
-retrieval system stores it and as the adapters are fitted (``cl2r_bench/adapters``).
+Scores are CMC top-1, top-5, mAP and mAP@R in percent. Every feature is L2-normalised before an adapter sees it, as
+a retrieval system stores it and as the adapters are fitted (``cl2r_bench/adapters``). A leave-one-out split's
+features may be a gallery streamed from disk (:class:`~benchmarks.gallery_rows.GalleryRows`;
+``model_update.stream_rows``): the normalisation and the adapter's maps are applied to each chunk as the
+rankings, the backfilling orders and the class means read it, and only the sampled queries are held in memory.
 
 Cases, ``query/gallery`` (λ-orth Table 1b), each computed only where both sides live in one frame, else null:
 
