@@ -54,9 +54,13 @@ from cl2r_bench.settings import UNMATCHED_CONVENTIONS
 from . import ranking_cpu
 from .gallery_rows import GalleryRows
 from .noise import bootstrap_accuracies
+from .ranking_cpu import LANES
 
 CMC_DEPTH = 100
 """The deepest k of the CMC curve a record keeps."""
+STREAMED_COUNTS = 1 << 27
+"""The most per-query counts (int64: 1 GiB) a streamed ranking keeps for one block of queries: every block reads,
+maps and compares the whole gallery once, so its blocks are as large as this allows (:func:`streamed`)."""
 
 
 @dataclass(frozen=True)
@@ -241,6 +245,8 @@ def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRo
              gallery_labels: torch.Tensor, fresh_from: torch.Tensor, steps: int, own_index: torch.Tensor | None,
              unmatched_queries: str, chunk_elements: int) -> list[list[RetrievalScores]]:
     """:func:`ranked` with the gallery read in chunks, never whole (docs/scale-out.md, "Galleries of millions").
+    Each block of queries (as many as :data:`STREAMED_COUNTS` counts allow, and a product with :data:`LANES`
+    gallery rows within ``chunk_elements``) reads the gallery in chunks of ``chunk_elements`` similarities.
 
     Per block of queries, each positive's similarity is computed first, class by class (the block's queries of a
     label against that label's gallery items); then every chunk of the gallery is compared with the block and its
@@ -255,7 +261,8 @@ def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRo
     n, curves = len(fresh), len(fresh_from)
     by_label = LabelIndex(gallery_labels)
     thresholds = len(versions) * by_label.largest + 1
-    rows = max(1, min(len(q), chunk_elements // (curves * (steps + 1) * thresholds)))
+    rows = max(1, min(len(q), STREAMED_COUNTS // (len(versions) * curves * (steps + 1) * (thresholds + 1)),
+                      chunk_elements // LANES))
     items = max(1, chunk_elements // rows)
     first = torch.zeros(curves, steps, len(q), dtype=torch.long)
     ap = torch.full((2, curves, steps, len(q)), float("nan"), dtype=torch.float64)

@@ -1,0 +1,150 @@
+"""A gallery of millions: the whole ``runner.py adapt`` evaluation on memory-mapped features, beside faiss's exact
+search of the same arrays, timed in the same run (docs/scale-out.md, "Galleries of millions").
+
+1. **Generate** (not timed): a test folder of ``--items`` items (``old.npy``, ``new.npy``: ``--dim`` float32 wide,
+   written chunk by chunk; ``labels.npy``: ``--classes`` classes) and ``--fit`` fitting items in a ``.npz``; the
+   new model is a noisy rotation of the old one.
+2. **adapt**: ``runner.py adapt --adapter procrustes --queries Q --set model_update.stream_rows=R`` in a child
+   process: the fit, every case, both backfilling curves (random and class-mean L2 orders, 11 steps), the records.
+   Its wall time and its peak resident memory (the child's ``ru_maxrss``), against the gallery's size (one model's
+   features).
+3. **faiss**: the same sampled old queries against the old gallery, searched exactly by faiss in chunks of ``R``
+   rows (:func:`benchmarks.faiss_search.top_k_scores`, k = the largest class + 1): the time of one search, and of
+   as many searches as the study made passes over the gallery (each ranked case, and two for the backfilling
+   curves' two gallery versions). Its top-1, top-5 and mAP@R of old/old are printed beside the study's.
+
+    python -m tools.bench_large [--items 1000000] [--dim 1280] [--classes 1000] [--queries 10000] [--fit 50000]
+                                [--stream-rows 65536] [--folder DIR] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.adapter_study import Scoring
+from benchmarks.faiss_search import top_k_scores
+
+ROTATION_SEED, CENTRES_SEED = 1, 0
+SPREAD = 4.0
+"""Each item's noise around its class centre, per dimension: classes overlap (old/old top-1 about 50 % at 50,000
+items of 1,000 classes), so the ranks of positives lie deep and the search is not trivial."""
+
+
+def generate(folder: Path, items: int, dim: int, classes: int, fit: int, chunk: int) -> None:
+    """The test folder and ``train.npz`` (module docstring), the test split written ``chunk`` rows at a time."""
+    centres = np.random.default_rng(CENTRES_SEED).normal(size=(classes, dim)).astype(np.float32)
+    rotation = np.linalg.qr(np.random.default_rng(ROTATION_SEED).normal(size=(dim, dim)))[0].astype(np.float32)
+    rng = np.random.default_rng(2)
+
+    def pair(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        old = centres[labels] + SPREAD * rng.normal(size=(len(labels), dim)).astype(np.float32)
+        new = (old + 0.5 * rng.normal(size=old.shape).astype(np.float32)) @ rotation
+        return old, new
+
+    train_labels = rng.integers(0, classes, size=fit)
+    np.savez(folder / "train.npz", **dict(zip(("old", "new"), pair(train_labels), strict=True)), labels=train_labels)
+    test = folder / "test"
+    test.mkdir()
+    labels = rng.integers(0, classes, size=items)
+    np.save(test / "labels.npy", labels)
+    files = {name: np.lib.format.open_memmap(test / f"{name}.npy", mode="w+", dtype=np.float32, shape=(items, dim))
+             for name in ("old", "new")}
+    for start in range(0, items, chunk):
+        old, new = pair(labels[start:start + chunk])
+        files["old"][start:start + chunk], files["new"][start:start + chunk] = old, new
+    for mapped in files.values():
+        mapped.flush()
+    del files
+
+
+def run_adapt(folder: Path, queries: int, stream_rows: int) -> tuple[float, float, dict]:
+    """Wall seconds, the child's peak resident GB, and the record of ``runner.py adapt`` (module docstring)."""
+    command = [sys.executable, "-m", "cl2r_bench", "adapt", "--train", str(folder / "train.npz"), "--test",
+               str(folder / "test"), "--adapter", "procrustes", "--queries", str(queries), "--device", "cpu",
+               "--output", str(folder / "out"), "--set", f"model_update.stream_rows={stream_rows}",
+               "--set", "model_update.backfill_orders=[random,class_mean_distance]"]
+    started = time.perf_counter()
+    finished = subprocess.run(command, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    if finished.returncode != 0:
+        raise SystemExit(f"adapt failed ({finished.returncode}): {finished.stderr.strip()[-2000:]}")
+    peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    record = json.loads(next((folder / "out").rglob("metrics.json")).read_text())
+    return seconds, peak_gb, record
+
+
+def faiss_old_old(folder: Path, queries: int, stream_rows: int) -> tuple[float, dict[str, float]]:
+    """Seconds of faiss's exact search of the sampled old queries in the old gallery, and its scores."""
+    labels = np.load(folder / "test" / "labels.npy")
+    gallery = np.load(folder / "test" / "old.npy", mmap_mode="r")
+    sample = Scoring("miss", per_class_cmc=False, queries=queries).sample(len(labels)).numpy()
+    started = time.perf_counter()
+    scores = top_k_scores(np.asarray(gallery[sample]), labels[sample], gallery, labels, own_index=sample,
+                          depth=5, chunk_rows=stream_rows)
+    seconds = time.perf_counter() - started
+    return seconds, {"top1": scores.cmc(1), "top5": scores.cmc(5), "mAP@R": scores.mAP_at_R}
+
+
+def gallery_passes(record: dict) -> int:
+    """How many times the study compared the queries with a whole gallery: each case it ranked (new/new and the
+    forward-adapted case are the backfilling curve's two ends, not ranked again) and the curves' two versions."""
+    ranked = [case for case, scores in record["retrieval"]["cases"].items() if scores is not None]
+    return len([case for case in ranked if case not in ("new/new", "new/F")]) + 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=1280)
+    parser.add_argument("--classes", type=int, default=1000)
+    parser.add_argument("--queries", type=int, default=10_000)
+    parser.add_argument("--fit", type=int, default=50_000)
+    parser.add_argument("--stream-rows", type=int, default=65536)
+    parser.add_argument("--folder", type=Path, help="where the generated files go (default: a temporary folder, "
+                        f"{2 * 4 * 1_000_000 * 1280 / 1e9:.1f} GB at the default size)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(dir=args.folder) as name:
+        folder = Path(name)
+        started = time.perf_counter()
+        generate(folder, args.items, args.dim, args.classes, args.fit, args.stream_rows)
+        generate_seconds = time.perf_counter() - started
+        adapt_seconds, peak_gb, record = run_adapt(folder, args.queries, args.stream_rows)
+        faiss_seconds, faiss_scores = faiss_old_old(folder, args.queries, args.stream_rows)
+    passes = gallery_passes(record)
+    gallery_gb = args.items * args.dim * 4 / 1e9
+    result = {"items": args.items, "dim": args.dim, "classes": args.classes, "queries": args.queries,
+              "fit": args.fit, "stream_rows": args.stream_rows, "generate_seconds": generate_seconds,
+              "adapt_seconds": adapt_seconds, "adapt_peak_resident_gb": peak_gb * 2**30 / 1e9,
+              "gallery_gb": gallery_gb, "gallery_passes": passes, "faiss_one_search_seconds": faiss_seconds,
+              "ratio_to_faiss_same_passes": adapt_seconds / (passes * faiss_seconds),
+              "suite_old_old": record["retrieval"]["cases"]["old/old"], "faiss_old_old": faiss_scores,
+              "torch": torch.__version__, "numpy": np.__version__, "threads": torch.get_num_threads(),
+              "processor": platform.processor() or platform.machine()}
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    suite = result["suite_old_old"]
+    print(f"{args.items:,} x {args.dim}, {args.classes} classes, {args.queries:,} sampled queries, "
+          f"Procrustes fitted on {args.fit:,}: whole adapt evaluation {adapt_seconds:.1f}s, peak resident "
+          f"{result['adapt_peak_resident_gb']:.2f} GB ({result['adapt_peak_resident_gb'] / gallery_gb:.2f}x one "
+          f"gallery of {gallery_gb:.2f} GB)")
+    print(f"faiss exact search, old/old: {faiss_seconds:.1f}s; x {passes} gallery passes = "
+          f"{passes * faiss_seconds:.1f}s; adapt / that = {result['ratio_to_faiss_same_passes']:.2f}")
+    print(f"old/old top-1 / top-5 / mAP@R: suite {suite['top1']:.2f} / {suite['top5']:.2f} / {suite['mAP@R']:.4f}, "
+          f"faiss {faiss_scores['top1']:.2f} / {faiss_scores['top5']:.2f} / {faiss_scores['mAP@R']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
