@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+from test_adapt import encoder_files  # noqa: F401, F811 - the fixture of two random timm encoders
 
 from cl2r_bench.cli import main
 
@@ -16,20 +16,13 @@ TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    """The settings of a small study on synthetic data: two random timm encoders, 5 classes."""
-    import timm
-
-    folder = tmp_path_factory.mktemp("encoders")
-    specs = []
-    for seed, name in ((0, "test_efficientnet"), (1, "test_resnet")):
-        torch.manual_seed(seed)
-        torch.save(timm.create_model(name).state_dict(), folder / f"{name}.pth")
-        specs.append(f"timm:{name}@{folder / name}.pth")
+def study(encoder_files):  # noqa: F811 - the imported fixture, requested by name
+    """The settings of a small study on synthetic data: two random timm encoders (test_adapt's), 5 classes."""
+    old, new = encoder_files
     return ["--scenario", "model_update", "--dataset", "synthetic", "--device", "cpu", "--no-progress",
             "--set", "data.synthetic_classes=5", "--set", "data.synthetic_train_per_class=8",
-            "--set", "data.synthetic_test_per_class=4", "--set", f"model_update.old={specs[0]}",
-            "--set", f"model_update.new={specs[1]}", "--set", "model_update.backfill_steps=2"]
+            "--set", "data.synthetic_test_per_class=4", "--set", f"model_update.old={old}",
+            "--set", f"model_update.new={new}", "--set", "model_update.backfill_steps=2"]
 
 
 def found_cached(study, cache, out, capsys):
