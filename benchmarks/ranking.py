@@ -35,8 +35,10 @@ each curve step then counts only the version each item has at that step, and one
 cumulatively over the steps at which items turn fresh, serves every step.
 
 Every score is in percent; precisions are summed in float64, so chunking changes no digit that matters. The
-queries are processed in blocks of at most ``chunk_elements`` query x gallery entries (``python -m
-tools.bench_ranking`` and ``python -m tools.bench_adapt_study`` measure time and peak memory).
+queries are processed in blocks of at most ``chunk_elements`` query x gallery entries (:data:`CHUNK_ELEMENTS` in
+memory, :data:`STREAMED_ELEMENTS` streamed, by default; ``python -m tools.bench_ranking`` and ``python -m
+tools.bench_adapt_study`` measure time and peak memory). On CPU the similarities are numpy's float32 matrix
+products (its OpenBLAS ran at about 200 GFLOPS on 2 cores where torch's MKL ran at 170: docs/scale-out.md).
 """
 from __future__ import annotations
 
@@ -54,12 +56,19 @@ from cl2r_bench.settings import UNMATCHED_CONVENTIONS
 from . import ranking_cpu
 from .gallery_rows import GalleryRows
 from .noise import bootstrap_accuracies
-from .ranking_cpu import LANES
 
 CMC_DEPTH = 100
 """The deepest k of the CMC curve a record keeps."""
-STREAMED_COUNTS = 1 << 27
-"""The most per-query counts (int64: 1 GiB) a streamed ranking keeps for one block of queries: every block reads,
+CHUNK_ELEMENTS = 1 << 24
+"""The most query x gallery similarities of one block of an in-memory ranking, by default (float32: 64 MB)."""
+STREAMED_ELEMENTS = 1 << 26
+"""The most query x gallery similarities of one chunk of a streamed ranking, by default (float32: 256 MB per
+gallery version): every block of queries reads the whole gallery once, so its blocks are large."""
+STREAMED_ITEMS = 4096
+"""The fewest gallery items a chunk of a streamed ranking compares with a block of queries (within the gallery's
+size): a narrower matrix product runs well below the CPU's rate."""
+STREAMED_COUNTS = 1 << 28
+"""The most per-query counts (int32: 1 GiB) a streamed ranking keeps for one block of queries: every block reads,
 maps and compares the whole gallery once, so its blocks are as large as this allows (:func:`streamed`)."""
 
 
@@ -151,7 +160,7 @@ def mean_precision(ap: np.ndarray) -> float:
 
 def retrieval_scores(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor | GalleryRows,
                      gallery_labels: torch.Tensor, *, exclude_self: bool, unmatched_queries: str = "miss",
-                     query_index: torch.Tensor | None = None, chunk_elements: int = 1 << 24) -> RetrievalScores:
+                     query_index: torch.Tensor | None = None, chunk_elements: int | None = None) -> RetrievalScores:
     """The scores of the module docstring; inputs on any one device. ``query_index``: with ``exclude_self``, the
     queries are a sample of the gallery's items, query i being gallery item ``query_index[i]`` (left out of its
     ranking), rather than all of them in order. A :class:`~benchmarks.gallery_rows.GalleryRows` gallery is streamed
@@ -167,7 +176,7 @@ def backfilling_scores(queries: torch.Tensor, query_labels: torch.Tensor, fresh:
                        stale: torch.Tensor | GalleryRows, gallery_labels: torch.Tensor, fresh_from: torch.Tensor,
                        steps: int, *, exclude_self: bool,
                        unmatched_queries: str = "miss", query_index: torch.Tensor | None = None,
-                       chunk_elements: int = 1 << 24) -> list[list[RetrievalScores]]:
+                       chunk_elements: int | None = None) -> list[list[RetrievalScores]]:
     """The scores at every step of several backfilling curves over one gallery: gallery item j is ``fresh[j]`` at
     the steps t >= ``fresh_from[c, j]`` of curve c and ``stale[j]`` before (``fresh_from``: ``(curves, n)`` in
     0..``steps``, ``steps`` meaning never). ``[curve][step]``; each equals :func:`retrieval_scores` of that step's
@@ -205,7 +214,7 @@ def check_inputs(queries: torch.Tensor, query_labels: torch.Tensor, gallery: tor
 
 def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor | None,
            gallery_labels: torch.Tensor, fresh_from: torch.Tensor, steps: int, own_index: torch.Tensor | None,
-           unmatched_queries: str, chunk_elements: int) -> list[list[RetrievalScores]]:
+           unmatched_queries: str, chunk_elements: int | None) -> list[list[RetrievalScores]]:
     """``[curve][step]`` scores, the queries taken in blocks, query i's own gallery item ``own_index[i]`` left out
     (module docstring)."""
     device = fresh.device
@@ -216,12 +225,13 @@ def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tenso
     n, curves = len(fresh), len(fresh_from)
     by_label = LabelIndex(gallery_labels)
     thresholds = len(versions) * by_label.largest + 1
+    chunk_elements = chunk_elements or CHUNK_ELEMENTS
     rows = max(1, min(chunk_elements // max(n, 1), chunk_elements // (curves * (steps + 1) * thresholds)))
     first = torch.zeros(curves, steps, len(q), dtype=torch.long)
     ap = torch.full((2, curves, steps, len(q)), float("nan"), dtype=torch.float64)
     for start in range(0, len(q), rows):
         stop = min(start + rows, len(q))
-        scores = [q[start:stop] @ v.t() for v in versions]
+        scores = [similarities(q[start:stop], v) for v in versions]
         own = None if own_index is None else own_index[start:stop]
         if own is not None:
             for block in scores:
@@ -234,6 +244,13 @@ def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tenso
     return as_scores(first, ap, unmatched_queries)
 
 
+def similarities(queries: torch.Tensor, gallery: torch.Tensor) -> torch.Tensor:
+    """``queries @ gallery.T``; on CPU numpy's float32 product (module docstring), elsewhere torch's."""
+    if queries.device.type != "cpu" or queries.dtype != torch.float32 or gallery.dtype != torch.float32:
+        return queries @ gallery.t()
+    return torch.from_numpy(queries.numpy() @ gallery.numpy().T)
+
+
 def as_scores(first: torch.Tensor, ap: torch.Tensor, unmatched_queries: str) -> list[list[RetrievalScores]]:
     """``[curve][step]`` scores from the first ranks ``(curves, steps, queries)`` and AP / AP@R ``(2, ...)``."""
     first_np, ap_np = first.numpy(), ap.numpy()
@@ -243,16 +260,18 @@ def as_scores(first: torch.Tensor, ap: torch.Tensor, unmatched_queries: str) -> 
 
 def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRows, stale: GalleryRows | None,
              gallery_labels: torch.Tensor, fresh_from: torch.Tensor, steps: int, own_index: torch.Tensor | None,
-             unmatched_queries: str, chunk_elements: int) -> list[list[RetrievalScores]]:
+             unmatched_queries: str, chunk_elements: int | None) -> list[list[RetrievalScores]]:
     """:func:`ranked` with the gallery read in chunks, never whole (docs/scale-out.md, "Galleries of millions").
-    Each block of queries (as many as :data:`STREAMED_COUNTS` counts allow, and a product with :data:`LANES`
-    gallery rows within ``chunk_elements``) reads the gallery in chunks of ``chunk_elements`` similarities.
+    Each block of queries (as many as :data:`STREAMED_COUNTS` counts allow, and a product with
+    :data:`STREAMED_ITEMS` gallery rows within ``chunk_elements``) reads the gallery in chunks of
+    ``chunk_elements`` similarities.
 
-    Per block of queries, each positive's similarity is computed first, class by class (the block's queries of a
-    label against that label's gallery items); then every chunk of the gallery is compared with the block and its
-    items are counted above the positives they exceed (:func:`items_above`, whose counts add up over chunks). In
-    each chunk the positives' own entries are set to the similarities their thresholds were made of, so a positive
-    is placed against itself exactly whatever rounding the two matrix products had."""
+    Per block of queries, each positive's similarity is computed first, in a pass over the gallery in order that
+    takes only the positives' dot products (:func:`positive_similarity`); then every chunk of the gallery is
+    compared with the block and its items are counted above the positives they exceed (:func:`items_above`, whose
+    counts add up over chunks). In each chunk the positives' own entries are set to the similarities their
+    thresholds were made of, so a positive is placed against itself exactly whatever rounding the matrix product
+    had."""
     device = fresh.device
     q = F.normalize(queries.float(), dim=1).to(device)
     versions = [v for v in (fresh, stale) if v is not None]
@@ -261,8 +280,9 @@ def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRo
     n, curves = len(fresh), len(fresh_from)
     by_label = LabelIndex(gallery_labels)
     thresholds = len(versions) * by_label.largest + 1
+    chunk_elements = chunk_elements or STREAMED_ELEMENTS
     rows = max(1, min(len(q), STREAMED_COUNTS // (len(versions) * curves * (steps + 1) * (thresholds + 1)),
-                      chunk_elements // LANES))
+                      chunk_elements // min(n, STREAMED_ITEMS)))
     items = max(1, chunk_elements // rows)
     first = torch.zeros(curves, steps, len(q), dtype=torch.long)
     ap = torch.full((2, curves, steps, len(q)), float("nan"), dtype=torch.float64)
@@ -270,58 +290,89 @@ def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRo
         stop = min(start + rows, len(q))
         block, own = q[start:stop], None if own_index is None else own_index[start:stop]
         index, valid = by_label.positives(query_labels[start:stop], own)
-        similarity = [positive_similarity(block, query_labels[start:stop], version, by_label, valid)
-                      for version in versions]
+        pairs = PositivePairs.of(index, valid)
+        similarity = [positive_similarity(block, version, pairs, valid) for version in versions]
         ranks, counts = positive_ranks(similarity, index, valid, n, fresh_from, steps, partial(
-            chunked_items_above, block=block, versions=versions, items=items, own=own, index=index, valid=valid,
+            chunked_items_above, block=block, versions=versions, items=items, own=own, pairs=pairs,
             similarity=similarity, fresh_from=fresh_from, steps=steps))
         first[:, :, start:stop], ap[:, :, :, start:stop] = summarise_ranks(ranks, counts)
     return as_scores(first, ap, unmatched_queries)
 
 
-def positive_similarity(block: torch.Tensor, block_labels: torch.Tensor, gallery: GalleryRows,
-                        by_label: LabelIndex, valid: torch.Tensor) -> torch.Tensor:
+@dataclass(frozen=True)
+class PositivePairs:
+    """A block's positives as ``(row, slot, item)`` triples, ``index[row, slot] == item`` where ``valid``, in gallery
+    order, so each chunk of a streamed gallery finds its own positives by two binary searches (:meth:`within`)."""
+
+    row: torch.Tensor
+    slot: torch.Tensor
+    item: torch.Tensor
+
+    @classmethod
+    def of(cls, index: torch.Tensor, valid: torch.Tensor) -> PositivePairs:
+        row, slot = valid.nonzero(as_tuple=True)
+        item, by_item = index[row, slot].sort()
+        return cls(row[by_item], slot[by_item], item)
+
+    def within(self, start: int, stop: int) -> slice:
+        """The pairs whose gallery item is in ``start`` ... ``stop - 1``."""
+        first, last = torch.searchsorted(self.item, torch.tensor([start, stop], device=self.item.device)).tolist()
+        return slice(first, last)
+
+
+def positive_similarity(block: torch.Tensor, gallery: GalleryRows, pairs: PositivePairs,
+                        valid: torch.Tensor) -> torch.Tensor:
     """``(rows, P)``: each query's similarity to the gallery items of its label in :class:`LabelIndex` order (the
-    slots of :meth:`LabelIndex.positives`; zero where not ``valid``), one matrix product per label of the block."""
+    slots of :meth:`LabelIndex.positives`; zero where not ``valid``): one pass over the gallery in order, each
+    chunk's positives' dot products taken alone (:func:`pair_similarities`), not the chunk's whole product."""
     similarity = torch.zeros(valid.shape, device=block.device)
-    for label in block_labels.unique():
-        items = by_label.items_of(label)
-        if len(items):
-            same = (block_labels == label).nonzero().flatten()
-            similarity[same, :len(items)] = block[same] @ F.normalize(gallery.rows(items), dim=1).t()
-    return torch.where(valid, similarity, 0.0)
+    for start, rows_read in gallery.chunks():
+        inside = pairs.within(start, start + len(rows_read))
+        similarity[pairs.row[inside], pairs.slot[inside]] = pair_similarities(
+            block, F.normalize(rows_read, dim=1), pairs.row[inside], pairs.item[inside] - start)
+    return similarity
+
+
+PAIRS_AT_ONCE = 1 << 16
+"""Pairs whose dot products one tensor operation takes, off the CPU (:func:`pair_similarities`)."""
+
+
+def pair_similarities(queries: torch.Tensor, rows: torch.Tensor, query_of: torch.Tensor,
+                      row_of: torch.Tensor) -> torch.Tensor:
+    """``queries[query_of[k]] · rows[row_of[k]]`` for every k: on CPU the compiled loop of
+    :func:`benchmarks.ranking_cpu.pair_dots`, elsewhere in slices of :data:`PAIRS_AT_ONCE` pairs."""
+    if queries.device.type == "cpu":
+        return torch.from_numpy(ranking_cpu.pair_dots(queries.contiguous().numpy(), rows.contiguous().numpy(),
+                                                      query_of.numpy(), row_of.numpy()))
+    return torch.cat([(queries[query_of[k:k + PAIRS_AT_ONCE]] * rows[row_of[k:k + PAIRS_AT_ONCE]]).sum(dim=1)
+                      for k in range(0, len(query_of), PAIRS_AT_ONCE)] or [queries.new_zeros(0)])
 
 
 def chunked_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, block: torch.Tensor,
-                        versions: list[GalleryRows], items: int, own: torch.Tensor | None, index: torch.Tensor,
-                        valid: torch.Tensor, similarity: list[torch.Tensor], fresh_from: torch.Tensor,
-                        steps: int) -> torch.Tensor:
+                        versions: list[GalleryRows], items: int, own: torch.Tensor | None, pairs: PositivePairs,
+                        similarity: list[torch.Tensor], fresh_from: torch.Tensor, steps: int) -> torch.Tensor:
     """:func:`items_above` over the gallery's chunks of ``items`` rows (:func:`streamed`): on CPU the chunks'
     counts accumulate and are turned into items above once; elsewhere each chunk's items above are summed."""
     rows = torch.arange(len(block), device=block.device)
-    positive_row, positive_slot = valid.nonzero(as_tuple=True)
-    positive_item, by_item = index[positive_row, positive_slot].sort()
-    positive_row, positive_slot = positive_row[by_item], positive_slot[by_item]
     on_cpu = block.device.type == "cpu"
-    count = new_count(thresholds, len(versions), len(fresh_from), steps) if on_cpu else None
+    counter = ItemCounter(thresholds, owner, len(versions), fresh_from, steps) if on_cpu else None
     above = None
     for chunk in zip(*(version.chunks(items) for version in versions), strict=True):
         start, stop = chunk[0][0], chunk[0][0] + len(chunk[0][1])
-        scores = [block @ F.normalize(rows_read, dim=1).t() for _, rows_read in chunk]
-        first, last = torch.searchsorted(positive_item, torch.tensor([start, stop], device=block.device)).tolist()
-        inside = slice(first, last)
+        scores = [similarities(block, F.normalize(rows_read, dim=1)) for _, rows_read in chunk]
+        inside = pairs.within(start, stop)
+        row, slot, item = pairs.row[inside], pairs.slot[inside], pairs.item[inside] - start
         for score, own_similarity in zip(scores, similarity, strict=True):
-            score[positive_row[inside], positive_item[inside] - start] = own_similarity[positive_row[inside],
-                                                                                       positive_slot[inside]]
+            score[row, item] = own_similarity[row, slot]
             if own is not None:
                 mine = (own >= start) & (own < stop)
                 score[rows[mine], own[mine] - start] = float("-inf")
         if on_cpu:
-            count_items(count, scores, thresholds, owner, fresh_from[:, start:stop], steps, offset=start)
+            counter.add(scores, offset=start)
         else:
             counted = items_above(scores, thresholds, owner - start, fresh_from[:, start:stop], steps)
             above = counted if above is None else above + counted
-    return torch.from_numpy(ranking_cpu.finish(count, steps)) if on_cpu else above
+    return counter.items_above() if on_cpu else above
 
 
 class LabelIndex:
@@ -410,24 +461,35 @@ def items_above(scores: list[torch.Tensor], thresholds: torch.Tensor, owner: tor
     :mod:`benchmarks.ranking_cpu` counts them, elsewhere :func:`items_above_vectorised`; both give the same counts."""
     if thresholds.device.type != "cpu":
         return items_above_vectorised(scores, thresholds, owner, fresh_from, steps)
-    count = new_count(thresholds, len(scores), len(fresh_from), steps)
-    count_items(count, scores, thresholds, owner, fresh_from, steps, offset=0)
-    return torch.from_numpy(ranking_cpu.finish(count, steps))
+    counter = ItemCounter(thresholds, owner, len(scores), fresh_from, steps)
+    counter.add(scores, offset=0)
+    return counter.items_above()
 
 
-def new_count(thresholds: torch.Tensor, versions: int, curves: int, steps: int) -> np.ndarray:
-    """The zero counts :func:`benchmarks.ranking_cpu.count_items` adds to."""
-    return np.zeros((len(thresholds), versions, curves, steps + 1, thresholds.shape[1] + 2), dtype=np.int64)
+class ItemCounter:
+    """The CPU kernel's counts for one block of queries (:mod:`benchmarks.ranking_cpu`): the thresholds' bucket
+    table made once, blocks of gallery items added (:meth:`add`), and the items above each positive read at the end
+    (:meth:`items_above`), on as many threads as torch uses."""
 
+    def __init__(self, thresholds: torch.Tensor, owner: torch.Tensor, versions: int, fresh_from: torch.Tensor,
+                 steps: int) -> None:
+        numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+        m = thresholds.shape[1]
+        self.thresholds = F.pad(thresholds.float(), (0, 1), value=float("inf")).numpy()
+        self.owner = owner.contiguous().numpy()
+        self.starts, self.span = ranking_cpu.bucket_table(self.thresholds[:, :m], ranking_cpu.buckets_for(m))
+        self.entry, self.steps = fresh_from.clamp(max=steps).int().numpy(), steps
+        self.count = np.zeros((len(self.thresholds), versions, len(self.entry), steps + 1, m + 2), dtype=np.int32)
 
-def count_items(count: np.ndarray, scores: list[torch.Tensor], thresholds: torch.Tensor, owner: torch.Tensor,
-                fresh_from: torch.Tensor, steps: int, offset: int) -> None:
-    """:func:`benchmarks.ranking_cpu.count_items` of a block of gallery items ``offset ...`` on CPU tensors, on as
-    many threads as torch uses."""
-    numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    ranking_cpu.count_items(count, scores[0].contiguous().numpy(), scores[-1].contiguous().numpy(),
-                            thresholds.contiguous().numpy(), owner.contiguous().numpy(),
-                            fresh_from.clamp(max=steps).contiguous().numpy(), offset, len(scores))
+    def add(self, scores: list[torch.Tensor], offset: int) -> None:
+        """Count the gallery items ``offset ...`` whose similarities (fresh, then stale) are ``scores``."""
+        ranking_cpu.count_items(self.count, scores[0].contiguous().numpy(), scores[-1].contiguous().numpy(),
+                                self.thresholds, self.owner, self.starts, self.span,
+                                np.ascontiguousarray(self.entry[:, offset:offset + scores[0].shape[1]]), offset,
+                                len(scores))
+
+    def items_above(self) -> torch.Tensor:
+        return torch.from_numpy(ranking_cpu.finish(self.count, self.steps))
 
 
 def items_above_vectorised(scores: list[torch.Tensor], thresholds: torch.Tensor, owner: torch.Tensor,

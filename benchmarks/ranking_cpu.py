@@ -4,11 +4,20 @@ ranking module's docstring, "How the ranks are found without sorting rows"). :fu
 gallery items to per-row counts, so a gallery streamed in chunks is counted chunk by chunk, and :func:`finish`
 turns the counts into the items above each positive once.
 
+**How an item finds its place among a row's thresholds** (its positives' similarities, ascending): by a bucket
+table, not a binary search. :func:`bucket_table` cuts the span of the row's finite thresholds into
+:func:`buckets_for` equal buckets and notes where each bucket's thresholds start; an item's bucket is one
+subtraction and one product away, and it is compared only with the thresholds of its own bucket (none or one, as
+a rule). The place is exact, not interpolated: the same :func:`bucket_of` sorts thresholds and items, and it never
+decreases as the value grows, so every threshold of a lower bucket lies below the item and every one of a higher
+bucket above it. The first two comparisons are additions of their outcomes, without a branch to mispredict (the
+thresholds end with a +inf sentinel, so the next threshold can always be read); an item in a bucket crowded beyond
+them (ties, or thresholds bunched together) is placed by a binary search within the bucket.
+
 Why a compiled loop: on CPU the vectorised torch version writes and reads back every gallery item's place among the
-thresholds, a histogram cell and a tie check, each a tensor as large as the block; here each item is placed by a
-branch-free binary search over the row's thresholds (a few hundred values, in the first-level cache), run for 64
-items side by side so their searches overlap, and counted at once. It gives the torch version's counts exactly
-(``tests/test_ranking.py``) about five times faster on 2 cores (``python -m tools.bench_ranking``). numba is the
+thresholds, a histogram cell and a tie check, each a tensor as large as the block; here each item is placed and
+counted in one pass over its row, whose table and thresholds stay in the first-level cache. It gives the torch
+version's counts exactly (``tests/test_ranking.py``); ``python -m tools.bench_ranking`` measures it. numba is the
 library made for such loops; the vectorised version stays for GPUs.
 """
 from __future__ import annotations
@@ -16,55 +25,132 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-LANES = 64
-"""Items whose binary searches run side by side: enough to hide the latency of one search's dependent loads."""
+def buckets_for(thresholds: int) -> int:
+    """Buckets of a row's table: the power of two at least twice the thresholds, so most buckets hold none."""
+    return 1 << max(int(2 * max(thresholds, 1) - 1).bit_length(), 1)
+
+
+@numba.njit(inline="always")
+def bucket_of(value: float, low: float, high: float, scale: float, top: float) -> int:  # pragma: no cover
+    """The bucket of ``value``, in float32 throughout: clipped to the span ``low`` ... ``high`` (so infinities land at
+    the table's ends), ``(value - low) * scale``, at most the last bucket ``top``. Never decreasing in ``value``;
+    no branch, so the compiler runs it over many items at once."""
+    return np.uint32(min((min(max(value, low), high) - low) * scale, top))
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def bucket_table(thresholds: np.ndarray, buckets: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+    """``(starts, span)``: ``starts[row, b]`` the first threshold of bucket ``b`` of ``row`` (``starts[row,
+    buckets]`` = m), and ``span[row]`` its ``(low, high, scale)`` in float32, from ``thresholds`` ``(rows, m)``
+    ascending float32 (module docstring)."""
+    rows, m = thresholds.shape
+    starts = np.empty((rows, buckets + 1), dtype=np.int32)
+    span = np.zeros((rows, 3), dtype=np.float32)
+    top = np.float32(buckets - 1)
+    for r in numba.prange(rows):
+        thr = thresholds[r]
+        low, high = np.inf, -np.inf
+        for i in range(m):
+            if np.isfinite(thr[i]):
+                low, high = min(low, thr[i]), max(high, thr[i])
+        if not high >= low:
+            low, high = 0.0, 0.0
+        span[r, 0], span[r, 1] = low, high
+        span[r, 2] = min(buckets / (np.float64(high) - np.float64(low)), 1e30) if high > low else 0.0
+        b = 0
+        for i in range(m):
+            value = bucket_of(thr[i], span[r, 0], span[r, 1], span[r, 2], top)
+            while b <= value:
+                starts[r, b] = i
+                b += 1
+        while b <= buckets:
+            starts[r, b] = m
+            b += 1
+    return starts, span
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def count_items(count: np.ndarray, fresh: np.ndarray, stale: np.ndarray, thresholds: np.ndarray, owner: np.ndarray,
-                entry: np.ndarray, offset: int, versions: int) -> None:  # pragma: no cover - compiled
-    """Add the items of one block of similarities to ``count`` ``(rows, versions, curves, steps + 1, m + 2)``:
-    ``count[row, version, curve, entry, place + 1]`` counts the items of each version placed after ``place``
-    thresholds (the number below their similarity). ``fresh``, ``stale``: ``(rows, n)`` float32 similarities of
-    gallery items ``offset`` ... ``offset + n - 1`` (``stale`` is read only when ``versions`` is 2);
-    ``thresholds``: ``(rows, m)`` ascending float32; ``owner``: ``(rows, m)`` the gallery index of each threshold's
-    positive; ``entry``: ``(curves, n)`` the step at which each of these items turns fresh (``steps``: never). An
-    item equal to a threshold moves one count from that threshold's cell to the next when its gallery index is
-    lower than the threshold's positive's (the stable sort's tie-break). Counts add up over blocks of items."""
+                starts: np.ndarray, span: np.ndarray, entry: np.ndarray, offset: int,
+                versions: int) -> None:  # pragma: no cover - compiled
+    """Add the items of one block of similarities to ``count`` ``(rows, versions, curves, steps + 1, m + 2)``
+    (int32): ``count[row, version, curve, entry, place + 1]`` counts the items of each version placed after
+    ``place`` thresholds (the number below their similarity). ``fresh``, ``stale``: ``(rows, n)`` float32
+    similarities of gallery items ``offset`` ... ``offset + n - 1`` (``stale`` is read only when ``versions`` is
+    2); ``thresholds``: ``(rows, m + 1)`` ascending float32, the last column +inf (a sentinel), with the
+    :func:`bucket_table` ``starts`` and ``span`` of their first m; ``owner``: ``(rows, m)`` the gallery index of
+    each threshold's positive; ``entry``: ``(curves, n)`` the step at which each of these items turns fresh
+    (``steps``: never). An item equal to a threshold moves one count from that threshold's cell to the next when
+    its gallery index is lower than the threshold's positive's (the stable sort's tie-break). Counts add up over
+    blocks of items.
+
+    Each row's items are bucketed in one loop (vectorised), placed in a second (noting the few equal to a threshold)
+    and counted in a third, so each loop stays short; indices are unsigned, which spares numba's checks for negative
+    ones."""
     rows, n = fresh.shape
     curves = entry.shape[0]
-    m = thresholds.shape[1]
+    m = thresholds.shape[1] - 1
+    buckets = starts.shape[1] - 1
+    top = np.float32(buckets - 1)
+    one = np.uint64(1)
     for r in numba.prange(rows):
-        thr = thresholds[r]
-        own = owner[r]
-        place = np.zeros(LANES, dtype=np.int64)
+        thr, own, first = thresholds[r], owner[r], starts[r]
+        low, high, scale = span[r, 0], span[r, 1], span[r, 2]
+        bucket = np.empty(n, dtype=np.uint32)
+        place = np.empty(n, dtype=np.uint32)
+        tied = np.empty(n, dtype=np.uint32)
         for version in range(versions):
             block = fresh[r] if version == 0 else stale[r]
             cells = count[r, version]
-            for start in range(0, n, LANES):
-                width = min(LANES, n - start)
-                values = block[start:start + width]
-                place[:] = 0
-                span = m
-                while span > 1:
-                    half = span >> 1
-                    for j in range(width):
-                        place[j] += half if thr[place[j] + half - 1] < values[j] else 0
-                    span -= half
-                if m > 0:
-                    for j in range(width):
-                        place[j] += 1 if thr[place[j]] < values[j] else 0
-                for j in range(width):
-                    item = start + j
-                    at = place[j]
-                    for c in range(curves):
-                        cells[c, entry[c, item], at + 1] += 1
-                    while at < m and thr[at] == values[j]:
-                        if offset + item < own[at]:
-                            for c in range(curves):
-                                cells[c, entry[c, item], at + 2] += 1
-                                cells[c, entry[c, item], at + 1] -= 1
-                        at += 1
+            for item in range(n):
+                bucket[item] = bucket_of(block[item], low, high, scale, top)
+            ties = 0
+            for item in range(n):
+                value = block[item]
+                b = np.uint64(bucket[item])
+                at = np.uint64(first[b])
+                at += np.uint64(thr[at] < value)
+                at += np.uint64(thr[at] < value)
+                if thr[at] < value:
+                    end = np.uint64(first[b + one])
+                    while at < end:
+                        middle = (at + end) >> one
+                        if thr[middle] < value:
+                            at = middle + one
+                        else:
+                            end = middle
+                place[item] = at
+                tied[ties] = item
+                ties += thr[at] == value
+            for c in range(curves):
+                turns, cell = entry[c], cells[c]
+                for item in range(n):
+                    cell[turns[item], place[item] + 1] += 1
+            for k in range(ties):
+                item = tied[k]
+                at, value = place[item], block[item]
+                while at < m and thr[at] == value:
+                    if offset + item < own[at]:
+                        for c in range(curves):
+                            cells[c, entry[c, item], at + 2] += 1
+                            cells[c, entry[c, item], at + 1] -= 1
+                    at += 1
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def pair_dots(queries: np.ndarray, rows: np.ndarray, query_of: np.ndarray,
+              row_of: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """``queries[query_of[k]] · rows[row_of[k]]`` for every k, float32: a streamed ranking's positives' similarities,
+    a few per gallery item, without the chunk's whole matrix product (:func:`benchmarks.ranking.positive_similarity`).
+    The same pair gives the same value wherever it is taken (one summation order), so duplicate items tie."""
+    out = np.empty(len(query_of), dtype=np.float32)
+    for k in numba.prange(len(query_of)):
+        query, row = queries[query_of[k]], rows[row_of[k]]
+        total = np.float32(0.0)
+        for d in range(len(query)):
+            total += query[d] * row[d]
+        out[k] = total
+    return out
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)

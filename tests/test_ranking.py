@@ -239,14 +239,18 @@ def test_a_sample_of_queries_ranks_the_whole_gallery_as_the_full_ranking_does():
     assert np.allclose(part.ap, whole.ap[sample.numpy()], equal_nan=True)
 
 
-@pytest.mark.parametrize("versions, curves, steps", [(1, 1, 1), (2, 2, 11)])
-def test_the_cpu_kernel_counts_exactly_what_the_vectorised_version_counts(versions, curves, steps):
+@pytest.mark.parametrize("versions, curves, steps, per_version, spread",
+                         [(1, 1, 1, 12, 4), (2, 2, 11, 12, 4), (1, 1, 1, 200, 4), (2, 1, 3, 40, 0)])
+def test_the_cpu_kernel_counts_exactly_what_the_vectorised_version_counts(versions, curves, steps, per_version,
+                                                                         spread):
     """:func:`benchmarks.ranking.items_above` on CPU (the compiled kernel) against
     :func:`benchmarks.ranking.items_above_vectorised` (the GPU path), on similarities rounded to quarters so that
-    most items tie with some positive, with positives of both versions, padding (+inf) and the own item (-inf)."""
+    most items tie with some positive, with positives of both versions, padding (+inf) and the own item (-inf).
+    200 positives crowd each quarter's bucket of the kernel's table past its binary-search limit; ``spread`` 0 makes
+    every finite similarity equal (a table of one span)."""
     generator = torch.Generator().manual_seed(versions)
-    rows, n, per_version = 9, 301, 12
-    scores = [torch.round(torch.randn(rows, n, generator=generator) * 4) / 4 for _ in range(versions)]
+    rows, n = 9, 301
+    scores = [torch.round(torch.randn(rows, n, generator=generator) * spread) / 4 for _ in range(versions)]
     for block in scores:
         block[torch.arange(rows), torch.arange(rows)] = float("-inf")
     positive = torch.randint(0, n, (rows, per_version), generator=generator)
