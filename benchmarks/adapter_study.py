@@ -66,9 +66,11 @@ Features = torch.Tensor | GalleryRows
 millions, leave-one-out only)."""
 
 
-def through(transform: Any, features: Features) -> Features:
-    """``transform`` (an adapter's map) applied to features in memory, or to every read of a streamed gallery."""
-    return features.mapped(transform) if isinstance(features, GalleryRows) else transform(features)
+def through(transform: Any, features: Features, *, store: bool = True) -> Features:
+    """``transform`` (an adapter's map) applied to features in memory, or to a streamed gallery: with ``store``,
+    once per item, the mapped rows written to a temporary file by the first pass that reads them (the adapter's
+    maps: :class:`~benchmarks.gallery_rows.StoredRows`), else to every read (the normalisation, cheaper to redo)."""
+    return features.mapped(transform, store=store) if isinstance(features, GalleryRows) else transform(features)
 
 
 @dataclass
@@ -81,7 +83,7 @@ class PairedFeatures:
 
     @classmethod
     def normalised(cls, old: Features, new: Features, labels: torch.Tensor) -> PairedFeatures:
-        return cls(through(normalise_rows, old), through(normalise_rows, new), labels)
+        return cls(through(normalise_rows, old, store=False), through(normalise_rows, new, store=False), labels)
 
     def __len__(self) -> int:
         return len(self.labels)
