@@ -8,8 +8,10 @@ agree to the last digit where no two similarities tie; ``python -m tools.bench_l
 arrays.
 
 * Similarity is the inner product of L2-normalised rows (cosine), as in :mod:`benchmarks.ranking`.
-* Each gallery chunk is searched with ``faiss.knn`` (a matrix product and a k-selection) and the chunks' results are
-  merged by ``faiss.ResultHeap``, so memory holds one chunk and the ``queries x k`` results.
+* Each gallery chunk is searched with ``faiss.knn`` (a matrix product and a k-selection), or ``faiss.knn_gpu`` on
+  the first GPU where faiss is built with GPUs and sees one (``faiss-gpu``; ``use_gpu``), and the chunks' results
+  are merged by ``faiss.ResultHeap``, so memory holds one chunk and the ``queries x k`` results. The GPU path has
+  not run here: no GPU was lent to the session that wrote it.
 * k is the larger of ``depth`` and the most positives a query has, plus one for the own item when it is left out
   (it is searched and then dropped); equal similarities come back in faiss's order, not by gallery index.
 """
@@ -18,8 +20,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-import faiss
 import numpy as np
+
+try:
+    import faiss
+except ImportError as missing:
+    raise ImportError("benchmarks.faiss_search needs faiss: pip install -e '.[large]' (faiss-cpu), or faiss-gpu "
+                      "for a GPU") from missing
 
 from .ranking import CMC_DEPTH, mean_precision
 
@@ -55,29 +62,45 @@ def normalised(rows: np.ndarray) -> np.ndarray:
     return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
-def search(queries: np.ndarray, chunks: Iterable[tuple[int, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
+def gpu_available() -> bool:
+    """Whether this faiss is built with GPUs and sees one."""
+    return hasattr(faiss, "knn_gpu") and faiss.get_num_gpus() > 0
+
+
+def search(queries: np.ndarray, chunks: Iterable[tuple[int, np.ndarray]], k: int,
+           use_gpu: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` most similar gallery items of each (normalised) query over every chunk: similarities and gallery
-    indices, ``(queries, k)`` each, most similar first."""
+    indices, ``(queries, k)`` each, most similar first; on a GPU when ``use_gpu`` (None: when one is available)."""
+    if use_gpu is None:
+        use_gpu = gpu_available()
+    if use_gpu and not gpu_available():
+        raise ValueError("use_gpu needs faiss built with GPUs (faiss-gpu) and a visible GPU; this faiss has none")
+    resources = faiss.StandardGpuResources() if use_gpu else None
     heap = faiss.ResultHeap(len(queries), k, keep_max=True)
     for start, chunk in chunks:
-        similarity, index = faiss.knn(queries, chunk, min(k, len(chunk)), metric=faiss.METRIC_INNER_PRODUCT)
+        depth = min(k, len(chunk))
+        if use_gpu:
+            similarity, index = faiss.knn_gpu(resources, queries, chunk, depth, metric=faiss.METRIC_INNER_PRODUCT)
+        else:
+            similarity, index = faiss.knn(queries, chunk, depth, metric=faiss.METRIC_INNER_PRODUCT)
         heap.add_result(similarity, index + start)
     heap.finalize()
     return heap.D, heap.I
 
 
 def top_k_scores(queries: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray, gallery_labels: np.ndarray, *,
-                 own_index: np.ndarray | None = None, depth: int = CMC_DEPTH,
-                 chunk_rows: int = 65536) -> TopKScores:
+                 own_index: np.ndarray | None = None, depth: int = CMC_DEPTH, chunk_rows: int = 65536,
+                 use_gpu: bool | None = None) -> TopKScores:
     """CMC top-1 ... top-``depth`` and mAP@R of ``queries`` against ``gallery`` (module docstring); ``own_index``:
-    each query's own gallery item, left out of its ranking (the leave-one-out protocol), or None."""
+    each query's own gallery item, left out of its ranking (the leave-one-out protocol), or None; ``use_gpu`` as
+    in :func:`search`."""
     label_counts = dict(zip(*np.unique(gallery_labels, return_counts=True), strict=True))
     positives = np.array([label_counts.get(label, 0) for label in query_labels.tolist()], dtype=np.int64)
     if own_index is not None:
         positives -= gallery_labels[own_index] == query_labels
     extra = 0 if own_index is None else 1
     k = min(max(depth, int(positives.max(initial=0))) + extra, len(gallery))
-    _, index = search(normalised(queries), gallery_chunks(gallery, chunk_rows), k)
+    _, index = search(normalised(queries), gallery_chunks(gallery, chunk_rows), k, use_gpu)
     if own_index is not None:
         index = drop_own(index, own_index)
     relevant = gallery_labels[index] == query_labels[:, None]

@@ -92,7 +92,12 @@ class GalleryRows(ABC):
 
     def mapped(self, transform: Transform, *, store: bool = False) -> GalleryRows:
         """The same rows read through ``transform`` too, after this gallery's transforms; with ``store``, a
-        :class:`StoredRows` (module docstring), one per map of these stored rows while it is held."""
+        :class:`StoredRows` (module docstring), one per map of these stored rows while it is held. A transform that
+        hands back the rows it is given (an adapter's identity frame) leaves the gallery as it is."""
+        if self.items:
+            probe = self.read(0, 1)
+            if transform(probe) is probe:
+                return self
         other = copy.copy(self)
         other.transforms = (*self.transforms, transform)
         other.width = other.read(0, 1).shape[1] if self.items else self.width

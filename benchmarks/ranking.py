@@ -22,10 +22,11 @@ its ranking: the adapter papers' protocol, where the test split is both query an
 
 **How the ranks are found without sorting rows.** A positive's rank is one plus the number of gallery items that
 come before it: the items with a larger similarity. So each row's positives' similarities are sorted (a few
-hundred values), every gallery item is placed among them by binary search, and a histogram of those places counts,
-for every positive at once, the items above it. An item whose similarity equals a positive's exactly (a duplicate
-image, or two float32 products that round alike: about one row in a hundred at 10,000 items) is counted above
-that positive when its gallery index is lower, so ties are broken exactly as the whole-row stable sort breaks them.
+hundred values), every gallery item is placed among them (on CPU by a bucket table, :mod:`benchmarks.ranking_cpu`;
+elsewhere by binary search), and a histogram of those places counts, for every positive at once, the items above
+it. An item whose similarity equals a positive's exactly (a duplicate image, or two float32 products that round
+alike: about one row in a hundred at 10,000 items) is counted above that positive when its gallery index is lower,
+so ties are broken exactly as the whole-row stable sort breaks them.
 A block's positives come from the gallery grouped by label (:class:`LabelIndex`), not from comparing labels.
 
 **Backfilling for the price of one ranking** (:func:`backfilling_scores`): along a backfilling curve the queries
@@ -68,8 +69,8 @@ STREAMED_ITEMS = 4096
 """The fewest gallery items a chunk of a streamed ranking compares with a block of queries (within the gallery's
 size): a narrower matrix product runs well below the CPU's rate."""
 STREAMED_COUNTS = 1 << 28
-"""The most per-query counts (int32: 1 GiB) a streamed ranking keeps for one block of queries: every block reads,
-maps and compares the whole gallery once, so its blocks are as large as this allows (:func:`streamed`)."""
+"""The most per-query counts (int32: 1 GiB) a streamed ranking keeps for one block of queries: every block reads
+and compares the whole gallery once, so its blocks are as large as this allows (:func:`streamed`)."""
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,7 @@ def similarities(queries: torch.Tensor, gallery: torch.Tensor) -> torch.Tensor:
     """``queries @ gallery.T``; on CPU numpy's float32 product (module docstring), elsewhere torch's."""
     if queries.device.type != "cpu" or queries.dtype != torch.float32 or gallery.dtype != torch.float32:
         return queries @ gallery.t()
-    return torch.from_numpy(queries.numpy() @ gallery.numpy().T)
+    return torch.from_numpy(queries.detach().numpy() @ gallery.detach().numpy().T)
 
 
 def as_scores(first: torch.Tensor, ap: torch.Tensor, unmatched_queries: str) -> list[list[RetrievalScores]]:
@@ -384,13 +385,6 @@ class LabelIndex:
         self.labels, self.counts = torch.unique_consecutive(gallery_labels[self.order], return_counts=True)
         self.starts = self.counts.cumsum(0) - self.counts
         self.largest = int(self.counts.max()) if len(self.counts) else 0
-
-    def items_of(self, label: torch.Tensor) -> torch.Tensor:
-        """The gallery items of ``label``, in gallery order (empty when the gallery has none)."""
-        at = int(torch.searchsorted(self.labels, label.reshape(1)).clamp(max=max(len(self.labels) - 1, 0)))
-        if not len(self.labels) or self.labels[at] != label:
-            return self.order[:0]
-        return self.order[self.starts[at]:self.starts[at] + self.counts[at]]
 
     def positives(self, query_labels: torch.Tensor, own: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(index, valid)``, both ``(rows, P)``: the gallery items of each query's label, ``valid`` False for

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+
 def buckets_for(thresholds: int) -> int:
     """Buckets of a row's table: the power of two at least twice the thresholds, so most buckets hold none."""
     return 1 << max(int(2 * max(thresholds, 1) - 1).bit_length(), 1)

@@ -48,3 +48,16 @@ def test_a_query_whose_first_positive_lies_deeper_than_the_search_is_a_miss_at_e
     assert scores.cmc(5) == 0.0 and scores.mAP_at_R == 0.0
     with pytest.raises(ValueError, match="at least 6 deep"):
         scores.cmc(6)
+
+
+def test_a_gpu_search_asked_of_a_faiss_without_gpus_is_refused_in_one_line():
+    """faiss-cpu (CI's build) has no GPU index: asking for one says what to install, rather than failing inside
+    faiss; left to choose, the search runs on the CPU."""
+    from benchmarks import faiss_search
+
+    if faiss_search.gpu_available():
+        pytest.skip("this faiss sees a GPU")
+    gallery, labels = clustered(50, 8, 3, seed=3)
+    with pytest.raises(ValueError, match="faiss-gpu"):
+        top_k_scores(gallery[:5], labels[:5], gallery, labels, depth=5, use_gpu=True)
+    assert top_k_scores(gallery[:5], labels[:5], gallery, labels, depth=5).cmc(1) == 100.0

@@ -6,7 +6,8 @@ search of the same arrays, timed in the same run (docs/scale-out.md, "Galleries 
    new model is a noisy rotation of the old one.
 2. **adapt**: ``runner.py adapt --adapter procrustes --queries Q --set model_update.stream_rows=R`` in a child
    process: the fit, every case, both backfilling curves (random and class-mean L2 orders, 11 steps), the records.
-   Its wall time and its peak resident memory (the child's ``ru_maxrss``), against the gallery's size (one model's
+   Its wall time and its peak resident memory (the child's ``VmHWM``, read while it runs: ``ru_maxrss`` would
+   count the parent's pages the child held between fork and exec), against the gallery's size (one model's
    features).
 3. **faiss**: the same sampled old queries against the old gallery, searched exactly by faiss in chunks of ``R``
    rows (:func:`benchmarks.faiss_search.top_k_scores`, k = the largest class + 1): the time of one search, and of
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -33,8 +33,11 @@ import torch
 
 from benchmarks.adapter_study import Scoring
 from benchmarks.faiss_search import top_k_scores
+from tools.bench_ranking import resident_high_water_gb
 
 ROTATION_SEED, CENTRES_SEED = 1, 0
+PEAK_POLL_SECONDS = 0.2
+"""How often the child's resident high-water mark is read; it only grows, so the last read misses at most this."""
 SPREAD = 4.0
 """Each item's noise around its class centre, per dimension: classes overlap (old/old top-1 about 50 % at 50,000
 items of 1,000 classes), so the ranks of positives lie deep and the search is not trivial."""
@@ -62,23 +65,27 @@ def generate(folder: Path, items: int, dim: int, classes: int, fit: int, chunk: 
     for start in range(0, items, chunk):
         old, new = pair(labels[start:start + chunk])
         files["old"][start:start + chunk], files["new"][start:start + chunk] = old, new
-    for mapped in files.values():
-        mapped.flush()
+    for name in files:
+        files[name].flush()
     del files
 
 
 def run_adapt(folder: Path, queries: int, stream_rows: int) -> tuple[float, float, dict]:
-    """Wall seconds, the child's peak resident GB, and the record of ``runner.py adapt`` (module docstring)."""
+    """Wall seconds, the child's peak resident GiB, and the record of ``runner.py adapt`` (module docstring)."""
     command = [sys.executable, "-m", "cl2r_bench", "adapt", "--train", str(folder / "train.npz"), "--test",
                str(folder / "test"), "--adapter", "procrustes", "--queries", str(queries), "--device", "cpu",
                "--output", str(folder / "out"), "--set", f"model_update.stream_rows={stream_rows}",
                "--set", "model_update.backfill_orders=[random,class_mean_distance]"]
+    errors = folder / "adapt.err"
     started = time.perf_counter()
-    finished = subprocess.run(command, capture_output=True, text=True, check=False)
+    with errors.open("w") as stderr, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr) as child:
+        peak_gb = 0.0
+        while child.poll() is None:
+            peak_gb = max(peak_gb, resident_high_water_gb(child.pid) or 0.0)
+            time.sleep(PEAK_POLL_SECONDS)
     seconds = time.perf_counter() - started
-    if finished.returncode != 0:
-        raise SystemExit(f"adapt failed ({finished.returncode}): {finished.stderr.strip()[-2000:]}")
-    peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    if child.returncode != 0:
+        raise SystemExit(f"adapt failed ({child.returncode}): {errors.read_text().strip()[-2000:]}")
     record = json.loads(next((folder / "out").rglob("metrics.json")).read_text())
     return seconds, peak_gb, record
 

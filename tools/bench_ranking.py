@@ -20,12 +20,14 @@ from benchmarks.ranking import retrieval_scores
 from cl2r_bench.assembly import resolve_device
 
 
-def resident_high_water_gb() -> float | None:
-    """The process's peak resident memory so far (Linux ``VmHWM``), in GB; None elsewhere."""
-    status = Path("/proc/self/status")
-    if not status.is_file():
+def resident_high_water_gb(process: int | str = "self") -> float | None:
+    """The peak resident memory so far (Linux ``VmHWM``) of this process or of the process ``process``, in GB
+    (GiB); None elsewhere or once the process is gone."""
+    try:
+        text = Path(f"/proc/{process}/status").read_text()
+    except OSError:
         return None
-    line = next((text for text in status.read_text().splitlines() if text.startswith("VmHWM:")), None)
+    line = next((entry for entry in text.splitlines() if entry.startswith("VmHWM:")), None)
     return None if line is None else int(line.split()[1]) / 2**20
 
 

@@ -1,0 +1,88 @@
+"""Galleries read by rows (benchmarks/gallery_rows.py; docs/scale-out.md, "Galleries of millions"): an adapter's map
+stored once per item, the temporary file's life, and reads of ranges."""
+import gc
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.gallery_rows import NpyRows, StoredRows
+from benchmarks.ranking import retrieval_scores
+
+
+class CountingMap:
+    """A rotation and a scale (as an adapter's map) that counts the rows it maps."""
+
+    def __init__(self, width: int) -> None:
+        self.rotation = torch.linalg.qr(torch.randn(width, width, generator=torch.Generator().manual_seed(1)))[0]
+        self.rows = 0
+
+    def __call__(self, features: torch.Tensor) -> torch.Tensor:
+        self.rows += len(features)
+        return 2.0 * features @ self.rotation
+
+
+@pytest.fixture
+def gallery(tmp_path, monkeypatch):
+    """150 items of 5 classes in ``gallery.npy``, with their labels; temporary files go to ``tmp_path/scratch``."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 5, (150,), generator=generator)
+    features = torch.randn(5, 16, generator=generator)[labels] + torch.randn(150, 16, generator=generator)
+    np.save(tmp_path / "gallery.npy", features.numpy())
+    return NpyRows(tmp_path / "gallery.npy", chunk_rows=64), features, labels, scratch
+
+
+def test_a_stored_map_is_applied_once_per_item_however_many_rankings_read_it(gallery):
+    """The first ranking's first pass maps the 150 items and writes them; that ranking's counting pass and a second
+    ranking read the file, mapping nothing; both rank as the mapped gallery in memory does."""
+    rows, features, labels, scratch = gallery
+    transform = CountingMap(16)
+    stored = rows.mapped(transform, store=True)
+    assert isinstance(stored, StoredRows) and stored.shape == (150, 16)
+    whole = retrieval_scores(features, labels, transform(features), labels, exclude_self=True)
+    before = transform.rows
+    first = retrieval_scores(features, labels, stored, labels, exclude_self=True, chunk_elements=3000)
+    assert transform.rows - before == 150
+    second = retrieval_scores(features, labels, stored, labels, exclude_self=True, chunk_elements=3000)
+    assert transform.rows - before == 150
+    for scores in (first, second):
+        assert np.array_equal(scores.first_rank, whole.first_rank)
+        assert scores.mAP == pytest.approx(whole.mAP, abs=1e-9)
+    assert len(list(scratch.iterdir())) == 1
+    assert rows.mapped(transform, store=True) is stored, "the same map of the same rows is stored once"
+
+
+def test_the_stored_file_goes_with_the_gallery_and_an_unfinished_pass_leaves_none(gallery):
+    rows, _, _, scratch = gallery
+    stored = rows.mapped(CountingMap(16), store=True)
+    for start, _ in stored.chunks():
+        if start > 0:
+            break
+    assert stored.stored is None and not list(scratch.iterdir()), "a pass left half way stores nothing"
+    assert sum(len(chunk) for _, chunk in stored.chunks()) == 150
+    assert stored.stored is not None and len(list(scratch.iterdir())) == 1
+    del stored
+    gc.collect()
+    assert not list(scratch.iterdir())
+
+
+def test_an_identity_map_leaves_the_gallery_as_it_is_and_stores_nothing(gallery):
+    """Procrustes' frames hand back the features they are given: no copy of the gallery is written for them."""
+    rows, _, _, scratch = gallery
+    assert rows.mapped(lambda features: features, store=True) is rows
+    assert not list(scratch.iterdir())
+
+
+def test_ranges_are_read_as_stored_and_a_file_cut_short_is_named(gallery, tmp_path):
+    rows, features, _, _ = gallery
+    assert torch.equal(rows.read(60, 130), features[60:130])
+    assert rows.read(149, 149).shape == (0, 16)
+    assert torch.equal(torch.cat([chunk for _, chunk in rows.chunks(40)]), features)
+    with (tmp_path / "gallery.npy").open("r+b") as file:
+        file.truncate(file.seek(0, 2) - 64)
+    with pytest.raises(OSError, match="ended before row 150: the file was cut short"):
+        rows.read(100, 150)
