@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import tempfile
 import weakref
 from abc import ABC, abstractmethod
@@ -31,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from cl2r_bench.errors import ConfigError
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -191,6 +194,17 @@ class NpyRows(GalleryRows):
         return self.path.resolve()
 
 
+def check_room(size: int) -> None:
+    """A one-line :class:`~cl2r_bench.errors.ConfigError` when Python's temporary folder has less than ``size`` bytes
+    free for a mapped gallery (module docstring), before anything is written."""
+    folder = tempfile.gettempdir()
+    free = shutil.disk_usage(folder).free
+    if free < size:
+        raise ConfigError(f"a streamed study writes each adapter-mapped gallery ({size / 1e9:.2f} GB) to the "
+                          f"temporary folder {folder}, which has {free / 1e9:.2f} GB free; set TMPDIR to a folder "
+                          "on a disk with room")
+
+
 class StoredRows(GalleryRows):
     """The rows of ``lazy`` (a gallery read through its maps), written to a temporary ``.npy`` file as the first
     pass of :meth:`chunks` reads them from the first item to the last, and read from that file afterwards (module
@@ -216,16 +230,22 @@ class StoredRows(GalleryRows):
     def mapped(self, transform: Transform, *, store: bool = False) -> GalleryRows:
         return self.lazy.mapped(transform, store=store)
 
+    @property
+    def reader(self) -> GalleryRows:
+        """Where the rows come from now: the stored file once written, else the gallery through its maps."""
+        return self.lazy if self.stored is None else self.stored
+
     def read(self, start: int, stop: int) -> torch.Tensor:
-        return (self.stored or self.lazy).read(start, stop)
+        return self.reader.read(start, stop)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
-        return (self.stored or self.lazy).rows(index)
+        return self.reader.rows(index)
 
     def chunks(self, rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
         if self.stored is not None or self.writing:
-            yield from (self.stored or self.lazy).chunks(rows)
+            yield from self.reader.chunks(rows)
             return
+        check_room(self.items * self.width * 4)
         handle, name = tempfile.mkstemp(prefix="cl2r-mapped-", suffix=".npy")
         self.writing, complete = True, False
         try:

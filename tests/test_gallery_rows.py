@@ -1,6 +1,7 @@
 """Galleries read by rows (benchmarks/gallery_rows.py; docs/scale-out.md, "Galleries of millions"): an adapter's map
 stored once per item, the temporary file's life, and reads of ranges."""
 import gc
+import shutil
 import tempfile
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 
 from benchmarks.gallery_rows import NpyRows, StoredRows
 from benchmarks.ranking import retrieval_scores
+from cl2r_bench.errors import ConfigError
 
 
 class CountingMap:
@@ -86,3 +88,14 @@ def test_ranges_are_read_as_stored_and_a_file_cut_short_is_named(gallery, tmp_pa
         file.truncate(file.seek(0, 2) - 64)
     with pytest.raises(OSError, match="ended before row 150: the file was cut short"):
         rows.read(100, 150)
+
+
+def test_a_temporary_folder_without_room_for_a_mapped_gallery_is_named_before_anything_is_written(gallery,
+                                                                                                monkeypatch):
+    rows, _, _, scratch = gallery
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: shutil._ntuple_diskusage(100, 100, 1000))
+    stored = rows.mapped(CountingMap(16), store=True)
+    with pytest.raises(ConfigError, match=r"\(0.00 GB\) to the temporary folder .*scratch, which has 0.00 GB free; "
+                                          "set TMPDIR"):
+        next(stored.chunks())
+    assert not list(scratch.iterdir())
