@@ -299,6 +299,25 @@ def test_a_backfilling_curve_over_a_streamed_gallery_equals_the_whole_one():
             assert_same_scores(step_streamed, step_whole)
 
 
+def test_the_vectorised_counting_of_a_streamed_gallery_equals_the_compiled_one(monkeypatch):
+    """The GPU's path (:func:`benchmarks.ranking.items_above_vectorised`, each chunk's items above summed over the
+    chunks), run on the CPU: a backfilling curve over a gallery streamed in chunks of 40, with duplicates (ties),
+    gives the compiled kernel's scores at every step."""
+    x, y = clusters_with_duplicates(seed=9)
+    stale = x + 0.8 * torch.tensor(np.random.default_rng(10).normal(size=x.shape), dtype=torch.float32)
+    fresh_from = torch.randint(0, 4, (2, len(x)), generator=torch.Generator().manual_seed(1))
+
+    def curve():
+        return backfilling_scores(x, y, TensorRows(x, chunk_rows=40), TensorRows(stale, chunk_rows=40), y,
+                                  fresh_from, 3, exclude_self=True, chunk_elements=20000)
+
+    compiled = curve()
+    monkeypatch.setattr(ranking, "compiled_counting", lambda device: False)
+    for curve_compiled, curve_vectorised in zip(compiled, curve(), strict=True):
+        for step_compiled, step_vectorised in zip(curve_compiled, curve_vectorised, strict=True):
+            assert_same_scores(step_vectorised, step_compiled)
+
+
 def test_a_memory_mapped_npy_gallery_and_a_transform_read_per_chunk(tmp_path):
     """An ``.npy`` gallery (:class:`NpyRows`) mapped for each read, through a transform (a rotation and a scale, as
     an adapter's map), ranks as the transformed gallery in memory does."""
