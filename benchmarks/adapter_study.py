@@ -351,10 +351,7 @@ def backfill_order(kind: str, *, stale: Features, old: Features, labels: torch.T
         return torch.argsort(torch.cat([adapter.uncertainty(chunk) for _, chunk in in_chunks(old)]), descending=True)
     if kind in ("class_mean_distance", "class_mean_cosine"):
         classes, index = labels.unique(return_inverse=True)
-        if isinstance(stale, GalleryRows):
-            means = streamed_class_means(stale, index, len(classes))
-        else:
-            means, _ = class_means(stale, index, len(classes))
+        means, _ = class_means(in_chunks(stale), index, len(classes))
         distance = torch.cat([
             (chunk - means[index[start:start + len(chunk)]]).norm(dim=1) if kind == "class_mean_distance" else
             1 - F.cosine_similarity(chunk.float(), means[index[start:start + len(chunk)]], dim=1)
@@ -373,15 +370,6 @@ def in_chunks(features: Features) -> Iterator[tuple[int, torch.Tensor]]:
 
 def first_rows(features: Features) -> torch.Tensor:
     return features.read(0, 1) if isinstance(features, GalleryRows) else features[:1]
-
-
-def streamed_class_means(features: GalleryRows, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """:func:`cl2r_bench.models.class_means` of a streamed gallery, its class sums added up chunk by chunk."""
-    sums = torch.zeros(num_classes, features.shape[1], device=labels.device)
-    for start, chunk in features.chunks():
-        sums.index_add_(0, labels[start:start + len(chunk)], chunk.float())
-    return sums / torch.bincount(labels, minlength=num_classes).clamp(min=1)[:, None].float()
-
 
 
 def measure(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[str], steps: int, seed: int,

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
 
@@ -284,15 +284,21 @@ def embed(model: nn.Module, images: torch.Tensor, *, batch_size: int = 512,
     return features
 
 
-def class_means(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+def class_means(features: torch.Tensor | Iterable[tuple[int, torch.Tensor]], labels: torch.Tensor,
+                num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(means, present)``: the mean float32 feature of each label ``0..num_classes-1`` (zeros where absent) and
-    a boolean mask of the labels that have at least one sample; labels ``>= num_classes`` are ignored. The one
-    class-mean computation: evaluation templates (METHODS.md §3), BCT's rows for unseen classes and CVS's
+    a boolean mask of the labels that have at least one sample; labels ``>= num_classes`` are ignored. ``features``
+    in memory, or as ``(start, rows)`` chunks of the items in order (a streamed gallery's), summed chunk by chunk.
+    The one class-mean computation: evaluation templates (METHODS.md §3), BCT's rows for unseen classes and CVS's
     prototypes (§6), the class-mean-distance backfilling order (§7)."""
-    keep = labels < num_classes
-    features, labels = features[keep].float(), labels[keep]
-    sums = torch.zeros(num_classes, features.shape[1], device=features.device).index_add_(0, labels, features)
-    counts = torch.bincount(labels, minlength=num_classes).to(features.device)
+    sums = None
+    for start, chunk in [(0, features)] if isinstance(features, torch.Tensor) else features:
+        chunk_labels = labels[start:start + len(chunk)]
+        keep = chunk_labels < num_classes
+        if sums is None:
+            sums = torch.zeros(num_classes, chunk.shape[1], device=chunk.device)
+        sums.index_add_(0, chunk_labels[keep], chunk[keep].float())
+    counts = torch.bincount(labels[labels < num_classes], minlength=num_classes).to(sums.device)
     return sums / counts.clamp(min=1)[:, None].float(), counts > 0
 
 
