@@ -28,7 +28,7 @@ except ImportError as missing:
     raise ImportError("benchmarks.faiss_search needs faiss: pip install -e '.[large]' (faiss-cpu), or faiss-gpu "
                       "for a GPU") from missing
 
-from .ranking import CMC_DEPTH, mean_precision
+from .ranking import CMC_DEPTH, cmc_at, mean_precision
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class TopKScores:
     def cmc(self, k: int) -> float:
         if not 1 <= k <= self.depth:
             raise ValueError(f"CMC top-{k} needs a search at least {k} deep; this one is {self.depth} deep")
-        return 100.0 * int(((self.first_rank >= 1) & (self.first_rank <= k)).sum()) / max(len(self.first_rank), 1)
+        return cmc_at(self.first_rank, k)
 
     @property
     def mAP_at_R(self) -> float:

@@ -106,8 +106,7 @@ class RetrievalScores:
 
     def cmc(self, k: int) -> float:
         """CMC top-``k`` in percent, under :attr:`unmatched_queries`."""
-        counted = self.counted_first_ranks
-        return 100.0 * int(((counted >= 1) & (counted <= k)).sum()) / max(len(counted), 1)
+        return cmc_at(self.counted_first_ranks, k)
 
     def cmc_curve(self, depth: int = CMC_DEPTH) -> list[float]:
         """CMC top-1 ... top-``depth`` in percent."""
@@ -151,6 +150,12 @@ class RetrievalScores:
         return {int(c): RetrievalScores(self.first_rank[labels == c], self.ap[labels == c],
                                         self.ap_at_r[labels == c], self.unmatched_queries).cmc(k)
                 for c in np.unique(labels)}
+
+
+def cmc_at(first_rank: np.ndarray, k: int) -> float:
+    """CMC top-``k`` in percent of queries whose first positive has ``first_rank`` (1-based; 0, a miss, for a
+    query without one)."""
+    return 100.0 * int(((first_rank >= 1) & (first_rank <= k)).sum()) / max(len(first_rank), 1)
 
 
 def mean_precision(ap: np.ndarray) -> float:
