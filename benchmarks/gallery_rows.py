@@ -7,8 +7,9 @@ normalisation, an adapter's map) applied to each chunk as it is read; the rankin
 
 * :class:`TensorRows`: a tensor in memory (the streamed ranking of an in-memory gallery, e.g. to bound the memory
   of a GPU);
-* :class:`NpyRows`: a ``.npy`` file, memory-mapped afresh for every read and unmapped after it, so the pages read
-  leave the process's resident memory with the read (a memory map kept open would hold every page it touched);
+* :class:`NpyRows`: a ``.npy`` file: a range of rows read into a buffer of its own with one ``read``, a set of rows
+  through a memory map made for that read and dropped after it, so the pages read leave the process's resident
+  memory with the read (a memory map kept open would hold every page it touched);
 * :class:`StoredRows`: a gallery read through a costly map (an adapter's), written to a temporary ``.npy`` file
   by the first pass that reads it whole and read from that file afterwards, so each map is applied to each item
   once however many passes a study makes (:meth:`GalleryRows.mapped` with ``store``).
@@ -97,13 +98,14 @@ class GalleryRows(ABC):
         """The same rows read through ``transform`` too, after this gallery's transforms; with ``store``, a
         :class:`StoredRows` (module docstring), one per map of these stored rows while it is held. A transform that
         hands back the rows it is given (an adapter's identity frame) leaves the gallery as it is."""
-        if self.items:
-            probe = self.read(0, 1)
-            if transform(probe) is probe:
-                return self
         other = copy.copy(self)
         other.transforms = (*self.transforms, transform)
-        other.width = other.read(0, 1).shape[1] if self.items else self.width
+        if self.items:
+            probe = self.read(0, 1)
+            mapped_probe = transform(probe)
+            if mapped_probe is probe:
+                return self
+            other.width = mapped_probe.shape[1]
         if not store:
             return other
         key = (str(self.device), other.transforms)
@@ -124,6 +126,11 @@ class GalleryRows(ABC):
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """The rows of the items ``index``, in that order."""
         return self.prepared(self.raw(index.cpu().numpy()))
+
+    def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
+        """:meth:`rows`, indexed as a tensor is: what an adapter that picks its fitting rows reads
+        (:class:`cl2r_bench.adapters.base.FeaturePair`)."""
+        return self.rows(index)
 
     def chunks(self, rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
         """``(start, rows)`` from the first item to the last, at most ``rows`` (and :attr:`chunk_rows`) at a time;

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,6 +41,7 @@ from benchmarks.adapter_study import (
     StudySplit,
     backfilling,
     held_out_error,
+    in_chunks,
     measure,
     zero_shot_retention,
 )
@@ -118,7 +120,7 @@ class Study:
     @property
     def classifier_rows(self) -> torch.Tensor:
         """The new model's normalised class means of the train split, row y for label y (module docstring)."""
-        means, _ = class_means(self.train.new, self.train.labels, int(self.train.labels.max()) + 1)
+        means, _ = class_means(in_chunks(self.train.new), self.train.labels, int(self.train.labels.max()) + 1)
         return F.normalize(means, dim=1)
 
 
@@ -130,7 +132,7 @@ def read_embeddings(path: str | Path, stream_rows: int | None = None
     checked and later read ``stream_rows`` rows at a time (:class:`benchmarks.gallery_rows.NpyRows`)."""
     path = Path(path)
     if stream_rows is not None:
-        if not (path.is_dir() and all((path / f"{name}.npy").is_file() for name in ARRAYS)):
+        if not npy_folder(path):
             raise EmbeddingsError(f"model_update.stream_rows reads a folder holding old.npy, new.npy and labels.npy; "
                                   f"{path} is not one: save the arrays with np.save, or leave stream_rows null")
         arrays = {name: _read_array(path / f"{name}.npy", mapped=name != "labels") for name in ARRAYS}
@@ -158,6 +160,11 @@ def read_embeddings(path: str | Path, stream_rows: int | None = None
     if stream_rows is not None:
         old, new = (NpyRows(path / f"{name}.npy", chunk_rows=stream_rows) for name in ("old", "new"))
     return old, new, labels
+
+
+def npy_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder holding ``old.npy``, ``new.npy`` and ``labels.npy`` (a split that can stream)."""
+    return path.is_dir() and all((path / f"{name}.npy").is_file() for name in ARRAYS)
 
 
 def _array_file(folder: Path, name: str) -> Path:
@@ -223,27 +230,24 @@ def _checked(path: Path, arrays: dict[str, np.ndarray]) -> tuple[torch.Tensor, t
 
 
 CHECKED_ROWS = 65536
-"""Rows checked at a time, so a memory-mapped file is never read whole."""
+"""Rows of a memory-mapped file checked at a time, so it is never read whole."""
 
 
-def _rows_of(x: np.ndarray, start: int, stop: int) -> np.ndarray:
-    """Rows ``start:stop`` of an array; of a memory-mapped file through a map of its own, dropped after the read, so
-    the pages read leave resident memory (a map kept open holds every page it touched: 10 GB for two 1,000,000 x
-    1,280 files)."""
+def _row_chunks(x: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """``(start, rows)`` of an array: in memory, whole; memory-mapped, :data:`CHECKED_ROWS` rows at a time, each
+    read into a buffer of its own (:class:`benchmarks.gallery_rows.NpyRows`), so the pages read leave resident memory
+    (a map kept open holds every page it touched: 10 GB for two 1,000,000 x 1,280 files)."""
     if not isinstance(x, np.memmap):
-        return np.asarray(x[start:stop])
-    mapped = np.load(x.filename, mmap_mode="r")
-    rows = np.array(mapped[start:stop])
-    del mapped
-    return rows
+        yield 0, x
+        return
+    for start, rows in NpyRows(x.filename, chunk_rows=CHECKED_ROWS).chunks():
+        yield start, rows.numpy()
 
 
 def _check_rows(path: Path, name: str, x: np.ndarray) -> None:
-    """Refuse rows with NaN or inf, or all zero (no direction to compare), counted and the first named, reading
-    :data:`CHECKED_ROWS` rows at a time."""
+    """Refuse rows with NaN or inf, or all zero (no direction to compare), counted and the first named."""
     problems: dict[str, list[int]] = {"with NaN or inf": [], "all-zero": []}
-    for start in range(0, len(x), CHECKED_ROWS):
-        rows = _rows_of(x, start, start + CHECKED_ROWS)
+    for start, rows in _row_chunks(x):
         problems["with NaN or inf"] += (start + np.flatnonzero(~np.isfinite(rows).all(axis=1))).tolist()
         problems["all-zero"] += (start + np.flatnonzero(~np.abs(rows).any(axis=1))).tolist()
     bad = problems["with NaN or inf"]
@@ -258,8 +262,10 @@ def _check_rows(path: Path, name: str, x: np.ndarray) -> None:
 
 def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_rows: int | None = None) -> Study:
     """A :class:`Study` of the user's train and test embeddings, checked against each other; ``stream_rows``: the
-    test split's features stay memory-mapped (:func:`read_embeddings`)."""
-    train, test = read_embeddings(train_path), read_embeddings(test_path, stream_rows)
+    test split's features stay memory-mapped (:func:`read_embeddings`), and so do the train split's when it is a
+    folder of ``.npy`` files (an adapter then reads the rows it fits on: :class:`cl2r_bench.adapters.FeaturePair`)."""
+    train_rows = stream_rows if npy_folder(Path(train_path)) else None
+    train, test = read_embeddings(train_path, train_rows), read_embeddings(test_path, stream_rows)
     for i, name in enumerate(("old", "new")):
         if train[i].shape[1] != test[i].shape[1]:
             raise EmbeddingsError(f"{name} has {train[i].shape[1]} dimensions in {train_path} but "

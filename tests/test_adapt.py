@@ -174,6 +174,12 @@ def test_every_exported_map_gives_the_adapters_features_and_loads_with_torch_alo
             torch.testing.assert_close(features, expected, rtol=1e-5, atol=1e-6)
 
 
+def arrays(npz: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``old``, ``new`` and ``labels`` of a ``.npz`` file."""
+    with np.load(npz) as z:
+        return z["old"], z["new"], z["labels"]
+
+
 def write_folder(folder: Path, suffix: str, old, new, labels) -> Path:
     """The three arrays as .npy files, .pt tensors, or .pt tensors as a model left them (bfloat16 with
     requires_grad: ``torch.load`` gives them back as they were saved)."""
@@ -532,19 +538,18 @@ def test_a_sample_of_queries_is_the_same_for_every_adapter_and_seed_and_says_so(
 def test_a_test_split_streamed_from_memory_mapped_npy_files_gives_the_in_memory_records(rotated, tmp_path, capsys,
                                                                                         adapters):
     """``model_update.stream_rows=16``: the test folder's old.npy / new.npy stay memory-mapped and every ranking,
-    adapter map and backfilling order reads 16 rows at a time (FastFill: its uncertainty order too); every case
-    and every backfilling curve equal the run that reads the folder into memory, with and without a sample."""
-    train, test = rotated
-    with np.load(test) as z:
-        folder = write_folder(tmp_path / "test_folder", ".npy", z["old"], z["new"], z["labels"])
+    adapter map and backfilling order reads 16 rows at a time (FastFill: its uncertainty order too), and the train
+    folder's too (Procrustes reads its 50 anchors from it; FastFill is handed the split in memory); every case
+    and every backfilling curve equal the run that reads both folders into memory, with and without a sample."""
+    train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
     orders = "model_update.backfill_orders=[random,uncertainty,class_mean_distance,class_mean_cosine]"
     for sample in ([], ["--queries", 50]):
         retrievals = []
         for streamed in ([], ["--set", "model_update.stream_rows=16"]):
             output = tmp_path / f"out{len(sample)}{len(streamed)}"
-            code, out = adapt("--train", train, "--test", folder, "--adapter", *adapters, "--output", output,
-                              "--set", orders, "--set", "adapter_params.fastfill.max_steps=30", *streamed, *sample,
-                              capsys=capsys)
+            code, out = adapt("--train", train, "--test", test, "--adapter", *adapters, "--output", output,
+                              "--set", orders, "--set", "adapter_params.fastfill.max_steps=30",
+                              "--set", "adapter_params.procrustes.anchors=50", *streamed, *sample, capsys=capsys)
             assert code == 0, out.err
             retrievals.append(json.loads(next(output.rglob("metrics.json")).read_text())["retrieval"])
         memory, streamed_run = retrievals

@@ -181,6 +181,48 @@ def test_every_adapter_beats_the_untransformed_cross_model_entry(name):
     assert adapted > cases["new/old"] + 40, cases
 
 
+class DiskRows:
+    """Fitting rows as a streamed study hands them to an adapter (``cl2r_bench.adapters.base.Rows``), counting the
+    rows read."""
+
+    def __init__(self, features: torch.Tensor) -> None:
+        self.features, self.shape, self.device, self.rows_read = features, tuple(features.shape), features.device, 0
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
+        self.rows_read += len(index)
+        return self.features[index]
+
+    def read(self, start: int, stop: int) -> torch.Tensor:
+        self.rows_read += stop - start
+        return self.features[start:stop]
+
+
+@pytest.mark.parametrize("name", ["procrustes", "least_squares", "affine", "irp"])
+def test_a_closed_form_adapter_reads_only_its_anchors_from_disk_and_fits_as_in_memory(name):
+    old, new, labels, _ = clustered_spaces()
+    params = {name: {"anchors": 300}}
+    on_disk = FeaturePair(DiskRows(old), DiskRows(new), labels)
+    streamed, in_memory = make_adapter(name, params), make_adapter(name, params)
+    fit_adapter(streamed, on_disk, seed=3)
+    fit_adapter(in_memory, FeaturePair(old, new, labels), seed=3)
+    assert on_disk.old.rows_read == on_disk.new.rows_read == 300
+    for mine, reference in zip(streamed.state_dict().values(), in_memory.state_dict().values(), strict=True):
+        assert torch.equal(mine, reference)
+
+
+def test_an_adapter_that_does_not_pick_rows_is_handed_the_fitting_split_in_memory():
+    old, new, labels, classifier = clustered_spaces(n=200)
+    on_disk = FeaturePair(DiskRows(old), DiskRows(new), labels, classifier)
+    streamed, in_memory = (make_adapter("fct", {"fct": {"max_steps": 4}}) for _ in range(2))
+    fit_adapter(streamed, on_disk, seed=0)
+    fit_adapter(in_memory, FeaturePair(old, new, labels, classifier), seed=0)
+    assert on_disk.old.rows_read == on_disk.new.rows_read == 200
+    for mine, reference in zip(streamed.state_dict().values(), in_memory.state_dict().values(), strict=True):
+        assert torch.equal(mine, reference)
+
 def test_fastfill_uncertainty_ranks_noisy_items_first():
     """A quarter of the old features are replaced by random directions: their σ² must be the largest."""
     old, new, labels, classifier = clustered_spaces(spread=0.3)

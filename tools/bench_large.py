@@ -1,9 +1,10 @@
 """A gallery of millions: the whole ``runner.py adapt`` evaluation on memory-mapped features, beside faiss's exact
 search of the same arrays, timed in the same run (docs/scale-out.md, "Galleries of millions").
 
-1. **Generate** (not timed): a test folder of ``--items`` items (``old.npy``, ``new.npy``: ``--dim`` float32 wide,
-   written chunk by chunk; ``labels.npy``: ``--classes`` classes) and ``--fit`` fitting items in a ``.npz``; the
-   new model is a noisy rotation of the old one.
+1. **Generate** (not timed): a ``test`` folder of ``--items`` items (``old.npy``, ``new.npy``: ``--dim`` float32
+   wide, written chunk by chunk; ``labels.npy``: ``--classes`` classes) and a ``train`` folder of ``--fit`` fitting
+   items, both streamed by the study (Procrustes reads its anchors from ``train``); the new model is a noisy
+   rotation of the old one.
 2. **adapt**: ``runner.py adapt --adapter procrustes --queries Q --set model_update.stream_rows=R`` in a child
    process: the fit, every case, both backfilling curves (random and class-mean L2 orders, 11 steps), the records.
    Its wall time and its peak resident memory (the child's ``VmHWM``, read while it runs: ``ru_maxrss`` would
@@ -44,35 +45,30 @@ items of 1,000 classes), so the ranks of positives lie deep and the search is no
 
 
 def generate(folder: Path, items: int, dim: int, classes: int, fit: int, chunk: int) -> None:
-    """The test folder and ``train.npz`` (module docstring), the test split written ``chunk`` rows at a time."""
+    """The ``test`` folder of ``items`` items and the ``train`` folder of ``fit`` (module docstring), written
+    ``chunk`` rows at a time."""
     centres = np.random.default_rng(CENTRES_SEED).normal(size=(classes, dim)).astype(np.float32)
     rotation = np.linalg.qr(np.random.default_rng(ROTATION_SEED).normal(size=(dim, dim)))[0].astype(np.float32)
     rng = np.random.default_rng(2)
-
-    def pair(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        old = centres[labels] + SPREAD * rng.normal(size=(len(labels), dim)).astype(np.float32)
-        new = (old + 0.5 * rng.normal(size=old.shape).astype(np.float32)) @ rotation
-        return old, new
-
-    train_labels = rng.integers(0, classes, size=fit)
-    np.savez(folder / "train.npz", **dict(zip(("old", "new"), pair(train_labels), strict=True)), labels=train_labels)
-    test = folder / "test"
-    test.mkdir()
-    labels = rng.integers(0, classes, size=items)
-    np.save(test / "labels.npy", labels)
-    files = {name: np.lib.format.open_memmap(test / f"{name}.npy", mode="w+", dtype=np.float32, shape=(items, dim))
-             for name in ("old", "new")}
-    for start in range(0, items, chunk):
-        old, new = pair(labels[start:start + chunk])
-        files["old"][start:start + chunk], files["new"][start:start + chunk] = old, new
-    for name in files:
-        files[name].flush()
-    del files
+    for split, count in (("train", fit), ("test", items)):
+        labels = rng.integers(0, classes, size=count)
+        (folder / split).mkdir()
+        np.save(folder / split / "labels.npy", labels)
+        files = {name: np.lib.format.open_memmap(folder / split / f"{name}.npy", mode="w+", dtype=np.float32,
+                                                 shape=(count, dim)) for name in ("old", "new")}
+        for start in range(0, count, chunk):
+            chosen = labels[start:start + chunk]
+            old = centres[chosen] + SPREAD * rng.normal(size=(len(chosen), dim)).astype(np.float32)
+            files["old"][start:start + chunk] = old
+            files["new"][start:start + chunk] = (old + 0.5 * rng.normal(size=old.shape).astype(np.float32)) @ rotation
+        for name in files:
+            files[name].flush()
+        del files
 
 
 def run_adapt(folder: Path, queries: int, stream_rows: int) -> tuple[float, float, dict]:
     """Wall seconds, the child's peak resident GiB, and the record of ``runner.py adapt`` (module docstring)."""
-    command = [sys.executable, "-m", "cl2r_bench", "adapt", "--train", str(folder / "train.npz"), "--test",
+    command = [sys.executable, "-m", "cl2r_bench", "adapt", "--train", str(folder / "train"), "--test",
                str(folder / "test"), "--adapter", "procrustes", "--queries", str(queries), "--device", "cpu",
                "--output", str(folder / "out"), "--set", f"model_update.stream_rows={stream_rows}",
                "--set", "model_update.backfill_orders=[random,class_mean_distance]"]

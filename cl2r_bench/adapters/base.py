@@ -41,6 +41,12 @@ An adapter is one file in ``cl2r_bench/adapters/`` plus its name on the import l
 An adapter trained by gradient descent subclasses :class:`cl2r_bench.adapters.training.LearnedAdapter` instead and
 implements ``batch_loss``: it then trains to convergence under a step budget like λ-orthogonal, FCT and FastFill.
 
+**Fitting rows read from disk.** A fitting split too large to hold (``runner.py adapt`` with
+``model_update.stream_rows`` on a folder of ``.npy`` files) reaches :meth:`Adapter.fit` as row sources, not tensors
+(:data:`Rows`). An adapter that sets ``picks_rows = True`` reads such a source by index tensors only
+(``pair.old[idx]``) and is handed it as it is: the closed-form maps, which read their anchors and nothing else.
+Every other adapter is handed the whole split read into memory, so its ``fit`` sees tensors whatever the input.
+
 Shapes are fixed by :meth:`Adapter.build` from ``(old_dim, new_dim, side_dim)``, so a fitted adapter is saved as
 those dimensions plus its ``state_dict`` (:meth:`Adapter.export`) and restored with :meth:`Adapter.restore`.
 """
@@ -49,7 +55,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -65,24 +71,48 @@ class AdapterError(PartError):
     """Unknown adapter, invalid adapter parameters, or an adapter used in a direction it does not offer."""
 
 
+class Rows(Protocol):
+    """Fitting features read from disk (a streamed study's :class:`benchmarks.gallery_rows.GalleryRows`): ``(n,
+    d)`` rows, L2-normalised as they are read, by index tensor (``rows[idx]``) or by range."""
+
+    shape: tuple[int, int]
+    device: torch.device
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: torch.Tensor) -> torch.Tensor: ...
+
+    def read(self, start: int, stop: int) -> torch.Tensor: ...
+
+
+def in_memory(features: torch.Tensor | Rows) -> torch.Tensor:
+    """``features`` as a tensor: rows read from disk are read whole."""
+    return features if isinstance(features, torch.Tensor) else features.read(0, len(features))
+
+
 @dataclass
 class FeaturePair:
     """The fitting data: the same ``n`` images embedded by both frozen models.
 
     Attributes:
-        old: ``(n, d_old)`` L2-normalised features of the old model.
-        new: ``(n, d_new)`` L2-normalised features of the new model.
+        old: ``(n, d_old)`` L2-normalised features of the old model, in memory or read from disk (:data:`Rows`;
+            module docstring).
+        new: ``(n, d_new)`` L2-normalised features of the new model, likewise.
         labels: ``(n,)`` class labels (for supervised losses).
         new_classifier: ``(C, d_new)`` class rows of the new model's classifier, row y for label y (FastFill), or
             None.
         side: ``(n, d_side)`` side information stored with the old features (FCT), or None.
     """
 
-    old: torch.Tensor
-    new: torch.Tensor
+    old: torch.Tensor | Rows
+    new: torch.Tensor | Rows
     labels: torch.Tensor
     new_classifier: torch.Tensor | None = None
     side: torch.Tensor | None = None
+
+    def in_memory(self) -> FeaturePair:
+        """This pair with features read from disk read whole."""
+        return dataclasses.replace(self, old=in_memory(self.old), new=in_memory(self.new))
 
 
 class Adapter(nn.Module):
@@ -92,6 +122,7 @@ class Adapter(nn.Module):
     Config: ClassVar[type] = NoParams
     directions: ClassVar[tuple[str, ...]] = DIRECTIONS
     forward_into_new_space: ClassVar[bool] = True   # False when new_frame is not the identity (λ-orthogonal)
+    picks_rows: ClassVar[bool] = False   # True: fit reads features from disk by index only (module docstring)
 
     def __init__(self, config: Any = None) -> None:
         super().__init__()
@@ -172,6 +203,8 @@ def fit_adapter(adapter: Adapter, pair: FeaturePair, seed: int, watch: HeldOutWa
     its fit log (a learned adapter's includes its convergence, :mod:`cl2r_bench.adapters.training`, judged by
     ``watch`` on its held-out share when given, else by its own loss there)."""
     adapter.held_out_watch = watch
+    if not adapter.picks_rows:
+        pair = pair.in_memory()
     torch.manual_seed(seed)
     adapter.prepare(pair)
     generator = torch.Generator(device=pair.old.device).manual_seed(seed)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Adapter, FeaturePair, register_adapter
+from .base import Adapter, FeaturePair, in_memory, register_adapter
 
 
 class LinearMap(nn.Module):
@@ -82,10 +82,11 @@ class IRPConfig:
 
 def pick_anchors(pair: FeaturePair, count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """``(old anchors, new anchors)``: ``count`` items chosen at random, the same in both spaces; every item, in
-    order, when ``count`` is not smaller than the fitting set (so such a fit does not depend on the seed)."""
+    order, when ``count`` is not smaller than the fitting set (so such a fit does not depend on the seed). Features
+    read from disk are read at those items only."""
     n = len(pair.old)
     if count >= n:
-        return pair.old.float(), pair.new.float()
+        return in_memory(pair.old).float(), in_memory(pair.new).float()
     idx = torch.randperm(n, generator=generator, device=generator.device)[:count].to(pair.old.device)
     return pair.old[idx].float(), pair.new[idx].float()
 
@@ -122,6 +123,7 @@ class _TwoWayMap(Adapter):
     """Shared shape of the closed-form adapters: one :class:`LinearMap` per direction."""
 
     irp_style = False
+    picks_rows = True
 
     def build(self, old_dim: int, new_dim: int, side_dim: int = 0) -> None:
         self.to_old = LinearMap(new_dim, old_dim, self.irp_style)
