@@ -145,6 +145,9 @@ class StudySplit:
     sample: torch.Tensor | None = None
     """The query items ranked (indices into ``queries``; leave-one-out: into the gallery too, each left out of its
     own ranking), None for all."""
+    class_labels: list[int] | None = None
+    """The user's label of each class index, where the labels were renumbered (``runner.py adapt``), else None:
+    what per-class CMC names its classes by."""
     adapter_free: dict[str, RetrievalScores | None] = field(default_factory=dict, compare=False, repr=False)
     """The scores of the cases no adapter changes (:data:`ADAPTER_FREE_CASES`), ranked once per split."""
 
@@ -395,18 +398,21 @@ def measure(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[s
                 "sampled_queries": {"count": len(split.sample), "of": len(split.queries), "seed": QUERY_SAMPLE_SEED},
                 "sampling_interval": {case: result.interval(SAMPLING_CONFIDENCE, SAMPLING_RESAMPLES)
                                       for case, result in scored.items() if result}}),
-            **({"per_class_cmc": {case: per_class_cmc(result, split.query_labels)
+            **({"per_class_cmc": {case: per_class_cmc(result, split.query_labels, split.class_labels)
                                   for case, result in scored.items() if result}}
                if split.scoring.per_class_cmc else {})}
 
 
-def per_class_cmc(scores: RetrievalScores, labels: torch.Tensor) -> dict[str, list[float] | list[int]]:
-    """CMC top-1 and top-5 (percent) of each query class, with its ``labels`` (the split's class indices) and its
-    ``queries``: the FCT authors' per-class view, under the study's convention for queries without a match."""
+def per_class_cmc(scores: RetrievalScores, labels: torch.Tensor,
+                  class_labels: list[int] | None = None) -> dict[str, list[float] | list[int]]:
+    """CMC top-1 and top-5 (percent) of each query class, with its ``labels`` (the split's class indices, or
+    ``class_labels`` of them: the user's own) and its ``queries``: the FCT authors' per-class view, under the
+    study's convention for queries without a match."""
     labels = labels.cpu().numpy()
     classes = sorted(set(labels.tolist()))
     top1, top5 = scores.per_class_cmc(labels, 1), scores.per_class_cmc(labels, 5)
-    return {"labels": classes, "queries": [int((labels == c).sum()) for c in classes],
+    return {"labels": classes if class_labels is None else [class_labels[c] for c in classes],
+            "queries": [int((labels == c).sum()) for c in classes],
             "top1": [top1[c] for c in classes], "top5": [top5[c] for c in classes]}
 
 

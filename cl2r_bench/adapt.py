@@ -107,6 +107,9 @@ class Study:
     about: dict[str, Any]
     zero_shot: ZeroShot | None = None
     embedding_seconds: dict[str, float] = field(default_factory=dict)
+    class_labels: list[int] | None = None
+    """The user's label of each class index (``adapt`` renumbers labels: module docstring), None where the indices
+    are the data set's classes."""
     splits: dict[tuple[Scoring, int], StudySplit] = field(default_factory=dict, repr=False)
 
     def split(self, scoring: Scoring) -> StudySplit:
@@ -114,7 +117,8 @@ class Study:
         adapter-free cases are ranked once per study, whatever the adapters and seeds."""
         key = (scoring, id(self.test))
         if key not in self.splits:
-            self.splits[key] = StudySplit(self.test, scoring=scoring, sample=scoring.sample(len(self.test)))
+            self.splits[key] = StudySplit(self.test, scoring=scoring, sample=scoring.sample(len(self.test)),
+                                          class_labels=self.class_labels)
         return self.splits[key]
 
     @property
@@ -281,7 +285,7 @@ def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_
              "test_items": len(labels[1]), "old_dim": train[0].shape[1], "new_dim": train[1].shape[1],
              "classes": len(index)}
     return Study(Path(train_path).stem, PairedFeatures.normalised(train[0], train[1], labels[0]),
-                 PairedFeatures.normalised(test[0], test[1], labels[1]), about)
+                 PairedFeatures.normalised(test[0], test[1], labels[1]), about, class_labels=list(index))
 
 
 def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[str, Any]], seed: int,

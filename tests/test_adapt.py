@@ -477,15 +477,16 @@ def test_queries_without_a_match_are_counted_and_their_convention_is_a_setting(t
 
 
 def test_per_class_cmc_on_request_adds_up_to_the_whole(rotated, tmp_path, capsys):
-    """With model_update.per_class_cmc each case carries CMC top-1 / top-5 per query class; weighted by the
-    classes' queries they give the case's own top-1 and top-5. Without it the record has none."""
+    """With model_update.per_class_cmc each case carries CMC top-1 / top-5 per query class, named by the user's
+    labels (100..105, not the study's indices 0..5); weighted by the classes' queries they give the case's own
+    top-1 and top-5. Without it the record has none."""
     train, test = rotated
     code, out = adapt("--train", train, "--test", test, "--adapter", "procrustes", "--output", tmp_path,
                       "--set", "model_update.per_class_cmc=true", capsys=capsys)
     assert code == 0, out.err
     retrieval = json.loads(next(tmp_path.rglob("metrics.json")).read_text())["retrieval"]
     for case, per_class in retrieval["per_class_cmc"].items():
-        assert per_class["labels"] == list(range(6)) and per_class["queries"] == [20] * 6
+        assert per_class["labels"] == list(range(100, 106)) and per_class["queries"] == [20] * 6
         for k in ("top1", "top5"):
             whole = sum(q * v for q, v in zip(per_class["queries"], per_class[k], strict=True)) / 120
             assert whole == pytest.approx(retrieval["cases"][case][k]), (case, k)

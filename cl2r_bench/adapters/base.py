@@ -43,7 +43,7 @@ implements ``batch_loss``: it then trains to convergence under a step budget lik
 
 **Fitting rows read from disk.** A fitting split too large to hold (``runner.py adapt`` with
 ``model_update.stream_rows`` on a folder of ``.npy`` files) reaches :meth:`Adapter.fit` as row sources, not tensors
-(:data:`Rows`). An adapter that sets ``picks_rows = True`` reads such a source by index tensors only
+(:class:`Rows`). An adapter that sets ``picks_rows = True`` reads such a source by index tensors only
 (``pair.old[idx]``) and is handed it as it is: the closed-form maps, which read their anchors and nothing else.
 Every other adapter is handed the whole split read into memory, so its ``fit`` sees tensors whatever the input.
 
@@ -95,7 +95,7 @@ class FeaturePair:
     """The fitting data: the same ``n`` images embedded by both frozen models.
 
     Attributes:
-        old: ``(n, d_old)`` L2-normalised features of the old model, in memory or read from disk (:data:`Rows`;
+        old: ``(n, d_old)`` L2-normalised features of the old model, in memory or read from disk (:class:`Rows`;
             module docstring).
         new: ``(n, d_new)`` L2-normalised features of the new model, likewise.
         labels: ``(n,)`` class labels (for supervised losses).
