@@ -343,11 +343,12 @@ PAIRS_AT_ONCE = 1 << 16
 """Pairs whose dot products one tensor operation takes, off the CPU (:func:`pair_similarities`)."""
 
 
-def pair_similarities(queries: torch.Tensor, rows: torch.Tensor, query_of: torch.Tensor,
-                      row_of: torch.Tensor) -> torch.Tensor:
-    """``queries[query_of[k]] · rows[row_of[k]]`` for every k: on CPU the compiled loop of
-    :func:`benchmarks.ranking_cpu.pair_dots`, elsewhere in slices of :data:`PAIRS_AT_ONCE` pairs."""
-    if queries.device.type == "cpu":
+def pair_similarities(queries: torch.Tensor, rows: torch.Tensor, query_of: torch.Tensor, row_of: torch.Tensor, *,
+                      compiled: bool | None = None) -> torch.Tensor:
+    """``queries[query_of[k]] · rows[row_of[k]]`` for every k: ``compiled`` (by default on CPU), the compiled loop of
+    :func:`benchmarks.ranking_cpu.pair_dots`; else in slices of :data:`PAIRS_AT_ONCE` pairs (the tests run those
+    on CPU)."""
+    if queries.device.type == "cpu" if compiled is None else compiled:
         return torch.from_numpy(ranking_cpu.pair_dots(queries.contiguous().numpy(), rows.contiguous().numpy(),
                                                       query_of.numpy(), row_of.numpy()))
     return torch.cat([(queries[query_of[k:k + PAIRS_AT_ONCE]] * rows[row_of[k:k + PAIRS_AT_ONCE]]).sum(dim=1)

@@ -318,6 +318,28 @@ def test_the_vectorised_counting_of_a_streamed_gallery_equals_the_compiled_one(m
             assert_same_scores(step_vectorised, step_compiled)
 
 
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_pairs_similarity_is_the_same_wherever_it_is_taken(monkeypatch, compiled):
+    """The positives' dot products of a streamed ranking (:func:`benchmarks.ranking.pair_similarities`; the GPU's
+    torch slices run on the CPU, here of 7 pairs): a pair gives one value bit for bit in whatever slice and position
+    it falls, so duplicate items tie, and each value is the dot product to float32 rounding."""
+    monkeypatch.setattr(ranking, "PAIRS_AT_ONCE", 7)
+    x, _ = clusters_with_duplicates(seed=3)
+    unit = torch.nn.functional.normalize(x, dim=1)
+    generator = torch.Generator().manual_seed(0)
+    query_of, row_of = torch.randint(0, 150, (500,), generator=generator), torch.randint(0, 150, (500,),
+                                                                                        generator=generator)
+    values = ranking.pair_similarities(unit, unit, query_of, row_of, compiled=compiled)
+    reference = (unit.double()[query_of] * unit.double()[row_of]).sum(dim=1)
+    assert torch.allclose(values.double(), reference, rtol=0, atol=1e-6)
+    for shift in (1, 3, 5):
+        moved = ranking.pair_similarities(unit, unit, query_of.roll(shift), row_of.roll(shift), compiled=compiled)
+        assert torch.equal(moved, values.roll(shift))
+    duplicate = torch.arange(10, 150, 10)
+    assert torch.equal(ranking.pair_similarities(unit, unit, duplicate, duplicate, compiled=compiled),
+                       ranking.pair_similarities(unit, unit, duplicate, duplicate - 1, compiled=compiled))
+
 def test_a_memory_mapped_npy_gallery_and_a_transform_read_per_chunk(tmp_path):
     """An ``.npy`` gallery (:class:`NpyRows`) mapped for each read, through a transform (a rotation and a scale, as
     an adapter's map), ranks as the transformed gallery in memory does."""
