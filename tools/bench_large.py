@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
               "gallery_gb": gallery_gb, "gallery_passes": passes, "faiss_one_search_seconds": faiss_seconds,
               "ratio_to_faiss_same_passes": adapt_seconds / (passes * faiss_seconds),
               "suite_old_old": record["retrieval"]["cases"]["old/old"], "faiss_old_old": faiss_scores,
+              "sampling_interval_old_old": record["retrieval"]["sampling_interval"]["old/old"],
               "torch": torch.__version__, "numpy": np.__version__, "threads": torch.get_num_threads(),
               "processor": platform.processor() or platform.machine()}
     if args.json:
@@ -149,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{passes * faiss_seconds:.1f}s; adapt / that = {result['ratio_to_faiss_same_passes']:.2f}")
     print(f"old/old top-1 / top-5 / mAP@R: suite {suite['top1']:.2f} / {suite['top5']:.2f} / {suite['mAP@R']:.4f}, "
           f"faiss {faiss_scores['top1']:.2f} / {faiss_scores['top5']:.2f} / {faiss_scores['mAP@R']:.4f}")
+    interval = result["sampling_interval_old_old"]
+    print(f"old/old 95% sampling interval of the {args.queries:,} queries: top-1 {interval['top1'][0]:.2f} .. "
+          f"{interval['top1'][1]:.2f}, mAP {interval['mAP'][0]:.4f} .. {interval['mAP'][1]:.4f}")
     return 0
 
 
