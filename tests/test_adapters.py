@@ -186,7 +186,8 @@ class DiskRows:
     rows read."""
 
     def __init__(self, features: torch.Tensor) -> None:
-        self.features, self.shape, self.device, self.rows_read = features, tuple(features.shape), features.device, 0
+        self.features, self.shape, self.device = features, tuple(features.shape), features.device
+        self.rows_read = self.whole_reads = 0
 
     def __len__(self) -> int:
         return len(self.features)
@@ -197,6 +198,7 @@ class DiskRows:
 
     def read(self, start: int, stop: int) -> torch.Tensor:
         self.rows_read += stop - start
+        self.whole_reads += (start, stop) == (0, len(self))
         return self.features[start:stop]
 
 
@@ -213,12 +215,26 @@ def test_a_closed_form_adapter_reads_only_its_anchors_from_disk_and_fits_as_in_m
         assert torch.equal(mine, reference)
 
 
-def test_an_adapter_that_does_not_pick_rows_is_handed_the_fitting_split_in_memory():
+@pytest.mark.parametrize("name", ["fct", "fastfill"])
+def test_fct_and_fastfill_read_their_batches_from_disk_and_fit_as_in_memory(name):
     old, new, labels, classifier = clustered_spaces(n=200)
     on_disk = FeaturePair(DiskRows(old), DiskRows(new), labels, classifier)
-    streamed, in_memory = (make_adapter("fct", {"fct": {"max_steps": 4}}) for _ in range(2))
+    streamed, in_memory = (make_adapter(name, {name: {"max_steps": 20, "check_every": 5}}) for _ in range(2))
     fit_adapter(streamed, on_disk, seed=0)
     fit_adapter(in_memory, FeaturePair(old, new, labels, classifier), seed=0)
+    assert on_disk.old.whole_reads == on_disk.new.whole_reads == 0 and on_disk.old.rows_read > 200
+    for mine, reference in zip(streamed.state_dict().values(), in_memory.state_dict().values(), strict=True):
+        assert torch.equal(mine, reference)
+
+
+def test_an_adapter_that_does_not_pick_rows_is_handed_the_fitting_split_in_memory():
+    """λ-orthogonal maps its whole fitting set before training: it is read once, whole."""
+    old, new, labels, _ = clustered_spaces(n=200)
+    on_disk = FeaturePair(DiskRows(old), DiskRows(new), labels)
+    streamed, in_memory = (make_adapter("lambda_orth", {"lambda_orth": {"max_steps": 4}}) for _ in range(2))
+    fit_adapter(streamed, on_disk, seed=0)
+    fit_adapter(in_memory, FeaturePair(old, new, labels), seed=0)
+    assert on_disk.old.whole_reads == on_disk.new.whole_reads == 1
     assert on_disk.old.rows_read == on_disk.new.rows_read == 200
     for mine, reference in zip(streamed.state_dict().values(), in_memory.state_dict().values(), strict=True):
         assert torch.equal(mine, reference)

@@ -44,8 +44,9 @@ implements ``batch_loss``: it then trains to convergence under a step budget lik
 **Fitting rows read from disk.** A fitting split too large to hold (``runner.py adapt`` with
 ``model_update.stream_rows`` on a folder of ``.npy`` files) reaches :meth:`Adapter.fit` as row sources, not tensors
 (:class:`Rows`). An adapter that sets ``picks_rows = True`` reads such a source by index tensors only
-(``pair.old[idx]``) and is handed it as it is: the closed-form maps, which read their anchors and nothing else.
-Every other adapter is handed the whole split read into memory, so its ``fit`` sees tensors whatever the input.
+(``pair.old[idx]``) and is handed it as it is: the closed-form maps, which read their anchors and nothing else, and
+FCT and FastFill, which read each mini-batch and held-out check. Every other adapter (λ-orthogonal maps its whole
+fitting set first) is handed the whole split read into memory, so its ``fit`` sees tensors whatever the input.
 
 Shapes are fixed by :meth:`Adapter.build` from ``(old_dim, new_dim, side_dim)``, so a fitted adapter is saved as
 those dimensions plus its ``state_dict`` (:meth:`Adapter.export`) and restored with :meth:`Adapter.restore`.

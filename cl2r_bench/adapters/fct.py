@@ -63,6 +63,7 @@ class FCT(LearnedAdapter):
 
     Config = FCTConfig
     directions = ("forward",)
+    picks_rows = True
     extra_outputs = 0
 
     def build(self, old_dim: int, new_dim: int, side_dim: int = 0) -> None:
