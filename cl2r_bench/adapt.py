@@ -25,6 +25,7 @@ import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -121,9 +122,10 @@ class Study:
                                           class_labels=self.class_labels)
         return self.splits[key]
 
-    @property
+    @cached_property
     def classifier_rows(self) -> torch.Tensor:
-        """The new model's normalised class means of the train split, row y for label y (module docstring)."""
+        """The new model's normalised class means of the train split, row y for label y (module docstring): one
+        pass over the train split per study, not one per adapter and seed."""
         means, _ = class_means(in_chunks(self.train.new), self.train.labels, int(self.train.labels.max()) + 1)
         return F.normalize(means, dim=1)
 
