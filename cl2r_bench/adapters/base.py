@@ -45,8 +45,9 @@ implements ``batch_loss``: it then trains to convergence under a step budget lik
 ``model_update.stream_rows`` on a folder of ``.npy`` files) reaches :meth:`Adapter.fit` as row sources, not tensors
 (:class:`Rows`). An adapter that sets ``picks_rows = True`` reads such a source by index tensors only
 (``pair.old[idx]``) and is handed it as it is: the closed-form maps, which read their anchors and nothing else, and
-FCT and FastFill, which read each mini-batch and held-out check. Every other adapter (λ-orthogonal maps its whole
-fitting set first) is handed the whole split read into memory, so its ``fit`` sees tensors whatever the input.
+the learned ones (λ-orthogonal, FCT, FastFill), which read each mini-batch and held-out check. Any other adapter (a
+user's own that does not set it) is handed the whole split read into memory, so its ``fit`` sees tensors whatever
+the input.
 
 Shapes are fixed by :meth:`Adapter.build` from ``(old_dim, new_dim, side_dim)``, so a fitted adapter is saved as
 those dimensions plus its ``state_dict`` (:meth:`Adapter.export`) and restored with :meth:`Adapter.restore`.

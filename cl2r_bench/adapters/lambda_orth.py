@@ -109,6 +109,7 @@ class LambdaOrthogonal(LearnedAdapter):
     Config = LambdaOrthConfig
     directions = ("backward", "forward")
     forward_into_new_space = False
+    picks_rows = True
 
     def build(self, old_dim: int, new_dim: int, side_dim: int = 0) -> None:
         dim = min(old_dim, new_dim) if self.config.dims == "truncate" else max(old_dim, new_dim)
@@ -133,17 +134,19 @@ class LambdaOrthogonal(LearnedAdapter):
                                                              self.config.alpha)
         return terms
 
-    def fitting_data(self, pair: FeaturePair) -> FeaturePair:
-        return FeaturePair(self.old_frame(pair.old.float()), fit_dimension(pair.new.float(), self.common_dim),
-                           pair.labels)
+    def in_common_frame(self, pair: FeaturePair, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The old and new features of the items ``idx``, each truncated or padded to the common width. Both are
+        exact and row by row, so a fitting set read from disk a mini-batch at a time (``picks_rows``) trains
+        exactly as one in memory."""
+        return self.old_frame(pair.old[idx].float()), fit_dimension(pair.new[idx].float(), self.common_dim)
 
     def batch_loss(self, data: FeaturePair, idx: torch.Tensor) -> torch.Tensor:
-        return sum(self.losses(data.old[idx], data.new[idx], data.labels[idx]).values())
+        return sum(self.losses(*self.in_common_frame(data, idx), data.labels[idx]).values())
 
     def fit_log(self, data: FeaturePair) -> dict[str, float]:
         """Each loss term on the first ``batch_size`` fitting items, and f(W)."""
-        sample = slice(0, self.config.batch_size)
-        terms = self.losses(data.old[sample], data.new[sample], data.labels[sample])
+        sample = torch.arange(min(self.config.batch_size, len(data.old)), device=data.labels.device)
+        terms = self.losses(*self.in_common_frame(data, sample), data.labels[sample])
         return {**{k: float(v) for k, v in terms.items()},
                 ORTHOGONALITY_GAP: float(orthogonality_gap(self.backward_map.weight))}
 
