@@ -349,6 +349,7 @@ def pair_similarities(queries: torch.Tensor, rows: torch.Tensor, query_of: torch
     :func:`benchmarks.ranking_cpu.pair_dots`; else in slices of :data:`PAIRS_AT_ONCE` pairs (the tests run those
     on CPU)."""
     if queries.device.type == "cpu" if compiled is None else compiled:
+        numba_threads_as_torch()
         return torch.from_numpy(ranking_cpu.pair_dots(queries.contiguous().numpy(), rows.contiguous().numpy(),
                                                       query_of.numpy(), row_of.numpy()))
     return torch.cat([(queries[query_of[k:k + PAIRS_AT_ONCE]] * rows[row_of[k:k + PAIRS_AT_ONCE]]).sum(dim=1)
@@ -472,6 +473,15 @@ def compiled_counting(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def numba_threads_as_torch() -> None:
+    """The compiled kernels (:mod:`benchmarks.ranking_cpu`) on as many threads as torch uses (``OMP_NUM_THREADS``,
+    which torchrun sets to 1 per process). Starting numba's OpenMP layer sets the process's OpenMP thread count to
+    numba's own (every core), so torch's is set back to what it was."""
+    threads = torch.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    torch.set_num_threads(threads)
+
+
 class ItemCounter:
     """The CPU kernel's counts for one block of queries (:mod:`benchmarks.ranking_cpu`): the thresholds' bucket
     table made once, blocks of gallery items added (:meth:`add`), and the items above each positive read at the end
@@ -479,7 +489,7 @@ class ItemCounter:
 
     def __init__(self, thresholds: torch.Tensor, owner: torch.Tensor, versions: int, fresh_from: torch.Tensor,
                  steps: int) -> None:
-        numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+        numba_threads_as_torch()
         m = thresholds.shape[1]
         self.thresholds = F.pad(thresholds.float(), (0, 1), value=float("inf")).numpy()
         self.owner = owner.contiguous().numpy()

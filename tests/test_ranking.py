@@ -1,6 +1,9 @@
 """Leave-one-out CMC and mAP (benchmarks/ranking.py; docs/METHODS.md §7b) against rankings worked out by hand,
 a brute-force reference, and chunking."""
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -358,3 +361,15 @@ def test_an_npy_file_that_is_not_a_feature_matrix_is_refused_in_one_line(tmp_pat
     np.save(tmp_path / "labels.npy", np.arange(5))
     with pytest.raises(ValueError, match="1-D int64 array; a gallery needs 2-D floating-point features"):
         NpyRows(tmp_path / "labels.npy")
+
+
+def test_a_ranking_leaves_torch_on_the_threads_it_was_given():
+    """numba's OpenMP layer, started by the first compiled kernel, sets the process's OpenMP thread count to every
+    core; under torchrun (OMP_NUM_THREADS=1 per process) torch must stay on one thread."""
+    script = ("import torch\nfrom benchmarks.ranking import retrieval_scores\n"
+              "x, y = torch.randn(300, 16), torch.randint(0, 5, (300,))\n"
+              "retrieval_scores(x, y, x, y, exclude_self=True)\nprint(torch.get_num_threads())")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "2"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1"]
