@@ -43,7 +43,7 @@ only for an affine backward map that keeps the new model's width (the suite's re
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -351,14 +351,13 @@ def backfill_order(kind: str, *, stale: Features, old: Features, labels: torch.T
     if kind == "uncertainty":
         if adapter is None or adapter.uncertainty(first_rows(old)) is None:
             return None
-        return torch.argsort(torch.cat([adapter.uncertainty(chunk) for _, chunk in in_chunks(old)]), descending=True)
+        return torch.argsort(per_item(old, lambda _, chunk: adapter.uncertainty(chunk)), descending=True)
     if kind in ("class_mean_distance", "class_mean_cosine"):
         classes, index = labels.unique(return_inverse=True)
-        means, _ = class_means(in_chunks(stale), index, len(classes))
-        distance = torch.cat([
+        means, _ = class_means_of(stale, index, len(classes))
+        distance = per_item(stale, lambda start, chunk: (
             (chunk - means[index[start:start + len(chunk)]]).norm(dim=1) if kind == "class_mean_distance" else
-            1 - F.cosine_similarity(chunk.float(), means[index[start:start + len(chunk)]], dim=1)
-            for start, chunk in in_chunks(stale)])
+            1 - F.cosine_similarity(chunk.float(), means[index[start:start + len(chunk)]], dim=1)))
         return torch.argsort(distance, descending=True)
     raise ValueError(f"unknown backfilling order {kind!r}; choose from {list(BACKFILL_ORDERS)}")
 
@@ -369,6 +368,23 @@ def in_chunks(features: Features) -> Iterator[tuple[int, torch.Tensor]]:
         yield from features.chunks()
     else:
         yield 0, features
+
+
+def class_means_of(features: Features, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`cl2r_bench.models.class_means` of features in memory or streamed (:func:`in_chunks`); processes that
+    share a streamed gallery add their shares' class sums up (:mod:`benchmarks.gallery_rows`)."""
+    shared = isinstance(features, GalleryRows)
+    return class_means(in_chunks(features), labels, num_classes, total=features.processes.total if shared else None)
+
+
+def per_item(features: Features, value: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``value(start, rows)`` of every item, chunk by chunk (:func:`in_chunks`), in item order; processes that
+    share a streamed gallery each compute their share's and every process gets them all
+    (:mod:`benchmarks.gallery_rows`)."""
+    part = torch.cat([value(start, chunk) for start, chunk in in_chunks(features)])
+    if not isinstance(features, GalleryRows):
+        return part
+    return features.processes.gather(part, features.share_sizes())
 
 
 def first_rows(features: Features) -> torch.Tensor:

@@ -14,6 +14,14 @@ normalisation, an adapter's map) applied to each chunk as it is read; the rankin
   by the first pass that reads it whole and read from that file afterwards, so each map is applied to each item
   once however many passes a study makes (:meth:`GalleryRows.mapped` with ``store``).
 
+**A gallery shared by processes** (``runner.py adapt`` under torchrun; docs/scale-out.md). Every process reads
+any row by index (the sampled queries), but a pass over the gallery (:meth:`GalleryRows.chunks`) reads only the
+process's share (:meth:`GalleryRows.share`): contiguous whole chunks of ``chunk_rows`` items, so that each chunk
+holds the items it holds in one process and an adapter's map of it rounds as it does there (a matrix product's
+rounding can depend on the rows taken together). The ranks thus divide the reading and the ranking between them;
+what the passes find is added up over the ranks by their callers: the ranking's counts, the positives'
+similarities, a backfilling order's class sums and distances.
+
 **Where the mapped galleries go.** Python's temporary folder (``TMPDIR``; ``tempfile.gettempdir()``), one file per
 map as large as the mapped gallery (5.1 GB for 1,000,000 x 1,280 float32), deleted when the study no longer holds
 the gallery (after each adapter's measurement); point ``TMPDIR`` at a disk with room, not at a RAM disk.
@@ -21,6 +29,7 @@ the gallery (after each adapter's measurement); point ``TMPDIR`` at a disk with 
 from __future__ import annotations
 
 import copy
+import math
 import os
 import shutil
 import tempfile
@@ -34,6 +43,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.errors import ConfigError
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
@@ -50,15 +60,17 @@ def normalise_rows(features: torch.Tensor) -> torch.Tensor:
 
 class GalleryRows(ABC):
     """The rows of a gallery (module docstring): :meth:`read` a range or :meth:`rows` a set of items, each read
-    through ``transforms`` in order. ``width`` is the rows' width as read; ``chunk_rows`` the most
-    rows a ranking reads at once. Two galleries are equal when they read the same stored rows through equal
-    transforms (an adapter's bound methods compare equal), so a study recognises a ranking it has done."""
+    through ``transforms`` in order. ``width`` is the rows' width as read; ``chunk_rows`` the most rows a ranking
+    reads at once; ``processes`` the processes that share its passes (module docstring). Two galleries are equal
+    when they read the same stored rows through equal transforms (an adapter's bound methods compare equal), so a
+    study recognises a ranking it has done."""
 
     def __init__(self, items: int, stored_width: int, device: torch.device | str, transforms: tuple[Transform, ...],
-                 chunk_rows: int) -> None:
+                 chunk_rows: int, processes: Processes = SINGLE) -> None:
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows must be at least 1, not {chunk_rows}")
         self.items, self.device, self.chunk_rows = items, torch.device(device), chunk_rows
+        self.processes = processes
         self.transforms = tuple(transforms)
         self.width = self.read(0, 1).shape[1] if self.transforms and items else stored_width
         self.stored_maps: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -132,28 +144,43 @@ class GalleryRows(ABC):
         (:class:`cl2r_bench.adapters.base.FeaturePair`)."""
         return self.rows(index)
 
+    def share(self, rank: int | None = None) -> slice:
+        """The items the passes of process ``rank`` (default: this one) read: its share of the gallery's chunks of
+        :attr:`chunk_rows` items (:meth:`cl2r_bench.distributed.Processes.share`), all of them with one process
+        (module docstring)."""
+        chunks = self.processes.share(math.ceil(self.items / self.chunk_rows), rank)
+        return slice(min(chunks.start * self.chunk_rows, self.items), min(chunks.stop * self.chunk_rows, self.items))
+
+    def share_sizes(self) -> list[int]:
+        """How many items each process's passes read, in rank order."""
+        return [len(range(self.items)[self.share(rank)]) for rank in range(self.processes.world_size)]
+
     def chunks(self, rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
-        """``(start, rows)`` from the first item to the last, at most ``rows`` (and :attr:`chunk_rows`) at a time;
-        the next chunk is read (and mapped) by a thread while the caller works on this one, so a disk's reads
-        overlap the ranking's work."""
+        """``(start, rows)`` from the first item of :meth:`share` to its last, at most ``rows`` at a time: each chunk
+        of :attr:`chunk_rows` items in pieces of ``rows``, so every piece holds the items it holds in one process
+        (module docstring). The next piece is read (and mapped) by a thread while the caller works on this one, so a
+        disk's reads overlap the ranking's work."""
         rows = self.chunk_rows if rows is None else min(rows, self.chunk_rows)
+        share = self.share()
+        pieces = [(start, min(start + rows, chunk + self.chunk_rows, share.stop))
+                  for chunk in range(share.start, share.stop, self.chunk_rows)
+                  for start in range(chunk, min(chunk + self.chunk_rows, share.stop), rows)]
         with ThreadPoolExecutor(max_workers=1) as reader:
-            pending = reader.submit(self.read, 0, min(rows, self.items))
-            for start in range(0, self.items, rows):
-                chunk = pending.result()
-                after = start + rows
-                if after < self.items:
-                    pending = reader.submit(self.read, after, min(after + rows, self.items))
-                yield start, chunk
+            pending = reader.submit(self.read, *pieces[0]) if pieces else None
+            for i, (start, _) in enumerate(pieces):
+                piece = pending.result()
+                if i + 1 < len(pieces):
+                    pending = reader.submit(self.read, *pieces[i + 1])
+                yield start, piece
 
 
 class TensorRows(GalleryRows):
     """A gallery in memory."""
 
     def __init__(self, features: torch.Tensor, transforms: tuple[Transform, ...] = (),
-                 chunk_rows: int = CHUNK_ROWS) -> None:
+                 chunk_rows: int = CHUNK_ROWS, processes: Processes = SINGLE) -> None:
         self.features = features
-        super().__init__(len(features), int(features.shape[1]), features.device, transforms, chunk_rows)
+        super().__init__(len(features), int(features.shape[1]), features.device, transforms, chunk_rows, processes)
 
     def raw(self, index: slice | np.ndarray) -> torch.Tensor:
         return self.features[index if isinstance(index, slice) else torch.from_numpy(index).to(self.device)]
@@ -167,7 +194,7 @@ class NpyRows(GalleryRows):
     a set of rows through a memory map made for that read."""
 
     def __init__(self, path: str | Path, device: torch.device | str = "cpu", transforms: tuple[Transform, ...] = (),
-                 chunk_rows: int = CHUNK_ROWS) -> None:
+                 chunk_rows: int = CHUNK_ROWS, processes: Processes = SINGLE) -> None:
         self.path = Path(path)
         mapped = np.load(self.path, mmap_mode="r")
         if mapped.ndim != 2 or mapped.dtype.kind != "f":
@@ -177,7 +204,7 @@ class NpyRows(GalleryRows):
         self.dtype, self.columns = mapped.dtype, int(stored_width)
         self.offset = mapped.offset if mapped.flags.c_contiguous else None
         del mapped
-        super().__init__(items, int(stored_width), device, transforms, chunk_rows)
+        super().__init__(items, int(stored_width), device, transforms, chunk_rows, processes)
 
     def raw(self, index: slice | np.ndarray) -> torch.Tensor:
         if isinstance(index, slice) and self.offset is not None:
@@ -214,13 +241,15 @@ def check_room(size: int) -> None:
 
 class StoredRows(GalleryRows):
     """The rows of ``lazy`` (a gallery read through its maps), written to a temporary ``.npy`` file as the first
-    pass of :meth:`chunks` reads them from the first item to the last, and read from that file afterwards (module
-    docstring). It equals ``lazy`` in what it reads, so it compares as ``lazy`` does."""
+    pass of :meth:`chunks` reads them from the first item of its share to the last, and read from that file by
+    every later pass (module docstring). A range or a set of rows read alone (sampled queries, a probe) is mapped
+    again as it is read, the same wherever the process's share lies. It equals ``lazy`` in what it reads, so it
+    compares as ``lazy`` does."""
 
     def __init__(self, lazy: GalleryRows) -> None:
         self.lazy = lazy
         self.items, self.device, self.chunk_rows = lazy.items, lazy.device, lazy.chunk_rows
-        self.transforms, self.width = lazy.transforms, lazy.width
+        self.transforms, self.width, self.processes = lazy.transforms, lazy.width, lazy.processes
         self.stored_maps = lazy.stored_maps
         self.stored: NpyRows | None = None
         self.writing = False
@@ -237,28 +266,29 @@ class StoredRows(GalleryRows):
     def mapped(self, transform: Transform, *, store: bool = False) -> GalleryRows:
         return self.lazy.mapped(transform, store=store)
 
-    @property
-    def reader(self) -> GalleryRows:
-        """Where the rows come from now: the stored file once written, else the gallery through its maps."""
-        return self.lazy if self.stored is None else self.stored
-
     def read(self, start: int, stop: int) -> torch.Tensor:
-        return self.reader.read(start, stop)
+        return self.lazy.read(start, stop)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
-        return self.reader.rows(index)
+        return self.lazy.rows(index)
 
     def chunks(self, rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
-        if self.stored is not None or self.writing:
-            yield from self.reader.chunks(rows)
+        first = self.share().start
+        if self.stored is not None:
+            for start, chunk in self.stored.chunks(rows):
+                yield first + start, chunk
             return
-        check_room(self.items * self.width * 4)
+        if self.writing:
+            yield from self.lazy.chunks(rows)
+            return
+        share_items = self.share().stop - first
+        check_room(share_items * self.width * 4)
         handle, name = tempfile.mkstemp(prefix="cl2r-mapped-", suffix=".npy")
         self.writing, complete = True, False
         try:
             with os.fdopen(handle, "wb") as file:
                 np.lib.format.write_array_header_1_0(file, {"descr": "<f4", "fortran_order": False,
-                                                            "shape": self.shape})
+                                                            "shape": (share_items, self.width)})
                 for start, chunk in self.lazy.chunks(rows):
                     file.write(chunk.detach().float().cpu().numpy().tobytes())
                     yield start, chunk

@@ -330,13 +330,15 @@ def positive_similarity(block: torch.Tensor, gallery: GalleryRows, pairs: Positi
                         valid: torch.Tensor) -> torch.Tensor:
     """``(rows, P)``: each query's similarity to the gallery items of its label in :class:`LabelIndex` order (the
     slots of :meth:`LabelIndex.positives`; zero where not ``valid``): one pass over the gallery in order, each
-    chunk's positives' dot products taken alone (:func:`pair_similarities`), not the chunk's whole product."""
+    chunk's positives' dot products taken alone (:func:`pair_similarities`), not the chunk's whole product. Processes
+    that share the gallery each take the positives of their share and add them up (the others' entries are zeros, so
+    the sum is exact)."""
     similarity = torch.zeros(valid.shape, device=block.device)
     for start, rows_read in gallery.chunks():
         inside = pairs.within(start, start + len(rows_read))
         similarity[pairs.row[inside], pairs.slot[inside]] = pair_similarities(
             block, F.normalize(rows_read, dim=1), pairs.row[inside], pairs.item[inside] - start)
-    return similarity
+    return gallery.processes.total(similarity)
 
 
 PAIRS_AT_ONCE = 1 << 16
@@ -360,11 +362,13 @@ def chunked_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, block:
                         versions: list[GalleryRows], items: int, own: torch.Tensor | None, pairs: PositivePairs,
                         similarity: list[torch.Tensor], fresh_from: torch.Tensor, steps: int) -> torch.Tensor:
     """:func:`items_above` over the gallery's chunks of ``items`` rows (:func:`streamed`): on CPU the chunks'
-    counts accumulate and are turned into items above once; elsewhere each chunk's items above are summed."""
+    counts accumulate and are turned into items above once; elsewhere each chunk's items above are summed. Counts
+    add up, so processes that share the gallery each count their share and add the counts up."""
     rows = torch.arange(len(block), device=block.device)
     on_cpu = compiled_counting(block.device)
     counter = ItemCounter(thresholds, owner, len(versions), fresh_from, steps) if on_cpu else None
-    above = None
+    above = torch.zeros(len(fresh_from), len(block), steps, thresholds.shape[1], dtype=torch.long,
+                        device=block.device)
     for chunk in zip(*(version.chunks(items) for version in versions), strict=True):
         start, stop = chunk[0][0], chunk[0][0] + len(chunk[0][1])
         scores = [similarities(block, F.normalize(rows_read, dim=1)) for _, rows_read in chunk]
@@ -378,9 +382,12 @@ def chunked_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, block:
         if on_cpu:
             counter.add(scores, offset=start)
         else:
-            counted = items_above(scores, thresholds, owner - start, fresh_from[:, start:stop], steps)
-            above = counted if above is None else above + counted
-    return counter.items_above() if on_cpu else above
+            above += items_above(scores, thresholds, owner - start, fresh_from[:, start:stop], steps)
+    processes = versions[0].processes
+    if on_cpu:
+        processes.total(torch.from_numpy(counter.count))
+        return counter.items_above()
+    return processes.total(above)
 
 
 class LabelIndex:

@@ -266,7 +266,9 @@ class Timings(TypedDict):
     finding or pretraining the starting models; ``train_seconds`` / ``eval_seconds``: the tasks' sums;
     ``wall_seconds_this_invocation``: the whole invocation that completed the run (absent before it completes;
     a resumed run's covers the resumed part only). Records of the former ``model_update`` writer carry
-    ``model_training_seconds``, ``adapter_fit_seconds`` and ``evaluation_seconds`` instead of the first four."""
+    ``model_training_seconds``, ``adapter_fit_seconds`` and ``evaluation_seconds`` instead of the first four;
+    ``evaluation_processes``: the processes that shared an adapter study's evaluation (``runner.py adapt`` under
+    torchrun), which changes its seconds, not its figures."""
     tasks: Annotated[list[TaskTiming], Read("a list of objects", _objects)]
     pretrain_seconds: float
     train_seconds: float
@@ -275,6 +277,7 @@ class Timings(TypedDict):
     model_training_seconds: NotRequired[float]
     adapter_fit_seconds: NotRequired[float]
     evaluation_seconds: NotRequired[float]
+    evaluation_processes: NotRequired[int]
 
 
 class Extractions(TypedDict):

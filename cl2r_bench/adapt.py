@@ -41,8 +41,8 @@ from benchmarks.adapter_study import (
     Scoring,
     StudySplit,
     backfilling,
+    class_means_of,
     held_out_error,
-    in_chunks,
     measure,
     zero_shot_retention,
 )
@@ -52,11 +52,18 @@ from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
 from cl2r_bench.config import CONFIG_DIR, merge, parse_assignment, read_yaml
 from cl2r_bench.data.datasets import DataError, ImageSet, load_dataset, native_image_size
 from cl2r_bench.data.streams import first_per_class
+from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.encoders import Encoder, build_encoder
 from cl2r_bench.feature_cache import ONE_PIECE, Sharding, cached_features
 from cl2r_bench.files import device_description
-from cl2r_bench.models import class_means
-from cl2r_bench.settings import UNMATCHED_CONVENTIONS, at_least, check_backfill_orders, check_choices, check_rules
+from cl2r_bench.settings import (
+    UNMATCHED_CONVENTIONS,
+    DistributedSettings,
+    at_least,
+    check_backfill_orders,
+    check_choices,
+    check_rules,
+)
 
 ARRAYS = ("old", "new", "labels")
 
@@ -69,12 +76,12 @@ ADAPT_KEYS = ("backfill_orders", "backfill_steps", "unmatched_queries", "per_cla
 
 
 def adapt_settings(assignments: list[str]) -> dict[str, Any]:
-    """The settings of ``runner.py adapt``: ``adapter_params`` and ``model_update.backfill_orders`` /
-    ``backfill_steps`` from ``configs/default.yaml``, overridden by ``--set`` assignments, checked like a run's
-    (each adapter's parameters by its own ``Config``), and the default ``seed`` and ``output`` (written once,
+    """The settings of ``runner.py adapt``: ``adapter_params``, the :data:`ADAPT_KEYS` of ``model_update`` and
+    ``distributed`` (under torchrun) from ``configs/default.yaml``, overridden by ``--set`` assignments, checked like
+    a run's (each adapter's parameters by its own ``Config``), and the default ``seed`` and ``output`` (written once,
     there)."""
     defaults = read_yaml(CONFIG_DIR / "default.yaml")
-    merged = {"adapter_params": defaults["adapter_params"],
+    merged = {"adapter_params": defaults["adapter_params"], "distributed": defaults["distributed"],
               "model_update": {k: defaults["model_update"][k] for k in ADAPT_KEYS}}
     for assignment in assignments:
         merged = merge(merged, parse_assignment(assignment), f"--set {assignment}")
@@ -85,7 +92,7 @@ def adapt_settings(assignments: list[str]) -> dict[str, Any]:
     for name in merged["adapter_params"]:
         make_adapter(name, merged["adapter_params"])
     return {"adapter_params": merged["adapter_params"], **merged["model_update"], "seed": defaults["seed"],
-            "output": defaults["output"]}
+            "output": defaults["output"], "distributed": DistributedSettings(**merged["distributed"])}
 
 
 @dataclass
@@ -111,6 +118,8 @@ class Study:
     class_labels: list[int] | None = None
     """The user's label of each class index (``adapt`` renumbers labels: module docstring), None where the indices
     are the data set's classes."""
+    processes: Processes = SINGLE
+    """The processes that share the study's streamed splits (torchrun; :func:`read_embeddings`)."""
     splits: dict[tuple[Scoring, int], StudySplit] = field(default_factory=dict, repr=False)
 
     def split(self, scoring: Scoring) -> StudySplit:
@@ -126,16 +135,17 @@ class Study:
     def classifier_rows(self) -> torch.Tensor:
         """The new model's normalised class means of the train split, row y for label y (module docstring): one
         pass over the train split per study, not one per adapter and seed."""
-        means, _ = class_means(in_chunks(self.train.new), self.train.labels, int(self.train.labels.max()) + 1)
+        means, _ = class_means_of(self.train.new, self.train.labels, int(self.train.labels.max()) + 1)
         return F.normalize(means, dim=1)
 
 
-def read_embeddings(path: str | Path, stream_rows: int | None = None
+def read_embeddings(path: str | Path, stream_rows: int | None = None, processes: Processes = SINGLE
                     ) -> tuple[Features, Features, np.ndarray]:
     """``(old, new, labels)`` of a ``.npz`` file or a folder (module docstring), checked: 2-D finite float arrays
     with one row per label, integer labels; each problem is an :class:`EmbeddingsError` in one line. With
     ``stream_rows`` (``model_update.stream_rows``) the folder's ``old.npy`` and ``new.npy`` stay on disk, memory-mapped,
-    checked and later read ``stream_rows`` rows at a time (:class:`benchmarks.gallery_rows.NpyRows`)."""
+    checked and later read ``stream_rows`` rows at a time (:class:`benchmarks.gallery_rows.NpyRows`); ``processes``
+    that share them each check, and later pass over, their share of the rows (torchrun; docs/scale-out.md)."""
     path = Path(path)
     if stream_rows is not None:
         if not npy_folder(path):
@@ -162,9 +172,10 @@ def read_embeddings(path: str | Path, stream_rows: int | None = None
     else:
         raise EmbeddingsError(f"{path} is neither a .npz file nor a folder holding old.npy, new.npy and labels.npy "
                               "(or .pt); check the path")
-    old, new, labels = _checked(path, arrays)
+    old, new, labels = _checked(path, arrays, processes, stream_rows)
     if stream_rows is not None:
-        old, new = (NpyRows(path / f"{name}.npy", chunk_rows=stream_rows) for name in ("old", "new"))
+        old, new = (NpyRows(path / f"{name}.npy", chunk_rows=stream_rows, processes=processes)
+                    for name in ("old", "new"))
     return old, new, labels
 
 
@@ -215,7 +226,8 @@ def _check_header(name: str, handle: Any, stored_bytes: int) -> None:
                               "damaged or not what np.save wrote: save it again")
 
 
-def _checked(path: Path, arrays: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+def _checked(path: Path, arrays: dict[str, np.ndarray], processes: Processes,
+             stream_rows: int | None) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
     labels = arrays["labels"]
     if labels.ndim != 1 or labels.dtype.kind not in "iub":
         raise EmbeddingsError(f"{path}: labels must be a 1-D array of integers, not {labels.dtype} of shape "
@@ -228,34 +240,35 @@ def _checked(path: Path, arrays: dict[str, np.ndarray]) -> tuple[torch.Tensor, t
                                   f"shape {x.shape}")
         if len(x) != len(labels):
             raise EmbeddingsError(f"{path}: {name} has {len(x)} rows but labels has {len(labels)}; one row per item")
-        _check_rows(path, name, x)
+        _check_rows(path, name, x, processes, stream_rows)
         out.append(x if isinstance(x, np.memmap) else torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
     if len(labels) < 2:
         raise EmbeddingsError(f"{path}: {len(labels)} item(s); retrieval needs at least 2")
     return out[0], out[1], labels.astype(np.int64)
 
 
-CHECKED_ROWS = 65536
-"""Rows of a memory-mapped file checked at a time, so it is never read whole."""
-
-
-def _row_chunks(x: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-    """``(start, rows)`` of an array: in memory, whole; memory-mapped, :data:`CHECKED_ROWS` rows at a time, each
-    read into a buffer of its own (:class:`benchmarks.gallery_rows.NpyRows`), so the pages read leave resident memory
-    (a map kept open holds every page it touched: 10 GB for two 1,000,000 x 1,280 files)."""
+def _row_chunks(x: np.ndarray, processes: Processes, stream_rows: int | None) -> Iterator[tuple[int, np.ndarray]]:
+    """``(start, rows)`` of an array: in memory, whole; memory-mapped (with ``stream_rows``), ``stream_rows`` rows
+    at a time, each read into a buffer of its own (:class:`benchmarks.gallery_rows.NpyRows`), so the pages read leave
+    resident memory (a map kept open holds every page it touched: 10 GB for two 1,000,000 x 1,280 files), and only
+    the share of this process among ``processes``."""
     if not isinstance(x, np.memmap):
         yield 0, x
         return
-    for start, rows in NpyRows(x.filename, chunk_rows=CHECKED_ROWS).chunks():
+    for start, rows in NpyRows(x.filename, chunk_rows=stream_rows, processes=processes).chunks():
         yield start, rows.numpy()
 
 
-def _check_rows(path: Path, name: str, x: np.ndarray) -> None:
-    """Refuse rows with NaN or inf, or all zero (no direction to compare), counted and the first named."""
+def _check_rows(path: Path, name: str, x: np.ndarray, processes: Processes, stream_rows: int | None) -> None:
+    """Refuse rows with NaN or inf, or all zero (no direction to compare), counted and the first named; processes
+    that share a memory-mapped file each check their share, and every process refuses what any found."""
     problems: dict[str, list[int]] = {"with NaN or inf": [], "all-zero": []}
-    for start, rows in _row_chunks(x):
+    for start, rows in _row_chunks(x, processes, stream_rows):
         problems["with NaN or inf"] += (start + np.flatnonzero(~np.isfinite(rows).all(axis=1))).tolist()
         problems["all-zero"] += (start + np.flatnonzero(~np.abs(rows).any(axis=1))).tolist()
+    if isinstance(x, np.memmap):
+        shares = processes.everyones(problems)
+        problems = {kind: [row for share in shares for row in share[kind]] for kind in problems}
     bad = problems["with NaN or inf"]
     if bad:
         raise EmbeddingsError(f"{path}: {name} has {len(bad)} row(s) with NaN or inf (first: row {bad[0]}); "
@@ -266,12 +279,15 @@ def _check_rows(path: Path, name: str, x: np.ndarray) -> None:
                               "have no direction to compare; drop or re-embed those items")
 
 
-def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_rows: int | None = None) -> Study:
+def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_rows: int | None = None,
+                          processes: Processes = SINGLE) -> Study:
     """A :class:`Study` of the user's train and test embeddings, checked against each other; ``stream_rows``: the
     test split's features stay memory-mapped (:func:`read_embeddings`), and so do the train split's when it is a
-    folder of ``.npy`` files (an adapter then reads the rows it fits on: :class:`cl2r_bench.adapters.FeaturePair`)."""
+    folder of ``.npy`` files (an adapter then reads the rows it fits on: :class:`cl2r_bench.adapters.FeaturePair`);
+    ``processes``: the processes that share the streamed splits' passes."""
     train_rows = stream_rows if npy_folder(Path(train_path)) else None
-    train, test = read_embeddings(train_path, train_rows), read_embeddings(test_path, stream_rows)
+    train = read_embeddings(train_path, train_rows, processes)
+    test = read_embeddings(test_path, stream_rows, processes)
     for i, name in enumerate(("old", "new")):
         if train[i].shape[1] != test[i].shape[1]:
             raise EmbeddingsError(f"{name} has {train[i].shape[1]} dimensions in {train_path} but "
@@ -287,7 +303,8 @@ def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_
              "test_items": len(labels[1]), "old_dim": train[0].shape[1], "new_dim": train[1].shape[1],
              "classes": len(index)}
     return Study(Path(train_path).stem, PairedFeatures.normalised(train[0], train[1], labels[0]),
-                 PairedFeatures.normalised(test[0], test[1], labels[1]), about, class_labels=list(index))
+                 PairedFeatures.normalised(test[0], test[1], labels[1]), about, class_labels=list(index),
+                 processes=processes)
 
 
 def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[str, Any]], seed: int,
@@ -307,9 +324,7 @@ def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[
     adapter, fit = None, {}
     if name != "none":
         adapter = make_adapter(name, adapter_params)
-        pair = FeaturePair(old=study.train.old, new=study.train.new, labels=study.train.labels,
-                           new_classifier=study.classifier_rows)
-        fit = fit_adapter(adapter, pair, seed, watch=held_out_error)
+        fit = fit_on_main(study, adapter, seed)
         fit["seconds"] = time.perf_counter() - started
         fit["items"] = len(study.train)
     measured = time.perf_counter()
@@ -322,6 +337,31 @@ def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[
                         zero_shot=zero_shot)}
     result["seconds"] = {"fit": fit.get("seconds", 0.0), "evaluation": time.perf_counter() - measured}
     return adapter, result
+
+
+def fit_on_main(study: Study, adapter: Adapter, seed: int) -> dict[str, Any]:
+    """Fit ``adapter`` on the study's train split with ``seed`` and return its fit log. Processes that share the
+    study (torchrun) take rank 0's fit, its weights and its log: the fit is paid for once, and every rank maps the
+    gallery with the very adapter rank 0 records and exports. A fit that fails on rank 0 raises its error on every
+    rank, so none waits for it."""
+    processes = study.processes
+    pair = FeaturePair(old=study.train.old, new=study.train.new, labels=study.train.labels,
+                       new_classifier=study.classifier_rows)
+    if not processes.distributed:
+        return fit_adapter(adapter, pair, seed, watch=held_out_error)
+    fit, exported, failure = None, None, None
+    if processes.is_main:
+        try:
+            fit = fit_adapter(adapter, pair, seed, watch=held_out_error)
+            exported = adapter.export()
+        except Exception as exc:  # every rank raises it, below
+            failure = exc
+    exported, fit, failure = processes.from_main((exported, fit, failure))
+    if failure is not None:
+        raise failure
+    if not processes.is_main:
+        adapter.restore(exported, pair.old.device).requires_grad_(False)
+    return fit
 
 
 def reuse_seed_free(study: Study, measured: tuple[Adapter, dict[str, Any]], *, seed: int, orders: list[str],
@@ -375,7 +415,8 @@ def study_record(result: dict[str, Any], study: Study, *, scenario: str, method:
         config=config, device=device_description(device),
         timings={"tasks": [], "embedding_seconds": study.embedding_seconds,
                  "adapter_fit_seconds": result["seconds"]["fit"],
-                 "evaluation_seconds": result["seconds"]["evaluation"]},
+                 "evaluation_seconds": result["seconds"]["evaluation"],
+                 "evaluation_processes": study.processes.world_size},
         matrix=None if cross is None else [[cases["old/old"]["top1"] / 100, None],
                                            [cross, cases["new/new"]["top1"] / 100]])
 

@@ -23,12 +23,17 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cl2r_bench.errors import UsageError, writable_folder
 from cl2r_bench.limits import count_argument, seed_argument
 from cl2r_bench.run_options import add_run_options
 from cl2r_bench.stops import exit_code, stop_handlers, stop_name
+
+if TYPE_CHECKING:
+    import torch
+
+    from cl2r_bench.distributed import Processes
 
 # Each command imports its parts inside its handler: they import torch, timm and Avalanche (seconds), so --help, a
 # usage error and the commands that read results answer without them.
@@ -308,12 +313,33 @@ def command_pretrain(args: argparse.Namespace) -> int:
 
 def command_adapt(args: argparse.Namespace) -> int:
     """Fit and measure adapters on the user's embeddings (:mod:`cl2r_bench.adapt`): every setting is checked
-    before the files are read, the files before any adapter is fitted."""
+    before the files are read, the files before any adapter is fitted. Under torchrun the processes share the
+    streamed splits' passes (docs/scale-out.md), and rank 0 prints and writes."""
+    from cl2r_bench.adapt import adapt_settings
+    from cl2r_bench.assembly import resolve_device
+    from cl2r_bench.distributed import connect, leave, place
+
+    settings = adapt_settings(args.set if args.queries is None else [*args.set, f"model_update.queries={args.queries}"])
+    launch = settings["distributed"]
+    processes, device = place(launch, resolve_device(args.device))
+    if processes.distributed and settings["stream_rows"] is None:
+        raise UsageError("under torchrun, adapt shares a streamed test split's passes between the processes: add "
+                         "--set model_update.stream_rows=65536 (with a folder of .npy files); in memory, run adapt "
+                         "in one process")
+    connect(processes, launch, device)
+    try:
+        return adapt_study(args, settings, processes, device)
+    finally:
+        leave()
+
+
+def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: Processes,
+                device: torch.device) -> int:
+    """:func:`command_adapt` once its processes are placed and connected."""
     from benchmarks.adapter_study import Scoring
     from benchmarks.record import write_record
     from cl2r_bench.adapt import (
         ADAPT_KEYS,
-        adapt_settings,
         evaluate_adapter,
         export_adapter,
         result_json,
@@ -321,12 +347,11 @@ def command_adapt(args: argparse.Namespace) -> int:
         study_record,
     )
     from cl2r_bench.adapters import convergence_note, list_adapters, make_adapter
-    from cl2r_bench.assembly import resolve_device
     from cl2r_bench.errors import safe_name
     from cl2r_bench.files import atomic_write_text
     from reporting.adapter_summary import summary_json, summary_text
 
-    settings = adapt_settings(args.set if args.queries is None else [*args.set, f"model_update.queries={args.queries}"])
+    say = print if processes.is_main else (lambda *_, **__: None)
     args.output = settings["output"] if args.output is None else args.output
     args.seeds = args.seeds or [settings["seed"]]
     writable_folder(args.output, "--output")
@@ -336,13 +361,18 @@ def command_adapt(args: argparse.Namespace) -> int:
     for name in names:
         if name != "none":
             settings["adapter_params"][name] = make_adapter(name, settings["adapter_params"]).parameters_used()
-    device = resolve_device(args.device)
     study_name = safe_name(args.name or Path(args.train).stem, "--name")
-    study = study_from_embeddings(args.train, args.test, settings["stream_rows"])
+    study = study_from_embeddings(args.train, args.test, settings["stream_rows"], processes)
+    chunks = -(-len(study.test) // settings["stream_rows"]) if processes.distributed else 1
+    if chunks < processes.world_size:
+        raise UsageError(f"{args.test} has {len(study.test)} items, {chunks} chunk(s) of model_update.stream_rows="
+                         f"{settings['stream_rows']} rows, for {processes.world_size} processes, each of which ranks "
+                         f"whole chunks: set stream_rows to at most {len(study.test) // processes.world_size}")
     study.train, study.test = study.train.to(device), study.test.to(device)
     if not args.json:
-        print(f"{study_name}: fitting on {study.about['train_items']} items, evaluating on "
-              f"{study.about['test_items']} (old {study.about['old_dim']}-d, new {study.about['new_dim']}-d)")
+        say(f"{study_name}: fitting on {study.about['train_items']} items, evaluating on "
+            f"{study.about['test_items']} (old {study.about['old_dim']}-d, new {study.about['new_dim']}-d)"
+            f"{processes_note(processes.world_size)}")
     records = []
     for name in names:
         measured = None
@@ -358,25 +388,27 @@ def command_adapt(args: argparse.Namespace) -> int:
                       "model_update": {k: settings[k] for k in ADAPT_KEYS}}
             record = study_record(result, study, scenario="adapt", method=name, dataset=study_name, config=config,
                                   device=device, adapter=adapter)
+            records.append(record)
+            if not processes.is_main:
+                continue
             folder = Path(args.output) / "adapt" / study_name / name / f"seed{seed}"
             atomic_write_text(folder / "config.yaml", yaml_dump(config))
             write_record(folder, record)
-            records.append(record)
             print(json.dumps(result_json(result), allow_nan=False) if args.json else
                   case_line(name, seed, result["cases"], result["backfilling"]["auc"], result["zero_shot"]))
             note = convergence_note(name, result["fit"], f" (seed {seed})")
             if note:
                 print(note, file=sys.stderr if args.json else sys.stdout)
-        if args.export and adapter is not None:
+        if args.export and adapter is not None and processes.is_main:
             written = export_adapter(adapter, Path(args.export) / name)
             if not args.json:
                 print(f"   exported {name} to {written[0].parent} ({', '.join(p.name for p in written)})")
     if args.json:
-        print(json.dumps(summary_json(records), allow_nan=False))
+        say(json.dumps(summary_json(records), allow_nan=False))
         return 0
-    print(f"\n{summary_text(records)}")
-    print(f"\nrecords: {Path(args.output) / 'adapt' / study_name}; next: python runner.py leaderboard --results "
-          f"{args.output}")
+    say(f"\n{summary_text(records)}")
+    say(f"\nrecords: {Path(args.output) / 'adapt' / study_name}; next: python runner.py leaderboard --results "
+        f"{args.output}")
     return 0
 
 
@@ -639,9 +671,10 @@ def _main(argv: list[str] | None) -> int:
     user_errors = (UsageError, ConfigError, DataError, CheckpointError, PartError, MatrixError, FolderBusyError,
                    TrackingError, LaunchError)
     try:
-        if args.command not in ("run", "embed") and torchrun_ranks() is not None:
-            raise UsageError(f"torchrun runs one run data-parallel, or one embedding in shards: use the run or "
-                             f"embed command under it, and `runner.py {args.command}` in one process")
+        if args.command not in ("run", "embed", "adapt") and torchrun_ranks() is not None:
+            raise UsageError(f"torchrun runs one run data-parallel, one embedding in shards or one adapter study "
+                             f"over a streamed gallery: use the run, embed or adapt command under it, and "
+                             f"`runner.py {args.command}` in one process")
         handler = {"run": command_run, "pretrain": command_pretrain, "sweep": command_sweep,
                    "metrics": command_metrics, "leaderboard": command_leaderboard, "plot": command_plot,
                    "report": command_report,

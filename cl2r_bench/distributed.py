@@ -83,6 +83,21 @@ class Processes:
         dist.all_reduce(total)
         return total / self.world_size
 
+    def total(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` summed over ranks, in place, on every rank (a share's partial counts or sums; a tensor on the
+        CPU may be a view of a numpy array)."""
+        if self.distributed:
+            dist.all_reduce(value)
+        return value
+
+    def everyones(self, value: T) -> list[T]:
+        """Every rank's ``value`` (any picklable object), in rank order, on every rank."""
+        if not self.distributed:
+            return [value]
+        values: list[T] = [None] * self.world_size  # type: ignore[list-item]
+        dist.all_gather_object(values, value)
+        return values
+
     def any(self, flag: bool, device: torch.device) -> bool:
         """Whether ``flag`` holds on any rank (so that every rank takes the same branch)."""
         if not self.distributed:

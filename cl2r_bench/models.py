@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
 
@@ -284,22 +284,34 @@ def embed(model: nn.Module, images: torch.Tensor, *, batch_size: int = 512,
     return features
 
 
+SUMMED_ROWS = 65536
+"""Rows converted to float64 at a time by :func:`class_means`, so its extra memory stays bounded."""
+
+
 def class_means(features: torch.Tensor | Iterable[tuple[int, torch.Tensor]], labels: torch.Tensor,
-                num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+                num_classes: int, total: Callable[[torch.Tensor], torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(means, present)``: the mean float32 feature of each label ``0..num_classes-1`` (zeros where absent) and
     a boolean mask of the labels that have at least one sample; labels ``>= num_classes`` are ignored. ``features``
-    in memory, or as ``(start, rows)`` chunks of the items in order (a streamed gallery's), summed chunk by chunk.
+    in memory, or as ``(start, rows)`` chunks of the items in order (a streamed gallery's), summed chunk by chunk;
+    ``total`` adds the class sums of every process's share up before the division (a gallery shared by processes).
+    The sums are taken in float64 and the means rounded to float32, so a mean does not depend on how its items are
+    divided into chunks or among processes (float64's rounding lies some 10^9 times below float32's).
     The one class-mean computation: evaluation templates (METHODS.md §3), BCT's rows for unseen classes and CVS's
     prototypes (§6), the class-mean-distance backfilling order (§7)."""
     sums = None
     for start, chunk in [(0, features)] if isinstance(features, torch.Tensor) else features:
-        chunk_labels = labels[start:start + len(chunk)]
-        keep = chunk_labels < num_classes
         if sums is None:
-            sums = torch.zeros(num_classes, chunk.shape[1], device=chunk.device)
-        sums.index_add_(0, chunk_labels[keep], chunk[keep].float())
+            sums = torch.zeros(num_classes, chunk.shape[1], dtype=torch.float64, device=chunk.device)
+        for offset in range(0, len(chunk), SUMMED_ROWS):
+            rows = chunk[offset:offset + SUMMED_ROWS]
+            rows_labels = labels[start + offset:start + offset + len(rows)]
+            keep = rows_labels < num_classes
+            sums.index_add_(0, rows_labels[keep], rows[keep].double())
+    if total is not None:
+        sums = total(sums)
     counts = torch.bincount(labels[labels < num_classes], minlength=num_classes).to(sums.device)
-    return sums / counts.clamp(min=1)[:, None].float(), counts > 0
+    return (sums / counts.clamp(min=1)[:, None]).float(), counts > 0
 
 
 def classifier_rows(model: RetrievalModel, num_classes: int) -> torch.Tensor:

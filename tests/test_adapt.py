@@ -2,6 +2,7 @@
 (`model_update.old` / `new`): inputs checked in one line each, cases against values known in advance, the fitted
 adapter exported for production, and the records on the leaderboard (docs/METHODS.md §7b)."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -540,8 +541,8 @@ def test_a_test_split_streamed_from_memory_mapped_npy_files_gives_the_in_memory_
                                                                                         adapters):
     """``model_update.stream_rows=16``: the test folder's old.npy / new.npy stay memory-mapped and every ranking,
     adapter map and backfilling order reads 16 rows at a time (FastFill: its uncertainty order too), and the train
-    folder's too (Procrustes reads its 50 anchors from it; FastFill is handed the split in memory); every case
-    and every backfilling curve equal the run that reads both folders into memory, with and without a sample."""
+    folder's too (Procrustes reads its 50 anchors from it, FastFill its mini-batches); every case and every
+    backfilling curve equal the run that reads both folders into memory, with and without a sample."""
     train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
     orders = "model_update.backfill_orders=[random,uncertainty,class_mean_distance,class_mean_cosine]"
     for sample in ([], ["--queries", 50]):
@@ -557,6 +558,64 @@ def test_a_test_split_streamed_from_memory_mapped_npy_files_gives_the_in_memory_
         assert streamed_run["cases"] == memory["cases"]
         assert streamed_run["backfilling"] == memory["backfilling"]
         assert streamed_run["query_top1"] == memory["query_top1"]
+
+
+SHARED_STUDY = ["--adapter", "none", "procrustes", "fastfill", "--queries", 50, "--set", "model_update.stream_rows=16",
+                "--set", "model_update.backfill_orders=[random,uncertainty,class_mean_distance]",
+                "--set", "adapter_params.fastfill.max_steps=30", "--set", "adapter_params.procrustes.anchors=50"]
+
+
+def test_two_torchrun_processes_share_a_streamed_study_and_write_the_one_process_records(rotated, tmp_path):
+    """Each of two gloo processes ranks, orders and maps its share of the test folder's 8 chunks of 16 rows (and
+    checks and sums its share of the train folder); rank 0 fits each adapter and writes. Every case, curve, per-query
+    hit and fit equals the one-process run's (both on one thread per process, as a learned fit's rounding depends
+    on the threads); the summary is printed once."""
+    from test_distributed import torchrun
+
+    train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
+    arguments = ["adapt", "--train", train, "--test", test, *SHARED_STUDY, "--device", "cpu"]
+    alone = subprocess.run([sys.executable, str(ROOT / "runner.py"), *map(str, arguments), "--output",
+                            str(tmp_path / "one")], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    shared = torchrun(str(ROOT / "runner.py"), *map(str, arguments), "--output", str(tmp_path / "two"))
+    assert shared.returncode == 0, shared.stderr[-3000:]
+    assert shared.stdout.count("records: ") == 1 and shared.stdout.count("procrustes seed 42") == 1
+    for method in ("none", "procrustes", "fastfill"):
+        one, two = (json.loads((tmp_path / run / "adapt" / "train_folder" / method / "seed42" / "metrics.json")
+                               .read_text()) for run in ("one", "two"))
+        for part in ("cases", "backfilling", "query_top1", "sampling_interval"):
+            assert two["retrieval"][part] == one["retrieval"][part], (method, part)
+        if method != "none":
+            fits = [{k: v for k, v in record["adapter"]["fits"][0].items() if k != "seconds"} for record in (one, two)]
+            assert fits[1] == fits[0], method
+        assert (one["timings"]["evaluation_processes"], two["timings"]["evaluation_processes"]) == (1, 2)
+
+
+def test_a_shared_study_refuses_bad_input_on_every_process_in_one_line(rotated, tmp_path, monkeypatch, capsys):
+    """A NaN in the second process's share is found there and refused by both (each prints the line; torchrun
+    interleaves their output); a test folder of fewer chunks than processes, and a study not streamed, are refused
+    before anything is fitted."""
+    from test_distributed import launched, torchrun
+
+    train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
+    old = np.load(test / "old.npy")
+    old[100, 3] = np.nan
+    np.save(test / "old.npy", old)
+    arguments = ["adapt", "--train", train, "--test", test, "--adapter", "none", "--output", tmp_path / "out"]
+    done = torchrun(str(ROOT / "runner.py"), *map(str, arguments), "--set", "model_update.stream_rows=16")
+    assert done.returncode != 0
+    assert done.stderr.count(f"error: {test}: old has 1 row(s) with NaN or inf (first: row 100); drop or re-embed "
+                             "those items") == 2
+    old[100, 3] = 0.5
+    np.save(test / "old.npy", old)
+    done = torchrun(str(ROOT / "runner.py"), *map(str, arguments), "--set", "model_update.stream_rows=120")
+    assert done.returncode != 0 and not list(tmp_path.rglob("metrics.json"))
+    assert done.stderr.count(f"error: {test} has 120 items, 1 chunk(s) of model_update.stream_rows=120 rows, for 2 "
+                             "processes, each of which ranks whole chunks: set stream_rows to at most 60") == 2
+    launched(monkeypatch)
+    code, out = adapt(*arguments[1:], capsys=capsys)
+    assert code == 2 and out.err.count("\n") == 1 and "add --set model_update.stream_rows=65536" in out.err
 
 
 def test_streaming_needs_a_folder_of_npy_files_and_a_positive_row_count(rotated, tmp_path, capsys):

@@ -210,7 +210,8 @@ def test_a_bad_torchrun_launch_is_one_line_before_anything_starts(args, message,
 def test_other_commands_are_refused_under_torchrun(monkeypatch, tiny, tmp_path, capsys):
     launched(monkeypatch)
     assert cli.main(["sweep", "--config", str(tiny), "--strategy", "er", "--output", str(tmp_path)]) == 2
-    assert "use the run or embed command under it, and `runner.py sweep` in one process" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "use the run, embed or adapt command under it, and `runner.py sweep` in one process" in err
 
 
 def test_an_unreachable_master_is_one_line_after_the_connect_timeout(monkeypatch, tiny, tmp_path, capsys):

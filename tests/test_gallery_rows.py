@@ -10,6 +10,7 @@ import torch
 
 from benchmarks.gallery_rows import NpyRows, StoredRows
 from benchmarks.ranking import retrieval_scores
+from cl2r_bench.distributed import Processes
 from cl2r_bench.errors import ConfigError
 
 
@@ -99,3 +100,35 @@ def test_a_temporary_folder_without_room_for_a_mapped_gallery_is_named_before_an
                                           "set TMPDIR"):
         next(stored.chunks())
     assert not list(scratch.iterdir())
+
+
+def test_each_process_passes_over_whole_chunks_in_the_pieces_one_process_reads(gallery):
+    """150 items in chunks of 64: of two processes, the first passes over the first two chunks, the second over the
+    last; pieces of 40 rows never cross a chunk, so between them the processes read exactly the pieces, and the
+    rows, of one process (an adapter's map of a piece then rounds the same wherever it runs)."""
+    rows, _, _, _ = gallery
+    alone = [(start, piece) for start, piece in rows.chunks(40)]
+    assert [(start, len(piece)) for start, piece in alone] == [(0, 40), (40, 24), (64, 40), (104, 24), (128, 22)]
+    shared = [[(start, piece) for start, piece in NpyRows(rows.path, chunk_rows=64, processes=Processes(rank, 2))
+               .chunks(40)] for rank in range(2)]
+    assert [start for start, _ in shared[0]] == [0, 40, 64, 104] and [start for start, _ in shared[1]] == [128]
+    for (start, piece), (start_alone, piece_alone) in zip(shared[0] + shared[1], alone, strict=True):
+        assert start == start_alone and torch.equal(piece, piece_alone)
+    assert NpyRows(rows.path, chunk_rows=64, processes=Processes(1, 2)).share_sizes() == [128, 22]
+
+
+def test_a_process_stores_the_map_of_its_share_only_and_maps_other_rows_as_they_are_read(gallery):
+    rows, features, _, scratch = gallery
+    transform = CountingMap(16)
+    second = NpyRows(rows.path, chunk_rows=64, processes=Processes(1, 2)).mapped(transform, store=True)
+    transform.rows = 0
+    first_pass = list(second.chunks())
+    assert transform.rows == 22 and [start for start, _ in first_pass] == [128]
+    stored = next(scratch.iterdir())
+    assert np.load(stored).shape == (22, 16)
+    again = list(second.chunks(10))
+    assert transform.rows == 22 and [start for start, _ in again] == [128, 138, 148]
+    assert torch.equal(torch.cat([piece for _, piece in again]), first_pass[0][1])
+    outside = torch.tensor([3, 70, 140])
+    assert torch.allclose(second.rows(outside), 2.0 * features[outside] @ transform.rotation, atol=1e-6)
+    assert transform.rows == 22 + 3

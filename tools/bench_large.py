@@ -9,20 +9,23 @@ search of the same arrays, timed in the same run (docs/scale-out.md, "Galleries 
    process: the fit, every case, both backfilling curves (random and class-mean L2 orders, 11 steps), the records.
    Its wall time and its peak resident memory (the child's ``VmHWM``, read while it runs: ``ru_maxrss`` would
    count the parent's pages the child held between fork and exec), against the gallery's size (one model's
-   features).
+   features). With ``--processes P``, torchrun starts P processes that share the gallery's passes (docs/scale-out.md,
+   "An adapter study shared by processes"), and the peak is the sum of their peaks.
 3. **faiss**: the same sampled old queries against the old gallery, searched exactly by faiss in chunks of ``R``
    rows (:func:`benchmarks.faiss_search.top_k_scores`, k = the largest class + 1): the time of one search, and of
    as many searches as the study made passes over the gallery (each ranked case, and two for the backfilling
    curves' two gallery versions). Its top-1, top-5 and mAP@R of old/old are printed beside the study's.
 
     python -m tools.bench_large [--items 1000000] [--dim 1280] [--classes 1000] [--queries 10000] [--fit 50000]
-                                [--stream-rows 65536] [--folder DIR] [--json]
+                                [--stream-rows 65536] [--processes 1] [--folder DIR] [--json]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
@@ -66,24 +69,44 @@ def generate(folder: Path, items: int, dim: int, classes: int, fit: int, chunk: 
         del files
 
 
-def run_adapt(folder: Path, queries: int, stream_rows: int) -> tuple[float, float, dict]:
-    """Wall seconds, the child's peak resident GiB, and the record of ``runner.py adapt`` (module docstring)."""
-    command = [sys.executable, "-m", "cl2r_bench", "adapt", "--train", str(folder / "train"), "--test",
+def run_adapt(folder: Path, queries: int, stream_rows: int, processes: int) -> tuple[float, float, dict]:
+    """Wall seconds, the peak resident GiB of the process(es) that ran it, and the record of ``runner.py adapt``
+    (module docstring)."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port",
+                str(free_port())] if processes > 1 else [sys.executable]
+    command = [*launcher, "-m", "cl2r_bench", "adapt", "--train", str(folder / "train"), "--test",
                str(folder / "test"), "--adapter", "procrustes", "--queries", str(queries), "--device", "cpu",
                "--output", str(folder / "out"), "--set", f"model_update.stream_rows={stream_rows}",
                "--set", "model_update.backfill_orders=[random,class_mean_distance]"]
     errors = folder / "adapt.err"
     started = time.perf_counter()
     with errors.open("w") as stderr, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr) as child:
-        peak_gb = 0.0
+        peaks: dict[int, float] = {}
         while child.poll() is None:
-            peak_gb = max(peak_gb, resident_high_water_gb(child.pid) or 0.0)
+            for pid in [child.pid] if processes == 1 else descendants(child.pid):
+                peaks[pid] = max(peaks.get(pid, 0.0), resident_high_water_gb(pid) or 0.0)
             time.sleep(PEAK_POLL_SECONDS)
+        peak_gb = sum(peaks.values())
     seconds = time.perf_counter() - started
     if child.returncode != 0:
         raise SystemExit(f"adapt failed ({child.returncode}): {errors.read_text().strip()[-2000:]}")
     record = json.loads(next((folder / "out").rglob("metrics.json")).read_text())
     return seconds, peak_gb, record
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes ``pid`` started, and theirs (Linux), without ``pid``: torchrun's agent holds no features."""
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return [grandchild for child in children for grandchild in [child, *descendants(child)]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def faiss_old_old(folder: Path, queries: int, stream_rows: int) -> tuple[float, dict[str, float]]:
@@ -113,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=10_000)
     parser.add_argument("--fit", type=int, default=50_000)
     parser.add_argument("--stream-rows", type=int, default=65536)
+    parser.add_argument("--processes", type=int, default=1, help="torchrun processes sharing the study (1: none)")
     parser.add_argument("--folder", type=Path, help="where the generated files go (default: a temporary folder, "
                         f"{2 * 4 * 1_000_000 * 1280 / 1e9:.1f} GB at the default size)")
     parser.add_argument("--json", action="store_true")
@@ -122,12 +146,13 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         generate(folder, args.items, args.dim, args.classes, args.fit, args.stream_rows)
         generate_seconds = time.perf_counter() - started
-        adapt_seconds, peak_gb, record = run_adapt(folder, args.queries, args.stream_rows)
+        adapt_seconds, peak_gb, record = run_adapt(folder, args.queries, args.stream_rows, args.processes)
         faiss_seconds, faiss_scores = faiss_old_old(folder, args.queries, args.stream_rows)
     passes = gallery_passes(record)
     gallery_gb = args.items * args.dim * 4 / 1e9
     result = {"items": args.items, "dim": args.dim, "classes": args.classes, "queries": args.queries,
-              "fit": args.fit, "stream_rows": args.stream_rows, "generate_seconds": generate_seconds,
+              "fit": args.fit, "stream_rows": args.stream_rows, "processes": args.processes,
+              "generate_seconds": generate_seconds,
               "adapt_seconds": adapt_seconds, "adapter_fit_seconds": record["timings"]["adapter_fit_seconds"],
               "evaluation_seconds": record["timings"]["evaluation_seconds"],
               "adapt_peak_resident_gb": peak_gb * 2**30 / 1e9,
@@ -135,14 +160,17 @@ def main(argv: list[str] | None = None) -> int:
               "ratio_to_faiss_same_passes": adapt_seconds / (passes * faiss_seconds),
               "suite_old_old": record["retrieval"]["cases"]["old/old"], "faiss_old_old": faiss_scores,
               "sampling_interval_old_old": record["retrieval"]["sampling_interval"]["old/old"],
-              "torch": torch.__version__, "numpy": np.__version__, "threads": torch.get_num_threads(),
+              "torch": torch.__version__, "numpy": np.__version__,
+              "threads_per_process": torch.get_num_threads() if args.processes == 1 else
+              int(os.environ.get("OMP_NUM_THREADS", "1")),
               "processor": platform.processor() or platform.machine()}
     if args.json:
         print(json.dumps(result))
         return 0
     suite = result["suite_old_old"]
     print(f"{args.items:,} x {args.dim}, {args.classes} classes, {args.queries:,} sampled queries, "
-          f"Procrustes fitted on {args.fit:,}: whole adapt evaluation {adapt_seconds:.1f}s, peak resident "
+          f"Procrustes fitted on {args.fit:,}, {args.processes} process(es): whole adapt evaluation "
+          f"{adapt_seconds:.1f}s, peak resident "
           f"{result['adapt_peak_resident_gb']:.2f} GB ({result['adapt_peak_resident_gb'] / gallery_gb:.2f}x one "
           f"gallery of {gallery_gb:.2f} GB); of which fit {result['adapter_fit_seconds']:.1f}s, cases and curves "
           f"{result['evaluation_seconds']:.1f}s")
