@@ -158,15 +158,17 @@ class GalleryRows(ABC):
     def chunks(self, rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
         """``(start, rows)`` from the first item of :meth:`share` to its last, at most ``rows`` at a time: each chunk
         of :attr:`chunk_rows` items in pieces of ``rows``, so every piece holds the items it holds in one process
-        (module docstring). The next piece is read (and mapped) by a thread while the caller works on this one, so a
-        disk's reads overlap the ranking's work."""
+        (module docstring); one piece of no rows for an empty share (a process with fewer chunks than its peers
+        still takes part in what a pass adds up). The next piece is read (and mapped) by a thread while the caller
+        works on this one, so a disk's reads overlap the ranking's work."""
         rows = self.chunk_rows if rows is None else min(rows, self.chunk_rows)
         share = self.share()
         pieces = [(start, min(start + rows, chunk + self.chunk_rows, share.stop))
                   for chunk in range(share.start, share.stop, self.chunk_rows)
                   for start in range(chunk, min(chunk + self.chunk_rows, share.stop), rows)]
+        pieces = pieces or [(share.start, share.start)]
         with ThreadPoolExecutor(max_workers=1) as reader:
-            pending = reader.submit(self.read, *pieces[0]) if pieces else None
+            pending = reader.submit(self.read, *pieces[0])
             for i, (start, _) in enumerate(pieces):
                 piece = pending.result()
                 if i + 1 < len(pieces):

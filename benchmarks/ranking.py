@@ -367,8 +367,8 @@ def chunked_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, block:
     rows = torch.arange(len(block), device=block.device)
     on_cpu = compiled_counting(block.device)
     counter = ItemCounter(thresholds, owner, len(versions), fresh_from, steps) if on_cpu else None
-    above = torch.zeros(len(fresh_from), len(block), steps, thresholds.shape[1], dtype=torch.long,
-                        device=block.device)
+    above = None if on_cpu else torch.zeros(len(fresh_from), len(block), steps, thresholds.shape[1],
+                                            dtype=torch.long, device=block.device)
     for chunk in zip(*(version.chunks(items) for version in versions), strict=True):
         start, stop = chunk[0][0], chunk[0][0] + len(chunk[0][1])
         scores = [similarities(block, F.normalize(rows_read, dim=1)) for _, rows_read in chunk]

@@ -267,7 +267,7 @@ def _check_rows(path: Path, name: str, x: np.ndarray, processes: Processes, stre
         problems["with NaN or inf"] += (start + np.flatnonzero(~np.isfinite(rows).all(axis=1))).tolist()
         problems["all-zero"] += (start + np.flatnonzero(~np.abs(rows).any(axis=1))).tolist()
     if isinstance(x, np.memmap):
-        shares = processes.everyones(problems)
+        shares = processes.from_every_rank(problems)
         problems = {kind: [row for share in shares for row in share[kind]] for kind in problems}
     bad = problems["with NaN or inf"]
     if bad:

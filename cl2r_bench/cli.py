@@ -363,11 +363,6 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
             settings["adapter_params"][name] = make_adapter(name, settings["adapter_params"]).parameters_used()
     study_name = safe_name(args.name or Path(args.train).stem, "--name")
     study = study_from_embeddings(args.train, args.test, settings["stream_rows"], processes)
-    chunks = -(-len(study.test) // settings["stream_rows"]) if processes.distributed else 1
-    if chunks < processes.world_size:
-        raise UsageError(f"{args.test} has {len(study.test)} items, {chunks} chunk(s) of model_update.stream_rows="
-                         f"{settings['stream_rows']} rows, for {processes.world_size} processes, each of which ranks "
-                         f"whole chunks: set stream_rows to at most {len(study.test) // processes.world_size}")
     study.train, study.test = study.train.to(device), study.test.to(device)
     if not args.json:
         say(f"{study_name}: fitting on {study.about['train_items']} items, evaluating on "

@@ -90,7 +90,7 @@ class Processes:
             dist.all_reduce(value)
         return value
 
-    def everyones(self, value: T) -> list[T]:
+    def from_every_rank(self, value: T) -> list[T]:
         """Every rank's ``value`` (any picklable object), in rank order, on every rank."""
         if not self.distributed:
             return [value]

@@ -284,7 +284,7 @@ def embed(model: nn.Module, images: torch.Tensor, *, batch_size: int = 512,
     return features
 
 
-SUMMED_ROWS = 65536
+SUMMED_ROWS = 4096
 """Rows converted to float64 at a time by :func:`class_means`, so its extra memory stays bounded."""
 
 

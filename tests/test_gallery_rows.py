@@ -105,7 +105,8 @@ def test_a_temporary_folder_without_room_for_a_mapped_gallery_is_named_before_an
 def test_each_process_passes_over_whole_chunks_in_the_pieces_one_process_reads(gallery):
     """150 items in chunks of 64: of two processes, the first passes over the first two chunks, the second over the
     last; pieces of 40 rows never cross a chunk, so between them the processes read exactly the pieces, and the
-    rows, of one process (an adapter's map of a piece then rounds the same wherever it runs)."""
+    rows, of one process (an adapter's map of a piece then rounds the same wherever it runs). In one chunk of 200,
+    the second process reads one empty piece."""
     rows, _, _, _ = gallery
     alone = [(start, piece) for start, piece in rows.chunks(40)]
     assert [(start, len(piece)) for start, piece in alone] == [(0, 40), (40, 24), (64, 40), (104, 24), (128, 22)]
@@ -115,6 +116,8 @@ def test_each_process_passes_over_whole_chunks_in_the_pieces_one_process_reads(g
     for (start, piece), (start_alone, piece_alone) in zip(shared[0] + shared[1], alone, strict=True):
         assert start == start_alone and torch.equal(piece, piece_alone)
     assert NpyRows(rows.path, chunk_rows=64, processes=Processes(1, 2)).share_sizes() == [128, 22]
+    one_chunk = NpyRows(rows.path, chunk_rows=200, processes=Processes(1, 2))
+    assert [(start, piece.shape) for start, piece in one_chunk.chunks()] == [(150, (0, 16))]
 
 
 def test_a_process_stores_the_map_of_its_share_only_and_maps_other_rows_as_they_are_read(gallery):
