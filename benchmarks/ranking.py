@@ -277,7 +277,9 @@ def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRo
     compared with the block and its items are counted above the positives they exceed (:func:`items_above`, whose
     counts add up over chunks). In each chunk the positives' own entries are set to the similarities their
     thresholds were made of, so a positive is placed against itself exactly whatever rounding the matrix product
-    had."""
+    had. Processes that share the gallery (:mod:`benchmarks.gallery_rows`) count their share of it for every row of
+    the block, add the counts up, and each finishes its share of the block's rows (ranks, first ranks, APs), which
+    they then gather."""
     device = fresh.device
     q = F.normalize(queries.float(), dim=1).to(device)
     versions = [v for v in (fresh, stale) if v is not None]
@@ -292,16 +294,21 @@ def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRo
     items = max(1, chunk_elements // rows)
     first = torch.zeros(curves, steps, len(q), dtype=torch.long)
     ap = torch.full((2, curves, steps, len(q)), float("nan"), dtype=torch.float64)
+    processes = fresh.processes
     for start in range(0, len(q), rows):
         stop = min(start + rows, len(q))
         block, own = q[start:stop], None if own_index is None else own_index[start:stop]
         index, valid = by_label.positives(query_labels[start:stop], own)
         pairs = PositivePairs.of(index, valid)
         similarity = [positive_similarity(block, version, pairs, valid) for version in versions]
+        finished = processes.share(stop - start)
         ranks, counts = positive_ranks(similarity, index, valid, n, fresh_from, steps, partial(
             chunked_items_above, block=block, versions=versions, items=items, own=own, pairs=pairs,
-            similarity=similarity, fresh_from=fresh_from, steps=steps))
-        first[:, :, start:stop], ap[:, :, :, start:stop] = summarise_ranks(ranks, counts)
+            similarity=similarity, fresh_from=fresh_from, steps=steps, finished=finished), finished)
+        block_first, block_ap = summarise_ranks(ranks, counts)
+        sizes = processes.shares(stop - start)
+        first[:, :, start:stop] = processes.gather(block_first.permute(2, 0, 1).to(device), sizes).permute(1, 2, 0)
+        ap[:, :, :, start:stop] = processes.gather(block_ap.permute(3, 0, 1, 2).to(device), sizes).permute(1, 2, 3, 0)
     return as_scores(first, ap, unmatched_queries)
 
 
@@ -360,10 +367,12 @@ def pair_similarities(queries: torch.Tensor, rows: torch.Tensor, query_of: torch
 
 def chunked_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, block: torch.Tensor,
                         versions: list[GalleryRows], items: int, own: torch.Tensor | None, pairs: PositivePairs,
-                        similarity: list[torch.Tensor], fresh_from: torch.Tensor, steps: int) -> torch.Tensor:
-    """:func:`items_above` over the gallery's chunks of ``items`` rows (:func:`streamed`): on CPU the chunks'
-    counts accumulate and are turned into items above once; elsewhere each chunk's items above are summed. Counts
-    add up, so processes that share the gallery each count their share and add the counts up."""
+                        similarity: list[torch.Tensor], fresh_from: torch.Tensor, steps: int,
+                        finished: slice) -> torch.Tensor:
+    """:func:`items_above` of the rows ``finished`` over the gallery's chunks of ``items`` rows (:func:`streamed`): on
+    CPU the chunks' counts accumulate and are turned into items above once; elsewhere each chunk's items above are
+    summed. Counts add up, so processes that share the gallery each count their share for every row and add the
+    counts up."""
     rows = torch.arange(len(block), device=block.device)
     on_cpu = compiled_counting(block.device)
     counter = ItemCounter(thresholds, owner, len(versions), fresh_from, steps) if on_cpu else None
@@ -386,8 +395,8 @@ def chunked_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, block:
     processes = versions[0].processes
     if on_cpu:
         processes.total(torch.from_numpy(counter.count))
-        return counter.items_above()
-    return processes.total(above)
+        return counter.items_above(finished)
+    return processes.total(above)[:, finished]
 
 
 class LabelIndex:
@@ -432,25 +441,29 @@ def summarise_ranks(ranks: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Te
 
 def positive_ranks(similarity: list[torch.Tensor], index: torch.Tensor, valid: torch.Tensor, n: int,
                    fresh_from: torch.Tensor, steps: int,
-                   count_above: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                   count_above: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], finished: slice = slice(None)
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ascending 1-based ranks of each row's positives (gallery items ``index`` where ``valid``, of ``n``),
-    ``(curves, steps, rows, P)`` (padding past each row's count), and the counts ``(rows,)``. ``similarity`` holds
-    each row's similarity to its positives in the fresh version and, for a backfilling curve, the stale one; item j
-    is fresh at the steps t >= ``fresh_from[c, j]`` (module docstring). ``count_above(thresholds, owner)`` counts
-    the gallery items before each positive (:func:`items_above`)."""
-    rows = len(index)
+    """The ascending 1-based ranks of the positives of the rows ``finished`` (gallery items ``index`` where ``valid``,
+    of ``n``), ``(curves, steps, rows, P)`` (padding past each row's count), and their counts ``(rows,)``.
+    ``similarity`` holds each row's similarity to its positives in the fresh version and, for a backfilling curve,
+    the stale one; item j is fresh at the steps t >= ``fresh_from[c, j]`` (module docstring).
+    ``count_above(thresholds, owner)`` counts the gallery items before each positive of the rows ``finished``
+    (:func:`items_above`), from the thresholds of every row (a process that shares the gallery counts its share for
+    every row, and finishes its own rows: :func:`streamed`)."""
     device = index.device
     curves = len(fresh_from)
-    counts = valid.sum(dim=1)
     width = index.shape[1]
     if width == 0:
-        return torch.zeros(curves, steps, rows, 0, dtype=torch.long, device=device), counts
+        counts = valid[finished].sum(dim=1)
+        return torch.zeros(curves, steps, len(counts), 0, dtype=torch.long, device=device), counts
+    rows = len(index)
     own = torch.cat([torch.where(valid, version, float("inf")) for version in similarity], dim=1)
     thresholds, placed = own.sort(dim=1)
     position = torch.empty_like(placed).scatter_(1, placed, torch.arange(placed.shape[1], device=device)
                                                  .expand(rows, -1).contiguous())
     above = count_above(thresholds, index[torch.arange(rows, device=device)[:, None], placed % width])
+    index, valid, position = index[finished], valid[finished], position[finished]
+    rows, counts = len(index), valid.sum(dim=1)
     is_fresh = fresh_from[:, index][:, :, None, :] <= torch.arange(steps, device=device)[None, None, :, None]
     ranks = above.gather(3, position[:, :width][None, :, None, :].expand(curves, rows, steps, width))
     if len(similarity) > 1:
@@ -511,8 +524,9 @@ class ItemCounter:
                                 np.ascontiguousarray(self.entry[:, offset:offset + scores[0].shape[1]]), offset,
                                 len(scores))
 
-    def items_above(self) -> torch.Tensor:
-        return torch.from_numpy(ranking_cpu.finish(self.count, self.steps))
+    def items_above(self, rows: slice = slice(None)) -> torch.Tensor:
+        """The items above each threshold of the block's ``rows`` (:func:`benchmarks.ranking_cpu.finish`)."""
+        return torch.from_numpy(ranking_cpu.finish(self.count[rows], self.steps))
 
 
 def items_above_vectorised(scores: list[torch.Tensor], thresholds: torch.Tensor, owner: torch.Tensor,
