@@ -296,7 +296,7 @@ def class_means(features: torch.Tensor | Iterable[tuple[int, torch.Tensor]], lab
     in memory, or as ``(start, rows)`` chunks of the items in order (a streamed gallery's), summed chunk by chunk;
     ``total`` adds the class sums of every process's share up before the division (a gallery shared by processes).
     The sums are taken in float64 and the means rounded to float32, so a mean does not depend on how its items are
-    divided into chunks or among processes (float64's rounding lies some 10^9 times below float32's).
+    divided into chunks or among processes (float64 rounds half a billion times finer than float32).
     The one class-mean computation: evaluation templates (METHODS.md §3), BCT's rows for unseen classes and CVS's
     prototypes (§6), the class-mean-distance backfilling order (§7)."""
     sums = None
