@@ -268,12 +268,6 @@ class StoredRows(GalleryRows):
     def mapped(self, transform: Transform, *, store: bool = False) -> GalleryRows:
         return self.lazy.mapped(transform, store=store)
 
-    def read(self, start: int, stop: int) -> torch.Tensor:
-        return self.lazy.read(start, stop)
-
-    def rows(self, index: torch.Tensor) -> torch.Tensor:
-        return self.lazy.rows(index)
-
     def chunks(self, rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
         first = self.share().start
         if self.stored is not None:
