@@ -62,6 +62,11 @@ def normalised(rows: np.ndarray) -> np.ndarray:
     return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
+def search_threads() -> int:
+    """The threads faiss's CPU search runs on (OpenMP's; all cores unless ``OMP_NUM_THREADS`` says otherwise)."""
+    return faiss.omp_get_max_threads()
+
+
 def gpu_available() -> bool:
     """Whether this faiss is built with GPUs and sees one."""
     return hasattr(faiss, "knn_gpu") and faiss.get_num_gpus() > 0

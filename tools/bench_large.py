@@ -10,14 +10,17 @@ search of the same arrays, timed in the same run (docs/scale-out.md, "Galleries 
    Its wall time and its peak resident memory (the child's ``VmHWM``, read while it runs: ``ru_maxrss`` would
    count the parent's pages the child held between fork and exec), against the gallery's size (one model's
    features). With ``--processes P``, torchrun starts P processes that share the gallery's passes (docs/scale-out.md,
-   "An adapter study shared by processes"), and the peak is the sum of their peaks.
+   "An adapter study shared by processes"), and the peak is the sum of their peaks. With ``--device cuda`` the study
+   ranks on the GPU (the features stay memory-mapped on the host and each chunk is copied over), and the GPU
+   memory it held is read as the device's memory in use above what was in use before it started
+   (``torch.cuda.mem_get_info``, read as the resident memory is: its CUDA context included).
 3. **faiss**: the same sampled old queries against the old gallery, searched exactly by faiss in chunks of ``R``
    rows (:func:`benchmarks.faiss_search.top_k_scores`, k = the largest class + 1): the time of one search, and of
    as many searches as the study made passes over the gallery (each ranked case, and two for the backfilling
    curves' two gallery versions). Its top-1, top-5 and mAP@R of old/old are printed beside the study's.
 
     python -m tools.bench_large [--items 1000000] [--dim 1280] [--classes 1000] [--queries 10000] [--fit 50000]
-                                [--stream-rows 65536] [--processes 1] [--folder DIR] [--json]
+                                [--stream-rows 65536] [--processes 1] [--device cpu] [--folder DIR] [--json]
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ import numpy as np
 import torch
 
 from benchmarks.adapter_study import Scoring
-from benchmarks.faiss_search import top_k_scores
+from benchmarks.faiss_search import search_threads, top_k_scores
 from tools.bench_ranking import resident_high_water_gb
 
 ROTATION_SEED, CENTRES_SEED = 1, 0
@@ -69,29 +72,41 @@ def generate(folder: Path, items: int, dim: int, classes: int, fit: int, chunk: 
         del files
 
 
-def run_adapt(folder: Path, queries: int, stream_rows: int, processes: int) -> tuple[float, float, dict]:
-    """Wall seconds, the peak resident GiB of the process(es) that ran it, and the record of ``runner.py adapt``
-    (module docstring)."""
+def run_adapt(folder: Path, queries: int, stream_rows: int, processes: int,
+              device: torch.device) -> tuple[float, float, float | None, dict]:
+    """Wall seconds, the peak resident GiB of the process(es) that ran it, the peak GPU GiB it held (None off a
+    GPU), and the record of ``runner.py adapt`` (module docstring)."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port",
                 str(free_port())] if processes > 1 else [sys.executable]
     command = [*launcher, "-m", "cl2r_bench", "adapt", "--train", str(folder / "train"), "--test",
-               str(folder / "test"), "--adapter", "procrustes", "--queries", str(queries), "--device", "cpu",
+               str(folder / "test"), "--adapter", "procrustes", "--queries", str(queries), "--device", str(device),
                "--output", str(folder / "out"), "--set", f"model_update.stream_rows={stream_rows}",
                "--set", "model_update.backfill_orders=[random,class_mean_distance]"]
     errors = folder / "adapt.err"
+    gpu_in_use_before = gpu_in_use_gb(device)
     started = time.perf_counter()
     with errors.open("w") as stderr, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr) as child:
         peaks: dict[int, float] = {}
+        gpu_peak = gpu_in_use_before
         while child.poll() is None:
             for pid in [child.pid] if processes == 1 else descendants(child.pid):
                 peaks[pid] = max(peaks.get(pid, 0.0), resident_high_water_gb(pid) or 0.0)
+            gpu_peak = None if gpu_peak is None else max(gpu_peak, gpu_in_use_gb(device))
             time.sleep(PEAK_POLL_SECONDS)
         peak_gb = sum(peaks.values())
     seconds = time.perf_counter() - started
     if child.returncode != 0:
         raise SystemExit(f"adapt failed ({child.returncode}): {errors.read_text().strip()[-2000:]}")
     record = json.loads(next((folder / "out").rglob("metrics.json")).read_text())
-    return seconds, peak_gb, record
+    return seconds, peak_gb, None if gpu_peak is None else gpu_peak - gpu_in_use_before, record
+
+
+def gpu_in_use_gb(device: torch.device) -> float | None:
+    """GiB in use on ``device`` by every process (None off a GPU)."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return (total - free) / 2**30
 
 
 def descendants(pid: int) -> list[int]:
@@ -137,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit", type=int, default=50_000)
     parser.add_argument("--stream-rows", type=int, default=65536)
     parser.add_argument("--processes", type=int, default=1, help="torchrun processes sharing the study (1: none)")
+    parser.add_argument("--device", type=torch.device, default=torch.device("cpu"),
+                        help="where the study ranks: cpu, or cuda (one process) for the GPU")
     parser.add_argument("--folder", type=Path, help="where the generated files go (default: a temporary folder, "
                         f"{2 * 4 * 1_000_000 * 1280 / 1e9:.1f} GB at the default size)")
     parser.add_argument("--json", action="store_true")
@@ -146,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         generate(folder, args.items, args.dim, args.classes, args.fit, args.stream_rows)
         generate_seconds = time.perf_counter() - started
-        adapt_seconds, peak_gb, record = run_adapt(folder, args.queries, args.stream_rows, args.processes)
+        adapt_seconds, peak_gb, gpu_peak_gb, record = run_adapt(folder, args.queries, args.stream_rows,
+                                                                args.processes, args.device)
         faiss_seconds, faiss_scores = faiss_old_old(folder, args.queries, args.stream_rows)
     passes = gallery_passes(record)
     gallery_gb = args.items * args.dim * 4 / 1e9
@@ -156,11 +174,13 @@ def main(argv: list[str] | None = None) -> int:
               "adapt_seconds": adapt_seconds, "adapter_fit_seconds": record["timings"]["adapter_fit_seconds"],
               "evaluation_seconds": record["timings"]["evaluation_seconds"],
               "adapt_peak_resident_gb": peak_gb * 2**30 / 1e9,
+              "adapt_peak_gpu_gb": None if gpu_peak_gb is None else gpu_peak_gb * 2**30 / 1e9,
               "gallery_gb": gallery_gb, "gallery_passes": passes, "faiss_one_search_seconds": faiss_seconds,
               "ratio_to_faiss_same_passes": adapt_seconds / (passes * faiss_seconds),
               "suite_old_old": record["retrieval"]["cases"]["old/old"], "faiss_old_old": faiss_scores,
               "sampling_interval_old_old": record["retrieval"]["sampling_interval"]["old/old"],
-              "torch": torch.__version__, "numpy": np.__version__,
+              "device": record["device"], "torch": torch.__version__, "numpy": np.__version__,
+              "faiss_threads": search_threads(),
               "threads_per_process": torch.get_num_threads() if args.processes == 1 else
               int(os.environ.get("OMP_NUM_THREADS", "1")),
               "processor": platform.processor() or platform.machine()}
@@ -168,13 +188,16 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
     suite = result["suite_old_old"]
+    gpu_text = "" if gpu_peak_gb is None else (f", on the {record['device']['gpu']} holding "
+                                                f"{result['adapt_peak_gpu_gb']:.2f} GB")
     print(f"{args.items:,} x {args.dim}, {args.classes} classes, {args.queries:,} sampled queries, "
           f"Procrustes fitted on {args.fit:,}, {args.processes} process(es): whole adapt evaluation "
           f"{adapt_seconds:.1f}s, peak resident "
           f"{result['adapt_peak_resident_gb']:.2f} GB ({result['adapt_peak_resident_gb'] / gallery_gb:.2f}x one "
-          f"gallery of {gallery_gb:.2f} GB); of which fit {result['adapter_fit_seconds']:.1f}s, cases and curves "
-          f"{result['evaluation_seconds']:.1f}s")
-    print(f"faiss exact search, old/old: {faiss_seconds:.1f}s; x {passes} gallery passes = "
+          f"gallery of {gallery_gb:.2f} GB){gpu_text}; of which fit {result['adapter_fit_seconds']:.1f}s, cases and "
+          f"curves {result['evaluation_seconds']:.1f}s")
+    print(f"faiss exact search on the CPU ({result['faiss_threads']} threads), old/old: {faiss_seconds:.1f}s; "
+          f"x {passes} gallery passes = "
           f"{passes * faiss_seconds:.1f}s; adapt / that = {result['ratio_to_faiss_same_passes']:.2f}")
     print(f"old/old top-1 / top-5 / mAP@R: suite {suite['top1']:.2f} / {suite['top5']:.2f} / {suite['mAP@R']:.4f}, "
           f"faiss {faiss_scores['top1']:.2f} / {faiss_scores['top5']:.2f} / {faiss_scores['mAP@R']:.4f}")
