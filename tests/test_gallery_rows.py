@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks import gallery_rows
 from benchmarks.gallery_rows import NpyRows, StoredRows
 from benchmarks.ranking import retrieval_scores
 from cl2r_bench.distributed import Processes
@@ -80,7 +81,11 @@ def test_an_identity_map_leaves_the_gallery_as_it_is_and_stores_nothing(gallery)
     assert not list(scratch.iterdir())
 
 
-def test_ranges_are_read_as_stored_and_a_file_cut_short_is_named(gallery, tmp_path):
+@pytest.mark.parametrize("threads, part_bytes", [(gallery_rows.READ_THREADS, gallery_rows.READ_PART_BYTES), (7, 100)])
+def test_ranges_are_read_as_stored_and_a_file_cut_short_is_named(gallery, tmp_path, monkeypatch, threads, part_bytes):
+    """With 7 threads and parts of 100 bytes, a range is read side by side in parts that split rows and values."""
+    monkeypatch.setattr(gallery_rows, "READ_THREADS", threads)
+    monkeypatch.setattr(gallery_rows, "READ_PART_BYTES", part_bytes)
     rows, features, _, _ = gallery
     assert torch.equal(rows.read(60, 130), features[60:130])
     assert rows.read(149, 149).shape == (0, 16)
