@@ -615,6 +615,41 @@ def test_a_shared_study_refuses_bad_input_on_every_process_in_one_line(rotated, 
     assert code == 2 and out.err.count("\n") == 1 and "add --set model_update.stream_rows=65536" in out.err
 
 
+FAILING_FIT = """import os, sys
+import cl2r_bench.adapt
+from cl2r_bench.cli import main
+
+
+def failing_fit(*args, **kwargs):
+    raise RuntimeError("the fit failed on purpose")
+
+
+cl2r_bench.adapt.fit_adapter = failing_fit
+try:
+    code = main()
+except RuntimeError as failure:
+    print(f"rank {os.environ['RANK']} raised: {failure}", file=sys.stderr, flush=True)
+    code = 1
+sys.exit(code)
+"""
+
+
+def test_a_fit_that_fails_on_rank_0_is_raised_on_every_process(rotated, tmp_path):
+    """In a shared study only rank 0 fits; when that fit raises, the other process raises the same error instead of
+    waiting for weights that never come, and nothing is written."""
+    from test_distributed import torchrun
+
+    train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
+    script = tmp_path / "failing_fit.py"
+    script.write_text(FAILING_FIT)
+    done = torchrun(str(script), "adapt", "--train", str(train), "--test", str(test), "--adapter", "procrustes",
+                    "--device", "cpu", "--output", str(tmp_path / "out"), "--set", "model_update.stream_rows=16",
+                    cwd=ROOT)
+    assert done.returncode != 0 and not list(tmp_path.rglob("metrics.json"))
+    for rank in (0, 1):
+        assert f"rank {rank} raised: the fit failed on purpose" in done.stderr, done.stderr[-3000:]
+
+
 def test_streaming_needs_a_folder_of_npy_files_and_a_positive_row_count(rotated, tmp_path, capsys):
     train, test = rotated
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--output", tmp_path,
