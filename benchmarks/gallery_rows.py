@@ -7,9 +7,10 @@ normalisation, an adapter's map) applied to each chunk as it is read; the rankin
 
 * :class:`TensorRows`: a tensor in memory (the streamed ranking of an in-memory gallery, e.g. to bound the memory
   of a GPU);
-* :class:`NpyRows`: a ``.npy`` file: a range of rows read into a buffer of its own with one ``read``, a set of rows
-  through a memory map made for that read and dropped after it, so the pages read leave the process's resident
-  memory with the read (a memory map kept open would hold every page it touched);
+* :class:`NpyRows`: a ``.npy`` file: a range of rows read straight into a buffer of its own, by up to
+  :data:`READ_THREADS` threads side by side, a set of rows through a memory map made for that read and dropped
+  after it, so the pages read leave the process's resident memory with the read (a memory map kept open would
+  hold every page it touched);
 * :class:`StoredRows`: a gallery read through a costly map (an adapter's), written to a temporary ``.npy`` file
   by the first pass that reads it whole and read from that file afterwards, so each map is applied to each item
   once however many passes a study makes (:meth:`GalleryRows.mapped` with ``store``).
@@ -223,9 +224,8 @@ class NpyRows(GalleryRows):
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` as float32, read straight into their buffer (faster than copying from a memory map),
-        in parts of at least :data:`READ_PART_BYTES` read side by side by :data:`READ_THREADS` threads: one thread
-        reads a file in the page cache at about 2 GB/s on a GPU machine measured here, which bounds a GPU study
-        (docs/scale-out.md)."""
+        in parts of at least :data:`READ_PART_BYTES` read side by side by up to :data:`READ_THREADS` threads: one
+        thread's reads bounded a study on a GPU (docs/scale-out.md, "On one GPU")."""
         rows = np.empty((stop - start, self.columns), dtype=self.dtype)
         buffer = memoryview(rows.reshape(-1)).cast("B")
         first_byte = self.offset + start * self.columns * self.dtype.itemsize
