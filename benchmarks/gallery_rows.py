@@ -231,28 +231,31 @@ class NpyRows(GalleryRows):
         first_byte = self.offset + start * self.columns * self.dtype.itemsize
         part = max(READ_PART_BYTES, -(-len(buffer) // READ_THREADS))
         parts = range(0, len(buffer), part)
-        with self.path.open("rb", buffering=0) as file:
-            def read_part(at: int) -> None:
-                read_into(file.fileno(), buffer[at:at + part], first_byte + at, self.path, stop)
-            if len(parts) <= 1:
-                read_part(0)
-            else:
-                with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="gallery-read") as readers:
-                    list(readers.map(read_part, parts))
+
+        def read_part(at: int) -> None:
+            read_into(self.path, buffer[at:at + part], first_byte + at, stop)
+        if len(parts) <= 1:
+            read_part(0)
+        else:
+            with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="gallery-read") as readers:
+                list(readers.map(read_part, parts))
         return rows.astype(np.float32, copy=False)
 
     def source(self) -> object:
         return self.path.resolve()
 
 
-def read_into(descriptor: int, buffer: memoryview, offset: int, path: Path, stop: int) -> None:
-    """Fill ``buffer`` from the file ``descriptor`` at ``offset`` (a read may return less than asked for)."""
-    done = 0
-    while done < len(buffer):
-        got = os.preadv(descriptor, [buffer[done:]], offset + done)
-        if got == 0:
-            raise OSError(f"{path} ended before row {stop}: the file was cut short; write it again")
-        done += got
+def read_into(path: Path, buffer: memoryview, offset: int, stop: int) -> None:
+    """Fill ``buffer`` from ``path`` at byte ``offset``, through a file handle of its own (so threads read side by
+    side on any system); a read may return less than asked for. ``stop``: the range's end row, for the error."""
+    with path.open("rb", buffering=0) as file:
+        file.seek(offset)
+        done = 0
+        while done < len(buffer):
+            got = file.readinto(buffer[done:])
+            if not got:
+                raise OSError(f"{path} ended before row {stop}: the file was cut short; write it again")
+            done += got
 
 
 def check_room(size: int) -> None:
