@@ -621,6 +621,8 @@ from cl2r_bench.cli import main
 
 
 def failing_fit(*args, **kwargs):
+    if os.environ["RANK"] != "0":
+        raise RuntimeError("a rank other than 0 fitted")
     raise RuntimeError("the fit failed on purpose")
 
 
@@ -636,7 +638,8 @@ sys.exit(code)
 
 def test_a_fit_that_fails_on_rank_0_is_raised_on_every_process(rotated, tmp_path):
     """In a shared study only rank 0 fits; when that fit raises, the other process raises the same error instead of
-    waiting for weights that never come, and nothing is written."""
+    waiting for weights that never come, and nothing is written. Rank 1's fit would raise another message, so rank
+    1's line can only come from rank 0's error."""
     from test_distributed import torchrun
 
     train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
