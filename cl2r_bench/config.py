@@ -33,6 +33,9 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "model_update.queries": (int, type(None)),
     "model_update.stream_rows": (int, type(None)),
 }
+"""The settings whose values may have another type than their default's, and the types they accept: the union
+annotations of :mod:`cl2r_bench.settings`, which imports this module and so cannot be read here
+(``tests/test_structure.py`` checks that the two agree)."""
 
 
 FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # 1e-3: a string in YAML 1.1, a float here

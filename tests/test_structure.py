@@ -8,13 +8,14 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 import typing
 
 import pytest
 import yaml
 
 from cl2r_bench.assembly import assemble
-from cl2r_bench.config import CONFIG_DIR, flatten, resolve
+from cl2r_bench.config import CONFIG_DIR, EXTRA_TYPES, flatten, resolve
 from cl2r_bench.settings import RunSettings, section_fields
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -40,6 +41,22 @@ def test_every_setting_is_one_yaml_default_and_one_typed_field():
     yaml_keys = {k for k in flatten({k: v for k, v in defaults.items() if k not in free_form})}
     assert yaml_keys == set(section_fields()) - free_form
     assert defaults["strategy_params"] == {} and defaults["adapter_params"] == {}
+
+
+def test_the_settings_that_take_another_type_than_their_defaults_are_the_typed_unions():
+    """``config.EXTRA_TYPES`` says which settings take values of another type than their default's (null, a list):
+    the config module comes before the typed settings, which import it, so it keeps that list itself. It must name
+    exactly the fields whose annotation is a union, with the union's types."""
+    def unions(cls, prefix=""):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            hint = hints[f.name]
+            if dataclasses.is_dataclass(hint):
+                yield from unions(hint, f"{prefix}{f.name}.")
+            elif isinstance(hint, types.UnionType):
+                yield f"{prefix}{f.name}", {typing.get_origin(member) or member for member in typing.get_args(hint)}
+
+    assert {key: set(accepted) for key, accepted in EXTRA_TYPES.items()} == dict(unions(RunSettings))
 
 
 def test_the_typed_settings_declare_no_default_of_their_own():
