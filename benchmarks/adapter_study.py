@@ -148,6 +148,9 @@ class StudySplit:
     class_labels: list[int] | None = None
     """The user's label of each class index, where the labels were renumbered (``runner.py adapt``), else None:
     what per-class CMC names its classes by."""
+    progress: bool = False
+    """Whether each ranking of a case or of the backfilling curves shows a progress bar on a terminal
+    (:func:`benchmarks.ranking.progress_bar`): a gallery of millions takes minutes per ranking."""
     adapter_free: dict[str, RetrievalScores | None] = field(default_factory=dict, compare=False, repr=False)
     """The scores of the cases no adapter changes (:data:`ADAPTER_FREE_CASES`), ranked once per split."""
 
@@ -159,19 +162,24 @@ class StudySplit:
     def gallery_items(self) -> PairedFeatures:
         return self.queries if self.gallery is None else self.gallery
 
-    def score(self, queries: torch.Tensor, gallery: torch.Tensor) -> RetrievalScores | None:
+    def score(self, queries: torch.Tensor, gallery: torch.Tensor, case: str | None = None) -> RetrievalScores | None:
         """The scores of ``queries`` (features of the query items) against ``gallery`` (features of the gallery
-        items), or None when their widths differ."""
+        items), or None when their widths differ; ``case`` names the ranking's progress bar (:attr:`progress`)."""
         if queries.shape[1] != gallery.shape[1]:
             return None
         if self.gallery is None:
             return retrieval_scores(queries, self.query_labels, gallery, self.queries.labels, exclude_self=True,
-                                    unmatched_queries=self.scoring.unmatched_queries, query_index=self.sample)
+                                    unmatched_queries=self.scoring.unmatched_queries, query_index=self.sample,
+                                    progress=self.progress_label(case))
         labels = self.gallery.labels
         if self.mode == "templates":
             gallery, labels = class_templates(F.normalize(gallery.float(), dim=1), labels)
         return retrieval_scores(queries, self.query_labels, gallery, labels, exclude_self=False,
-                                unmatched_queries=self.scoring.unmatched_queries)
+                                unmatched_queries=self.scoring.unmatched_queries, progress=self.progress_label(case))
+
+    def progress_label(self, ranking: str | None) -> str | None:
+        """The label of the progress bar of ``ranking`` (a case, or the backfilling curves), None for no bar."""
+        return f"rank {ranking}" if self.progress and ranking else None
 
     @property
     def query_labels(self) -> torch.Tensor:
@@ -201,7 +209,8 @@ class StudySplit:
         labels = self.gallery_items.labels
         return backfilling_scores(queries, self.query_labels, fresh, stale, labels, fresh_from, len(betas),
                                   exclude_self=self.gallery is None, unmatched_queries=self.scoring.unmatched_queries,
-                                  query_index=self.sample if self.gallery is None else None)
+                                  query_index=self.sample if self.gallery is None else None,
+                                  progress=self.progress_label("backfilling curves"))
 
 
 def mixed_gallery(fresh: torch.Tensor, stale: torch.Tensor, order: torch.Tensor, beta: float) -> torch.Tensor:
@@ -271,10 +280,10 @@ def case_scores(split: StudySplit, adapter: FeatureAdapter | None,
                 scores[case] = None
             elif case in ADAPTER_FREE_CASES:
                 if case not in split.adapter_free:
-                    split.adapter_free[case] = already_ranked(pair, known) or split.score(*pair)
+                    split.adapter_free[case] = already_ranked(pair, known) or split.score(*pair, case)
                 scores[case] = split.adapter_free[case]
             else:
-                scores[case] = already_ranked(pair, known) or split.score(*pair)
+                scores[case] = already_ranked(pair, known) or split.score(*pair, case)
     return scores
 
 

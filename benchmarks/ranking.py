@@ -51,6 +51,7 @@ import numba
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from cl2r_bench.settings import UNMATCHED_CONVENTIONS
 
@@ -166,34 +167,37 @@ def mean_precision(ap: np.ndarray) -> float:
 
 def retrieval_scores(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor | GalleryRows,
                      gallery_labels: torch.Tensor, *, exclude_self: bool, unmatched_queries: str = "miss",
-                     query_index: torch.Tensor | None = None, chunk_elements: int | None = None) -> RetrievalScores:
+                     query_index: torch.Tensor | None = None, chunk_elements: int | None = None,
+                     progress: str | None = None) -> RetrievalScores:
     """The scores of the module docstring; inputs on any one device. ``query_index``: with ``exclude_self``, the
     queries are a sample of the gallery's items, query i being gallery item ``query_index[i]`` (left out of its
     ranking), rather than all of them in order. A :class:`~benchmarks.gallery_rows.GalleryRows` gallery is streamed
-    in chunks (:func:`streamed`), a tensor ranked whole."""
+    in chunks (:func:`streamed`), a tensor ranked whole. ``progress``: the label of a progress bar
+    (:func:`progress_bar`), None for none."""
     own = check_inputs(queries, query_labels, gallery, gallery_labels, exclude_self, unmatched_queries, query_index)
     fresh_from = torch.zeros(1, len(gallery), dtype=torch.long)
     engine = ranked if isinstance(gallery, torch.Tensor) else streamed
     return engine(queries, query_labels, gallery, None, gallery_labels, fresh_from, 1, own,
-                  unmatched_queries, chunk_elements)[0][0]
+                  unmatched_queries, chunk_elements, progress)[0][0]
 
 
 def backfilling_scores(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tensor | GalleryRows,
                        stale: torch.Tensor | GalleryRows, gallery_labels: torch.Tensor, fresh_from: torch.Tensor,
                        steps: int, *, exclude_self: bool,
                        unmatched_queries: str = "miss", query_index: torch.Tensor | None = None,
-                       chunk_elements: int | None = None) -> list[list[RetrievalScores]]:
+                       chunk_elements: int | None = None, progress: str | None = None) -> list[list[RetrievalScores]]:
     """The scores at every step of several backfilling curves over one gallery: gallery item j is ``fresh[j]`` at
     the steps t >= ``fresh_from[c, j]`` of curve c and ``stale[j]`` before (``fresh_from``: ``(curves, n)`` in
     0..``steps``, ``steps`` meaning never). ``[curve][step]``; each equals :func:`retrieval_scores` of that step's
-    gallery (module docstring); ``query_index`` and the kinds of gallery as in :func:`retrieval_scores`."""
+    gallery (module docstring); ``query_index``, ``progress`` and the kinds of gallery as in
+    :func:`retrieval_scores`."""
     own = check_inputs(queries, query_labels, fresh, gallery_labels, exclude_self, unmatched_queries, query_index)
     if stale.shape != fresh.shape or fresh_from.ndim != 2 or fresh_from.shape[1] != len(fresh):
         raise ValueError(f"stale {tuple(stale.shape)} must match fresh {tuple(fresh.shape)}, and fresh_from must be "
                          f"(curves, {len(fresh)}), not {tuple(fresh_from.shape)}")
     engine = ranked if isinstance(fresh, torch.Tensor) else streamed
     return engine(queries, query_labels, fresh, stale, gallery_labels, fresh_from.long(), steps, own,
-                  unmatched_queries, chunk_elements)
+                  unmatched_queries, chunk_elements, progress)
 
 
 def check_inputs(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
@@ -220,9 +224,10 @@ def check_inputs(queries: torch.Tensor, query_labels: torch.Tensor, gallery: tor
 
 def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor | None,
            gallery_labels: torch.Tensor, fresh_from: torch.Tensor, steps: int, own_index: torch.Tensor | None,
-           unmatched_queries: str, chunk_elements: int | None) -> list[list[RetrievalScores]]:
+           unmatched_queries: str, chunk_elements: int | None,
+           progress: str | None = None) -> list[list[RetrievalScores]]:
     """``[curve][step]`` scores, the queries taken in blocks, query i's own gallery item ``own_index[i]`` left out
-    (module docstring)."""
+    (module docstring); ``progress`` labels a bar over the blocks (:func:`progress_bar`)."""
     device = fresh.device
     q = F.normalize(queries.float(), dim=1)
     versions = [F.normalize(v.float(), dim=1) for v in (fresh, stale) if v is not None]
@@ -235,6 +240,7 @@ def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tenso
     rows = max(1, min(chunk_elements // max(n, 1), chunk_elements // (curves * (steps + 1) * thresholds)))
     first = torch.zeros(curves, steps, len(q), dtype=torch.long)
     ap = torch.full((2, curves, steps, len(q)), float("nan"), dtype=torch.float64)
+    bar = progress_bar(progress, len(q) * n)
     for start in range(0, len(q), rows):
         stop = min(start + rows, len(q))
         scores = [similarities(q[start:stop], v) for v in versions]
@@ -247,7 +253,17 @@ def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tenso
         ranks, counts = positive_ranks(similarity, index, valid, n, fresh_from, steps,
                                        partial(items_above, scores, fresh_from=fresh_from, steps=steps))
         first[:, :, start:stop], ap[:, :, :, start:stop] = summarise_ranks(ranks, counts)
+        bar.update((stop - start) * n)
+    bar.close()
     return as_scores(first, ap, unmatched_queries)
+
+
+def progress_bar(label: str | None, pairs: int) -> tqdm:
+    """A bar over the ``pairs`` (query, gallery item) a ranking compares, labelled ``label``, shown on a terminal
+    only (tqdm's ``disable=None``: a log file or a parsed stream gets no bar), and not at all without a label: what a
+    study of a gallery of millions shows while it ranks for minutes (``runner.py adapt``)."""
+    return tqdm(total=pairs, desc=label, unit="pair", unit_scale=True, leave=False,
+                disable=True if label is None else None)
 
 
 def similarities(queries: torch.Tensor, gallery: torch.Tensor) -> torch.Tensor:
@@ -266,7 +282,8 @@ def as_scores(first: torch.Tensor, ap: torch.Tensor, unmatched_queries: str) -> 
 
 def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRows, stale: GalleryRows | None,
              gallery_labels: torch.Tensor, fresh_from: torch.Tensor, steps: int, own_index: torch.Tensor | None,
-             unmatched_queries: str, chunk_elements: int | None) -> list[list[RetrievalScores]]:
+             unmatched_queries: str, chunk_elements: int | None,
+             progress: str | None = None) -> list[list[RetrievalScores]]:
     """:func:`ranked` with the gallery read in chunks, never whole (docs/scale-out.md, "Galleries of millions").
     Each block of queries (as many as :data:`STREAMED_COUNTS` counts allow, and a product with
     :data:`STREAMED_ITEMS` gallery rows within ``chunk_elements``) reads the gallery in chunks of
@@ -279,7 +296,7 @@ def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRo
     thresholds were made of, so a positive is placed against itself exactly whatever rounding the matrix product
     had. Processes that share the gallery (:mod:`benchmarks.gallery_rows`) count their share of it for every row of
     the block, add the counts up, and each finishes its share of the block's rows (ranks, first ranks, APs), which
-    they then gather."""
+    they then gather. The progress bar (``progress``) is the first process's, over the pairs of its share."""
     device = fresh.device
     q = F.normalize(queries.float(), dim=1).to(device)
     versions = [v for v in (fresh, stale) if v is not None]
@@ -295,6 +312,8 @@ def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRo
     first = torch.zeros(curves, steps, len(q), dtype=torch.long)
     ap = torch.full((2, curves, steps, len(q)), float("nan"), dtype=torch.float64)
     processes = fresh.processes
+    share = fresh.share()
+    bar = progress_bar(progress if processes.is_main else None, len(q) * (share.stop - share.start))
     for start in range(0, len(q), rows):
         stop = min(start + rows, len(q))
         block, own = q[start:stop], None if own_index is None else own_index[start:stop]
@@ -304,11 +323,13 @@ def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRo
         finished = processes.share(stop - start)
         ranks, counts = positive_ranks(similarity, index, valid, n, fresh_from, steps, partial(
             chunked_items_above, block=block, versions=versions, items=items, own=own, pairs=pairs,
-            similarity=similarity, fresh_from=fresh_from, steps=steps, finished=finished), finished)
+            similarity=similarity, fresh_from=fresh_from, steps=steps, finished=finished, advance=bar.update),
+            finished)
         block_first, block_ap = summarise_ranks(ranks, counts)
         sizes = processes.shares(stop - start)
         first[:, :, start:stop] = processes.gather(block_first.permute(2, 0, 1).to(device), sizes).permute(1, 2, 0)
         ap[:, :, :, start:stop] = processes.gather(block_ap.permute(3, 0, 1, 2).to(device), sizes).permute(1, 2, 3, 0)
+    bar.close()
     return as_scores(first, ap, unmatched_queries)
 
 
@@ -368,11 +389,11 @@ def pair_similarities(queries: torch.Tensor, rows: torch.Tensor, query_of: torch
 def chunked_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, block: torch.Tensor,
                         versions: list[GalleryRows], items: int, own: torch.Tensor | None, pairs: PositivePairs,
                         similarity: list[torch.Tensor], fresh_from: torch.Tensor, steps: int,
-                        finished: slice) -> torch.Tensor:
+                        finished: slice, advance: Callable[[int], object]) -> torch.Tensor:
     """:func:`items_above` of the rows ``finished`` over the gallery's chunks of ``items`` rows (:func:`streamed`): on
     CPU the chunks' counts accumulate and are turned into items above once; elsewhere each chunk's items above are
     summed. Counts add up, so processes that share the gallery each count their share for every row and add the
-    counts up."""
+    counts up. ``advance`` is told the pairs each chunk compared."""
     rows = torch.arange(len(block), device=block.device)
     on_cpu = compiled_counting(block.device)
     counter = ItemCounter(thresholds, owner, len(versions), fresh_from, steps) if on_cpu else None
@@ -392,6 +413,7 @@ def chunked_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, block:
             counter.add(scores, offset=start)
         else:
             above += items_above(scores, thresholds, owner - start, fresh_from[:, start:stop], steps)
+        advance(len(block) * (stop - start))
     processes = versions[0].processes
     if on_cpu:
         processes.total(torch.from_numpy(counter.count))

@@ -120,6 +120,9 @@ class Study:
     are the data set's classes."""
     processes: Processes = SINGLE
     """The processes that share the study's streamed splits (torchrun; :func:`read_embeddings`)."""
+    progress: bool = False
+    """Whether each ranking shows a progress bar on a terminal
+    (:attr:`benchmarks.adapter_study.StudySplit.progress`)."""
     splits: dict[tuple[Scoring, int], StudySplit] = field(default_factory=dict, repr=False)
 
     def split(self, scoring: Scoring) -> StudySplit:
@@ -128,7 +131,7 @@ class Study:
         key = (scoring, id(self.test))
         if key not in self.splits:
             self.splits[key] = StudySplit(self.test, scoring=scoring, sample=scoring.sample(len(self.test)),
-                                          class_labels=self.class_labels)
+                                          class_labels=self.class_labels, progress=self.progress)
         return self.splits[key]
 
     @cached_property
@@ -280,11 +283,11 @@ def _check_rows(path: Path, name: str, x: np.ndarray, processes: Processes, stre
 
 
 def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_rows: int | None = None,
-                          processes: Processes = SINGLE) -> Study:
+                          processes: Processes = SINGLE, progress: bool = False) -> Study:
     """A :class:`Study` of the user's train and test embeddings, checked against each other; ``stream_rows``: the
     test split's features stay memory-mapped (:func:`read_embeddings`), and so do the train split's when it is a
     folder of ``.npy`` files (an adapter then reads the rows it fits on: :class:`cl2r_bench.adapters.FeaturePair`);
-    ``processes``: the processes that share the streamed splits' passes."""
+    ``processes``: the processes that share the streamed splits' passes; ``progress``: :attr:`Study.progress`."""
     train_rows = stream_rows if npy_folder(Path(train_path)) else None
     train = read_embeddings(train_path, train_rows, processes)
     test = read_embeddings(test_path, stream_rows, processes)
@@ -304,7 +307,7 @@ def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_
              "classes": len(index)}
     return Study(Path(train_path).stem, PairedFeatures.normalised(train[0], train[1], labels[0]),
                  PairedFeatures.normalised(test[0], test[1], labels[1]), about, class_labels=list(index),
-                 processes=processes)
+                 processes=processes, progress=progress)
 
 
 def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[str, Any]], seed: int,
@@ -505,7 +508,8 @@ def encoder_study(settings: Any, device: torch.device, log: Any = print) -> Stud
     if imagenet is not None and classifier.weight.shape[0] == IMAGENET_CLASSES:
         zero_shot = ZeroShot(raw["new", "test"].to(device), imagenet[splits["test"].labels].to(device),
                              classifier.to(device))
-    return Study(settings.dataset, paired["train"], paired["test"], about, zero_shot, seconds)
+    return Study(settings.dataset, paired["train"], paired["test"], about, zero_shot, seconds,
+                 progress=settings.training.progress)
 
 
 def study_images(settings: Any) -> tuple[dict[str, Encoder], Any, dict[str, ImageSet]]:

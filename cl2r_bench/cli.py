@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(adapter_params.NAME.KEY=VALUE) or model_update.KEY=VALUE for backfill_orders, backfill_steps, "
                        "unmatched_queries, per_class_cmc, queries")
     adapt.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (fitting and scoring)")
+    adapt.add_argument("--no-progress", action="store_true", help="no progress bar while a ranking runs (shown on a "
+                       "terminal only)")
     listing = sub.add_parser("list", help="what can be run: the scenarios, strategies, adapters, presets and data "
                              "sets, one line each")
     listing.add_argument("--params", action="store_true", help="also each strategy's and adapter's parameters with "
@@ -362,7 +364,8 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
         if name != "none":
             settings["adapter_params"][name] = make_adapter(name, settings["adapter_params"]).parameters_used()
     study_name = safe_name(args.name or Path(args.train).stem, "--name")
-    study = study_from_embeddings(args.train, args.test, settings["stream_rows"], processes)
+    study = study_from_embeddings(args.train, args.test, settings["stream_rows"], processes,
+                                  progress=not args.no_progress)
     study.train, study.test = study.train.to(device), study.test.to(device)
     if not args.json:
         say(f"{study_name}: fitting on {study.about['train_items']} items, evaluating on "
@@ -377,6 +380,8 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
                                                scoring=Scoring.of(settings), measured=measured)
             if adapter is not None and adapter.seed_free(len(study.train)):
                 measured = measured or (adapter, result)
+            if not processes.is_main:
+                continue
             config = {"command": "adapt", "train": str(Path(args.train).resolve()),
                       "test": str(Path(args.test).resolve()), "adapter": {"name": name}, "seed": seed,
                       "adapter_params": {name: settings["adapter_params"].get(name, {})} if name != "none" else {},
@@ -384,8 +389,6 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
             record = study_record(result, study, scenario="adapt", method=name, dataset=study_name, config=config,
                                   device=device, adapter=adapter)
             records.append(record)
-            if not processes.is_main:
-                continue
             folder = Path(args.output) / "adapt" / study_name / name / f"seed{seed}"
             atomic_write_text(folder / "config.yaml", yaml_dump(config))
             write_record(folder, record)
@@ -398,12 +401,14 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
             written = export_adapter(adapter, Path(args.export) / name)
             if not args.json:
                 print(f"   exported {name} to {written[0].parent} ({', '.join(p.name for p in written)})")
-    if args.json:
-        say(json.dumps(summary_json(records), allow_nan=False))
+    if not processes.is_main:
         return 0
-    say(f"\n{summary_text(records)}")
-    say(f"\nrecords: {Path(args.output) / 'adapt' / study_name}; next: python runner.py leaderboard --results "
-        f"{args.output}")
+    if args.json:
+        print(json.dumps(summary_json(records), allow_nan=False))
+        return 0
+    print(f"\n{summary_text(records)}")
+    print(f"\nrecords: {Path(args.output) / 'adapt' / study_name}; next: python runner.py leaderboard --results "
+          f"{args.output}")
     return 0
 
 

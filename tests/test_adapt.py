@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks import ranking
 from cl2r_bench.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -421,13 +422,14 @@ def test_a_seed_free_adapter_is_fitted_and_scored_once_and_the_record_says_so(ro
     """Procrustes on every fitting item (120 < its 2,048 anchors) draws nothing: seeds 1 and 2 reuse seed 0's fit
     and cases (their fit log says so), only the random backfilling order is the seed's own, the adapter-free cases
     are ranked once for the whole study, and a backfilling curve's ends are cases ranked already (no adapter:
-    new/old and new/new; Procrustes: new/F). So the study ranks four cases on their own, old/old, B/old, B/B and
-    F/F, where three seeds of two adapters used to rank 3 x 3 + 3 x 7. The summary counts it as one fit."""
+    new/old and new/new; Procrustes: new/F). So the study ranks four cases on their own, old/old, F/F, B/old and
+    B/B, where three seeds of two adapters used to rank 3 x 3 + 3 x 7. The summary counts it as one fit."""
     from benchmarks import adapter_study
 
     ranked = []
     score = adapter_study.StudySplit.score
-    monkeypatch.setattr(adapter_study.StudySplit, "score", lambda self, q, g: ranked.append(1) or score(self, q, g))
+    monkeypatch.setattr(adapter_study.StudySplit, "score",
+                        lambda self, q, g, case=None: ranked.append(case) or score(self, q, g, case))
     train, test = rotated
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "procrustes", "--seeds", 0, 1, 2,
                       "--json", "--output", tmp_path, capsys=capsys)
@@ -435,7 +437,7 @@ def test_a_seed_free_adapter_is_fitted_and_scored_once_and_the_record_says_so(ro
     lines = [json.loads(line) for line in out.out.strip().splitlines()]
     procrustes = [line for line in lines[:-1] if line["adapter"] == "procrustes"]
     assert [line["cases"] for line in procrustes[1:]] == [procrustes[0]["cases"]] * 2
-    assert len(ranked) == 4
+    assert ranked == ["old/old", "F/F", "B/old", "B/B"]
     records = [json.loads((tmp_path / "adapt" / "train" / "procrustes" / f"seed{s}" / "metrics.json").read_text())
                for s in (0, 1, 2)]
     assert [r["adapter"]["fits"][0].get("same_as_seed") for r in records] == [None, 0, 0]
@@ -558,6 +560,27 @@ def test_a_test_split_streamed_from_memory_mapped_npy_files_gives_the_in_memory_
         assert streamed_run["cases"] == memory["cases"]
         assert streamed_run["backfilling"] == memory["backfilling"]
         assert streamed_run["query_top1"] == memory["query_top1"]
+
+
+@pytest.mark.parametrize("streamed", [[], ["--set", "model_update.stream_rows=16"]])
+def test_each_ranking_of_a_study_has_a_progress_bar_named_after_it_unless_told_not_to(rotated, tmp_path, monkeypatch,
+                                                                                     capsys, streamed):
+    """In memory and streamed, each ranking of a study has a bar named after what it ranks, counting every pair of
+    the sampled queries and the gallery: the backfilling curves first (their two ends are new/new and new/F, not
+    ranked again), then each other case; ``--no-progress`` disables them all."""
+    from test_ranking import RecordedBar
+
+    made: list[RecordedBar] = []
+    monkeypatch.setattr(ranking, "tqdm", lambda **kwargs: RecordedBar(made, **kwargs))
+    train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
+    for quiet in ([], ["--no-progress"]):
+        code, out = adapt("--train", train, "--test", test, "--adapter", "procrustes", "--queries", 50,
+                          "--output", tmp_path / f"out{len(quiet)}", *streamed, *quiet, capsys=capsys)
+        assert code == 0, out.err
+    pairs = 50 * len(np.load(test / "labels.npy"))
+    bars = [(bar.desc, bar.total, bar.done, bar.disable, bar.closed) for bar in made]
+    named = ["rank backfilling curves", "rank old/old", "rank new/old", "rank F/F", "rank B/old", "rank B/B"]
+    assert bars == [(desc, pairs, pairs, None, True) for desc in named] + [(None, pairs, pairs, True, True)] * 6
 
 
 SHARED_STUDY = ["--adapter", "none", "procrustes", "fastfill", "--queries", 50,

@@ -302,6 +302,59 @@ def test_a_backfilling_curve_over_a_streamed_gallery_equals_the_whole_one():
             assert_same_scores(step_streamed, step_whole)
 
 
+class RecordedBar:
+    """A stand-in for tqdm that keeps what a ranking tells its progress bar (:func:`ranking.progress_bar`)."""
+
+    def __init__(self, made: list, *, total: int, desc: str | None, disable: bool | None, **_) -> None:
+        self.total, self.desc, self.disable, self.done, self.closed = total, desc, disable, 0, False
+        made.append(self)
+
+    def update(self, pairs: int) -> None:
+        self.done += pairs
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_ranking_counts_every_pair_it_compares_on_its_progress_bar(monkeypatch, streamed):
+    """In memory and streamed (several query blocks, chunks of 40 rows), a ranking's bar is labelled as asked,
+    counts the queries x gallery items it compares, all of them by its end, and closes; a backfilling curve counts
+    each pair once for its two versions. Without a label the bar is disabled, and the scores are the same."""
+    made: list[RecordedBar] = []
+    monkeypatch.setattr(ranking, "tqdm", lambda **kwargs: RecordedBar(made, **kwargs))
+    x, y = clusters_with_duplicates(seed=4)
+    stale = x.flip(1)
+    sample = torch.tensor([0, 7, 9, 10, 33, 80, 149])
+
+    def gallery(features):
+        return TensorRows(features, chunk_rows=40) if streamed else features
+
+    labelled = retrieval_scores(x[sample], y[sample], gallery(x), y, exclude_self=True, query_index=sample,
+                                chunk_elements=200, progress="rank old/old")
+    fresh_from = torch.randint(0, 3, (2, len(x)), generator=torch.Generator().manual_seed(0))
+    backfilling_scores(x, y, gallery(x), gallery(stale), y, fresh_from, 2, exclude_self=True, chunk_elements=2000,
+                       progress="rank backfilling curves")
+    quiet = retrieval_scores(x[sample], y[sample], gallery(x), y, exclude_self=True, query_index=sample,
+                             chunk_elements=200)
+    assert [(bar.desc, bar.total, bar.done, bar.disable, bar.closed) for bar in made] == [
+        ("rank old/old", len(sample) * len(x), len(sample) * len(x), None, True),
+        ("rank backfilling curves", len(x) * len(x), len(x) * len(x), None, True),
+        (None, len(sample) * len(x), len(sample) * len(x), True, True)]
+    assert_same_scores(quiet, labelled)
+
+
+def test_a_progress_bar_is_drawn_on_a_terminal_and_not_in_a_log(capsys, monkeypatch):
+    """tqdm's own rule (``disable=None``): on a terminal the bar and its label are drawn, on a stream that is not one
+    (a log file, a pipe, a study's parsed output) nothing is written."""
+    for terminal in (False, True):
+        monkeypatch.setattr(sys.stderr, "isatty", lambda terminal=terminal: terminal)
+        bar = ranking.progress_bar("rank new/F", 100)
+        bar.update(100)
+        bar.close()
+        assert ("rank new/F" in capsys.readouterr().err) == terminal
+
+
 def test_the_vectorised_counting_of_a_streamed_gallery_equals_the_compiled_one(monkeypatch):
     """The GPU's path (:func:`benchmarks.ranking.items_above_vectorised`, each chunk's items above summed over the
     chunks), run on the CPU: a backfilling curve over a gallery streamed in chunks of 40, with duplicates (ties),
