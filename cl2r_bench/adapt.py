@@ -20,6 +20,7 @@ train split (a nearest-class-mean classifier: the suite's choice, the same for e
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 import zipfile
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 
 from benchmarks.adapter_study import (
@@ -49,11 +51,12 @@ from benchmarks.adapter_study import (
 from benchmarks.gallery_rows import NpyRows
 from benchmarks.record import cross_case, leave_one_out_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
-from cl2r_bench.config import CONFIG_DIR, merge, parse_assignment, read_yaml
+from cl2r_bench.config import CONFIG_DIR, flatten, load_yaml, merge, parse_assignment, read_yaml
 from cl2r_bench.data.datasets import DataError, ImageSet, load_dataset, native_image_size
 from cl2r_bench.data.streams import first_per_class
 from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.encoders import Encoder, build_encoder
+from cl2r_bench.errors import UsageError
 from cl2r_bench.feature_cache import ONE_PIECE, Sharding, cached_features
 from cl2r_bench.files import device_description
 from cl2r_bench.settings import (
@@ -352,16 +355,11 @@ def fit_on_main(study: Study, adapter: Adapter, seed: int) -> dict[str, Any]:
                        new_classifier=study.classifier_rows)
     if not processes.distributed:
         return fit_adapter(adapter, pair, seed, watch=held_out_error)
-    fit, exported, failure = None, None, None
-    if processes.is_main:
-        try:
-            fit = fit_adapter(adapter, pair, seed, watch=held_out_error)
-            exported = adapter.export()
-        except Exception as exc:  # every rank raises it, below
-            failure = exc
-    exported, fit, failure = processes.from_main((exported, fit, failure))
-    if failure is not None:
-        raise failure
+
+    def fit_and_export() -> tuple[dict[str, Any], dict[str, Any]]:
+        return fit_adapter(adapter, pair, seed, watch=held_out_error), adapter.export()
+
+    fit, exported = processes.decided_on_main(fit_and_export)
     if not processes.is_main:
         adapter.restore(exported, pair.old.device).requires_grad_(False)
     return fit
@@ -422,6 +420,58 @@ def study_record(result: dict[str, Any], study: Study, *, scenario: str, method:
                  "evaluation_processes": study.processes.world_size},
         matrix=None if cross is None else [[cases["old/old"]["top1"] / 100, None],
                                            [cross, cases["new/new"]["top1"] / 100]])
+
+
+Key = tuple[str, int]
+"""An adapter's name and a seed: one record of ``runner.py adapt``."""
+
+
+def adapt_config(train: str | Path, test: str | Path, name: str, seed: int, settings: dict[str, Any]
+                 ) -> dict[str, Any]:
+    """The ``config.yaml`` of one adapter and seed of ``runner.py adapt`` (``settings``: :func:`adapt_settings`'s,
+    with each adapter's parameters as it uses them): the embeddings, the adapter, its parameters, the seed and the
+    :data:`ADAPT_KEYS`; what ``--resume`` compares with an earlier run's (:func:`finished_record`)."""
+    return {"command": "adapt", "train": str(Path(train).resolve()), "test": str(Path(test).resolve()),
+            "adapter": {"name": name}, "seed": seed,
+            "adapter_params": {name: settings["adapter_params"].get(name, {})} if name != "none" else {},
+            "model_update": {key: settings[key] for key in ADAPT_KEYS}}
+
+
+def finished_record(folder: Path, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The record an earlier ``runner.py adapt`` finished in ``folder`` (``metrics.json``, written last) with the
+    same ``config`` (its ``config.yaml``), for ``--resume`` to keep; None where it finished none. A record measured
+    with other settings is a :class:`UsageError` naming the first that differs: keeping it would mix two studies in
+    one summary."""
+    if not (folder / "metrics.json").exists():
+        return None
+    try:
+        earlier = flatten(read_yaml(folder / "config.yaml"))
+        record = json.loads((folder / "metrics.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--resume: the record in {folder} cannot be read ({str(exc).splitlines()[0][:120]}); "
+                         "delete that folder to measure it again") from None
+    now = flatten(load_yaml(yaml.safe_dump(config)))
+    differing = sorted(key for key in earlier.keys() | now.keys() if earlier.get(key) != now.get(key))
+    if differing:
+        key = differing[0]
+        raise UsageError(f"--resume: {folder} was measured with {key} = {earlier.get(key)!r} where this run has "
+                         f"{now.get(key)!r}; pass another --output, or drop --resume to measure it again")
+    return record
+
+
+def finished_records(folders: dict[Key, Path], configs: dict[Key, dict[str, Any]]) -> dict[Key, dict[str, Any]]:
+    """:func:`finished_record` of each adapter and seed (``key``) whose folder holds one."""
+    found = {key: finished_record(folders[key], configs[key]) for key in configs}
+    return {key: record for key, record in found.items() if record is not None}
+
+
+def result_of_record(record: dict[str, Any]) -> dict[str, Any]:
+    """What :func:`result_json` and the study's case line read of one adapter and seed, from its record
+    (:func:`study_record`): a resumed study reports the records it keeps as it reports those it measures."""
+    retrieval = record["retrieval"]
+    fit = record["adapter"]["fits"][0] if record["adapter"] else {}
+    return {"adapter": record["method"], "seed": record["seed"], "fit": {k: v for k, v in fit.items() if k != "task"},
+            "cases": retrieval["cases"], "backfilling": retrieval["backfilling"], "zero_shot": retrieval["zero_shot"]}
 
 
 class DeployedMap(nn.Module):

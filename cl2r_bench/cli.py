@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(adapter_params.NAME.KEY=VALUE) or model_update.KEY=VALUE for backfill_orders, backfill_steps, "
                        "unmatched_queries, per_class_cmc, queries")
     adapt.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (fitting and scoring)")
+    adapt.add_argument("--resume", action="store_true", help="keep each adapter and seed whose record an earlier "
+                       "run with the same settings finished in OUTPUT, and measure only the others")
     adapt.add_argument("--no-progress", action="store_true", help="no progress bar while a ranking runs (shown on a "
                        "terminal only)")
     listing = sub.add_parser("list", help="what can be run: the scenarios, strategies, adapters, presets and data "
@@ -341,10 +343,12 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
     from benchmarks.adapter_study import Scoring
     from benchmarks.record import write_record
     from cl2r_bench.adapt import (
-        ADAPT_KEYS,
+        adapt_config,
         evaluate_adapter,
         export_adapter,
+        finished_records,
         result_json,
+        result_of_record,
         study_from_embeddings,
         study_record,
     )
@@ -359,11 +363,18 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
     writable_folder(args.output, "--output")
     if args.export is not None:
         writable_folder(args.export, "--export")
+        if args.resume:
+            raise UsageError("--resume keeps finished records without their fitted adapters, so --export would have "
+                             "nothing to write for them: export in a run without --resume")
     names = adapter_names(args.adapter, list_adapters())
     for name in names:
         if name != "none":
             settings["adapter_params"][name] = make_adapter(name, settings["adapter_params"]).parameters_used()
     study_name = safe_name(args.name or Path(args.train).stem, "--name")
+    configs = {(name, seed): adapt_config(args.train, args.test, name, seed, settings)
+               for name in names for seed in args.seeds}
+    folders = {key: Path(args.output) / "adapt" / study_name / key[0] / f"seed{key[1]}" for key in configs}
+    kept = processes.decided_on_main(lambda: finished_records(folders, configs)) if args.resume else {}
     study = study_from_embeddings(args.train, args.test, settings["stream_rows"], processes,
                                   progress=not args.no_progress)
     study.train, study.test = study.train.to(device), study.test.to(device)
@@ -375,25 +386,30 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
     for name in names:
         measured = None
         for seed in args.seeds:
-            adapter, result = evaluate_adapter(study, name, adapter_params=settings["adapter_params"], seed=seed,
-                                               orders=settings["backfill_orders"], steps=settings["backfill_steps"],
-                                               scoring=Scoring.of(settings), measured=measured)
-            if adapter is not None and adapter.seed_free(len(study.train)):
-                measured = measured or (adapter, result)
+            was_kept = (name, seed) in kept
+            if not was_kept:
+                adapter, result = evaluate_adapter(study, name, adapter_params=settings["adapter_params"],
+                                                   seed=seed, orders=settings["backfill_orders"],
+                                                   steps=settings["backfill_steps"], scoring=Scoring.of(settings),
+                                                   measured=measured)
+                if adapter is not None and adapter.seed_free(len(study.train)):
+                    measured = measured or (adapter, result)
             if not processes.is_main:
                 continue
-            config = {"command": "adapt", "train": str(Path(args.train).resolve()),
-                      "test": str(Path(args.test).resolve()), "adapter": {"name": name}, "seed": seed,
-                      "adapter_params": {name: settings["adapter_params"].get(name, {})} if name != "none" else {},
-                      "model_update": {k: settings[k] for k in ADAPT_KEYS}}
-            record = study_record(result, study, scenario="adapt", method=name, dataset=study_name, config=config,
-                                  device=device, adapter=adapter)
+            if was_kept:
+                record, result = kept[name, seed], result_of_record(kept[name, seed])
+            else:
+                record = study_record(result, study, scenario="adapt", method=name, dataset=study_name,
+                                      config=configs[name, seed], device=device, adapter=adapter)
+                atomic_write_text(folders[name, seed] / "config.yaml", yaml_dump(configs[name, seed]))
+                write_record(folders[name, seed], record)
             records.append(record)
-            folder = Path(args.output) / "adapt" / study_name / name / f"seed{seed}"
-            atomic_write_text(folder / "config.yaml", yaml_dump(config))
-            write_record(folder, record)
-            print(json.dumps(result_json(result), allow_nan=False) if args.json else
-                  case_line(name, seed, result["cases"], result["backfilling"]["auc"], result["zero_shot"]))
+            if args.json:
+                print(json.dumps({**result_json(result), **({"kept": True} if was_kept else {})}, allow_nan=False))
+            else:
+                print(case_line(name, seed, result["cases"], result["backfilling"]["auc"], result["zero_shot"]))
+                if was_kept:
+                    print("   kept: measured by an earlier run with the same settings (--resume)")
             note = convergence_note(name, result["fit"], f" (seed {seed})")
             if note:
                 print(note, file=sys.stderr if args.json else sys.stdout)

@@ -162,6 +162,22 @@ class Processes:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def decided_on_main(self, work: Callable[[], T]) -> T:
+        """``work()`` run on rank 0 only, and its result on every rank; an exception it raises is raised on every
+        rank, so none waits for a result that will not come (a fit, a check of earlier records)."""
+        if not self.distributed:
+            return work()
+        result, failure = None, None
+        if self.is_main:
+            try:
+                result = work()
+            except Exception as exc:  # every rank raises it, below
+                failure = exc
+        result, failure = self.from_main((result, failure))
+        if failure is not None:
+            raise failure
+        return result
+
     def main_first(self, work: Callable[[], T]) -> T:
         """``work()`` on rank 0, then on the other ranks, which find what rank 0 left (a cache of pretrained
         models); with one process, just ``work()``."""

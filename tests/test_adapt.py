@@ -445,6 +445,49 @@ def test_a_seed_free_adapter_is_fitted_and_scored_once_and_the_record_says_so(ro
     assert summary["procrustes"]["seed_free"] and not summary["none"]["seed_free"]
 
 
+def test_a_resumed_study_keeps_what_an_earlier_run_finished_and_measures_only_the_rest(rotated, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """An earlier study of none, Procrustes and FastFill stopped before FastFill's record was written. With
+    ``--resume`` the same command measures FastFill alone, leaves the other two records as they were (byte for
+    byte), says which it kept, and answers as the whole study did. Records of other settings are refused in one line
+    before anything is fitted, and so is ``--export`` (a kept record has no fitted adapter to export)."""
+    from cl2r_bench import adapt as adapt_module
+
+    measured = []
+    evaluate = adapt_module.evaluate_adapter
+    monkeypatch.setattr(adapt_module, "evaluate_adapter",
+                        lambda study, name, **kwargs: measured.append(name) or evaluate(study, name, **kwargs))
+    train, test = rotated
+    study = ["--train", train, "--test", test, "--adapter", "none", "procrustes", "fastfill", "--json",
+             "--set", "adapter_params.fastfill.max_steps=30", "--output", tmp_path]
+    code, out = adapt(*study, capsys=capsys)
+    assert code == 0, out.err
+    whole = [json.loads(line) for line in out.out.splitlines()]
+    folder = tmp_path / "adapt" / "train"
+    written = {name: (folder / name / "seed42" / "metrics.json").read_bytes() for name in ("none", "procrustes")}
+    (folder / "fastfill" / "seed42" / "metrics.json").unlink()
+    measured.clear()
+    code, out = adapt(*study, "--resume", capsys=capsys)
+    assert code == 0, out.err
+    resumed = [json.loads(line) for line in out.out.splitlines()]
+    assert measured == ["fastfill"]
+    assert [line.get("kept", False) for line in resumed[:-1]] == [True, True, False]
+    for before, after in zip(whole[:-1], resumed[:-1], strict=True):
+        assert (after["adapter"], after["cases"], after["backfilling"]) == (
+            before["adapter"], before["cases"], before["backfilling"])
+
+    def answer(line):
+        return [{k: v for k, v in row.items() if "seconds" not in k} for row in line["summary"]], line["recommendation"]
+
+    assert answer(resumed[-1]) == answer(whole[-1])
+    assert {name: (folder / name / "seed42" / "metrics.json").read_bytes() for name in written} == written
+    for other in (["--set", "model_update.backfill_steps=5"], ["--export", tmp_path / "exported"]):
+        code, out = adapt(*study, "--resume", *other, capsys=capsys)
+        assert code == 2 and out.err.count("\n") == 1 and out.out == "", out.err
+        assert ("model_update.backfill_steps = 10 where this run has 5" in out.err) == (other[0] == "--set")
+    assert measured == ["fastfill"]
+
+
 def test_queries_without_a_match_are_counted_and_their_convention_is_a_setting(tmp_path, capsys):
     """Two test items are the only ones of their classes: each has no other item of its class. Under the default
     they are misses in top-1 (the summary says so); with unmatched_queries=exclude top-1 is over the 118 others."""
