@@ -347,12 +347,11 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
         evaluate_adapter,
         export_adapter,
         finished_records,
-        result_json,
         result_of_record,
         study_from_embeddings,
         study_record,
     )
-    from cl2r_bench.adapters import convergence_note, list_adapters, make_adapter
+    from cl2r_bench.adapters import list_adapters, make_adapter
     from cl2r_bench.errors import safe_name
     from cl2r_bench.files import atomic_write_text
     from reporting.adapter_summary import summary_json, summary_text
@@ -404,15 +403,7 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
                 atomic_write_text(folders[name, seed] / "config.yaml", yaml_dump(configs[name, seed]))
                 write_record(folders[name, seed], record)
             records.append(record)
-            if args.json:
-                print(json.dumps({**result_json(result), **({"kept": True} if was_kept else {})}, allow_nan=False))
-            else:
-                print(case_line(name, seed, result["cases"], result["backfilling"]["auc"], result["zero_shot"]))
-                if was_kept:
-                    print("   kept: measured by an earlier run with the same settings (--resume)")
-            note = convergence_note(name, result["fit"], f" (seed {seed})")
-            if note:
-                print(note, file=sys.stderr if args.json else sys.stdout)
+            print_result(result, kept=was_kept, as_json=args.json)
         if args.export and adapter is not None and processes.is_main:
             written = export_adapter(adapter, Path(args.export) / name)
             if not args.json:
@@ -445,6 +436,24 @@ def yaml_dump(data: dict[str, Any]) -> str:
     import yaml
 
     return yaml.safe_dump(data, sort_keys=False)
+
+
+def print_result(result: dict[str, Any], *, kept: bool, as_json: bool) -> None:
+    """One adapter and seed of ``runner.py adapt`` as it is measured or ``kept`` (``--resume``): its case lines, or
+    its JSON line, and the warning of a fit that did not converge."""
+    from cl2r_bench.adapt import result_json
+    from cl2r_bench.adapters import convergence_note
+
+    name, seed = result["adapter"], result["seed"]
+    if as_json:
+        print(json.dumps({**result_json(result), **({"kept": True} if kept else {})}, allow_nan=False))
+    else:
+        print(case_line(name, seed, result["cases"], result["backfilling"]["auc"], result["zero_shot"]))
+        if kept:
+            print("   kept: measured by an earlier run with the same settings (--resume)")
+    note = convergence_note(name, result["fit"], f" (seed {seed})")
+    if note:
+        print(note, file=sys.stderr if as_json else sys.stdout)
 
 
 def case_line(adapter: str, seed: int, cases: dict[str, Any], auc: dict[str, Any], zero_shot: Any) -> str:
