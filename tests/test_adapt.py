@@ -719,6 +719,29 @@ def test_a_fit_that_fails_on_rank_0_is_raised_on_every_process(rotated, tmp_path
         assert f"rank {rank} raised: the fit failed on purpose" in done.stderr, done.stderr[-3000:]
 
 
+def test_a_shared_study_resumes_on_every_process_alike(rotated, tmp_path, capsys):
+    """Under torchrun, ``--resume`` is decided on rank 0 and followed by both processes: the record an earlier
+    one-process run finished is kept, the missing one is measured by the two together, and its record equals the
+    one-process record (a process that skipped what the other measured would wait for it forever)."""
+    from test_distributed import torchrun
+
+    train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
+    study = ["adapt", "--train", train, "--test", test, "--adapter", "none", "procrustes", "--device", "cpu",
+             "--output", tmp_path / "out", "--set", "model_update.stream_rows=16"]
+    code, out = main(list(map(str, study))), capsys.readouterr()
+    assert code == 0, out.err
+    records = tmp_path / "out" / "adapt" / "train_folder"
+    alone = json.loads((records / "procrustes" / "seed42" / "metrics.json").read_text())
+    kept = (records / "none" / "seed42" / "metrics.json").read_bytes()
+    (records / "procrustes" / "seed42" / "metrics.json").unlink()
+    done = torchrun(str(ROOT / "runner.py"), *map(str, study), "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("kept: measured by an earlier run") == 1
+    shared = json.loads((records / "procrustes" / "seed42" / "metrics.json").read_text())
+    assert shared["retrieval"]["cases"] == alone["retrieval"]["cases"]
+    assert (records / "none" / "seed42" / "metrics.json").read_bytes() == kept
+
+
 def test_streaming_needs_a_folder_of_npy_files_and_a_positive_row_count(rotated, tmp_path, capsys):
     train, test = rotated
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--output", tmp_path,
