@@ -227,7 +227,7 @@ def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tenso
            unmatched_queries: str, chunk_elements: int | None,
            progress: str | None = None) -> list[list[RetrievalScores]]:
     """``[curve][step]`` scores, the queries taken in blocks, query i's own gallery item ``own_index[i]`` left out
-    (module docstring); ``progress`` labels a bar over the blocks (:func:`progress_bar`)."""
+    (module docstring); ``progress`` labels a bar over the pairs compared (:func:`progress_bar`)."""
     device = fresh.device
     q = F.normalize(queries.float(), dim=1)
     versions = [F.normalize(v.float(), dim=1) for v in (fresh, stale) if v is not None]
