@@ -316,8 +316,9 @@ def command_pretrain(args: argparse.Namespace) -> int:
 
 
 def command_adapt(args: argparse.Namespace) -> int:
-    """Fit and measure adapters on the user's embeddings (:mod:`cl2r_bench.adapt`): every setting is checked
-    before the files are read, the files before any adapter is fitted. Under torchrun the processes share the
+    """Fit and measure adapters on the user's embeddings (:mod:`cl2r_bench.adapt`): every setting, and with
+    ``--resume`` every record an earlier run left, is checked before the files are read, the files before any
+    adapter is fitted. Under torchrun the processes share the
     streamed splits' passes (docs/scale-out.md), and rank 0 prints and writes."""
     from cl2r_bench.adapt import adapt_settings
     from cl2r_bench.assembly import resolve_device

@@ -449,8 +449,9 @@ def test_a_resumed_study_keeps_what_an_earlier_run_finished_and_measures_only_th
                                                                                       monkeypatch):
     """An earlier study of none, Procrustes and FastFill stopped before FastFill's record was written. With
     ``--resume`` the same command measures FastFill alone, leaves the other two records as they were (byte for
-    byte), says which it kept, and answers as the whole study did. Records of other settings are refused in one line
-    before anything is fitted, and so is ``--export`` (a kept record has no fitted adapter to export)."""
+    byte), says which it kept, and answers as the whole study did. Records of other settings, or cut short, are
+    refused in one line before anything is fitted, and so is ``--export`` (a kept record has no fitted adapter to
+    export)."""
     from cl2r_bench import adapt as adapt_module
 
     measured = []
@@ -485,6 +486,9 @@ def test_a_resumed_study_keeps_what_an_earlier_run_finished_and_measures_only_th
         code, out = adapt(*study, "--resume", *other, capsys=capsys)
         assert code == 2 and out.err.count("\n") == 1 and out.out == "", out.err
         assert ("model_update.backfill_steps = 10 where this run has 5" in out.err) == (other[0] == "--set")
+    (folder / "none" / "seed42" / "metrics.json").write_text('{"cut short')
+    code, out = adapt(*study, "--resume", capsys=capsys)
+    assert code == 2 and out.err.count("\n") == 1 and "none/seed42 cannot be read" in out.err, out.err
     assert measured == ["fastfill"]
 
 
