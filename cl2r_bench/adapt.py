@@ -51,7 +51,7 @@ from benchmarks.adapter_study import (
 from benchmarks.gallery_rows import NpyRows
 from benchmarks.record import cross_case, leave_one_out_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
-from cl2r_bench.config import CONFIG_DIR, flatten, load_yaml, merge, parse_assignment, read_yaml
+from cl2r_bench.config import CONFIG_DIR, differing, flatten, load_yaml, merge, parse_assignment, read_yaml
 from cl2r_bench.data.datasets import DataError, ImageSet, load_dataset, native_image_size
 from cl2r_bench.data.streams import first_per_class
 from cl2r_bench.distributed import SINGLE, Processes
@@ -451,9 +451,9 @@ def finished_record(folder: Path, config: dict[str, Any]) -> dict[str, Any] | No
         raise UsageError(f"--resume: the record in {folder} cannot be read ({str(exc).splitlines()[0][:120]}); "
                          "delete that folder to measure it again") from None
     now = flatten(load_yaml(yaml.safe_dump(config)))
-    differing = sorted(key for key in earlier.keys() | now.keys() if earlier.get(key) != now.get(key))
-    if differing:
-        key = differing[0]
+    changed = differing(earlier, now)
+    if changed:
+        key = changed[0]
         raise UsageError(f"--resume: {folder} was measured with {key} = {earlier.get(key)!r} where this run has "
                          f"{now.get(key)!r}; pass another --output, or drop --resume to measure it again")
     return record

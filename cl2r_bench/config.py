@@ -135,6 +135,12 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def differing(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The keys, sorted, whose values differ between two flat configs (:func:`flatten`), a key missing from one
+    counting as None: what a resumed run or study names when its settings are not the earlier run's."""
+    return sorted(key for key in a.keys() | b.keys() if a.get(key) != b.get(key))
+
+
 def parse_assignment(text: str) -> dict[str, Any]:
     """``"training.epochs=5"`` -> ``{"training": {"epochs": 5}}`` (the value is parsed as YAML)."""
     if "=" not in text:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import yaml
 
-from cl2r_bench.config import flatten
+from cl2r_bench.config import differing, flatten
 from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.files import atomic_write_text, exclusive
 
@@ -87,8 +87,7 @@ class RunFolder:
         if not isinstance(saved, dict):
             raise RunError(f"--resume: {path} is missing, empty or damaged, so the run's settings are unknown; "
                            "start over with --overwrite")
-        a, b = _run_defining(saved), _run_defining(config)
-        diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        diff = differing(_run_defining(saved), _run_defining(config))
         if diff:
             raise RunError(f"--resume: the settings differ from the interrupted run in {diff[:5]}; use the same "
                            "settings, or --overwrite to start over")

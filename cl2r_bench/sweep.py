@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from benchmarks.record import holds_complete_record
-from cl2r_bench.config import CONFIG_DIR, EXTRA_TYPES, FLOAT_TEXT, flatten, parse_assignment, read_yaml
+from cl2r_bench.config import CONFIG_DIR, EXTRA_TYPES, FLOAT_TEXT, differing, flatten, parse_assignment, read_yaml
 from cl2r_bench.errors import ConfigError, safe_name
 from cl2r_bench.files import atomic_write_text
 from cl2r_bench.run_options import GRID_OPTIONS, requested_output, requested_runs
@@ -177,7 +177,7 @@ def distinct_runs(runs: list[Assembly]) -> list[Assembly]:
 
 def _same_point(one: Assembly, other: Assembly) -> None:
     flat, other_flat = flatten(one.config), flatten(other.config)
-    differ = sorted(k for k in flat.keys() | other_flat.keys() if flat.get(k) != other_flat.get(k))
+    differ = differing(flat, other_flat)
     if differ:
         shown = "; ".join(f"{k}={flat.get(k)!r} and {k}={other_flat.get(k)!r}" for k in differ[:3])
         raise ConfigError(f"two runs asked for would share the run folder {one.directory}: {shown}"
