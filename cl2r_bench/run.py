@@ -8,10 +8,11 @@ the replay memory takes the task's exemplars (the training template's hook); the
 between the outgoing and the new model, on the task's images and the memory it was trained with, when the scenario
 says so (docs/METHODS.md §7); the model is deployed to the :class:`CompatibilityEvaluator` (gallery and
 queries embedded once per model); then the model, the run state and a partial ``metrics.json`` are saved
-atomically. ``resume=True`` continues after the last finished task; every task seeds its own random streams from
-``(seed, t)``, so a resumed run ends with the same metrics as an uninterrupted one. Under torchrun every process
-runs this loop; training and evaluation are shared and only rank 0 writes, prints and pretrains
-(:mod:`cl2r_bench.distributed`).
+atomically, with SIGINT and SIGTERM waiting until they are (:func:`cl2r_bench.stops.deferred_stops`), so a task
+reported finished is never trained again. ``resume=True`` continues after the last finished task; every task
+seeds its own random streams from ``(seed, t)``, so a resumed run ends with the same metrics as an uninterrupted
+one. Under torchrun every process runs this loop; training and evaluation are shared and only rank 0 writes,
+prints and pretrains (:mod:`cl2r_bench.distributed`).
 
 With an adapter along a stream, ``metrics.json``'s ``compatibility_matrix`` and ``metrics`` are those of the adapted
 matrix (what the system delivers without re-embedding its gallery) and ``unadapted_matrix`` /
@@ -56,6 +57,7 @@ from cl2r_bench.starting_models import (
     replacement_score_key,
     task_encoder,
 )
+from cl2r_bench.stops import deferred_stops
 from cl2r_bench.training.engine import ReplayMemory
 from cl2r_bench.training.pretrain import save_state
 from reporting.plots import save_plots
@@ -303,8 +305,18 @@ class Run:
         timing["images_per_second"] = timing["images"] / max(timing["seconds"], 1e-9)
         adapted = (f", adapted {' '.join(f'{v:.3f}' for v in evaluator.adapted_rows[-1])}"
                    if self.parts.direction else "")
-        self.log(f"task {t}{tag}: trained {timing['iterations']} iterations in {timing['seconds']:.1f}s, "
-                 f"M[{t}] = {' '.join(f'{v:.3f}' for v in row)}{adapted}")
+        with deferred_stops():
+            self.log(f"task {t}{tag}: trained {timing['iterations']} iterations in {timing['seconds']:.1f}s, "
+                     f"M[{t}] = {' '.join(f'{v:.3f}' for v in row)}{adapted}")
+            self._save_finished_task(t, model, evaluator, memory, timing)
+            record = self.record(evaluator, complete=False, seconds=None)
+        self.tracker.task_finished(t, (evaluator.adapted_rows if self.parts.direction else evaluator.rows)[-1],
+                                   record["metrics"] or {})
+        return outgoing, model, adapter
+
+    def _save_finished_task(self, t: int, model: RetrievalModel, evaluator: CompatibilityEvaluator,
+                            memory: ReplayMemory, timing: dict[str, Any]) -> None:
+        """Save task t's model and the run state that resumes after it."""
         if self.main:
             save_state(model.state_dict(), self.dir / "checkpoints" / f"task{t}.pt")
         self.state.update(next_task=t + 1, evaluator=evaluator.state_dict(),
@@ -313,10 +325,6 @@ class Run:
         self.state["timings"] = self.state["timings"] + [timing]
         if self.main:
             save_state(self.state, self.folder.state)
-        record = self.record(evaluator, complete=False, seconds=None)
-        self.tracker.task_finished(t, (evaluator.adapted_rows if self.parts.direction else evaluator.rows)[-1],
-                                   record["metrics"] or {})
-        return outgoing, model, adapter
 
     def _fit_adapter(self, t: int, outgoing: RetrievalModel, incoming: RetrievalModel, memory: ImageSet | None):
         """Fit the configured adapter between ``outgoing`` and ``incoming`` on the scenario's data."""

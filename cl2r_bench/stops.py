@@ -5,7 +5,8 @@ SIGINT as *ignored*; Python then installs no Ctrl-C handler, and ``kill -INT`` d
 ``docker stop`` and ``timeout`` send SIGTERM, whose default ends the process at once. So every command of the
 suite installs both handlers itself, first thing: either signal raises :class:`Stopped` (a ``KeyboardInterrupt``,
 so every clean-stop path that catches Ctrl-C catches it too), and the command exits with :func:`exit_code` (130
-after SIGINT, 143 after SIGTERM) after one line, its finished tasks kept.
+after SIGINT, 143 after SIGTERM) after one line, its finished tasks kept. What must not be cut in two (a task
+that is finished and its saved state) runs inside :func:`deferred_stops`.
 """
 from __future__ import annotations
 
@@ -46,6 +47,26 @@ def stop_handlers() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def deferred_stops() -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM wait: a stop that arrives is delivered on leaving, to the handler that was
+    there before, so a finished task is saved whole before the process stops (docs/reliability.md). When the body
+    raises, its exception goes on and the waiting stop is dropped. A no-op off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum))
+                for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if arrived:
+        signal.raise_signal(arrived[0])
 
 
 def exit_code(stop: BaseException) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cl2r_bench.stops import Stopped, exit_code, stop_handlers
+from cl2r_bench.stops import Stopped, deferred_stops, exit_code, stop_handlers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,3 +71,48 @@ def test_a_run_that_inherited_an_ignored_sigint_stops_cleanly_and_resumes(tiny, 
     resumed = subprocess.run(command + ["--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(record.read_text())["complete"]
+
+
+def test_a_stop_inside_deferred_stops_waits_for_the_end_of_the_block():
+    reached = []
+    with pytest.raises(Stopped) as stop, stop_handlers():
+        with deferred_stops():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            reached.append("end of the block")
+        reached.append("after the block")
+    assert reached == ["end of the block"] and stop.value.signum == signal.SIGTERM
+
+
+def test_a_block_that_fails_keeps_its_own_error_and_drops_the_waiting_stop():
+    with pytest.raises(ZeroDivisionError), stop_handlers(), deferred_stops():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        raise ZeroDivisionError
+
+
+def test_a_stop_while_a_finished_task_is_saved_keeps_that_task(tiny, tmp_path, monkeypatch, capsys):
+    """SIGTERM as the first task's checkpoint starts to be written (SLURM stopping a job, say): the run saves the
+    task, its state and its record, then stops with 143; the resumed run starts at the next task."""
+    from cl2r_bench import cli
+    from cl2r_bench import run as experiment
+
+    original = experiment.save_state
+
+    def stopped_while_saving(state, path):
+        if path.name == "task0.pt":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(state, path)
+
+    monkeypatch.setattr(experiment, "save_state", stopped_while_saving)
+    args = ["run", "--config", str(tiny), "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er",
+            "--output", str(tmp_path / "out"), "--no-progress"]
+    assert cli.main(args) == 143
+    folder = tmp_path / "out/cl2r/synthetic/er/seed42"
+    printed = capsys.readouterr().out
+    assert "task 0: trained" in printed and "task 1:" not in printed
+    assert json.loads((folder / "metrics.json").read_text())["tasks_completed"] == 1
+    monkeypatch.setattr(experiment, "save_state", original)
+    assert cli.main([*args, "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert f"resuming {folder} at task 1" in printed and "task 0: trained" not in printed
