@@ -28,11 +28,13 @@ import io
 import json
 import math
 import shutil
+import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -229,20 +231,55 @@ def _ask(*command: str) -> str:
 
 @dataclass
 class ArrayTask:
-    """What one array task runs: its job's run command, with its output in the task's log."""
+    """What one array task runs: its job's run command, with its output in the task's log.
+
+    SLURM sends its time-limit warning (USR2) to every process of the job; the run ignores it, and submitit's
+    handler in this process calls :meth:`checkpoint`, which stops the run cleanly before submitit requeues the
+    task. Without that, submitit's exit would kill the run at once, and a task finished as the warning came could
+    be lost with the state that was being saved."""
 
     job: Job
+    stop_seconds: float
+    """How long :meth:`checkpoint` waits for the run to stop: half the warning, so the requeue comes before the
+    time limit."""
+    _run: subprocess.Popen | None = field(default=None, init=False, repr=False, compare=False)
+    _ended: threading.Event = field(default_factory=threading.Event, init=False, repr=False, compare=False)
 
     def __call__(self) -> None:
-        code = subprocess.run(self.job.command()).returncode
-        if code != 0:
-            raise RuntimeError(f"{self.job.name}: the run exited with code {code}")
+        """Run the job's command to its end. A thread waits for the run; this one only polls, so submitit's handler,
+        which interrupts it, never meets a lock that the interrupted code holds."""
+        self._run = subprocess.Popen(self.job.command(), preexec_fn=_ignore_time_limit_warning)
+        threading.Thread(target=self._wait_for_run, daemon=True).start()
+        while not self._ended.is_set():
+            time.sleep(0.5)
+        if self._run.returncode != 0:
+            raise RuntimeError(f"{self.job.name}: the run exited with code {self._run.returncode}")
+
+    def _wait_for_run(self) -> None:
+        self._run.wait()
+        self._ended.set()
 
     def checkpoint(self) -> Any:
-        """Called by submitit at the time limit: start the task again (its run resumes)."""
+        """Called by submitit at the time-limit warning: stop the run with SIGTERM (it keeps its finished tasks,
+        the one being saved included; docs/reliability.md), wait for it, and start the task again (its run
+        resumes)."""
         import submitit
 
-        return submitit.helpers.DelayedSubmission(self)
+        if self._run is not None:
+            self._run.send_signal(signal.SIGTERM)
+            self._ended.wait(self.stop_seconds)
+        return submitit.helpers.DelayedSubmission(ArrayTask(self.job, self.stop_seconds))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """submitit pickles the task; the running process and its event stay behind."""
+        return {"job": self.job, "stop_seconds": self.stop_seconds}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)
+
+
+def _ignore_time_limit_warning() -> None:
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
 def run_slurm(jobs: list[Job], args: argparse.Namespace, folder: Path, *,
@@ -286,7 +323,8 @@ def submit(jobs: list[Job], args: argparse.Namespace, folder: Path) -> dict[str,
     executor.update_parameters(**sbatch_parameters(args))
     try:
         with contextlib.redirect_stderr(io.StringIO()), executor.batch():
-            handles = [executor.submit(ArrayTask(job)) for job in jobs]
+            stop_seconds = warning_seconds(args.time) / 2
+            handles = [executor.submit(ArrayTask(job, stop_seconds)) for job in jobs]
     except submitit.core.utils.FailedJobError as exc:
         reason = (str(exc).strip() or "no message").splitlines()[-1]
         raise UsageError(f"sbatch refused the sweep's jobs: {reason}") from None

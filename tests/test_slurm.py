@@ -4,10 +4,14 @@ the jobs to the end without submitit's ``result()``, and a real one-node SLURM c
 to the end, an interrupted run resumed by its job, and a last sweep that submits nothing."""
 import json
 import os
+import pickle
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import textwrap
+import threading
 import time
 from argparse import Namespace
 from pathlib import Path
@@ -333,9 +337,9 @@ def equal_tasks(tiny: Path, folder: Path, epochs: int) -> Path:
 def test_a_job_that_reaches_its_real_time_limit_is_requeued_and_trains_no_finished_task_again(cluster, tiny, tmp_path):
     """A 2-minute limit on a run of six equal tasks of about 30 s each (the epochs calibrated by a short run on this
     machine, now; :data:`TASKS` says what speed changes it tolerates, with requeues enough for one task an attempt):
-    SLURM warns the job 30 s before its limit (a quarter of it, :func:`cl2r_bench.slurm.warning_seconds`), submitit
-    requeues the task, SLURM stops the run (which keeps its finished tasks), and the requeued job resumes after the
-    last finished task and completes; every task is trained to its end exactly once."""
+    SLURM warns the job 30 s before its limit (a quarter of it, :func:`cl2r_bench.slurm.warning_seconds`), the array
+    task stops the run (which keeps its finished tasks), submitit requeues the task, and the requeued job resumes
+    after the last finished task and completes; every task is trained to its end exactly once."""
     calibration = tmp_path / "calibration"
     assert cli.main(["run", "--config", str(equal_tasks(tiny, tmp_path, 200)), "--output", str(calibration),
                      "--no-progress"]) == 0
@@ -357,6 +361,52 @@ def test_a_job_that_reaches_its_real_time_limit_is_requeued_and_trains_no_finish
     trained = re.findall(r"^task (\d)[^:]*: trained", log, flags=re.M)
     assert sorted(trained) == [str(t) for t in range(TASKS)], log
     assert json.loads((out / "cl2r/synthetic/bct/seed1/metrics.json").read_text())["complete"]
+
+
+class FakeJob:
+    """A job whose run writes ``started``, survives unless stopped, and on SIGTERM takes a second to write
+    ``stopped`` (a task being saved) before exiting with 143."""
+
+    name = "fake"
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", textwrap.dedent(f"""
+            import pathlib, signal, sys, time
+            folder = pathlib.Path({str(self.folder)!r})
+            def stop(signum, frame):
+                time.sleep(1)
+                (folder / "stopped").write_text("saved")
+                sys.exit(143)
+            signal.signal(signal.SIGTERM, stop)
+            (folder / "started").write_text("")
+            time.sleep(120)
+            """)]
+
+
+def test_at_the_time_limit_warning_the_array_task_stops_its_run_cleanly_before_it_is_requeued(tmp_path):
+    """SLURM sends the warning (USR2) to every process of the job: the run ignores it and lives on; submitit then
+    calls :meth:`ArrayTask.checkpoint`, which returns only once the run has stopped on its SIGTERM and saved what it
+    was saving, and hands submitit a fresh task of the same job to requeue."""
+    pytest.importorskip("submitit")
+    from cl2r_bench.slurm import ArrayTask
+
+    task = ArrayTask(FakeJob(tmp_path), stop_seconds=30)
+    failure = []
+    runner = threading.Thread(target=lambda: failure.append(pytest.raises(RuntimeError, task)))
+    runner.start()
+    wait_until((tmp_path / "started").exists, 60, "the run never started")
+    os.kill(task._run.pid, signal.SIGUSR2)
+    time.sleep(0.5)
+    assert task._run.poll() is None
+    requeued = task.checkpoint()
+    assert (tmp_path / "stopped").read_text() == "saved" and task._run.returncode == 143
+    runner.join(10)
+    assert "exited with code 143" in str(failure[0].value)
+    assert requeued.function.job is task.job and requeued.function._run is None
+    assert pickle.loads(pickle.dumps(task)).job.folder == tmp_path
 
 
 def test_short_time_limits_are_warned_a_quarter_before_their_end():
