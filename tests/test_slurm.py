@@ -365,12 +365,12 @@ def test_a_job_that_reaches_its_real_time_limit_is_requeued_and_trains_no_finish
 
 class FakeJob:
     """A job whose run writes ``started``, survives unless stopped, and on SIGTERM takes a second to write
-    ``stopped`` (a task being saved) before exiting with 143."""
+    ``stopped`` (a task being saved) before exiting with 143; or, with ``stops=False``, ignores SIGTERM."""
 
     name = "fake"
 
-    def __init__(self, folder: Path):
-        self.folder = folder
+    def __init__(self, folder: Path, stops: bool = True):
+        self.folder, self.stops = folder, stops
 
     def command(self) -> list[str]:
         return [sys.executable, "-c", textwrap.dedent(f"""
@@ -380,7 +380,7 @@ class FakeJob:
                 time.sleep(1)
                 (folder / "stopped").write_text("saved")
                 sys.exit(143)
-            signal.signal(signal.SIGTERM, stop)
+            signal.signal(signal.SIGTERM, stop if {self.stops} else signal.SIG_IGN)
             (folder / "started").write_text("")
             time.sleep(120)
             """)]
@@ -400,13 +400,31 @@ def test_at_the_time_limit_warning_the_array_task_stops_its_run_cleanly_before_i
     wait_until((tmp_path / "started").exists, 60, "the run never started")
     os.kill(task._run.pid, signal.SIGUSR2)
     time.sleep(0.5)
-    assert task._run.poll() is None
+    assert not task._ended.is_set()
     requeued = task.checkpoint()
     assert (tmp_path / "stopped").read_text() == "saved" and task._run.returncode == 143
     runner.join(10)
     assert "exited with code 143" in str(failure[0].value)
     assert requeued.function.job is task.job and requeued.function._run is None
     assert pickle.loads(pickle.dumps(task)).job.folder == tmp_path
+
+
+def test_a_run_that_does_not_stop_holds_the_requeue_back_only_for_its_stop_seconds(tmp_path):
+    """The requeue must come before the time limit, so :meth:`ArrayTask.checkpoint` waits no longer than
+    ``stop_seconds`` for a run that ignores SIGTERM (SLURM's requeue then ends it)."""
+    pytest.importorskip("submitit")
+    from cl2r_bench.slurm import ArrayTask
+
+    task = ArrayTask(FakeJob(tmp_path, stops=False), stop_seconds=1)
+    runner = threading.Thread(target=lambda: pytest.raises(RuntimeError, task))
+    runner.start()
+    wait_until((tmp_path / "started").exists, 60, "the run never started")
+    started = time.monotonic()
+    task.checkpoint()
+    waited = time.monotonic() - started
+    assert 1 <= waited < 10 and not task._ended.is_set()
+    task._run.kill()
+    runner.join(10)
 
 
 def test_short_time_limits_are_warned_a_quarter_before_their_end():
