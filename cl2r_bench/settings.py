@@ -453,14 +453,15 @@ def _build(cls: type, mapping: dict[str, Any]) -> Any:
     return cls(**values)
 
 
-def section_fields(cls: type = RunSettings, prefix: str = "") -> list[str]:
-    """The dotted names of every setting the dataclasses declare (``training.epochs``, ...), for the check that
-    they and ``configs/default.yaml`` hold the same keys."""
+def section_fields(cls: type = RunSettings, prefix: str = "") -> dict[str, tuple[type, Any]]:
+    """Every setting the dataclasses declare, by dotted name (``training.epochs``, ...), with the dataclass that
+    declares it and its annotation: for the checks that they and ``configs/default.yaml`` hold the same keys, that
+    no dataclass repeats a default, and that ``config.EXTRA_TYPES`` names the union-typed ones."""
     hints = typing.get_type_hints(cls)
-    names = []
+    fields: dict[str, tuple[type, Any]] = {}
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
-            names += section_fields(hints[f.name], f"{prefix}{f.name}.")
+            fields.update(section_fields(hints[f.name], f"{prefix}{f.name}."))
         else:
-            names.append(f"{prefix}{f.name}")
-    return names
+            fields[f"{prefix}{f.name}"] = (cls, hints[f.name])
+    return fields

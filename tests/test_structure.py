@@ -47,27 +47,13 @@ def test_the_settings_that_take_another_type_than_their_defaults_are_the_typed_u
     """``config.EXTRA_TYPES`` says which settings take values of another type than their default's (null, a list):
     the config module comes before the typed settings, which import it, so it keeps that list itself. It must name
     exactly the fields whose annotation is a union, with the union's types."""
-    def unions(cls, prefix=""):
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            hint = hints[f.name]
-            if dataclasses.is_dataclass(hint):
-                yield from unions(hint, f"{prefix}{f.name}.")
-            elif isinstance(hint, types.UnionType):
-                yield f"{prefix}{f.name}", {typing.get_origin(member) or member for member in typing.get_args(hint)}
-
-    assert {key: set(accepted) for key, accepted in EXTRA_TYPES.items()} == dict(unions(RunSettings))
+    unions = {key: {typing.get_origin(member) or member for member in typing.get_args(hint)}
+              for key, (_, hint) in section_fields().items() if isinstance(hint, types.UnionType)}
+    assert {key: set(accepted) for key, accepted in EXTRA_TYPES.items()} == unions
 
 
 def test_the_typed_settings_declare_no_default_of_their_own():
-    def classes(cls):
-        hints = typing.get_type_hints(cls)
-        yield cls
-        for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(hints[f.name]):
-                yield from classes(hints[f.name])
-
-    for cls in classes(RunSettings):
+    for cls in {RunSettings} | {owner for owner, _ in section_fields().values()}:
         with_default = [f.name for f in dataclasses.fields(cls)
                         if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
         assert not with_default, f"{cls.__name__} repeats the YAML defaults of {with_default}"
