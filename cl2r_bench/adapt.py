@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 
 from benchmarks.adapter_study import (
@@ -51,7 +50,16 @@ from benchmarks.adapter_study import (
 from benchmarks.gallery_rows import NpyRows
 from benchmarks.record import cross_case, leave_one_out_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
-from cl2r_bench.config import CONFIG_DIR, differing, flatten, load_yaml, merge, parse_assignment, read_yaml
+from cl2r_bench.config import (
+    CONFIG_DIR,
+    config_text,
+    differing,
+    flatten,
+    load_yaml,
+    merge,
+    parse_assignment,
+    read_yaml,
+)
 from cl2r_bench.data.datasets import DataError, ImageSet, load_dataset, native_image_size
 from cl2r_bench.data.streams import first_per_class
 from cl2r_bench.distributed import SINGLE, Processes
@@ -450,7 +458,7 @@ def finished_record(folder: Path, config: dict[str, Any]) -> dict[str, Any] | No
     except (OSError, ValueError) as exc:
         raise UsageError(f"--resume: the record in {folder} cannot be read ({str(exc).splitlines()[0][:120]}); "
                          "delete that folder to measure it again") from None
-    now = flatten(load_yaml(yaml.safe_dump(config)))
+    now = flatten(load_yaml(config_text(config)))
     changed = differing(earlier, now)
     if changed:
         key = changed[0]

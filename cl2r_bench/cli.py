@@ -353,6 +353,7 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
         study_record,
     )
     from cl2r_bench.adapters import list_adapters, make_adapter
+    from cl2r_bench.config import config_text
     from cl2r_bench.errors import safe_name
     from cl2r_bench.files import atomic_write_text
     from reporting.adapter_summary import summary_json, summary_text
@@ -401,7 +402,7 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
             else:
                 record = study_record(result, study, scenario="adapt", method=name, dataset=study_name,
                                       config=configs[name, seed], device=device, adapter=adapter)
-                atomic_write_text(folders[name, seed] / "config.yaml", yaml_dump(configs[name, seed]))
+                atomic_write_text(folders[name, seed] / "config.yaml", config_text(configs[name, seed]))
                 write_record(folders[name, seed], record)
             records.append(record)
             print_result(result, kept=was_kept, as_json=args.json)
@@ -433,10 +434,6 @@ def adapter_names(asked: list[str], registered: list[str]) -> list[str]:
     return names
 
 
-def yaml_dump(data: dict[str, Any]) -> str:
-    import yaml
-
-    return yaml.safe_dump(data, sort_keys=False)
 
 
 def print_result(result: dict[str, Any], *, kept: bool, as_json: bool) -> None:

@@ -58,6 +58,12 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=PlainLoader)
 
 
+def config_text(config: dict[str, Any]) -> str:
+    """A resolved config as its run folder's ``config.yaml`` holds it, keys in their order; what a resume compares
+    is :func:`load_yaml` of this text, so tuples and lists read back alike."""
+    return yaml.safe_dump(config, sort_keys=False)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping; a missing, unreadable or non-mapping file is a :class:`ConfigError`."""
     try:

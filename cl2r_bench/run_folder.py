@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import yaml
 
-from cl2r_bench.config import differing, flatten
+from cl2r_bench.config import config_text, differing, flatten
 from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.files import atomic_write_text, exclusive
 
@@ -130,7 +130,7 @@ class RunFolder:
                 if self.overwrite and self.path.exists():
                     shutil.rmtree(self.path)
                 atomic_write_text(self.path / RUN_MARKER, "a run folder of the cl2r benchmark suite\n")
-                atomic_write_text(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+                atomic_write_text(self.path / "config.yaml", config_text(config))
                 self.decided_resuming = self.resuming
                 processes.from_main((None, self.decided_resuming))
                 told = True
