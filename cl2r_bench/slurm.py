@@ -27,6 +27,7 @@ import getpass
 import io
 import json
 import math
+import os
 import shutil
 import signal
 import subprocess
@@ -40,7 +41,7 @@ from typing import Any, NamedTuple
 
 from cl2r_bench.errors import UsageError
 from cl2r_bench.files import atomic_write_text
-from cl2r_bench.sweep import Job, progress
+from cl2r_bench.sweep import Job, progress, thread_environment
 
 JOB_NAME = "cl2r-sweep"
 RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"}
@@ -242,13 +243,17 @@ class ArrayTask:
     stop_seconds: float
     """How long :meth:`checkpoint` waits for the run to stop: half the warning, so the requeue comes before the
     time limit."""
+    threads: int
+    """The job's CPUs (``--cpus-per-job``): the run's threads (:func:`cl2r_bench.sweep.thread_environment`), so jobs
+    that share a node do not each use all its cores."""
     _run: subprocess.Popen | None = field(default=None, init=False, repr=False, compare=False)
     _ended: threading.Event = field(default_factory=threading.Event, init=False, repr=False, compare=False)
 
     def __call__(self) -> None:
         """Run the job's command to its end. A thread waits for the run; this one only polls, so submitit's handler,
         which interrupts it, never meets a lock that the interrupted code holds."""
-        self._run = subprocess.Popen(self.job.command(), preexec_fn=_ignore_time_limit_warning)
+        self._run = subprocess.Popen(self.job.command(), env=dict(os.environ, **thread_environment(self.threads)),
+                                     preexec_fn=_ignore_time_limit_warning)
         threading.Thread(target=self._wait_for_run, daemon=True).start()
         while not self._ended.is_set():
             time.sleep(0.5)
@@ -268,11 +273,11 @@ class ArrayTask:
         if self._run is not None:
             self._run.send_signal(signal.SIGTERM)
             self._ended.wait(self.stop_seconds)
-        return submitit.helpers.DelayedSubmission(ArrayTask(self.job, self.stop_seconds))
+        return submitit.helpers.DelayedSubmission(ArrayTask(self.job, self.stop_seconds, self.threads))
 
     def __getstate__(self) -> dict[str, Any]:
         """submitit pickles the task; the running process and its event stay behind."""
-        return {"job": self.job, "stop_seconds": self.stop_seconds}
+        return {"job": self.job, "stop_seconds": self.stop_seconds, "threads": self.threads}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)
@@ -324,7 +329,7 @@ def submit(jobs: list[Job], args: argparse.Namespace, folder: Path) -> dict[str,
     try:
         with contextlib.redirect_stderr(io.StringIO()), executor.batch():
             stop_seconds = warning_seconds(args.time) / 2
-            handles = [executor.submit(ArrayTask(job, stop_seconds)) for job in jobs]
+            handles = [executor.submit(ArrayTask(job, stop_seconds, args.cpus_per_job)) for job in jobs]
     except submitit.core.utils.FailedJobError as exc:
         reason = (str(exc).strip() or "no message").splitlines()[-1]
         raise UsageError(f"sbatch refused the sweep's jobs: {reason}") from None

@@ -193,6 +193,18 @@ def gpu_slots(jobs: int) -> list[str | None]:
     return [str(slot % count) if count > 1 else None for slot in range(jobs)]
 
 
+def thread_environment(threads: int) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for a run given ``threads`` cores, unless the user set it: torch's default is every core
+    of the machine, and runs that share the cores each with that many threads wait on each other (two runs on 2
+    cores trained 10 times slower with 2 threads each than with 1; docs/scale-out.md)."""
+    return {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(threads)}
+
+
+def cores_per_run(parallel: int) -> int:
+    """Each of ``parallel`` local runs' share of the cores this process may use, at least one."""
+    return max(1, len(os.sched_getaffinity(0)) // parallel)
+
+
 def progress(done: int, running: int, failed: int, waiting: int) -> str:
     """The progress line of a sweep, the same for every launcher."""
     return f"sweep: {done} done, {running} running, {failed} failed, {waiting} waiting"
@@ -254,7 +266,8 @@ def _run_pool(jobs: list[Job], running: dict[int, tuple[Job, subprocess.Popen, A
                 job = waiting.pop(0)
                 job.log_file.parent.mkdir(parents=True, exist_ok=True)
                 handle = open(job.log_file, "a")
-                env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": slots[slot]} if slots[slot] is not None else {}))
+                env = dict(os.environ, **thread_environment(cores_per_run(parallel)),
+                           **({"CUDA_VISIBLE_DEVICES": slots[slot]} if slots[slot] is not None else {}))
                 running[slot] = (job, subprocess.Popen(job.command(), stdout=handle, stderr=subprocess.STDOUT,
                                                        env=env, start_new_session=True), handle)
         for slot, (job, process, handle) in list(running.items()):

@@ -374,30 +374,34 @@ class FakeJob:
 
     def command(self) -> list[str]:
         return [sys.executable, "-c", textwrap.dedent(f"""
-            import pathlib, signal, sys, time
+            import os, pathlib, signal, sys, time
             folder = pathlib.Path({str(self.folder)!r})
             def stop(signum, frame):
                 time.sleep(1)
                 (folder / "stopped").write_text("saved")
                 sys.exit(143)
             signal.signal(signal.SIGTERM, stop if {self.stops} else signal.SIG_IGN)
-            (folder / "started").write_text("")
+            (folder / "started").write_text(os.environ.get("OMP_NUM_THREADS", "unset"))
             time.sleep(120)
             """)]
 
 
-def test_at_the_time_limit_warning_the_array_task_stops_its_run_cleanly_before_it_is_requeued(tmp_path):
+def test_at_the_time_limit_warning_the_array_task_stops_its_run_cleanly_before_it_is_requeued(tmp_path,
+                                                                                                 monkeypatch):
     """SLURM sends the warning (USR2) to every process of the job: the run ignores it and lives on; submitit then
     calls :meth:`ArrayTask.checkpoint`, which returns only once the run has stopped on its SIGTERM and saved what it
-    was saving, and hands submitit a fresh task of the same job to requeue."""
+    was saving, and hands submitit a fresh task of the same job to requeue. The run uses as many threads as the job
+    has CPUs."""
     pytest.importorskip("submitit")
     from cl2r_bench.slurm import ArrayTask
 
-    task = ArrayTask(FakeJob(tmp_path), stop_seconds=30)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    task = ArrayTask(FakeJob(tmp_path), stop_seconds=30, threads=3)
     failure = []
     runner = threading.Thread(target=lambda: failure.append(pytest.raises(RuntimeError, task)))
     runner.start()
     wait_until((tmp_path / "started").exists, 60, "the run never started")
+    assert (tmp_path / "started").read_text() == "3"
     os.kill(task._run.pid, signal.SIGUSR2)
     time.sleep(0.5)
     assert not task._ended.is_set()
@@ -405,7 +409,7 @@ def test_at_the_time_limit_warning_the_array_task_stops_its_run_cleanly_before_i
     assert (tmp_path / "stopped").read_text() == "saved" and task._run.returncode == 143
     runner.join(10)
     assert "exited with code 143" in str(failure[0].value)
-    assert requeued.function.job is task.job and requeued.function._run is None
+    assert requeued.function.job is task.job and requeued.function._run is None and requeued.function.threads == 3
     assert pickle.loads(pickle.dumps(task)).job.folder == tmp_path
 
 
@@ -415,7 +419,7 @@ def test_a_run_that_does_not_stop_holds_the_requeue_back_only_for_its_stop_secon
     pytest.importorskip("submitit")
     from cl2r_bench.slurm import ArrayTask
 
-    task = ArrayTask(FakeJob(tmp_path, stops=False), stop_seconds=1)
+    task = ArrayTask(FakeJob(tmp_path, stops=False), stop_seconds=1, threads=1)
     runner = threading.Thread(target=lambda: pytest.raises(RuntimeError, task))
     runner.start()
     wait_until((tmp_path / "started").exists, 60, "the run never started")

@@ -1,6 +1,7 @@
 """``runner.py sweep``: a grid of runs as separate processes; complete runs are skipped, failed ones named, every
 bad point refused before anything starts."""
 import json
+import sys
 
 import pytest
 
@@ -203,3 +204,33 @@ def test_a_sweep_reruns_a_point_whose_record_the_leaderboard_would_reject(tmp_pa
 
     (folder / "metrics.json").write_text(json.dumps(valid_record()))
     assert job.status() == "complete"
+
+
+class ThreadsJob:
+    """A job whose run only writes the ``OMP_NUM_THREADS`` it was given to its log."""
+
+    def __init__(self, folder, name):
+        self.name, self.log_file = name, folder / f"{name}.log"
+
+    def status(self):
+        return "complete" if self.log_file.exists() else "new"
+
+    def command(self):
+        return [sys.executable, "-c", "import os; print(os.environ.get('OMP_NUM_THREADS', 'unset'))"]
+
+
+@pytest.mark.parametrize("users, expected", [(None, "2"), ("5", "5")])
+def test_parallel_local_runs_share_the_cores_unless_the_user_set_the_threads(users, expected, tmp_path,
+                                                                              monkeypatch):
+    """Four cores and two runs at a time: each run is given two threads (torch would take all four in each); an
+    ``OMP_NUM_THREADS`` the user set is kept."""
+    from cl2r_bench import sweep as sweeps
+
+    monkeypatch.setattr(sweeps.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    if users is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", users)
+    jobs = [ThreadsJob(tmp_path, f"job{i}") for i in range(3)]
+    assert sweeps.run_local(jobs, parallel=2, log=lambda line: None, poll=0.05) == 0
+    assert [job.log_file.read_text().strip() for job in jobs] == [expected] * 3
