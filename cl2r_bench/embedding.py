@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from cl2r_bench.adapt import embedded, study_images
+from cl2r_bench.config import config_text
 from cl2r_bench.errors import UsageError
 from cl2r_bench.feature_cache import Sharding
 from cl2r_bench.files import atomic_write_text
@@ -97,7 +97,7 @@ class EmbedWorker:
 def slurm_workers(parts: Any, args: argparse.Namespace, folder: Path) -> list[EmbedWorker]:
     """The array's tasks, the run's resolved config written once for all of them."""
     config = folder / "embed.yaml"
-    atomic_write_text(config, yaml.safe_dump(parts.config, sort_keys=False))
+    atomic_write_text(config, config_text(parts.config))
     workers = args.workers or args.shards
     for stale in folder.glob("embed-worker-*.done"):
         stale.unlink()
