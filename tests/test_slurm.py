@@ -336,13 +336,15 @@ def equal_tasks(tiny: Path, folder: Path, epochs: int) -> Path:
 @pytest.mark.slurm
 def test_a_job_that_reaches_its_real_time_limit_is_requeued_and_trains_no_finished_task_again(cluster, tiny, tmp_path):
     """A 2-minute limit on a run of six equal tasks of about 30 s each (the epochs calibrated by a short run on this
-    machine, now; :data:`TASKS` says what speed changes it tolerates, with requeues enough for one task an attempt):
+    machine, now, with the job's one thread; :data:`TASKS` says what speed changes it tolerates, with requeues
+    enough for one task an attempt):
     SLURM warns the job 30 s before its limit (a quarter of it, :func:`cl2r_bench.slurm.warning_seconds`), the array
     task stops the run (which keeps its finished tasks), submitit requeues the task, and the requeued job resumes
     after the last finished task and completes; every task is trained to its end exactly once."""
     calibration = tmp_path / "calibration"
-    assert cli.main(["run", "--config", str(equal_tasks(tiny, tmp_path, 200)), "--output", str(calibration),
-                     "--no-progress"]) == 0
+    subprocess.run([sys.executable, "-m", "cl2r_bench", "run", "--config", str(equal_tasks(tiny, tmp_path, 200)),
+                    "--output", str(calibration), "--no-progress"], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                   check=True, capture_output=True, timeout=600)
     record = json.loads(next(calibration.rglob("metrics.json")).read_text())
     per_epoch = float(np.mean([task["seconds"] for task in record["timings"]["tasks"]])) / 200
     epochs = max(200, round(TASK_SECONDS / per_epoch))
