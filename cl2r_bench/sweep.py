@@ -201,8 +201,10 @@ def thread_environment(threads: int) -> dict[str, str]:
 
 
 def cores_per_run(parallel: int) -> int:
-    """Each of ``parallel`` local runs' share of the cores this process may use, at least one."""
-    return max(1, len(os.sched_getaffinity(0)) // parallel)
+    """Each of ``parallel`` local runs' share of the cores this process may use (all cores where the system keeps
+    no affinity, as on macOS), at least one."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, usable // parallel)
 
 
 def progress(done: int, running: int, failed: int, waiting: int) -> str:
