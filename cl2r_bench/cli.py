@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ from cl2r_bench.errors import UsageError, writable_folder
 from cl2r_bench.limits import count_argument, seed_argument
 from cl2r_bench.run_options import add_run_options
 from cl2r_bench.stops import exit_code, stop_handlers, stop_name
+from cl2r_bench.threads import slurm_job_threads
 
 if TYPE_CHECKING:
     import torch
@@ -38,6 +40,10 @@ if TYPE_CHECKING:
 # Each command imports its parts inside its handler: they import torch, timm and Avalanche (seconds), so --help, a
 # usage error and the commands that read results answer without them.
 COMMANDS = ("run", "pretrain", "embed", "sweep", "metrics", "leaderboard", "plot", "report", "list", "adapt")
+COMMANDS_THAT_COMPUTE = ("run", "pretrain", "embed", "adapt")
+"""The commands that train, embed or rank in their own process (:func:`take_slurm_job_threads`). Not ``embed
+--launcher slurm``, whose jobs would inherit its ``OMP_NUM_THREADS`` (sbatch exports the environment): they, like a
+sweep's runs, are given their ``--cpus-per-job`` by the launcher."""
 EXIT_DIVERGED = 3
 EXIT_STRATEGY_FAILED = 4
 
@@ -662,6 +668,20 @@ def show_notices_as_one_line() -> None:
     warnings.simplefilter("once", DataNotice)
 
 
+def take_slurm_job_threads(args: argparse.Namespace) -> None:
+    """Inside a SLURM job, a command that computes here takes the job's CPUs as its threads
+    (:func:`cl2r_bench.threads.slurm_job_threads`): in torch, which the parser has imported already, and in the
+    environment its data workers and numba inherit."""
+    if args.command not in COMMANDS_THAT_COMPUTE or getattr(args, "launcher", None) == "slurm":
+        return
+    threads = slurm_job_threads()
+    if threads:
+        import torch
+
+        os.environ.update(threads)
+        torch.set_num_threads(int(threads["OMP_NUM_THREADS"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command of ``runner.py``; SIGINT and SIGTERM stop it cleanly whatever the process inherited
     (:mod:`cl2r_bench.stops`)."""
@@ -680,6 +700,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command is None:
         build_parser().print_help()
         return 0
+    take_slurm_job_threads(args)
     from benchmarks.metrics import MatrixError
     from cl2r_bench.data.datasets import DataError
     from cl2r_bench.distributed import LaunchError, torchrun_ranks

@@ -41,7 +41,8 @@ from typing import Any, NamedTuple
 
 from cl2r_bench.errors import UsageError
 from cl2r_bench.files import atomic_write_text
-from cl2r_bench.sweep import Job, progress, thread_environment
+from cl2r_bench.sweep import Job, progress
+from cl2r_bench.threads import thread_environment
 
 JOB_NAME = "cl2r-sweep"
 RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"}
@@ -244,7 +245,7 @@ class ArrayTask:
     """How long :meth:`checkpoint` waits for the run to stop: half the warning, so the requeue comes before the
     time limit."""
     threads: int
-    """The job's CPUs (``--cpus-per-job``): the run's threads (:func:`cl2r_bench.sweep.thread_environment`), so jobs
+    """The job's CPUs (``--cpus-per-job``): the run's threads (:func:`cl2r_bench.threads.thread_environment`), so jobs
     that share a node do not each use all its cores."""
     _run: subprocess.Popen | None = field(default=None, init=False, repr=False, compare=False)
     _ended: threading.Event = field(default_factory=threading.Event, init=False, repr=False, compare=False)

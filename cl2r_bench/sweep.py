@@ -43,6 +43,7 @@ from cl2r_bench.errors import ConfigError, safe_name
 from cl2r_bench.files import atomic_write_text
 from cl2r_bench.run_options import GRID_OPTIONS, requested_output, requested_runs
 from cl2r_bench.stops import STOP_SIGNALS, exit_code, stop_handlers, stop_name
+from cl2r_bench.threads import cores_per_run, thread_environment
 
 if TYPE_CHECKING:
     from cl2r_bench.assembly import Assembly
@@ -193,20 +194,6 @@ def gpu_slots(jobs: int) -> list[str | None]:
     return [str(slot % count) if count > 1 else None for slot in range(jobs)]
 
 
-def thread_environment(threads: int) -> dict[str, str]:
-    """``OMP_NUM_THREADS`` for a run given ``threads`` cores, unless the user set it: torch's default is every core
-    of the machine, and runs that share the cores each with that many threads wait on each other (two runs on 2
-    cores trained 10 times slower with 2 threads each than with 1; docs/scale-out.md)."""
-    return {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(threads)}
-
-
-def cores_per_run(parallel: int) -> int:
-    """Each of ``parallel`` local runs' share of the cores this process may use (all cores where the system keeps
-    no affinity, as on macOS), at least one."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, usable // parallel)
-
-
 def progress(done: int, running: int, failed: int, waiting: int) -> str:
     """The progress line of a sweep, the same for every launcher."""
     return f"sweep: {done} done, {running} running, {failed} failed, {waiting} waiting"
@@ -260,6 +247,7 @@ def _run_pool(jobs: list[Job], running: dict[int, tuple[Job, subprocess.Popen, A
     done = len(jobs) - len(waiting)
     log(f"sweep: {len(jobs)} runs, {done} already complete, {len(waiting)} to run, {parallel} at a time")
     slots = gpu_slots(parallel)
+    threads = thread_environment(cores_per_run(parallel))
     failed: list[tuple[Job, int]] = []
     last = None
     while waiting or running:
@@ -268,7 +256,7 @@ def _run_pool(jobs: list[Job], running: dict[int, tuple[Job, subprocess.Popen, A
                 job = waiting.pop(0)
                 job.log_file.parent.mkdir(parents=True, exist_ok=True)
                 handle = open(job.log_file, "a")
-                env = dict(os.environ, **thread_environment(cores_per_run(parallel)),
+                env = dict(os.environ, **threads,
                            **({"CUDA_VISIBLE_DEVICES": slots[slot]} if slots[slot] is not None else {}))
                 running[slot] = (job, subprocess.Popen(job.command(), stdout=handle, stderr=subprocess.STDOUT,
                                                        env=env, start_new_session=True), handle)

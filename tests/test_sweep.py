@@ -1,7 +1,10 @@
 """``runner.py sweep``: a grid of runs as separate processes; complete runs are skipped, failed ones named, every
 bad point refused before anything starts."""
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -225,8 +228,9 @@ def test_parallel_local_runs_share_the_cores_unless_the_user_set_the_threads(use
     """Four cores and two runs at a time: each run is given two threads (torch would take all four in each); an
     ``OMP_NUM_THREADS`` the user set is kept."""
     from cl2r_bench import sweep as sweeps
+    from cl2r_bench import threads
 
-    monkeypatch.setattr(sweeps.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     if users is None:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:
@@ -234,3 +238,27 @@ def test_parallel_local_runs_share_the_cores_unless_the_user_set_the_threads(use
     jobs = [ThreadsJob(tmp_path, f"job{i}") for i in range(3)]
     assert sweeps.run_local(jobs, parallel=2, log=lambda line: None, poll=0.05) == 0
     assert [job.log_file.read_text().strip() for job in jobs] == [expected] * 3
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({"SLURM_CPUS_PER_TASK": "3"}, {"OMP_NUM_THREADS": "3"}),
+    ({"SLURM_CPUS_PER_TASK": "3", "OMP_NUM_THREADS": "5"}, {}),
+    ({}, {}), ({"SLURM_CPUS_PER_TASK": ""}, {}), ({"SLURM_CPUS_PER_TASK": "0"}, {}),
+    ({"SLURM_CPUS_PER_TASK": "4(x2)"}, {})])
+def test_a_run_in_the_users_own_slurm_job_takes_the_jobs_cpus_as_its_threads(environ, expected):
+    from cl2r_bench.threads import slurm_job_threads
+
+    assert slurm_job_threads(environ) == expected
+
+
+def test_a_run_inside_a_slurm_job_of_one_cpu_computes_with_one_thread(tiny, tmp_path):
+    """``srun --cpus-per-task 1 python runner.py run ...`` on a node that does not bind jobs to their CPUs: the run
+    computes with one thread, not torch's every core, and its record says so."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores to tell one thread from torch's default")
+    environ = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    subprocess.run([sys.executable, "runner.py", "run", "--config", str(tiny), "--output", str(tmp_path / "out"),
+                    "--no-progress"], env=dict(environ, SLURM_CPUS_PER_TASK="1"), check=True,
+                   capture_output=True, cwd=str(Path(__file__).resolve().parents[1]))
+    record = json.loads(next((tmp_path / "out").rglob("metrics.json")).read_text())
+    assert record["device"]["cpu_threads"] == 1
