@@ -1,4 +1,4 @@
-"""How many threads a run computes with (docs/scale-out.md, "Threads per run").
+"""How many threads a run computes with (docs/scale-out.md, "Sweeps on SLURM").
 
 torch's default is every core of the machine, so runs that share the cores (a local sweep's, or SLURM jobs on a
 node that does not bind jobs to their CPUs) each used them all and waited on each other: two runs on 2 cores trained
