@@ -366,8 +366,9 @@ def test_a_job_that_reaches_its_real_time_limit_is_requeued_and_trains_no_finish
 
 
 class FakeJob:
-    """A job whose run writes ``started``, survives unless stopped, and on SIGTERM takes a second to write
-    ``stopped`` (a task being saved) before exiting with 143; or, with ``stops=False``, ignores SIGTERM."""
+    """A job whose run writes ``started``, writes ``alive`` once it sees ``usr2-sent`` (so it lived on after the
+    signal), runs until stopped, and on SIGTERM takes a second to write ``stopped`` (a task being saved) before
+    exiting with 143; or, with ``stops=False``, ignores SIGTERM."""
 
     name = "fake"
 
@@ -384,7 +385,10 @@ class FakeJob:
                 sys.exit(143)
             signal.signal(signal.SIGTERM, stop if {self.stops} else signal.SIG_IGN)
             (folder / "started").write_text(os.environ.get("OMP_NUM_THREADS", "unset"))
-            time.sleep(120)
+            for _ in range(2400):
+                if (folder / "usr2-sent").exists() and not (folder / "alive").exists():
+                    (folder / "alive").write_text("after USR2")
+                time.sleep(0.05)
             """)]
 
 
@@ -405,7 +409,8 @@ def test_at_the_time_limit_warning_the_array_task_stops_its_run_cleanly_before_i
     wait_until((tmp_path / "started").exists, 60, "the run never started")
     assert (tmp_path / "started").read_text() == "3"
     os.kill(task._run.pid, signal.SIGUSR2)
-    time.sleep(0.5)
+    (tmp_path / "usr2-sent").touch()
+    wait_until((tmp_path / "alive").exists, 60, "the run did not live on after USR2")
     assert not task._ended.is_set()
     requeued = task.checkpoint()
     assert (tmp_path / "stopped").read_text() == "saved" and task._run.returncode == 143
