@@ -11,6 +11,7 @@ that is finished and its saved state) runs inside :func:`deferred_stops`.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -27,21 +28,33 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-def _stop(signum: int, frame: Any) -> None:
-    raise Stopped(signum)
+ALREADY_STOPPING = (b"\nalready stopping: what is finished is being saved (kill -9 ends the process at once, and "
+                    b"may lose it)\n")
 
 
 @contextlib.contextmanager
 def stop_handlers() -> Iterator[None]:
-    """While inside, SIGINT and SIGTERM raise :class:`Stopped` in this process, whatever it inherited; the previous
-    handlers are restored after, so an in-process caller (a test, a notebook) keeps its own. A no-op off the main
-    thread, where Python cannot install handlers."""
+    """While inside, the first SIGINT or SIGTERM raises :class:`Stopped` in this process, whatever it inherited;
+    the previous handlers are restored after, so an in-process caller (a test, a notebook) keeps its own. Later
+    ones only say that the process is stopping: stops often come in pairs (SLURM's ``scancel`` and time limit
+    signal every process of a job, and torchrun passes the signal it gets on to its workers, so each worker gets
+    two), and a second one raised while the first unwinds would cut short what it saves and its one line. A no-op
+    off the main thread, where Python cannot install handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    stopping: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        if stopping:
+            os.write(2, ALREADY_STOPPING)
+            return
+        stopping.append(signum)
+        raise Stopped(signum)
+
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     for signum in STOP_SIGNALS:
-        signal.signal(signum, _stop)
+        signal.signal(signum, stop)
     try:
         yield
     finally:

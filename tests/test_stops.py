@@ -84,6 +84,26 @@ def test_a_stop_inside_deferred_stops_waits_for_the_end_of_the_block():
     assert reached == ["end of the block"] and stop.value.signum == signal.SIGTERM
 
 
+def test_a_second_stop_while_the_first_unwinds_only_says_that_the_process_is_stopping(capfd):
+    """A worker under torchrun in a SLURM job gets SLURM's SIGTERM and torchrun's: the second stop must not
+    interrupt the first one's saving and its one line."""
+    unwound, before = [], signal.getsignal(signal.SIGTERM)
+    with stop_handlers():
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        except Stopped as first:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            unwound.append(first.signum)
+    assert unwound == [signal.SIGINT]
+    assert "already stopping: what is finished is being saved" in capfd.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before
+    with pytest.raises(Stopped), stop_handlers():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+
+
 def test_a_block_that_fails_keeps_its_own_error_and_drops_the_waiting_stop():
     with pytest.raises(ZeroDivisionError), stop_handlers(), deferred_stops():
         os.kill(os.getpid(), signal.SIGINT)
