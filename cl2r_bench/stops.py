@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +29,10 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
+REPEAT_SECONDS = 10.0
+"""How long after a stop another one only says that the process is stopping (:func:`stop_handlers`). Pairs come
+milliseconds apart; a stop after that raises again, in case the first was swallowed (a signal that arrives while a
+``__del__`` runs is printed and dropped by Python)."""
 ALREADY_STOPPING = (b"\nalready stopping: what is finished is being saved (kill -9 ends the process at once, and "
                     b"may lose it)\n")
 
@@ -36,20 +41,21 @@ ALREADY_STOPPING = (b"\nalready stopping: what is finished is being saved (kill 
 def stop_handlers() -> Iterator[None]:
     """While inside, the first SIGINT or SIGTERM raises :class:`Stopped` in this process, whatever it inherited;
     the previous handlers are restored after, so an in-process caller (a test, a notebook) keeps its own. Later
-    ones only say that the process is stopping: stops often come in pairs (SLURM's ``scancel`` and time limit
-    signal every process of a job, and torchrun passes the signal it gets on to its workers, so each worker gets
-    two), and a second one raised while the first unwinds would cut short what it saves and its one line. A no-op
-    off the main thread, where Python cannot install handlers."""
+    ones within :data:`REPEAT_SECONDS` only say that the process is stopping: stops often come in pairs (SLURM's
+    ``scancel`` and time limit signal every process of a job, and torchrun passes the signal it gets on to its
+    workers, so each worker gets two), and a second one raised while the first unwinds would cut short what it
+    saves and its one line. A no-op off the main thread, where Python cannot install handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    stopping: list[int] = []
+    last_stop: list[float] = []
 
     def stop(signum: int, frame: Any) -> None:
-        if stopping:
+        now = time.monotonic()
+        if last_stop and now - last_stop[0] < REPEAT_SECONDS:
             os.write(2, ALREADY_STOPPING)
             return
-        stopping.append(signum)
+        last_stop[:] = [now]
         raise Stopped(signum)
 
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}

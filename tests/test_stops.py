@@ -104,6 +104,20 @@ def test_a_second_stop_while_the_first_unwinds_only_says_that_the_process_is_sto
         time.sleep(0.2)
 
 
+def test_a_stop_after_the_repeat_window_raises_again_in_case_the_first_was_lost(monkeypatch):
+    from cl2r_bench import stops
+
+    monkeypatch.setattr(stops, "REPEAT_SECONDS", 0.3)
+    with stop_handlers():
+        with pytest.raises(Stopped):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        time.sleep(0.4)
+        with pytest.raises(Stopped):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+
+
 def test_a_block_that_fails_keeps_its_own_error_and_drops_the_waiting_stop():
     with pytest.raises(ZeroDivisionError), stop_handlers(), deferred_stops():
         os.kill(os.getpid(), signal.SIGINT)
