@@ -19,6 +19,7 @@ scalar tensor with a gradient) does the same with code 4, its traceback in the r
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
@@ -684,7 +685,11 @@ def take_slurm_job_threads(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command of ``runner.py``; SIGINT and SIGTERM stop it cleanly whatever the process inherited
-    (:mod:`cl2r_bench.stops`)."""
+    (:mod:`cl2r_bench.stops`). Its output is line-buffered, also into a file or a pipe: a log holds each line as it
+    is printed, so one read while the command runs, or left by a process killed later (SLURM's SIGKILL after a
+    time limit, the out-of-memory killer), names every task that was trained."""
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
     with stop_handlers():
         return _main(argv)
 

@@ -73,6 +73,23 @@ def test_a_run_that_inherited_an_ignored_sigint_stops_cleanly_and_resumes(tiny, 
     assert json.loads(record.read_text())["complete"]
 
 
+@pytest.mark.slow
+def test_a_run_killed_outright_leaves_a_log_that_names_every_task_it_saved(tiny, tmp_path):
+    """SIGKILL (SLURM after a time limit's grace, the out-of-memory killer) leaves no time to flush: the log, a
+    file, must already hold the line of each task the run saved."""
+    out, log = tmp_path / "out", tmp_path / "run.log"
+    command = [sys.executable, "runner.py", "--config", str(slow_config(tiny, tmp_path)), "--strategy", "er",
+               "--output", str(out), "--seed", "5", "--no-progress"]
+    with open(log, "w") as handle:
+        buffered = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+        run = subprocess.Popen(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, env=buffered)
+        record = out / "iamcl2r/synthetic/er/seed5/metrics.json"
+        wait_for(record, run)
+        run.kill()
+        run.wait()
+    assert "task 0 (replacement): trained" in log.read_text()
+
+
 def test_a_stop_inside_deferred_stops_waits_for_the_end_of_the_block():
     reached = []
     with pytest.raises(Stopped) as stop, stop_handlers():
