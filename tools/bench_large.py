@@ -18,6 +18,9 @@ search of the same arrays, timed in the same run (docs/scale-out.md, "Galleries 
    rows (:func:`benchmarks.faiss_search.top_k_scores`, k = the largest class + 1): the time of one search, and of
    as many searches as the study made passes over the gallery (each ranked case, and two for the backfilling
    curves' two gallery versions). Its top-1, top-5 and mAP@R of old/old are printed beside the study's.
+4. **The products' floor**: the float32 product's rate, measured on this machine after the two (:func:`product_rate`),
+   and the time the study's passes need for their products alone at that rate: what no exact ranking of every case
+   goes under here (docs/scale-out.md, "Galleries of millions").
 
     python -m tools.bench_large [--items 1000000] [--dim 1280] [--classes 1000] [--queries 10000] [--fit 50000]
                                 [--stream-rows 65536] [--processes 1] [--device cpu] [--folder DIR] [--json]
@@ -40,6 +43,7 @@ import torch
 
 from benchmarks.adapter_study import Scoring
 from benchmarks.faiss_search import search_threads, top_k_scores
+from benchmarks.ranking import similarities
 from tools.bench_ranking import resident_high_water_gb
 
 ROTATION_SEED, CENTRES_SEED = 1, 0
@@ -136,6 +140,24 @@ def faiss_old_old(folder: Path, queries: int, stream_rows: int) -> tuple[float, 
     return seconds, {"top1": scores.cmc(1), "top5": scores.cmc(5), "mAP@R": scores.mAP_at_R}
 
 
+def product_rate(device: torch.device, dim: int, rows: int = 4096, columns: int = 16384, repeats: int = 3) -> float:
+    """The float32 matrix product's rate on this machine, in floating-point operations a second: the best of
+    ``repeats`` products of ``rows`` x ``dim`` by ``dim`` x ``columns`` through the study's own product
+    (:func:`benchmarks.ranking.similarities`). With the passes' operations it gives the time the products alone
+    take, a floor no exact ranking of every case goes under here."""
+    generator = torch.Generator().manual_seed(0)
+    queries = torch.randn(rows, dim, generator=generator).to(device)
+    gallery = torch.randn(columns, dim, generator=generator).to(device)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        similarities(queries, gallery)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - started)
+    return 2 * rows * dim * columns / best
+
+
 def gallery_passes(record: dict) -> int:
     """How many times the study compared the queries with a whole gallery: each case it ranked (new/new and the
     forward-adapted case are the backfilling curve's two ends, not ranked again) and the curves' two versions."""
@@ -168,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         faiss_seconds, faiss_scores = faiss_old_old(folder, args.queries, args.stream_rows)
     passes = gallery_passes(record)
     gallery_gb = args.items * args.dim * 4 / 1e9
+    rate = product_rate(args.device, args.dim)
+    products_seconds = passes * 2 * args.queries * args.items * args.dim / rate
     result = {"items": args.items, "dim": args.dim, "classes": args.classes, "queries": args.queries,
               "fit": args.fit, "stream_rows": args.stream_rows, "processes": args.processes,
               "generate_seconds": generate_seconds,
@@ -177,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
               "adapt_peak_gpu_gb": None if gpu_peak_gb is None else gpu_peak_gb * 2**30 / 1e9,
               "gallery_gb": gallery_gb, "gallery_passes": passes, "faiss_one_search_seconds": faiss_seconds,
               "ratio_to_faiss_same_passes": adapt_seconds / (passes * faiss_seconds),
+              "product_gflops": rate / 1e9, "products_floor_seconds": products_seconds,
               "suite_old_old": record["retrieval"]["cases"]["old/old"], "faiss_old_old": faiss_scores,
               "sampling_interval_old_old": record["retrieval"]["sampling_interval"]["old/old"],
               "device": record["device"], "torch": torch.__version__, "numpy": np.__version__,
@@ -199,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"faiss exact search on the CPU ({result['faiss_threads']} threads), old/old: {faiss_seconds:.1f}s; "
           f"x {passes} gallery passes = "
           f"{passes * faiss_seconds:.1f}s; adapt / that = {result['ratio_to_faiss_same_passes']:.2f}")
+    print(f"the products alone: {passes} passes x {2 * args.queries * args.items * args.dim:.3g} floating-point "
+          f"operations at this machine's {rate / 1e9:.0f} GFLOPS (float32, measured now) = {products_seconds:.1f}s; "
+          f"adapt / that = {adapt_seconds / products_seconds:.2f}")
     print(f"old/old top-1 / top-5 / mAP@R: suite {suite['top1']:.2f} / {suite['top5']:.2f} / {suite['mAP@R']:.4f}, "
           f"faiss {faiss_scores['top1']:.2f} / {faiss_scores['top5']:.2f} / {faiss_scores['mAP@R']:.4f}")
     interval = result["sampling_interval_old_old"]
