@@ -292,7 +292,8 @@ def run_slurm(jobs: list[Job], args: argparse.Namespace, folder: Path, *,
               log: Callable[[str], None] = print) -> int:
     """Submit the jobs that are neither complete nor already queued as one job array and, unless ``--no-wait``,
     follow them to the end; returns 0 when every job is complete (or, with ``--no-wait``, submitted), else 1 (the
-    failed jobs are named with their logs)."""
+    failed jobs are named with their logs). A stop while following them (Ctrl-C, SIGTERM) leaves them running and
+    goes on to the command, which ends with its exit code (``embed`` must not embed their shards here instead)."""
     record = folder / "submitted.json"
     submitted = json.loads(record.read_text()) if record.exists() else {}
     states = queue_states()
@@ -316,8 +317,8 @@ def run_slurm(jobs: list[Job], args: argparse.Namespace, folder: Path, *,
     try:
         return follow(jobs, {job.name: queued[job.name] for job in missing}, folder, log)
     except KeyboardInterrupt:
-        log("interrupted: the jobs keep running on the cluster; the same sweep command follows them again")
-        return 130
+        log("interrupted: the jobs keep running on the cluster; the same command follows them again")
+        raise
 
 
 def submit(jobs: list[Job], args: argparse.Namespace, folder: Path) -> dict[str, str]:

@@ -240,6 +240,29 @@ def test_jobs_still_queued_are_followed_not_submitted_again(tmp_path, monkeypatc
                                                                    "new": "9_1"}
 
 
+def test_a_stop_while_following_leaves_the_jobs_running_and_reaches_the_command(tmp_path, monkeypatch):
+    """``embed --launcher slurm`` embeds the shards of failed tasks itself: a Ctrl-C or SIGTERM while it follows
+    the array must end the command (its exit code), not count as failed tasks."""
+    import signal
+
+    from cl2r_bench.stops import Stopped
+
+    new, = jobs_in(tmp_path, "new")
+    folder = tmp_path / "slurm"
+    folder.mkdir()
+    monkeypatch.setattr(slurm, "queue_states", dict)
+    monkeypatch.setattr(slurm, "submit", lambda jobs, args, folder: {"new": "9_0"})
+
+    def stopped(*_):
+        raise Stopped(signal.SIGTERM)
+
+    monkeypatch.setattr(slurm, "follow", stopped)
+    lines = []
+    with pytest.raises(Stopped):
+        slurm.run_slurm([new], Namespace(no_wait=False), folder, log=lines.append)
+    assert lines[-1] == "interrupted: the jobs keep running on the cluster; the same command follows them again"
+
+
 @pytest.fixture
 def cluster(monkeypatch):
     """The one-node cluster of tests/slurm/cluster.sh, or a skip saying how to start it."""
