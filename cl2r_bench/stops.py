@@ -3,16 +3,17 @@
 A process started in the background by a shell script (``cmd &``), and by some CI runners and wrappers, inherits
 SIGINT as *ignored*; Python then installs no Ctrl-C handler, and ``kill -INT`` does nothing. SLURM at a time limit,
 ``docker stop`` and ``timeout`` send SIGTERM, whose default ends the process at once. So every command of the
-suite installs both handlers itself, first thing: either signal raises :class:`Stopped` (a ``KeyboardInterrupt``,
-so every clean-stop path that catches Ctrl-C catches it too), and the command exits with :func:`exit_code` (130
-after SIGINT, 143 after SIGTERM) after one line, its finished tasks kept. What must not be cut in two (a task
-that is finished and its saved state) runs inside :func:`deferred_stops`.
+suite installs both handlers itself, first thing: the first of either signal raises :class:`Stopped` (a
+``KeyboardInterrupt``, so every clean-stop path that catches Ctrl-C catches it too), and the command exits with
+:func:`exit_code` (130 after SIGINT, 143 after SIGTERM) after one line, its finished tasks kept. What must not
+be cut in two (a task that is finished and its saved state) runs inside :func:`deferred_stops`.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,10 +32,9 @@ class Stopped(KeyboardInterrupt):
 
 REPEAT_SECONDS = 10.0
 """How long after a stop another one only says that the process is stopping (:func:`stop_handlers`). Pairs come
-milliseconds apart; a stop after that raises again, in case the first was swallowed (a signal that arrives while a
-``__del__`` runs is printed and dropped by Python)."""
-ALREADY_STOPPING = (b"\nalready stopping: what is finished is being saved (kill -9 ends the process at once, and "
-                    b"may lose it)\n")
+milliseconds apart; a stop after that raises again, in case the first was caught and dropped by code that should
+have let it through."""
+ALREADY_STOPPING = b"\nalready stopping (kill -9 ends the process at once, and may lose what it is saving)\n"
 
 
 @contextlib.contextmanager
@@ -44,20 +44,29 @@ def stop_handlers() -> Iterator[None]:
     ones within :data:`REPEAT_SECONDS` only say that the process is stopping: stops often come in pairs (SLURM's
     ``scancel`` and time limit signal every process of a job, and torchrun passes the signal it gets on to its
     workers, so each worker gets two), and a second one raised while the first unwinds would cut short what it
-    saves and its one line. A no-op off the main thread, where Python cannot install handlers."""
+    saves and its one line. A stop that Python dropped (raised in a ``__del__``, it is printed as ignored) opens no
+    such window, so the next one raises. A no-op off the main thread, where Python cannot install handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    last_stop: list[float] = []
+    last_stop: float | None = None
 
     def stop(signum: int, frame: Any) -> None:
+        nonlocal last_stop
         now = time.monotonic()
-        if last_stop and now - last_stop[0] < REPEAT_SECONDS:
+        if last_stop is not None and now - last_stop < REPEAT_SECONDS:
             os.write(2, ALREADY_STOPPING)
             return
-        last_stop[:] = [now]
+        last_stop = now
         raise Stopped(signum)
 
+    def dropped(unraisable: Any) -> None:
+        nonlocal last_stop
+        if isinstance(unraisable.exc_value, Stopped):
+            last_stop = None
+        previous_hook(unraisable)
+
+    previous_hook, sys.unraisablehook = sys.unraisablehook, dropped
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop)
@@ -66,6 +75,7 @@ def stop_handlers() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        sys.unraisablehook = previous_hook
 
 
 @contextlib.contextmanager

@@ -114,11 +114,29 @@ def test_a_second_stop_while_the_first_unwinds_only_says_that_the_process_is_sto
             time.sleep(0.2)
             unwound.append(first.signum)
     assert unwound == [signal.SIGINT]
-    assert "already stopping: what is finished is being saved" in capfd.readouterr().err
+    assert "already stopping (kill -9 ends the process at once" in capfd.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is before
     with pytest.raises(Stopped), stop_handlers():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.2)
+
+
+class StoppedWhileDeleted:
+    """An object whose ``__del__`` is where the stop arrives: Python prints that exception as ignored and drops it."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_stop_that_python_dropped_does_not_hold_back_the_next_one():
+    before = sys.unraisablehook
+    with pytest.raises(Stopped), stop_handlers():
+        StoppedWhileDeleted()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+    assert sys.unraisablehook is before
 
 
 def test_a_stop_after_the_repeat_window_raises_again_in_case_the_first_was_lost(monkeypatch):
