@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -31,7 +30,7 @@ from cl2r_bench.errors import UsageError, writable_folder
 from cl2r_bench.limits import count_argument, seed_argument
 from cl2r_bench.run_options import add_run_options
 from cl2r_bench.stops import exit_code, stop_handlers, stop_name
-from cl2r_bench.threads import slurm_job_threads
+from cl2r_bench.threads import own_threads
 
 if TYPE_CHECKING:
     import torch
@@ -42,9 +41,7 @@ if TYPE_CHECKING:
 # usage error and the commands that read results answer without them.
 COMMANDS = ("run", "pretrain", "embed", "sweep", "metrics", "leaderboard", "plot", "report", "list", "adapt")
 COMMANDS_THAT_COMPUTE = ("run", "pretrain", "embed", "adapt")
-"""The commands that train, embed or rank in their own process (:func:`take_slurm_job_threads`). Not ``embed
---launcher slurm``, whose jobs would inherit its ``OMP_NUM_THREADS`` (sbatch exports the environment): they, like a
-sweep's runs, are given their ``--cpus-per-job`` by the launcher."""
+"""The commands that train, embed or rank in their own process (:func:`take_job_threads`)."""
 EXIT_DIVERGED = 3
 EXIT_STRATEGY_FAILED = 4
 
@@ -669,18 +666,15 @@ def show_notices_as_one_line() -> None:
     warnings.simplefilter("once", DataNotice)
 
 
-def take_slurm_job_threads(args: argparse.Namespace) -> None:
-    """Inside a SLURM job, a command that computes here takes the job's CPUs as its threads
-    (:func:`cl2r_bench.threads.slurm_job_threads`): in torch, which the parser has imported already, and in the
-    environment its data workers and numba inherit."""
-    if args.command not in COMMANDS_THAT_COMPUTE or getattr(args, "launcher", None) == "slurm":
-        return
-    threads = slurm_job_threads()
-    if threads:
+def take_job_threads(args: argparse.Namespace) -> None:
+    """A command that computes here, in a SLURM job the user started, takes the job's CPUs as its threads
+    (:func:`cl2r_bench.threads.own_threads`); numba's kernels follow torch's count
+    (:func:`benchmarks.ranking.numba_threads_as_torch`)."""
+    threads = own_threads()
+    if args.command in COMMANDS_THAT_COMPUTE and threads is not None:
         import torch
 
-        os.environ.update(threads)
-        torch.set_num_threads(int(threads["OMP_NUM_THREADS"]))
+        torch.set_num_threads(threads)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -705,7 +699,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command is None:
         build_parser().print_help()
         return 0
-    take_slurm_job_threads(args)
+    take_job_threads(args)
     from benchmarks.metrics import MatrixError
     from cl2r_bench.data.datasets import DataError
     from cl2r_bench.distributed import LaunchError, torchrun_ranks

@@ -1,9 +1,9 @@
 """How many threads a run computes with (docs/scale-out.md, "Sweeps on SLURM").
 
-torch's default is every core of the machine, so runs that share the cores (a local sweep's, or SLURM jobs on a
-node that does not bind jobs to their CPUs) each used them all and waited on each other: two runs on 2 cores trained
-10 times slower with 2 threads each than with 1. Each run is therefore given its share through ``OMP_NUM_THREADS``,
-which torch and numba read when they start, and a value the user set is always kept.
+torch's default is every core the process may use, so runs that share the cores (a local sweep's, or SLURM jobs on
+a node that does not bind jobs to their CPUs) each used them all and waited on each other: two runs on 2 cores
+trained 10 times slower with 2 threads each than with 1. Each run is therefore given its share, and a thread count
+the user set (``OMP_NUM_THREADS``) is always kept.
 """
 from __future__ import annotations
 
@@ -11,24 +11,38 @@ import os
 from collections.abc import Mapping
 
 
-def thread_environment(threads: int) -> dict[str, str]:
-    """``OMP_NUM_THREADS`` for a run given ``threads`` cores, unless the user set it: what a sweep's launchers
-    (local, SLURM) start each run with."""
-    return {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(threads)}
+def set_by_user(environ: Mapping[str, str] = os.environ) -> bool:
+    return "OMP_NUM_THREADS" in environ
+
+
+def slurm_cpus(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The CPUs of the SLURM job this process runs in (``--cpus-per-task``), or None outside one or where the job
+    names none."""
+    cpus = environ.get("SLURM_CPUS_PER_TASK", "")
+    return int(cpus) if cpus.isdigit() and int(cpus) > 0 else None
+
+
+def usable_cores() -> int:
+    """The cores this process may use: its SLURM job's CPUs, else its affinity's (all cores where the system keeps
+    no affinity, as on macOS)."""
+    if slurm_cpus() is not None:
+        return slurm_cpus()
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def cores_per_run(parallel: int) -> int:
-    """Each of ``parallel`` local runs' share of the cores this process may use (all cores where the system keeps
-    no affinity, as on macOS), at least one."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, usable // parallel)
+    """Each of ``parallel`` local runs' share of :func:`usable_cores`, at least one."""
+    return max(1, usable_cores() // parallel)
 
 
-def slurm_job_threads(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """``OMP_NUM_THREADS`` for a run inside a SLURM job that the user started with ``--cpus-per-task`` (their own
-    ``srun`` or batch script; a sweep sets its runs' threads itself), unless they set it: the job's CPUs, from
-    ``SLURM_CPUS_PER_TASK``."""
-    cpus = environ.get("SLURM_CPUS_PER_TASK", "")
-    if "OMP_NUM_THREADS" in environ or not cpus.isdigit() or int(cpus) < 1:
-        return {}
-    return {"OMP_NUM_THREADS": str(int(cpus))}
+def thread_environment(threads: int) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for a run the suite starts given ``threads`` cores (a sweep's, local or on SLURM), unless
+    the user set it; torch and numba read it when they start."""
+    return {} if set_by_user() else {"OMP_NUM_THREADS": str(threads)}
+
+
+def own_threads(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The threads a command that computes in this process takes when the user started it in a SLURM job of their
+    own (``srun --cpus-per-task N``, a batch script): the job's CPUs, unless the user set ``OMP_NUM_THREADS``; None
+    keeps torch's default, which follows the process's affinity (SLURM's ``task/affinity``, ``task/cgroup``)."""
+    return None if set_by_user(environ) else slurm_cpus(environ)
