@@ -80,13 +80,18 @@ def test_a_run_killed_outright_leaves_a_log_that_names_every_task_it_saved(tiny,
     out, log = tmp_path / "out", tmp_path / "run.log"
     command = [sys.executable, "runner.py", "--config", str(slow_config(tiny, tmp_path)), "--strategy", "er",
                "--output", str(out), "--seed", "5", "--no-progress"]
-    with open(log, "w") as handle:
-        buffered = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
-        run = subprocess.Popen(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, env=buffered)
-        record = out / "iamcl2r/synthetic/er/seed5/metrics.json"
-        wait_for(record, run)
-        run.kill()
-        run.wait()
+    load = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        with open(log, "w") as handle:
+            buffered = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+            run = subprocess.Popen(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, env=buffered)
+            record = out / "iamcl2r/synthetic/er/seed5/metrics.json"
+            wait_for(record, run)
+            run.kill()
+            run.wait()
+    finally:
+        load.kill()
+    assert run.returncode == -signal.SIGKILL and not json.loads(record.read_text())["complete"]
     assert "task 0 (replacement): trained" in log.read_text()
 
 
