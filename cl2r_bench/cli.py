@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
     from cl2r_bench.distributed import Processes
 
-# Each command imports its parts inside its handler: they import torch, timm and Avalanche (seconds), so --help, a
-# usage error and the commands that read results answer without them.
+# Each command imports its parts inside its handler: they import timm and Avalanche (seconds), so --help, a usage
+# error and the commands that read results answer without them (the parser's SLURM options import torch, 1.5 s).
 COMMANDS = ("run", "pretrain", "embed", "sweep", "metrics", "leaderboard", "plot", "report", "list", "adapt")
 COMMANDS_THAT_COMPUTE = ("run", "pretrain", "embed", "adapt")
 """The commands that train, embed or rank in their own process (:func:`take_job_threads`)."""
