@@ -669,7 +669,8 @@ def show_notices_as_one_line() -> None:
 def take_job_threads(args: argparse.Namespace) -> None:
     """A command that computes here, in a SLURM job the user started, takes the job's CPUs as its threads
     (:func:`cl2r_bench.threads.own_threads`); numba's kernels follow torch's count
-    (:func:`benchmarks.ranking.numba_threads_as_torch`)."""
+    (:func:`benchmarks.ranking.numba_threads_as_torch`). torch is imported here, as each command's parts are in its
+    handler, not with this module (the comment above :data:`COMMANDS`)."""
     threads = own_threads()
     if args.command in COMMANDS_THAT_COMPUTE and threads is not None:
         import torch

@@ -25,9 +25,8 @@ def slurm_cpus(environ: Mapping[str, str] = os.environ) -> int | None:
 def usable_cores() -> int:
     """The cores this process may use: its SLURM job's CPUs, else its affinity's (all cores where the system keeps
     no affinity, as on macOS)."""
-    if slurm_cpus() is not None:
-        return slurm_cpus()
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return slurm_cpus() or affinity
 
 
 def cores_per_run(parallel: int) -> int:
@@ -37,7 +36,8 @@ def cores_per_run(parallel: int) -> int:
 
 def thread_environment(threads: int) -> dict[str, str]:
     """``OMP_NUM_THREADS`` for a run the suite starts given ``threads`` cores (a sweep's, local or on SLURM), unless
-    the user set it; torch and numba read it when they start."""
+    the user set it; torch reads it when it starts (and numba's kernels follow torch's count:
+    :func:`benchmarks.ranking.numba_threads_as_torch`)."""
     return {} if set_by_user() else {"OMP_NUM_THREADS": str(threads)}
 
 
