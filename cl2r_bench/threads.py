@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 
 def set_by_user(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the user chose the thread count (``OMP_NUM_THREADS``): then no launcher or command changes it."""
     return "OMP_NUM_THREADS" in environ
 
 
