@@ -95,13 +95,15 @@ class PairedFeatures:
 @dataclass(frozen=True)
 class Scoring:
     """How a study scores its rankings (docs/METHODS.md §7b), from ``model_update.unmatched_queries``,
-    ``per_class_cmc`` and ``queries``: the CMC convention for queries without a match, whether the record keeps CMC
-    top-1 and top-5 per query class too, and how many queries a seeded sample ranks against the whole gallery (None:
-    every query)."""
+    ``per_class_cmc``, ``queries`` and ``screen``: the CMC convention for queries without a match, whether the record
+    keeps CMC top-1 and top-5 per query class too, how many queries a seeded sample ranks against the whole gallery
+    (None: every query), and whether a streamed gallery is screened (:func:`benchmarks.ranking.streamed`: its first
+    places exact, mAP@R instead of the full mAP)."""
 
     unmatched_queries: str
     per_class_cmc: bool
     queries: int | None = None
+    screen: bool = False
 
     def __post_init__(self) -> None:
         if self.unmatched_queries not in UNMATCHED_CONVENTIONS:
@@ -112,7 +114,7 @@ class Scoring:
     def of(cls, update: Any) -> Scoring:
         """From the ``model_update`` settings, a section object or a dict of them."""
         value = update.get if isinstance(update, dict) else lambda key: getattr(update, key)
-        return cls(value("unmatched_queries"), value("per_class_cmc"), value("queries"))
+        return cls(value("unmatched_queries"), value("per_class_cmc"), value("queries"), value("screen"))
 
     def sample(self, items: int) -> torch.Tensor | None:
         """The query items a study ranks: a seeded draw (:data:`QUERY_SAMPLE_SEED`) of :attr:`queries` of
@@ -170,7 +172,7 @@ class StudySplit:
         if self.gallery is None:
             return retrieval_scores(queries, self.query_labels, gallery, self.queries.labels, exclude_self=True,
                                     unmatched_queries=self.scoring.unmatched_queries, query_index=self.sample,
-                                    progress=self.progress_label(case))
+                                    progress=self.progress_label(case), screen=self.scoring.screen)
         labels = self.gallery.labels
         if self.mode == "templates":
             gallery, labels = class_templates(F.normalize(gallery.float(), dim=1), labels)
@@ -210,7 +212,8 @@ class StudySplit:
         return backfilling_scores(queries, self.query_labels, fresh, stale, labels, fresh_from, len(betas),
                                   exclude_self=self.gallery is None, unmatched_queries=self.scoring.unmatched_queries,
                                   query_index=self.sample if self.gallery is None else None,
-                                  progress=self.progress_label("backfilling curves"))
+                                  progress=self.progress_label("backfilling curves"),
+                                  screen=self.scoring.screen and self.gallery is None)
 
 
 def mixed_gallery(fresh: torch.Tensor, stale: torch.Tensor, order: torch.Tensor, beta: float) -> torch.Tensor:
@@ -321,9 +324,10 @@ def held_out_error(adapter: FeatureAdapter, old: torch.Tensor, new: torch.Tensor
 def backfilling(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[str], steps: int,
                 generator: torch.Generator, ends: list[Ranked] | None = None) -> dict[str, Any]:
     """``{"betas", "curves": {order: {"top1": [...], "mAP": [...]}}, "auc": {order: {"top1_auc", "mAP_auc"}}}``
-    (module docstring); an order the adapter cannot rank, or a stale gallery of another width than the fresh one,
-    gives None. ``ends`` receives the curves' two ends, the queries against the whole stale gallery and against
-    the whole fresh one: two cases of the study (new/F and new/new for Procrustes), ranked already."""
+    (module docstring; ``mAP@R`` for ``mAP`` where the gallery is screened); an order the adapter cannot rank, or a
+    stale gallery of another width than the fresh one, gives None. ``ends`` receives the curves' two ends, the
+    queries against the whole stale gallery and against the whole fresh one: two cases of the study (new/F and
+    new/new for Procrustes), ranked already."""
     betas = [i / steps for i in range(steps + 1)]
     query, gallery = split.queries, split.gallery_items
     curves: dict[str, dict[str, list[float]] | None] = {}
@@ -339,13 +343,12 @@ def backfilling(split: StudySplit, adapter: FeatureAdapter | None, *, orders: li
         if stale.shape[1] == fresh.shape[1] and ranked:
             queries = split.sampled(queries)
             steps_scores = split.backfill(queries, fresh, stale, list(ranked.values()), betas)
-            curves = {kind: {"top1": [r.top1 for r in scores], "mAP": [r.mAP for r in scores]}
+            curves = {kind: {"top1": [r.top1 for r in scores], scores[0].precision_name: [r.precision for r in scores]}
                       for kind, scores in zip(ranked, steps_scores, strict=True)}
             if ends is not None:
                 ends += [(queries, stale, steps_scores[0][0]), (queries, fresh, steps_scores[0][-1])]
     curves = {kind: curves.get(kind) for kind in orders}
-    auc = {kind: None if c is None else {"top1_auc": area_under_curve(betas, c["top1"]),
-                                         "mAP_auc": area_under_curve(betas, c["mAP"])}
+    auc = {kind: None if c is None else {f"{name}_auc": area_under_curve(betas, values) for name, values in c.items()}
            for kind, c in curves.items()}
     return {"betas": betas, "curves": curves, "auc": auc}
 

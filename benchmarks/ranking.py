@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 
 import numba
 import numpy as np
@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from cl2r_bench.distributed import Processes
 from cl2r_bench.settings import UNMATCHED_CONVENTIONS
 
 from . import ranking_cpu
@@ -79,12 +80,15 @@ class RetrievalScores:
     """The scores of one ranking, from each query's ``first_rank`` (1-based rank of its first positive; 0 for a
     query without one), ``ap`` and ``ap_at_r`` (float64 average precision over the whole ranking and over its first
     R ranks, NaN without a positive); ``unmatched_queries`` is the CMC convention (module docstring). Every score
-    is in percent."""
+    is in percent. ``exact_depth``: a screened ranking's (:func:`streamed`), which ranks exactly only its first
+    ``exact_depth`` places: a first rank beyond them is a lower bound, CMC is given only to that depth, and the
+    full mAP not at all (None); None for a whole ranking."""
 
     first_rank: np.ndarray = field(repr=False, compare=False)
     ap: np.ndarray = field(repr=False, compare=False)
     ap_at_r: np.ndarray = field(repr=False, compare=False)
     unmatched_queries: str = "miss"
+    exact_depth: int | None = None
 
     @property
     def queries(self) -> int:
@@ -107,10 +111,12 @@ class RetrievalScores:
 
     def cmc(self, k: int) -> float:
         """CMC top-``k`` in percent, under :attr:`unmatched_queries`."""
+        self.check_depth(k)
         return cmc_at(self.counted_first_ranks, k)
 
     def cmc_curve(self, depth: int = CMC_DEPTH) -> list[float]:
         """CMC top-1 ... top-``depth`` in percent."""
+        self.check_depth(depth)
         counted = self.counted_first_ranks
         matched = counted[counted >= 1]
         hits = np.cumsum(np.bincount(np.minimum(matched, depth + 1), minlength=depth + 2)[1:depth + 1])
@@ -125,23 +131,41 @@ class RetrievalScores:
         return self.cmc(5)
 
     @property
-    def mAP(self) -> float:
-        return mean_precision(self.ap)
+    def mAP(self) -> float | None:
+        return None if self.exact_depth is not None else mean_precision(self.ap)
 
     @property
     def mAP_at_R(self) -> float:
         return mean_precision(self.ap_at_r)
 
-    def as_dict(self) -> dict[str, float]:
+    @property
+    def precision_name(self) -> str:
+        """The mean precision this ranking gives whole: ``mAP``, or ``mAP@R`` for a screened one."""
+        return "mAP" if self.exact_depth is None else "mAP@R"
+
+    @property
+    def precision(self) -> float:
+        """:attr:`mAP`, or :attr:`mAP_at_R` for a screened ranking (:attr:`precision_name`)."""
+        return self.mAP if self.exact_depth is None else self.mAP_at_R
+
+    def as_dict(self) -> dict[str, float | None]:
         return {"top1": self.top1, "top5": self.top5, "mAP": self.mAP, "mAP@R": self.mAP_at_R}
 
+    def check_depth(self, k: int) -> None:
+        """A :class:`ValueError` for a CMC deeper than a screened ranking ranks exactly."""
+        if self.exact_depth is not None and k > self.exact_depth:
+            raise ValueError(f"this screened ranking is exact to rank {self.exact_depth}, not {k}: rank without "
+                             "screen for a deeper CMC")
+
     def interval(self, confidence: float, resamples: int, seed: int = 0) -> dict[str, list[float]]:
-        """``{"top1": [low, high], "mAP": [low, high]}`` in percent: the percentile bootstrap interval over these
-        queries, for a sample of queries standing in for all of them (the sampling noise; the resampling of
-        :func:`benchmarks.noise.bootstrap_accuracies`)."""
+        """``{"top1": [low, high], "mAP": [low, high]}`` in percent (``mAP@R`` for a screened ranking's, which has no
+        mAP): the percentile bootstrap interval over these queries, for a sample of queries standing in for all of
+        them (the sampling noise; the resampling of :func:`benchmarks.noise.bootstrap_accuracies`)."""
         tail = (1 - confidence) / 2 * 100
         bounds = {}
-        for name, values in (("top1", self.counted_first_ranks == 1), ("mAP", self.ap[~np.isnan(self.ap)])):
+        precision = self.ap if self.exact_depth is None else self.ap_at_r
+        for name, values in (("top1", self.counted_first_ranks == 1),
+                             (self.precision_name, precision[~np.isnan(precision)])):
             means = bootstrap_accuracies(values[None, :], resamples, seed)[0] * 100 if len(values) else np.zeros(1)
             bounds[name] = np.percentile(means, [tail, 100 - tail]).tolist()
         return bounds
@@ -149,7 +173,7 @@ class RetrievalScores:
     def per_class_cmc(self, labels: np.ndarray, k: int = 1) -> dict[int, float]:
         """CMC top-``k`` of each query label's queries, in percent, under the same convention."""
         return {int(c): RetrievalScores(self.first_rank[labels == c], self.ap[labels == c],
-                                        self.ap_at_r[labels == c], self.unmatched_queries).cmc(k)
+                                        self.ap_at_r[labels == c], self.unmatched_queries, self.exact_depth).cmc(k)
                 for c in np.unique(labels)}
 
 
@@ -168,15 +192,15 @@ def mean_precision(ap: np.ndarray) -> float:
 def retrieval_scores(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor | GalleryRows,
                      gallery_labels: torch.Tensor, *, exclude_self: bool, unmatched_queries: str = "miss",
                      query_index: torch.Tensor | None = None, chunk_elements: int | None = None,
-                     progress: str | None = None) -> RetrievalScores:
+                     progress: str | None = None, screen: bool = False) -> RetrievalScores:
     """The scores of the module docstring; inputs on any one device. ``query_index``: with ``exclude_self``, the
     queries are a sample of the gallery's items, query i being gallery item ``query_index[i]`` (left out of its
     ranking), rather than all of them in order. A :class:`~benchmarks.gallery_rows.GalleryRows` gallery is streamed
-    in chunks (:func:`streamed`), a tensor ranked whole. ``progress``: the label of a progress bar
-    (:func:`progress_bar`), None for none."""
+    in chunks (:func:`streamed`; ``screen``: screened, module docstring), a tensor ranked whole. ``progress``: the
+    label of a progress bar (:func:`progress_bar`), None for none."""
     own = check_inputs(queries, query_labels, gallery, gallery_labels, exclude_self, unmatched_queries, query_index)
     fresh_from = torch.zeros(1, len(gallery), dtype=torch.long)
-    engine = ranked if isinstance(gallery, torch.Tensor) else streamed
+    engine = engine_for(gallery, screen)
     return engine(queries, query_labels, gallery, None, gallery_labels, fresh_from, 1, own,
                   unmatched_queries, chunk_elements, progress)[0][0]
 
@@ -185,19 +209,29 @@ def backfilling_scores(queries: torch.Tensor, query_labels: torch.Tensor, fresh:
                        stale: torch.Tensor | GalleryRows, gallery_labels: torch.Tensor, fresh_from: torch.Tensor,
                        steps: int, *, exclude_self: bool,
                        unmatched_queries: str = "miss", query_index: torch.Tensor | None = None,
-                       chunk_elements: int | None = None, progress: str | None = None) -> list[list[RetrievalScores]]:
+                       chunk_elements: int | None = None, progress: str | None = None,
+                       screen: bool = False) -> list[list[RetrievalScores]]:
     """The scores at every step of several backfilling curves over one gallery: gallery item j is ``fresh[j]`` at
     the steps t >= ``fresh_from[c, j]`` of curve c and ``stale[j]`` before (``fresh_from``: ``(curves, n)`` in
     0..``steps``, ``steps`` meaning never). ``[curve][step]``; each equals :func:`retrieval_scores` of that step's
-    gallery (module docstring); ``query_index``, ``progress`` and the kinds of gallery as in
+    gallery (module docstring); ``query_index``, ``progress``, ``screen`` and the kinds of gallery as in
     :func:`retrieval_scores`."""
     own = check_inputs(queries, query_labels, fresh, gallery_labels, exclude_self, unmatched_queries, query_index)
     if stale.shape != fresh.shape or fresh_from.ndim != 2 or fresh_from.shape[1] != len(fresh):
         raise ValueError(f"stale {tuple(stale.shape)} must match fresh {tuple(fresh.shape)}, and fresh_from must be "
                          f"(curves, {len(fresh)}), not {tuple(fresh_from.shape)}")
-    engine = ranked if isinstance(fresh, torch.Tensor) else streamed
+    engine = engine_for(fresh, screen)
     return engine(queries, query_labels, fresh, stale, gallery_labels, fresh_from.long(), steps, own,
                   unmatched_queries, chunk_elements, progress)
+
+
+def engine_for(gallery: torch.Tensor | GalleryRows, screen: bool) -> Callable[..., list[list[RetrievalScores]]]:
+    """:func:`ranked` for a gallery in a tensor, :func:`streamed` for one read by rows (screened with ``screen``)."""
+    if not isinstance(gallery, torch.Tensor):
+        return partial(streamed, screen=screen)
+    if screen:
+        raise ValueError("a screened ranking streams its gallery: pass it as rows (benchmarks.gallery_rows)")
+    return ranked
 
 
 def check_inputs(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
@@ -273,17 +307,18 @@ def similarities(queries: torch.Tensor, gallery: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(queries.detach().numpy() @ gallery.detach().numpy().T)
 
 
-def as_scores(first: torch.Tensor, ap: torch.Tensor, unmatched_queries: str) -> list[list[RetrievalScores]]:
+def as_scores(first: torch.Tensor, ap: torch.Tensor, unmatched_queries: str,
+              exact_depth: int | None = None) -> list[list[RetrievalScores]]:
     """``[curve][step]`` scores from the first ranks ``(curves, steps, queries)`` and AP / AP@R ``(2, ...)``."""
     first_np, ap_np = first.numpy(), ap.numpy()
-    return [[RetrievalScores(first_np[c, t], ap_np[0, c, t], ap_np[1, c, t], unmatched_queries)
+    return [[RetrievalScores(first_np[c, t], ap_np[0, c, t], ap_np[1, c, t], unmatched_queries, exact_depth)
              for t in range(first_np.shape[1])] for c in range(first_np.shape[0])]
 
 
 def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRows, stale: GalleryRows | None,
              gallery_labels: torch.Tensor, fresh_from: torch.Tensor, steps: int, own_index: torch.Tensor | None,
-             unmatched_queries: str, chunk_elements: int | None,
-             progress: str | None = None) -> list[list[RetrievalScores]]:
+             unmatched_queries: str, chunk_elements: int | None, progress: str | None = None,
+             screen: bool = False) -> list[list[RetrievalScores]]:
     """:func:`ranked` with the gallery read in chunks, never whole (docs/scale-out.md, "Galleries of millions").
     Each block of queries (as many as :data:`STREAMED_COUNTS` counts allow, and a product with
     :data:`STREAMED_ITEMS` gallery rows within ``chunk_elements``) reads the gallery in chunks of
@@ -296,7 +331,11 @@ def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRo
     thresholds were made of, so a positive is placed against itself exactly whatever rounding the matrix product
     had. Processes that share the gallery (:mod:`benchmarks.gallery_rows`) count their share of it for every row of
     the block, add the counts up, and each finishes its share of the block's rows (ranks, first ranks, APs), which
-    they then gather. The progress bar (``progress``) is the first process's, over the pairs of its share."""
+    they then gather. The progress bar (``progress``) is the first process's, over the pairs of its share.
+
+    With ``screen`` (module docstring, "Screened"), the chunks are screened for the items that can rank within the
+    first :func:`screen_depth` places (:func:`screened_items_above`), and each block holds at most
+    :data:`SCREEN_ENTRIES` candidates."""
     device = fresh.device
     q = F.normalize(queries.float(), dim=1).to(device)
     versions = [v for v in (fresh, stale) if v is not None]
@@ -306,8 +345,10 @@ def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRo
     by_label = LabelIndex(gallery_labels)
     thresholds = len(versions) * by_label.largest + 1
     chunk_elements = chunk_elements or STREAMED_ELEMENTS
+    depth = screen_depth(by_label, device) if screen else None
+    room = SCREEN_ROOM * depth + SCREEN_SLACK if screen else None
     rows = max(1, min(len(q), STREAMED_COUNTS // (len(versions) * curves * (steps + 1) * (thresholds + 1)),
-                      chunk_elements // min(n, STREAMED_ITEMS)))
+                      chunk_elements // min(n, STREAMED_ITEMS), SCREEN_ENTRIES // room if screen else len(q)))
     items = max(1, chunk_elements // rows)
     first = torch.zeros(curves, steps, len(q), dtype=torch.long)
     ap = torch.full((2, curves, steps, len(q)), float("nan"), dtype=torch.float64)
@@ -318,19 +359,150 @@ def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRo
         stop = min(start + rows, len(q))
         block, own = q[start:stop], None if own_index is None else own_index[start:stop]
         index, valid = by_label.positives(query_labels[start:stop], own)
-        pairs = PositivePairs.of(index, valid)
-        similarity = [positive_similarity(block, version, pairs, valid) for version in versions]
         finished = processes.share(stop - start)
-        ranks, counts = positive_ranks(similarity, index, valid, n, fresh_from, steps, partial(
-            chunked_items_above, block=block, versions=versions, items=items, own=own, pairs=pairs,
-            similarity=similarity, fresh_from=fresh_from, steps=steps, finished=finished, advance=bar.update),
-            finished)
+        pairs = PositivePairs.of(index, valid)
+        if screen:
+            candidates = screen_candidates(block, versions, own, query_labels[start:stop], gallery_labels, depth,
+                                           room, items, bar.update)
+            similarity, scores, compared = screened_similarity(block, versions, index, valid, pairs, candidates)
+            count_above = partial(screened_items_above, scores=scores, items=compared, fresh_from=fresh_from,
+                                  steps=steps, processes=processes, finished=finished)
+        else:
+            similarity = [positive_similarity(block, version, pairs, valid) for version in versions]
+            count_above = partial(chunked_items_above, block=block, versions=versions, items=items, own=own,
+                                  pairs=pairs, similarity=similarity, fresh_from=fresh_from, steps=steps,
+                                  finished=finished, advance=bar.update)
+        ranks, counts = positive_ranks(similarity, index, valid, n, fresh_from, steps, count_above, finished)
         block_first, block_ap = summarise_ranks(ranks, counts)
+        if screen:
+            block_ap[0] = float("nan")
         sizes = processes.shares(stop - start)
         first[:, :, start:stop] = processes.gather(block_first.permute(2, 0, 1).to(device), sizes).permute(1, 2, 0)
         ap[:, :, :, start:stop] = processes.gather(block_ap.permute(3, 0, 1, 2).to(device), sizes).permute(1, 2, 3, 0)
     bar.close()
-    return as_scores(first, ap, unmatched_queries)
+    return as_scores(first, ap, unmatched_queries, depth)
+
+
+SCREEN_ROOM, SCREEN_SLACK = 4, 8192
+"""A screened row's room for candidates, ``SCREEN_ROOM * depth + SCREEN_SLACK``: the screen drops those below its
+rising cut when the room is full, and screens the block again with four times the room in the rare case that
+even then it is (many items tied near the cut)."""
+SCREEN_ENTRIES = 1 << 26
+"""The most candidates (8 bytes each: 512 MiB) a screened ranking holds for one block of queries."""
+BFLOAT16_ROUNDING, FLOAT32_ROUNDING = 2.0 ** -8, 2.0 ** -24
+"""The unit roundoffs of bfloat16 and float32 (half the distance from 1 to the next number)."""
+
+
+def screen_depth(by_label: LabelIndex, device: torch.device) -> int:
+    """The places a screened ranking ranks exactly: enough for CMC to :data:`CMC_DEPTH` and for mAP@R (R is at most
+    the largest class). Checks first that the screen can run here: on CPU, with a bfloat16 product that adds in
+    float32 (:func:`screen_error`'s bound needs it)."""
+    if device.type != "cpu":
+        raise ValueError(f"the screened ranking runs on CPU, not {device.type}: rank without screen there")
+    if not bfloat16_adds_in_float32():
+        raise ValueError("this machine's bfloat16 matrix product does not add in float32, which the screen's error "
+                         "bound needs: rank without screen")
+    return max(CMC_DEPTH, by_label.largest)
+
+
+@cache
+def bfloat16_adds_in_float32() -> bool:
+    """Whether torch's bfloat16 matrix product on CPU sums in float32: 1 and 1,279 products of 2^-8 sum to 5.996
+    (6 in bfloat16) so, to 1 in bfloat16, where each 2^-8 is half a unit of 1 and rounds away."""
+    queries = torch.zeros(64, 1280, dtype=torch.bfloat16)
+    queries[0] = 2.0 ** -8
+    queries[0, 0] = 1
+    return float((queries @ torch.ones(1280, 4096, dtype=torch.bfloat16))[0, 0]) == 6.0
+
+
+def screen_error(width: int) -> tuple[float, float]:
+    """``(error, relative)``: the bfloat16 product a of two L2-normalised float32 rows ``width`` wide is within
+    ``error + relative * |a|`` of their float32 similarity s (:func:`pair_similarities`). With u and v the unit
+    roundoffs of bfloat16 and float32 and γ = width·v / (1 - width·v) (Higham, *Accuracy and Stability of Numerical
+    Algorithms*, §3.1): rounding both rows to bfloat16 moves the exact product by at most (2u + u²)·Σ|q_i g_i|, the
+    float32 sum of the bfloat16 products adds γ·(1 + u)²·Σ|q_i g_i|, and s itself is within γ·Σ|q_i g_i| of the
+    exact product; Σ|q_i g_i| <= ‖q‖·‖g‖, at most 1 + 10^-4 for rows normalised in float32. Rounding the float32
+    sum x to the bfloat16 output a moves it by at most 2u·|x| <= 2u/(1 - 2u)·|a| (2u: any rounding direction). The
+    2^-20 added covers float32's rounding of the bounds themselves and inputs flushed to zero."""
+    u, v = BFLOAT16_ROUNDING, FLOAT32_ROUNDING
+    gamma = width * v / (1 - width * v)
+    error = (2 * u + u * u + gamma * (1 + u) ** 2 + gamma) * (1 + 1e-4) + 2.0 ** -20
+    return error, 2 * u / (1 - 2 * u)
+
+
+def screened_similarity(block: torch.Tensor, versions: list[GalleryRows], index: torch.Tensor, valid: torch.Tensor,
+                        pairs: PositivePairs, candidates: torch.Tensor
+                        ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """``(similarity, scores, items)``: per version, the float32 similarities of the block's positives (``(rows,
+    P)`` as :func:`positive_similarity` gives them, added up over the processes), and the similarities ``scores``
+    of the items a screened ranking counts, ``items`` ``(rows, P + W)``: the positives in this process's share and
+    its ``candidates`` (-1 for none, -inf their score). One pass over the share per version takes both."""
+    share = versions[0].share()
+    counted = valid & (index >= share.start) & (index < share.stop)
+    queries, listed = block.numpy(), candidates.numpy()
+    similarity, scores = [], []
+    for version in versions:
+        positives = torch.zeros(valid.shape)
+        found = np.full(listed.shape, -np.inf, dtype=np.float32)
+        cursor = np.zeros(len(listed), dtype=np.int64)
+        for start, rows_read in version.chunks():
+            rows = F.normalize(rows_read, dim=1)
+            inside = pairs.within(start, start + len(rows))
+            positives[pairs.row[inside], pairs.slot[inside]] = pair_similarities(
+                block, rows, pairs.row[inside], pairs.item[inside] - start)
+            ranking_cpu.candidate_dots(queries, rows.numpy(), start, listed, cursor, found)
+        similarity.append(version.processes.total(positives))
+        scores.append(torch.cat([torch.where(counted, similarity[-1], float("-inf")), torch.from_numpy(found)], dim=1))
+    return similarity, scores, torch.cat([index, candidates.clamp(min=0)], dim=1)
+
+
+def screened_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, scores: list[torch.Tensor],
+                         items: torch.Tensor, fresh_from: torch.Tensor, steps: int, processes: Processes,
+                         finished: slice) -> torch.Tensor:
+    """:func:`chunked_items_above` of a screened ranking (module docstring): only the block's positives and
+    candidates are counted, the gallery ``items`` ``(rows, W)`` whose float32 similarities are ``scores`` (per
+    version; -inf for none, and for another process's positives: :func:`screened_similarity`). Every other item
+    lies below the screen's depth at every step (:func:`screen_candidates`), so the counts are exact for every
+    positive within that many places and more than that for any other. Processes that share the gallery add
+    their counts up."""
+    counter = ItemCounter(thresholds, owner, len(scores), fresh_from, steps)
+    counter.add(scores, items.numpy())
+    processes.total(torch.from_numpy(counter.count))
+    return counter.items_above(finished)
+
+
+def screen_candidates(block: torch.Tensor, versions: list[GalleryRows], own: torch.Tensor | None,
+                      query_labels: torch.Tensor, gallery_labels: torch.Tensor, depth: int, room: int, items: int,
+                      advance: Callable[[int], object]) -> torch.Tensor:
+    """``(rows, W)``: the gallery items (-1 for none) of this process's share that may come within the first
+    ``depth`` places of a row's ranking at some step, its own item and its positives left out: one pass over the
+    share, ``items`` rows at a time, each compared with the block in bfloat16 (:func:`screen_error`) and screened by
+    :func:`benchmarks.ranking_cpu.screen`, whose last cut then drops the candidates below it."""
+    rows = len(block)
+    low = block.bfloat16()
+    own_items = np.full(rows, -1) if own is None else own.numpy()
+    labels, query = gallery_labels.numpy(), query_labels.numpy()
+    error, relative = screen_error(block.shape[1])
+    while True:
+        heap = np.full((rows, depth), -np.inf, dtype=np.float32)
+        listed, best = np.empty((rows, room), dtype=np.int32), np.empty((rows, room), dtype=np.float32)
+        counts = np.zeros(rows, dtype=np.int64)
+        for chunk in zip(*(version.chunks(items) for version in versions), strict=True):
+            start, width = chunk[0][0], len(chunk[0][1])
+            approx = torch.empty(len(versions), rows, width, dtype=torch.bfloat16)
+            for product, (_, rows_read) in zip(approx, chunk, strict=True):
+                torch.mm(low, F.normalize(rows_read, dim=1).bfloat16().t(), out=product)
+            full = ranking_cpu.screen(approx.view(torch.int16).numpy().view(np.uint16), start, own_items,
+                                      labels[start:start + width], query, heap, listed, best, counts, error, relative)
+            if full:
+                break
+            advance(rows * width)
+        else:
+            break
+        room *= 4
+    ranking_cpu.keep_candidates(listed, best, counts, heap)
+    width = int(counts.max(initial=0))
+    return torch.from_numpy(np.where(np.arange(width) < counts[:, None], listed[:, :width], -1).astype(np.int64))
 
 
 @dataclass(frozen=True)
@@ -410,7 +582,7 @@ def chunked_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, block:
                 mine = (own >= start) & (own < stop)
                 score[rows[mine], own[mine] - start] = float("-inf")
         if on_cpu:
-            counter.add(scores, offset=start)
+            counter.add(scores, np.arange(start, stop)[None])
         else:
             above += items_above(scores, thresholds, owner - start, fresh_from[:, start:stop], steps)
         advance(len(block) * (stop - start))
@@ -505,7 +677,7 @@ def items_above(scores: list[torch.Tensor], thresholds: torch.Tensor, owner: tor
     if not compiled_counting(thresholds.device):
         return items_above_vectorised(scores, thresholds, owner, fresh_from, steps)
     counter = ItemCounter(thresholds, owner, len(scores), fresh_from, steps)
-    counter.add(scores, offset=0)
+    counter.add(scores, np.arange(scores[0].shape[1])[None])
     return counter.items_above()
 
 
@@ -539,12 +711,13 @@ class ItemCounter:
         self.entry, self.steps = fresh_from.clamp(max=steps).int().numpy(), steps
         self.count = np.zeros((len(self.thresholds), versions, len(self.entry), steps + 1, m + 2), dtype=np.int32)
 
-    def add(self, scores: list[torch.Tensor], offset: int) -> None:
-        """Count the gallery items ``offset ...`` whose similarities (fresh, then stale) are ``scores``."""
+    def add(self, scores: list[torch.Tensor], index: np.ndarray) -> None:
+        """Count the gallery items whose similarities (fresh, then stale) are ``scores`` ``(rows, n)``: the items
+        ``index`` ``(1, n)`` for every row (a chunk of the gallery), or ``(rows, n)`` each row its own."""
         ranking_cpu.count_items(self.count, scores[0].contiguous().numpy(), scores[-1].contiguous().numpy(),
                                 self.thresholds, self.owner, self.starts, self.span,
-                                np.ascontiguousarray(self.entry[:, offset:offset + scores[0].shape[1]]), offset,
-                                len(scores))
+                                np.ascontiguousarray(self.entry[:, index].transpose(1, 0, 2)),
+                                np.ascontiguousarray(index, dtype=np.int64), len(scores))
 
     def items_above(self, rows: slice = slice(None)) -> torch.Tensor:
         """The items above each threshold of the block's ``rows`` (:func:`benchmarks.ranking_cpu.finish`)."""

@@ -72,24 +72,25 @@ def bucket_table(thresholds: np.ndarray, buckets: int) -> tuple[np.ndarray, np.n
 
 @numba.njit(parallel=True, cache=True, nogil=True)
 def count_items(count: np.ndarray, fresh: np.ndarray, stale: np.ndarray, thresholds: np.ndarray, owner: np.ndarray,
-                starts: np.ndarray, span: np.ndarray, entry: np.ndarray, offset: int,
+                starts: np.ndarray, span: np.ndarray, entry: np.ndarray, index: np.ndarray,
                 versions: int) -> None:  # pragma: no cover - compiled
     """Add the items of one block of similarities to ``count`` ``(rows, versions, curves, steps + 1, m + 2)``
     (int32): ``count[row, version, curve, entry, place + 1]`` counts the items of each version placed after
     ``place`` thresholds (the number below their similarity). ``fresh``, ``stale``: ``(rows, n)`` float32
-    similarities of gallery items ``offset`` ... ``offset + n - 1`` (``stale`` is read only when ``versions`` is
-    2); ``thresholds``: ``(rows, m + 1)`` ascending float32, the last column +inf (a sentinel), with the
-    :func:`bucket_table` ``starts`` and ``span`` of their first m; ``owner``: ``(rows, m)`` the gallery index of
-    each threshold's positive; ``entry``: ``(curves, n)`` the step at which each of these items turns fresh
-    (``steps``: never). An item equal to a threshold moves one count from that threshold's cell to the next when
-    its gallery index is lower than the threshold's positive's (the stable sort's tie-break). Counts add up over
-    blocks of items.
+    similarities of the gallery items ``index`` (``stale`` is read only when ``versions`` is 2); ``thresholds``:
+    ``(rows, m + 1)`` ascending float32, the last column +inf (a sentinel), with the :func:`bucket_table`
+    ``starts`` and ``span`` of their first m; ``owner``: ``(rows, m)`` the gallery index of each threshold's
+    positive; ``entry``: ``(E, curves, n)`` the step at which each of these items turns fresh (``steps``: never);
+    ``index``: ``(E, n)`` the items' gallery indices, E being 1 (every row compares the same items, a chunk of the
+    gallery) or ``rows`` (each row its own, :func:`screen`'s candidates). An item equal to a threshold moves one
+    count from that threshold's cell to the next when its gallery index is lower than the threshold's positive's
+    (the stable sort's tie-break). Counts add up over blocks of items.
 
     Each row's items are bucketed in one loop (vectorised), placed in a second (noting the few equal to a threshold)
     and counted in a third, so each loop stays short; indices are unsigned, which spares numba's checks for negative
     ones."""
     rows, n = fresh.shape
-    curves = entry.shape[0]
+    curves = entry.shape[1]
     m = thresholds.shape[1] - 1
     buckets = starts.shape[1] - 1
     top = np.float32(buckets - 1)
@@ -97,6 +98,7 @@ def count_items(count: np.ndarray, fresh: np.ndarray, stale: np.ndarray, thresho
     for r in numba.prange(rows):
         thr, own, first = thresholds[r], owner[r], starts[r]
         low, high, scale = span[r, 0], span[r, 1], span[r, 2]
+        entries, items = (entry[r], index[r]) if len(index) > 1 else (entry[0], index[0])
         bucket = np.empty(n, dtype=np.uint32)
         place = np.empty(n, dtype=np.uint32)
         tied = np.empty(n, dtype=np.uint32)
@@ -124,34 +126,153 @@ def count_items(count: np.ndarray, fresh: np.ndarray, stale: np.ndarray, thresho
                 tied[ties] = item
                 ties += thr[at] == value
             for c in range(curves):
-                turns, cell = entry[c], cells[c]
+                turns, cell = entries[c], cells[c]
                 for item in range(n):
                     cell[turns[item], place[item] + 1] += 1
             for k in range(ties):
                 item = tied[k]
                 at, value = place[item], block[item]
                 while at < m and thr[at] == value:
-                    if offset + item < own[at]:
+                    if items[item] < own[at]:
                         for c in range(curves):
-                            cells[c, entry[c, item], at + 2] += 1
-                            cells[c, entry[c, item], at + 1] -= 1
+                            cells[c, entries[c, item], at + 2] += 1
+                            cells[c, entries[c, item], at + 1] -= 1
                     at += 1
 
 
-@numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@numba.njit(inline="always")
+def push(heap: np.ndarray, value: float) -> None:  # pragma: no cover - compiled
+    """Put ``value`` in place of the least of the min-heap ``heap`` (which it exceeds) and restore the heap."""
+    size = len(heap)
+    at = 0
+    while True:
+        child = 2 * at + 1
+        if child >= size:
+            break
+        if child + 1 < size and heap[child + 1] < heap[child]:
+            child += 1
+        if heap[child] >= value:
+            break
+        heap[at] = heap[child]
+        at = child
+    heap[at] = value
+
+
+@numba.njit(inline="always")
+def keep_above(items: np.ndarray, best: np.ndarray, count: int, cut: float) -> int:  # pragma: no cover
+    """Keep, in order, the first ``count`` candidates whose ``best`` is at least ``cut``; returns how many."""
+    kept = 0
+    for k in range(count):
+        if best[k] >= cut:
+            items[kept], best[kept] = items[k], best[k]
+            kept += 1
+    return kept
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def screen(approx: np.ndarray, offset: int, own: np.ndarray, item_labels: np.ndarray, query_labels: np.ndarray,
+           heap: np.ndarray, items: np.ndarray, best: np.ndarray, counts: np.ndarray, error: float,
+           relative: float) -> bool:  # pragma: no cover - compiled
+    """Screen the gallery items ``offset`` ... ``offset + n - 1`` for each row's candidates (the screened ranking
+    of :mod:`benchmarks.ranking`): ``approx`` ``(versions, rows, n)``, their approximate similarities a as
+    bfloat16 bits (uint16), each within ``error + relative * |a|`` of the exact one. ``heap[row]``: a min-heap of
+    the largest lower bounds seen so far (each item's least over its versions; -inf until filled), whose root is
+    the row's cut. An item becomes a candidate (its index appended to ``items[row]``, its largest upper bound to
+    ``best[row]``, after the row's first ``counts[row]``) when that upper bound reaches the cut, unless it is the
+    row's ``own`` item (never ranked) or one of its positives (``item_labels`` equal to the row's
+    ``query_labels``: counted with their exact similarities anyway). A full row first drops the candidates below
+    the cut; returns True when a row's candidates still fill ``items`` (the caller screens again with room for
+    more). A first, branch-free loop keeps the few items whose approximation can reach the cut the row had when the
+    chunk began (the cut only rises), and only those are weighed one by one."""
+    versions, rows, n = approx.shape
+    capacity = items.shape[1]
+    full = np.zeros(rows, dtype=np.bool_)
+    for r in numba.prange(rows):
+        bits = np.empty((versions, n), dtype=np.uint32)
+        for v in range(versions):
+            for j in range(n):
+                bits[v, j] = np.uint32(approx[v, r, j]) << np.uint32(16)
+        values = bits.view(np.float32)
+        top, label, count = heap[r], query_labels[r], counts[r]
+        start_cut = top[0] - error
+        lowest = start_cut / (1 + relative) if start_cut >= 0 else start_cut / (1 - relative)
+        passing = np.empty(n, dtype=np.uint32)
+        passed = 0
+        for j in range(n):
+            high = values[0, j]
+            for v in range(1, versions):
+                high = max(high, values[v, j])
+            passing[passed] = j
+            passed += high >= lowest
+        for k in range(passed):
+            j = passing[k]
+            low = values[0, j]
+            high = low
+            for v in range(1, versions):
+                low, high = min(low, values[v, j]), max(high, values[v, j])
+            item = offset + j
+            if item == own[r]:
+                continue
+            low = low - error - relative * abs(low)
+            high = high + error + relative * abs(high)
+            if low > top[0]:
+                push(top, low)
+            if high < top[0] or item_labels[j] == label:
+                continue
+            if count == capacity:
+                count = keep_above(items[r], best[r], count, top[0])
+                if count == capacity:
+                    full[r] = True
+                    break
+            items[r, count], best[r, count] = item, high
+            count += 1
+        counts[r] = count
+    return full.any()
+
+
+@numba.njit(fastmath=True, cache=True, nogil=True)
+def dot(query: np.ndarray, row: np.ndarray) -> np.float32:  # pragma: no cover - compiled
+    """``query · row`` in float32, in one summation order wherever it is taken (:func:`pair_dots`,
+    :func:`candidate_dots`), so that duplicate items tie."""
+    total = np.float32(0.0)
+    for d in range(len(query)):
+        total += query[d] * row[d]
+    return total
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
 def pair_dots(queries: np.ndarray, rows: np.ndarray, query_of: np.ndarray,
               row_of: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
-    """``queries[query_of[k]] · rows[row_of[k]]`` for every k, float32: a streamed ranking's positives' similarities,
-    a few per gallery item, without the chunk's whole matrix product (:func:`benchmarks.ranking.positive_similarity`).
-    The same pair gives the same value wherever it is taken (one summation order), so duplicate items tie."""
+    """``queries[query_of[k]] · rows[row_of[k]]`` for every k, float32 (:func:`dot`): a streamed ranking's positives'
+    similarities, a few per gallery item, without the chunk's whole matrix product
+    (:func:`benchmarks.ranking.positive_similarity`)."""
     out = np.empty(len(query_of), dtype=np.float32)
     for k in numba.prange(len(query_of)):
-        query, row = queries[query_of[k]], rows[row_of[k]]
-        total = np.float32(0.0)
-        for d in range(len(query)):
-            total += query[d] * row[d]
-        out[k] = total
+        out[k] = dot(queries[query_of[k]], rows[row_of[k]])
     return out
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def candidate_dots(queries: np.ndarray, rows: np.ndarray, offset: int, candidates: np.ndarray, cursor: np.ndarray,
+                   out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``out[r, k] = queries[r] · rows[candidates[r, k] - offset]`` (:func:`dot`) for each row's candidates among the
+    gallery items ``offset`` ... ``offset + len(rows) - 1``: a row's candidates ascend (-1 after the last), so
+    ``cursor[r]``, its first candidate not yet taken, moves along them chunk by chunk."""
+    end = offset + len(rows)
+    for r in numba.prange(len(queries)):
+        k = cursor[r]
+        while k < candidates.shape[1] and 0 <= candidates[r, k] < end:
+            out[r, k] = dot(queries[r], rows[candidates[r, k] - offset])
+            k += 1
+        cursor[r] = k
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def keep_candidates(items: np.ndarray, best: np.ndarray, counts: np.ndarray,
+                    heap: np.ndarray) -> None:  # pragma: no cover - compiled
+    """Keep, in order, each row's candidates whose ``best`` reaches its final cut (the root of ``heap[row]``)."""
+    for r in numba.prange(len(items)):
+        counts[r] = keep_above(items[r], best[r], counts[r], heap[r, 0])
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)

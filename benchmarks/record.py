@@ -129,12 +129,16 @@ def _objects(value: Any) -> bool:
 
 
 def _scores(value: Any) -> bool:
-    return (_object(value) and all(_within(0, 100)(value.get(k)) for k in SCORES)
+    """A case's scores; a screened ranking's (``model_update.screen``) give mAP@R and no mAP (null)."""
+    screened = _object(value) and value.get("mAP") is None and "mAP@R" in value
+    return (_object(value) and all(_within(0, 100)(value.get(k)) for k in SCORES if not (screened and k == "mAP"))
             and all(_within(0, 100)(value[k]) for k in LARGE_GALLERY_SCORES if k in value))
 
 
 def _areas(value: Any) -> bool:
-    return _object(value) and all(_within(0, 100)(value.get(k)) for k in ("top1_auc", "mAP_auc"))
+    """An order's areas: top-1 and mAP, or top-1 and mAP@R where the gallery was screened."""
+    precision = "mAP@R_auc" if _object(value) and "mAP@R_auc" in value else "mAP_auc"
+    return _object(value) and all(_within(0, 100)(value.get(k)) for k in ("top1_auc", precision))
 
 
 NAME = Read("a non-empty string", _text, required=True)
@@ -317,17 +321,19 @@ RetrievalCases = TypedDict("RetrievalCases", {
     case: Annotated[dict[str, float] | None, Read("null or top1 / top5 / mAP (/ mAP@R) in percent", _optional(_scores))]
     for case in PAPER_CASES}, total=False)
 """Each leave-one-out case's ``top1`` / ``top5`` / ``mAP`` / ``mAP@R`` in percent, None where the adapter cannot
-produce it."""
+produce it; ``mAP`` is None where the gallery was screened (``model_update.screen``)."""
 
 BackfillAUC = TypedDict("BackfillAUC", {
     order: Annotated[dict[str, float] | None, Read("null or top1_auc / mAP_auc in percent", _optional(_areas))]
     for order in BACKFILL_ORDERS}, total=False)
-"""Each backfilling order's ``top1_auc`` / ``mAP_auc`` in percent, None where the adapter cannot rank the gallery."""
+"""Each backfilling order's ``top1_auc`` / ``mAP_auc`` in percent (``mAP@R_auc`` where the gallery was screened),
+None where the adapter cannot rank the gallery."""
 
 
 class StudyBackfilling(TypedDict):
     """Partial backfilling in an adapter study (:mod:`benchmarks.adapter_study`): ``betas``, per order
-    the ``curves`` of ``top1`` and ``mAP`` (percent) at each beta, and their areas ``auc``."""
+    the ``curves`` of ``top1`` and ``mAP`` (``mAP@R`` where the gallery was screened; percent) at each beta, and their
+    areas ``auc``."""
     betas: list[float]
     curves: dict[str, dict[str, list[float]] | None]
     auc: Annotated[BackfillAUC, Read("an object of areas per order", _object, required=True)]

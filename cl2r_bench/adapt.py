@@ -64,7 +64,7 @@ from cl2r_bench.data.datasets import DataError, ImageSet, load_dataset, native_i
 from cl2r_bench.data.streams import first_per_class
 from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.encoders import Encoder, build_encoder
-from cl2r_bench.errors import UsageError
+from cl2r_bench.errors import ConfigError, UsageError
 from cl2r_bench.feature_cache import ONE_PIECE, Sharding, cached_features
 from cl2r_bench.files import device_description
 from cl2r_bench.settings import (
@@ -83,7 +83,8 @@ class EmbeddingsError(DataError):
     """The user's embedding files cannot be used; the message names the file and the fix."""
 
 
-ADAPT_KEYS = ("backfill_orders", "backfill_steps", "unmatched_queries", "per_class_cmc", "queries", "stream_rows")
+ADAPT_KEYS = ("backfill_orders", "backfill_steps", "unmatched_queries", "per_class_cmc", "queries", "stream_rows",
+              "screen")
 
 
 def adapt_settings(assignments: list[str]) -> dict[str, Any]:
@@ -100,6 +101,9 @@ def adapt_settings(assignments: list[str]) -> dict[str, Any]:
     update = SimpleNamespace(**merged["model_update"])
     check_rules("model_update", update, at_least(1, "backfill_steps", "queries", "stream_rows"))
     check_choices("model_update", update, {"unmatched_queries": UNMATCHED_CONVENTIONS})
+    if update.screen and update.stream_rows is None:
+        raise ConfigError("model_update.screen screens a streamed gallery: add --set model_update.stream_rows=65536 "
+                          "(with a folder of .npy files), or leave screen false")
     for name in merged["adapter_params"]:
         make_adapter(name, merged["adapter_params"])
     return {"adapter_params": merged["adapter_params"], **merged["model_update"], "seed": defaults["seed"],

@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "dict, torch.export programs (.pt2) and a README snippet for a production system")
     adapt.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="adapter parameters "
                        "(adapter_params.NAME.KEY=VALUE) or model_update.KEY=VALUE for backfill_orders, backfill_steps, "
-                       "unmatched_queries, per_class_cmc, queries, stream_rows")
+                       "unmatched_queries, per_class_cmc, queries, stream_rows, screen")
     adapt.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (fitting and scoring)")
     adapt.add_argument("--resume", action="store_true", help="keep each adapter and seed whose record an earlier "
                        "run with the same settings finished in OUTPUT, and measure only the others")
@@ -461,10 +461,12 @@ def print_result(result: dict[str, Any], *, kept: bool, as_json: bool) -> None:
 def case_line(adapter: str, seed: int, cases: dict[str, Any], auc: dict[str, Any], zero_shot: Any) -> str:
     """One adapter and seed in two lines: top-1 / mAP (%) of each leave-one-out case it produces, its backfilling
     AUCs and the zero-shot change."""
-    scores = "  ".join(f"{case} {v['top1']:.2f}/{v['mAP']:.2f}" for case, v in cases.items() if v)
-    areas = "  ".join(f"{order} {v['top1_auc']:.2f}/{v['mAP_auc']:.2f}" for order, v in auc.items() if v)
+    precision = "mAP" if all(v["mAP"] is not None for v in cases.values() if v) else "mAP@R"
+    scores = "  ".join(f"{case} {v['top1']:.2f}/{v[precision]:.2f}" for case, v in cases.items() if v)
+    areas = "  ".join(f"{order} {v['top1_auc']:.2f}/{v[precision + '_auc']:.2f}" for order, v in auc.items() if v)
     zs = f"  ZS {zero_shot['change']:+.2f} points" if zero_shot else ""
-    return f"   {adapter} seed {seed}: top-1/mAP %  {scores}\n   backfill AUC top-1/mAP %  {areas or '-'}{zs}"
+    return (f"   {adapter} seed {seed}: top-1/{precision} %  {scores}\n"
+            f"   backfill AUC top-1/{precision} %  {areas or '-'}{zs}")
 
 
 def command_metrics(args: argparse.Namespace) -> int:

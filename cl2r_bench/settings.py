@@ -354,6 +354,7 @@ class ModelUpdateSettings:
     per_class_cmc: bool
     queries: int | None
     stream_rows: int | None
+    screen: bool
 
     def __post_init__(self) -> None:
         check_rules("model_update", self, at_least(1, "backfill_steps", "fit_per_class", "test_per_class",
@@ -361,6 +362,9 @@ class ModelUpdateSettings:
         if self.stream_rows is not None:
             raise ConfigError("model_update.stream_rows streams the .npy embeddings runner.py adapt reads; a run "
                               "embeds its splits itself: leave it null here")
+        if self.screen:
+            raise ConfigError("model_update.screen screens the streamed galleries of runner.py adapt "
+                              "(model_update.stream_rows); a run ranks in memory: leave it false here")
         check_choices("model_update", self, {"head": UPDATE_HEADS, "protocol": UPDATE_PROTOCOLS,
                                              "unmatched_queries": UNMATCHED_CONVENTIONS})
         check_backfill_orders(self.backfill_orders)

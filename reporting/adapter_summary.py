@@ -111,7 +111,8 @@ def summarise_adapter(method: str, records: list[dict[str, Any]]) -> AdapterSumm
     hits = [r["retrieval"].get("query_top1") or {} for r in records]
     if case is not None:
         top1 = [c[case]["top1"] - c[BASELINE]["top1"] for c in cases]
-        map_gain = float(np.mean([c[case]["mAP"] - c[BASELINE]["mAP"] for c in cases]))
+        if all(c[case]["mAP"] is not None for c in cases):
+            map_gain = float(np.mean([c[case]["mAP"] - c[BASELINE]["mAP"] for c in cases]))
         gain = float(np.mean(top1))
         if all(case in h and BASELINE in h for h in hits):
             n = records[0]["retrieval"]["queries"]

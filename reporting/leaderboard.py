@@ -452,7 +452,7 @@ def backfilling_values(record: RunRecord) -> list[float | None]:
     (:data:`BACKFILLING_COLUMNS`)."""
     auc, zero_shot = record["retrieval"]["backfilling"]["auc"], record["retrieval"].get("zero_shot")
     gap = update_fit(record).get(ORTHOGONALITY_GAP)
-    return [None if auc.get(order) is None else auc[order][key] for order in BACKFILL_ORDERS
+    return [None if auc.get(order) is None else auc[order].get(key) for order in BACKFILL_ORDERS
             for key in ("top1_auc", "mAP_auc")] + [zero_shot["change"] if zero_shot else None, gap]
 
 

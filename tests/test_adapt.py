@@ -609,6 +609,42 @@ def test_a_test_split_streamed_from_memory_mapped_npy_files_gives_the_in_memory_
         assert streamed_run["query_top1"] == memory["query_top1"]
 
 
+def test_a_screened_study_ranks_the_first_places_as_the_streamed_one_and_gives_map_at_r_for_the_map(rotated, tmp_path,
+                                                                                                    capsys):
+    """``model_update.screen``: every case's top-1, top-5 and mAP@R, every curve's top-1 and every query's hits
+    equal the streamed study's; the full mAP is null, the curves and their areas are in mAP@R, and the printed lines
+    say so. Screening needs a streamed gallery: without ``stream_rows`` it is one line, exit 2."""
+    train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
+    retrievals, printed = [], []
+    for screen in ([], ["--set", "model_update.screen=true"]):
+        output = tmp_path / f"out{len(screen)}"
+        code, out = adapt("--train", train, "--test", test, "--adapter", "procrustes", "--queries", 50,
+                          "--output", output, "--set", "model_update.stream_rows=16", *screen, capsys=capsys)
+        assert code == 0, out.err
+        retrievals.append(json.loads(next(output.rglob("metrics.json")).read_text())["retrieval"])
+        printed.append(out.out)
+    streamed, screened = retrievals
+    for case, scores in streamed["cases"].items():
+        if scores is None:
+            assert screened["cases"][case] is None
+            continue
+        assert screened["cases"][case]["mAP"] is None
+        for key in ("top1", "top5", "mAP@R"):
+            assert screened["cases"][case][key] == pytest.approx(scores[key], abs=1e-9), (case, key)
+    assert screened["query_top1"] == streamed["query_top1"]
+    curves = {order: curve for order, curve in streamed["backfilling"]["curves"].items() if curve}
+    assert curves and all(screened["backfilling"]["curves"][order] is None
+                          for order in streamed["backfilling"]["curves"] if order not in curves)
+    for order, curve in curves.items():
+        assert screened["backfilling"]["curves"][order]["top1"] == curve["top1"]
+        assert set(screened["backfilling"]["curves"][order]) == {"top1", "mAP@R"}
+        assert set(screened["backfilling"]["auc"][order]) == {"top1_auc", "mAP@R_auc"}
+    assert "top-1/mAP@R %" in printed[1] and "top-1/mAP %" in printed[0]
+    code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--output", tmp_path / "memory",
+                      "--set", "model_update.screen=true", capsys=capsys)
+    assert code == 2 and out.err.count("\n") == 1 and "add --set model_update.stream_rows=65536" in out.err
+
+
 @pytest.mark.parametrize("streamed", [[], ["--set", "model_update.stream_rows=16"]])
 def test_each_ranking_of_a_study_has_a_progress_bar_named_after_it_unless_told_not_to(rotated, tmp_path, monkeypatch,
                                                                                      capsys, streamed):

@@ -76,16 +76,17 @@ def generate(folder: Path, items: int, dim: int, classes: int, fit: int, chunk: 
         del files
 
 
-def run_adapt(folder: Path, queries: int, stream_rows: int, processes: int,
-              device: torch.device) -> tuple[float, float, float | None, dict]:
+def run_adapt(folder: Path, queries: int, stream_rows: int, processes: int, device: torch.device,
+              screen: bool = False) -> tuple[float, float, float | None, dict]:
     """Wall seconds, the peak resident GiB of the process(es) that ran it, the peak GPU GiB it held (None off a
-    GPU), and the record of ``runner.py adapt`` (module docstring)."""
+    GPU), and the record of ``runner.py adapt`` (module docstring), screened with ``screen``."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port",
                 str(free_port())] if processes > 1 else [sys.executable]
     command = [*launcher, "-m", "cl2r_bench", "adapt", "--train", str(folder / "train"), "--test",
                str(folder / "test"), "--adapter", "procrustes", "--queries", str(queries), "--device", str(device),
                "--output", str(folder / "out"), "--set", f"model_update.stream_rows={stream_rows}",
-               "--set", "model_update.backfill_orders=[random,class_mean_distance]"]
+               "--set", "model_update.backfill_orders=[random,class_mean_distance]",
+               "--set", f"model_update.screen={str(screen).lower()}"]
     errors = folder / "adapt.err"
     gpu_in_use_before = gpu_in_use_gb(device)
     started = time.perf_counter()
@@ -140,14 +141,15 @@ def faiss_old_old(folder: Path, queries: int, stream_rows: int) -> tuple[float, 
     return seconds, {"top1": scores.cmc(1), "top5": scores.cmc(5), "mAP@R": scores.mAP_at_R}
 
 
-def product_rate(device: torch.device, dim: int, rows: int = 4096, columns: int = 16384, repeats: int = 3) -> float:
-    """The float32 matrix product's rate on this machine, in floating-point operations a second: the best of
-    ``repeats`` products of ``rows`` x ``dim`` by ``dim`` x ``columns`` through the study's own product
-    (:func:`benchmarks.ranking.similarities`). With the passes' operations it gives the time the products alone
-    take, a floor no exact ranking of every case goes under here."""
+def product_rate(device: torch.device, dim: int, rows: int = 4096, columns: int = 16384, repeats: int = 3,
+                 dtype: torch.dtype = torch.float32) -> float:
+    """The matrix product's rate on this machine, in floating-point operations a second: the best of ``repeats``
+    products of ``rows`` x ``dim`` by ``dim`` x ``columns`` through the study's own product: in float32
+    :func:`benchmarks.ranking.similarities` (with the passes' operations, the time the products alone take, a floor
+    no full ranking of every case goes under here), in bfloat16 the screen's (``model_update.screen``)."""
     generator = torch.Generator().manual_seed(0)
-    queries = torch.randn(rows, dim, generator=generator).to(device)
-    gallery = torch.randn(columns, dim, generator=generator).to(device)
+    queries = torch.randn(rows, dim, generator=generator).to(device, dtype)
+    gallery = torch.randn(columns, dim, generator=generator).to(device, dtype)
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
@@ -178,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the study ranks: cpu, or cuda (one process) for the GPU")
     parser.add_argument("--folder", type=Path, help="where the generated files go (default: a temporary folder, "
                         f"{2 * 4 * 1_000_000 * 1280 / 1e9:.1f} GB at the default size)")
+    parser.add_argument("--screen", action="store_true", help="screen the gallery (model_update.screen): the first "
+                        "places exact after a bfloat16 screen, mAP@R for the full mAP")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.folder) as name:
@@ -186,14 +190,16 @@ def main(argv: list[str] | None = None) -> int:
         generate(folder, args.items, args.dim, args.classes, args.fit, args.stream_rows)
         generate_seconds = time.perf_counter() - started
         adapt_seconds, peak_gb, gpu_peak_gb, record = run_adapt(folder, args.queries, args.stream_rows,
-                                                                args.processes, args.device)
+                                                                args.processes, args.device, args.screen)
         faiss_seconds, faiss_scores = faiss_old_old(folder, args.queries, args.stream_rows)
     passes = gallery_passes(record)
     gallery_gb = args.items * args.dim * 4 / 1e9
     rate = product_rate(args.device, args.dim)
-    products_seconds = passes * 2 * args.queries * args.items * args.dim / rate
+    operations = passes * 2 * args.queries * args.items * args.dim
+    products_seconds = operations / rate
+    screen_rate = product_rate(args.device, args.dim, dtype=torch.bfloat16) if args.screen else None
     result = {"items": args.items, "dim": args.dim, "classes": args.classes, "queries": args.queries,
-              "fit": args.fit, "stream_rows": args.stream_rows, "processes": args.processes,
+              "fit": args.fit, "stream_rows": args.stream_rows, "processes": args.processes, "screen": args.screen,
               "generate_seconds": generate_seconds,
               "adapt_seconds": adapt_seconds, "adapter_fit_seconds": record["timings"]["adapter_fit_seconds"],
               "evaluation_seconds": record["timings"]["evaluation_seconds"],
@@ -202,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
               "gallery_gb": gallery_gb, "gallery_passes": passes, "faiss_one_search_seconds": faiss_seconds,
               "ratio_to_faiss_same_passes": adapt_seconds / (passes * faiss_seconds),
               "product_gflops": rate / 1e9, "products_floor_seconds": products_seconds,
+              "screen_product_gflops": None if screen_rate is None else screen_rate / 1e9,
+              "screen_products_seconds": None if screen_rate is None else operations / screen_rate,
               "suite_old_old": record["retrieval"]["cases"]["old/old"], "faiss_old_old": faiss_scores,
               "sampling_interval_old_old": record["retrieval"]["sampling_interval"]["old/old"],
               "device": record["device"], "torch": torch.__version__, "numpy": np.__version__,
@@ -224,14 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"faiss exact search on the CPU ({result['faiss_threads']} threads), old/old: {faiss_seconds:.1f}s; "
           f"x {passes} gallery passes = "
           f"{passes * faiss_seconds:.1f}s; adapt / that = {result['ratio_to_faiss_same_passes']:.2f}")
-    print(f"the products alone: {passes} passes x {2 * args.queries * args.items * args.dim:.3g} floating-point "
+    print(f"the products alone: {passes} passes x {operations / passes:.3g} floating-point "
           f"operations at this machine's {rate / 1e9:.0f} GFLOPS (float32, measured now) = {products_seconds:.1f}s; "
           f"adapt / that = {adapt_seconds / products_seconds:.2f}")
+    if screen_rate is not None:
+        print(f"the screen's products: the same operations at {screen_rate / 1e9:.0f} GFLOPS (bfloat16, measured "
+              f"now) = {result['screen_products_seconds']:.1f}s")
     print(f"old/old top-1 / top-5 / mAP@R: suite {suite['top1']:.2f} / {suite['top5']:.2f} / {suite['mAP@R']:.4f}, "
           f"faiss {faiss_scores['top1']:.2f} / {faiss_scores['top5']:.2f} / {faiss_scores['mAP@R']:.4f}")
     interval = result["sampling_interval_old_old"]
+    precision = next(name for name in interval if name != "top1")
     print(f"old/old 95% sampling interval of the {args.queries:,} queries: top-1 {interval['top1'][0]:.2f} .. "
-          f"{interval['top1'][1]:.2f}, mAP {interval['mAP'][0]:.4f} .. {interval['mAP'][1]:.4f}")
+          f"{interval['top1'][1]:.2f}, {precision} {interval[precision][0]:.4f} .. {interval[precision][1]:.4f}")
     return 0
 
 
