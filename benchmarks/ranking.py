@@ -35,6 +35,22 @@ blocks per block of queries) are placed once among the positives' similarities o
 each curve step then counts only the version each item has at that step, and one histogram per order, summed
 cumulatively over the steps at which items turn fresh, serves every step.
 
+**Screened** (``screen``; ``model_update.screen``; a streamed gallery on CPU): a gallery of millions ranked for
+CMC and mAP@R needs each query's first places only, D = max(:data:`CMC_DEPTH`, the largest class) of them, and
+finding them need not take every similarity in float32. Each chunk is first compared with the block in bfloat16
+(the CPU's bfloat16 units: about 6x float32's rate here, docs/scale-out.md), and each approximation a is within
+e + ρ·|a| of the float32 similarity (:func:`screen_error` proves the bound). Per query, a heap keeps the D largest
+lower bounds seen so far (of each item's least version, along a backfilling curve); an item whose upper bound
+stays below the D-th lower bound is below the D-th place at every step, and the others, the candidates (a few
+times D), get their float32 similarities in a second pass (:func:`benchmarks.ranking_cpu.candidate_dots`). The
+positives and the candidates are then counted as the full ranking counts every item, and every rank within D is
+exactly the full ranking's when each similarity is rounded alike (``tests/test_screen.py``); a rank beyond D is
+only known to be beyond it, so the full mAP is not given (None) and CMC stops at D
+(:attr:`RetrievalScores.exact_depth`). One caveat of rounding: the candidates' similarities are summed in one order
+(:func:`benchmarks.ranking_cpu.dot`), a BLAS product's in another, and two similarities closer than that rounding
+(about 1e-7) can be ordered differently; mAP@R moved by 0.0001 points in the fourth decimal against faiss at
+100,000 items (docs/scale-out.md).
+
 Every score is in percent; precisions are summed in float64, so chunking changes no digit that matters. The
 queries are processed in blocks of at most ``chunk_elements`` query x gallery entries (:data:`CHUNK_ELEMENTS` in
 memory, :data:`STREAMED_ELEMENTS` streamed, by default; ``python -m tools.bench_ranking`` and ``python -m

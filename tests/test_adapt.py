@@ -671,19 +671,19 @@ SHARED_STUDY = ["--adapter", "none", "procrustes", "fastfill", "--queries", 50,
                 "--set", "adapter_params.fastfill.max_steps=30", "--set", "adapter_params.procrustes.anchors=50"]
 
 
-@pytest.mark.parametrize("stream_rows", [16, 120])
+@pytest.mark.parametrize("stream_rows, screen", [(16, False), (120, False), (16, True)])
 def test_two_torchrun_processes_share_a_streamed_study_and_write_the_one_process_records(rotated, tmp_path,
-                                                                                        stream_rows):
+                                                                                        stream_rows, screen):
     """Each of two gloo processes ranks, orders and maps its share of the test folder's chunks (and checks and sums
     its share of the train folder's); rank 0 fits each adapter and writes. Every case, curve, per-query hit and fit
     equals the one-process run's (both on one thread per process, as a learned fit's rounding depends on the
     threads); the summary is printed once. In chunks of 16 rows each process has 4 of the 8; in one chunk of 120,
-    the second process has none and takes part all the same."""
+    the second process has none and takes part all the same. Screened, each process screens its share."""
     from test_distributed import torchrun
 
     train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
     arguments = ["adapt", "--train", train, "--test", test, *SHARED_STUDY, "--device", "cpu",
-                 "--set", f"model_update.stream_rows={stream_rows}"]
+                 "--set", f"model_update.stream_rows={stream_rows}", "--set", f"model_update.screen={screen}"]
     alone = subprocess.run([sys.executable, str(ROOT / "runner.py"), *map(str, arguments), "--output",
                             str(tmp_path / "one")], capture_output=True, text=True, timeout=300,
                            env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -13,17 +13,21 @@ search of the same arrays, timed in the same run (docs/scale-out.md, "Galleries 
    "An adapter study shared by processes"), and the peak is the sum of their peaks. With ``--device cuda`` the study
    ranks on the GPU (the features stay memory-mapped on the host and each chunk is copied over), and the GPU
    memory it held is read as the device's memory in use above what was in use before it started
-   (``torch.cuda.mem_get_info``, read as the resident memory is: its CUDA context included).
+   (``torch.cuda.mem_get_info``, read as the resident memory is: its CUDA context included). With ``--screen`` the
+   study is screened (``model_update.screen``: its first places exact, mAP@R for the full mAP; benchmarks/ranking.py,
+   "Screened"), and with ``--compare`` also ranked in full on the same files, for the ratio of the two.
 3. **faiss**: the same sampled old queries against the old gallery, searched exactly by faiss in chunks of ``R``
    rows (:func:`benchmarks.faiss_search.top_k_scores`, k = the largest class + 1): the time of one search, and of
    as many searches as the study made passes over the gallery (each ranked case, and two for the backfilling
    curves' two gallery versions). Its top-1, top-5 and mAP@R of old/old are printed beside the study's.
 4. **The products' floor**: the float32 product's rate, measured on this machine after the two (:func:`product_rate`),
-   and the time the study's passes need for their products alone at that rate: what no exact ranking of every case
-   goes under here (docs/scale-out.md, "Galleries of millions").
+   and the time the study's passes need for their products alone at that rate: what no full ranking of every case
+   goes under here (docs/scale-out.md, "Galleries of millions"); with ``--screen``, the bfloat16 rate too and the
+   time of the screen's products at it.
 
     python -m tools.bench_large [--items 1000000] [--dim 1280] [--classes 1000] [--queries 10000] [--fit 50000]
-                                [--stream-rows 65536] [--processes 1] [--device cpu] [--folder DIR] [--json]
+                                [--stream-rows 65536] [--processes 1] [--device cpu] [--screen [--compare]]
+                                [--folder DIR] [--json]
 """
 from __future__ import annotations
 
@@ -84,7 +88,7 @@ def run_adapt(folder: Path, queries: int, stream_rows: int, processes: int, devi
                 str(free_port())] if processes > 1 else [sys.executable]
     command = [*launcher, "-m", "cl2r_bench", "adapt", "--train", str(folder / "train"), "--test",
                str(folder / "test"), "--adapter", "procrustes", "--queries", str(queries), "--device", str(device),
-               "--output", str(folder / "out"), "--set", f"model_update.stream_rows={stream_rows}",
+               "--output", str(folder / f"out-{screen}"), "--set", f"model_update.stream_rows={stream_rows}",
                "--set", "model_update.backfill_orders=[random,class_mean_distance]",
                "--set", f"model_update.screen={str(screen).lower()}"]
     errors = folder / "adapt.err"
@@ -102,7 +106,7 @@ def run_adapt(folder: Path, queries: int, stream_rows: int, processes: int, devi
     seconds = time.perf_counter() - started
     if child.returncode != 0:
         raise SystemExit(f"adapt failed ({child.returncode}): {errors.read_text().strip()[-2000:]}")
-    record = json.loads(next((folder / "out").rglob("metrics.json")).read_text())
+    record = json.loads(next((folder / f"out-{screen}").rglob("metrics.json")).read_text())
     return seconds, peak_gb, None if gpu_peak is None else gpu_peak - gpu_in_use_before, record
 
 
@@ -182,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{2 * 4 * 1_000_000 * 1280 / 1e9:.1f} GB at the default size)")
     parser.add_argument("--screen", action="store_true", help="screen the gallery (model_update.screen): the first "
                         "places exact after a bfloat16 screen, mAP@R for the full mAP")
+    parser.add_argument("--compare", action="store_true", help="with --screen, also the full ranking of the same "
+                        "study on the same files, and the ratio of the two")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.folder) as name:
@@ -191,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         generate_seconds = time.perf_counter() - started
         adapt_seconds, peak_gb, gpu_peak_gb, record = run_adapt(folder, args.queries, args.stream_rows,
                                                                 args.processes, args.device, args.screen)
+        full_seconds = run_adapt(folder, args.queries, args.stream_rows, args.processes, args.device)[0] \
+            if args.screen and args.compare else None
         faiss_seconds, faiss_scores = faiss_old_old(folder, args.queries, args.stream_rows)
     passes = gallery_passes(record)
     gallery_gb = args.items * args.dim * 4 / 1e9
@@ -207,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
               "adapt_peak_gpu_gb": None if gpu_peak_gb is None else gpu_peak_gb * 2**30 / 1e9,
               "gallery_gb": gallery_gb, "gallery_passes": passes, "faiss_one_search_seconds": faiss_seconds,
               "ratio_to_faiss_same_passes": adapt_seconds / (passes * faiss_seconds),
+              "full_ranking_adapt_seconds": full_seconds,
               "product_gflops": rate / 1e9, "products_floor_seconds": products_seconds,
               "screen_product_gflops": None if screen_rate is None else screen_rate / 1e9,
               "screen_products_seconds": None if screen_rate is None else operations / screen_rate,
@@ -238,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     if screen_rate is not None:
         print(f"the screen's products: the same operations at {screen_rate / 1e9:.0f} GFLOPS (bfloat16, measured "
               f"now) = {result['screen_products_seconds']:.1f}s")
+    if full_seconds is not None:
+        print(f"the same study ranked in full (every rank, the full mAP): {full_seconds:.1f}s; screened / full = "
+              f"{adapt_seconds / full_seconds:.2f}")
     print(f"old/old top-1 / top-5 / mAP@R: suite {suite['top1']:.2f} / {suite['top5']:.2f} / {suite['mAP@R']:.4f}, "
           f"faiss {faiss_scores['top1']:.2f} / {faiss_scores['top5']:.2f} / {faiss_scores['mAP@R']:.4f}")
     interval = result["sampling_interval_old_old"]
