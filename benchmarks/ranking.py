@@ -411,14 +411,22 @@ BFLOAT16_ROUNDING, FLOAT32_ROUNDING = 2.0 ** -8, 2.0 ** -24
 
 def screen_depth(by_label: LabelIndex, device: torch.device) -> int:
     """The places a screened ranking ranks exactly: enough for CMC to :data:`CMC_DEPTH` and for mAP@R (R is at most
-    the largest class). Checks first that the screen can run here: on CPU, with a bfloat16 product that adds in
-    float32 (:func:`screen_error`'s bound needs it)."""
-    if device.type != "cpu":
-        raise ValueError(f"the screened ranking runs on CPU, not {device.type}: rank without screen there")
-    if not bfloat16_adds_in_float32():
-        raise ValueError("this machine's bfloat16 matrix product does not add in float32, which the screen's error "
-                         "bound needs: rank without screen")
+    the largest class); a :class:`ValueError` where the screen cannot run (:func:`screen_problem`)."""
+    problem = screen_problem(device)
+    if problem:
+        raise ValueError(problem)
     return max(CMC_DEPTH, by_label.largest)
+
+
+def screen_problem(device: torch.device) -> str | None:
+    """Why the screen cannot run on ``device`` (one line), None where it can: on CPU, with a bfloat16 product that
+    adds in float32 (:func:`screen_error`'s bound needs it)."""
+    if device.type != "cpu":
+        return f"the screened ranking runs on CPU, not {device.type}: rank without model_update.screen there"
+    if not bfloat16_adds_in_float32():
+        return ("this machine's bfloat16 matrix product does not add in float32, which the screen's error bound "
+                "needs: rank without model_update.screen")
+    return None
 
 
 @cache

@@ -324,6 +324,7 @@ def command_adapt(args: argparse.Namespace) -> int:
     ``--resume`` every record an earlier run left, is checked before the files are read, the files before any
     adapter is fitted. Under torchrun the processes share the
     streamed splits' passes (docs/scale-out.md), and rank 0 prints and writes."""
+    from benchmarks.ranking import screen_problem
     from cl2r_bench.adapt import adapt_settings
     from cl2r_bench.assembly import resolve_device
     from cl2r_bench.distributed import connect, leave, place
@@ -331,6 +332,8 @@ def command_adapt(args: argparse.Namespace) -> int:
     settings = adapt_settings(args.set if args.queries is None else [*args.set, f"model_update.queries={args.queries}"])
     launch = settings["distributed"]
     processes, device = place(launch, resolve_device(args.device))
+    if settings["screen"] and screen_problem(device):
+        raise UsageError(screen_problem(device))
     if processes.distributed and settings["stream_rows"] is None:
         raise UsageError("under torchrun, adapt shares a streamed test split's passes between the processes: add "
                          "--set model_update.stream_rows=65536 (with a folder of .npy files); in memory, run adapt "

@@ -610,10 +610,12 @@ def test_a_test_split_streamed_from_memory_mapped_npy_files_gives_the_in_memory_
 
 
 def test_a_screened_study_ranks_the_first_places_as_the_streamed_one_and_gives_map_at_r_for_the_map(rotated, tmp_path,
-                                                                                                    capsys):
+                                                                                                    capsys,
+                                                                                                    monkeypatch):
     """``model_update.screen``: every case's top-1, top-5 and mAP@R, every curve's top-1 and every query's hits
     equal the streamed study's; the full mAP is null, the curves and their areas are in mAP@R, and the printed lines
-    say so. Screening needs a streamed gallery: without ``stream_rows`` it is one line, exit 2."""
+    say so. Screening needs a streamed gallery and a bfloat16 product that adds in float32: without either it is
+    one line, exit 2, before anything is read."""
     train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
     retrievals, printed = [], []
     for screen in ([], ["--set", "model_update.screen=true"]):
@@ -643,6 +645,11 @@ def test_a_screened_study_ranks_the_first_places_as_the_streamed_one_and_gives_m
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--output", tmp_path / "memory",
                       "--set", "model_update.screen=true", capsys=capsys)
     assert code == 2 and out.err.count("\n") == 1 and "add --set model_update.stream_rows=65536" in out.err
+    monkeypatch.setattr(ranking, "bfloat16_adds_in_float32", lambda: False)
+    code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--output", tmp_path / "refused",
+                      "--set", "model_update.stream_rows=16", "--set", "model_update.screen=true", capsys=capsys)
+    assert code == 2 and out.err.count("\n") == 1 and "does not add in float32" in out.err
+    assert not (tmp_path / "refused").exists()
 
 
 @pytest.mark.parametrize("streamed", [[], ["--set", "model_update.stream_rows=16"]])
