@@ -38,7 +38,7 @@ cumulatively over the steps at which items turn fresh, serves every step.
 **Screened** (``screen``; ``model_update.screen``; a streamed gallery on CPU): a gallery of millions ranked for
 CMC and mAP@R needs each query's first places only, D = max(:data:`CMC_DEPTH`, the largest class) of them, and
 finding them need not take every similarity in float32. Each chunk is first compared with the block in bfloat16
-(the CPU's bfloat16 units: about 6x float32's rate here, docs/scale-out.md), and each approximation a is within
+(the CPU's bfloat16 units: 3.5 to 7 times float32's rate here, docs/scale-out.md), and each approximation a is within
 e + ρ·|a| of the float32 similarity (:func:`screen_error` proves the bound). Per query, a heap keeps the D largest
 lower bounds seen so far (of each item's least version, along a backfilling curve); an item whose upper bound
 stays below the D-th lower bound is below the D-th place at every step, and the others, the candidates (a few
