@@ -121,6 +121,12 @@ class Step:
             when the strategy does not ask for them or the task has no teacher.
         teacher_logits: the teacher's classifier outputs (only the first ``TaskContext.teacher_classes`` columns
             are trained on stream classes), or None like ``teacher_features``.
+        teacher_raw_features: the teacher's features before normalisation (AdvBCT's discriminator reads them, as
+            the authors' code does), or None like ``teacher_features``.
+        iteration: how many of the task's iterations were done before this one (0-based).
+        iterations_per_epoch: the task's iterations per epoch; with ``epochs`` they give a schedule's progress
+            (AdvBCT's gradient-reversal weight).
+        epochs: the task's epochs.
     """
 
     labels: torch.Tensor
@@ -130,6 +136,20 @@ class Step:
     from_memory: torch.Tensor
     teacher_features: torch.Tensor | None = None
     teacher_logits: torch.Tensor | None = None
+    teacher_raw_features: torch.Tensor | None = None
+    iteration: int = 0
+    iterations_per_epoch: int = 1
+    epochs: int = 1
+
+    @property
+    def epoch(self) -> int:
+        """The 0-based epoch of this iteration."""
+        return self.iteration // max(self.iterations_per_epoch, 1)
+
+    @property
+    def progress(self) -> float:
+        """The fraction of the task's iterations done before this one, in [0, 1)."""
+        return self.iteration / max(self.iterations_per_epoch * self.epochs, 1)
 
 
 @dataclass
@@ -148,6 +168,8 @@ class TaskContext:
         memory: the replay memory (``ImageSet``) or None.
         amp: the training autocast setting (dtype name or False) with which ``teacher_outputs`` runs the teacher;
             the teacher normalises its images itself (``cl2r_bench.models``).
+        model: the model being trained (``RetrievalModel``), for a loss on its own weights (LCE aligns the
+            classifier rows); read its head at loss time, since the head grows between tasks.
     """
 
     index: int
@@ -159,6 +181,7 @@ class TaskContext:
     new_data: Any = None
     memory: Any = None
     amp: bool | str = DEFAULT_AMP
+    model: Any = None
 
     @property
     def num_seen_classes(self) -> int:
@@ -204,6 +227,11 @@ class Strategy:
     def loss(self, step: Step) -> torch.Tensor:
         """The loss of one mini-batch."""
         raise NotImplementedError
+
+    def trainable_modules(self) -> list[torch.nn.Module]:
+        """Modules of the strategy's own (built in :meth:`before_task`, on the model's device) that the task's
+        optimiser trains with the model: AdvBCT's discriminator and elastic boundary. None by default."""
+        return []
 
 
 def _check_head(name: str, cls: type[Strategy]) -> None:

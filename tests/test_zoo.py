@@ -42,9 +42,10 @@ def step(labels, logits, features, from_memory=None, teacher_features=None, teac
                 teacher_logits=None if teacher_logits is None else torch.tensor(teacher_logits, dtype=torch.float))
 
 
-def context(num_old, num_new, teacher_classes=0, teacher=None, memory=None, new_data=None, index=1):
+def context(num_old, num_new, teacher_classes=0, teacher=None, memory=None, new_data=None, index=1, model=None):
     return TaskContext(index=index, num_old_classes=num_old, num_new_classes=num_new,
-                       teacher_classes=teacher_classes, teacher=teacher, new_data=new_data, memory=memory)
+                       teacher_classes=teacher_classes, teacher=teacher, new_data=new_data, memory=memory,
+                       model=model)
 
 
 def teacher_features(teacher, data):
@@ -61,7 +62,8 @@ def test_zoo_is_registered_with_the_documented_heads_and_memory():
                 "bct": ("learnable", False, True), "bct_er": ("learnable", True, True),
                 "lwf": ("learnable", False, True), "fd": ("learnable", True, True),
                 "dsimplex_fd": ("dsimplex", True, True), "dsimplex_hoc": ("dsimplex", True, True),
-                "cvs": ("cosine", True, True)}
+                "cvs": ("cosine", True, True), "lce": ("learnable", True, True), "unibct": ("learnable", True, True),
+                "ract": ("learnable", True, True), "advbct": ("learnable", True, True)}
     assert set(expected) == set(ZOO), "every built-in strategy has its documented head, memory and teacher here"
     for name, (head, memory, teacher) in expected.items():
         cls = get_strategy(name)
@@ -280,7 +282,8 @@ def test_training_leaves_teacher_and_fixed_parts_unchanged(name):
     memory = images(16, torch.tensor([0, 1, 2, 3] * 4), seed=1) if cls.uses_memory else None
     strategy = cls.from_params({})
     teacher.eval().requires_grad_(False)
-    strategy.before_task(context(4, 2, teacher_classes=4, teacher=teacher, memory=memory, new_data=new_data))
+    strategy.before_task(context(4, 2, teacher_classes=4, teacher=teacher, memory=memory, new_data=new_data,
+                                 model=model))
     frozen_rows = None if getattr(strategy, "old_rows", None) is None else strategy.old_rows.clone()
     before = {k: v.clone() for k, v in model.named_parameters()}
     settings = TrainSettings.with_defaults(epochs=2, batch_size=16, new_batch_size=8, memory_batch_size=8, lr=0.05,

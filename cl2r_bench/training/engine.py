@@ -18,7 +18,7 @@ teacher (frozen, eval mode, no gradient) and the replay memory (:func:`update_me
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import torch
@@ -135,9 +135,12 @@ class EpochHook(Protocol):
         """Called after each epoch; returns whether to train another epoch."""
 
 
-def make_optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.SGD:
-    """SGD with weight decay on weight matrices and kernels only (not on norm weights and biases)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+def make_optimizer(model: nn.Module, settings: TrainSettings,
+                   extra: Sequence[nn.Module] = ()) -> torch.optim.SGD:
+    """SGD with weight decay on weight matrices and kernels only (not on norm weights and biases), over the
+    parameters of ``model`` and of the ``extra`` modules a strategy trains with it
+    (:meth:`strategies.base.Strategy.trainable_modules`)."""
+    params = [p for module in (model, *extra) for p in module.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim > 1]
     no_decay = [p for p in params if p.ndim <= 1]
     return torch.optim.SGD([{"params": decay, "weight_decay": settings.weight_decay},

@@ -55,7 +55,7 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     epochs = settings.epochs - (epoch_hook.epochs_done if epoch_hook is not None else 0)
     progress = tqdm(total=epochs * len(batches), desc=description, leave=False, mininterval=1.0,
                     disable=not (settings.progress and processes.is_main))
-    optimizer = make_optimizer(model, settings)
+    optimizer = make_optimizer(model, settings, strategy.trainable_modules())
     if epoch_hook is not None:
         epoch_hook.begin(optimizer)
     with warnings.catch_warnings():

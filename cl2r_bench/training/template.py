@@ -78,18 +78,20 @@ class CompatibilityTemplate(SupervisedTemplate):
     def forward(self):
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             logits, features = self.model(self.mb_x)
-            teacher_logits = teacher_features = None
+            teacher_logits = teacher_features = teacher_raw_features = None
             if self.teacher is not None and self.compat_strategy.needs_teacher:
                 with torch.no_grad():
-                    teacher_logits, teacher_features = self.teacher(self.mb_x)
+                    teacher_logits, teacher_raw_features = self.teacher(self.mb_x)
                     teacher_logits = teacher_logits.float()
-                    teacher_features = F.normalize(teacher_features.float(), dim=1)
+                    teacher_raw_features = teacher_raw_features.float()
+                    teacher_features = F.normalize(teacher_raw_features, dim=1)
         outputs = {"labels": self.mb_y, "from_memory": self.mbatch[2], "logits": logits.float(),
                    "features": features.float(), "teacher_logits": teacher_logits,
-                   "teacher_features": teacher_features}
+                   "teacher_features": teacher_features, "teacher_raw_features": teacher_raw_features}
         if self.processes.distributed:
             outputs = self._global_batch(outputs)
-        self._step = Step(targets=self.trained.class_targets(outputs["labels"]), **outputs)
+        self._step = Step(targets=self.trained.class_targets(outputs["labels"]), iteration=self.step_count,
+                          iterations_per_epoch=len(self.batches), epochs=self.settings.epochs, **outputs)
         return logits
 
     def _global_batch(self, outputs: dict) -> dict:

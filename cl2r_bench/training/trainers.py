@@ -58,7 +58,8 @@ class StrategyTrainer:
             self.strategy.before_task(TaskContext(
                 index=task.index, num_old_classes=task.num_seen_classes - len(task.new_classes),
                 num_new_classes=len(task.new_classes), replacement=replacement, teacher_classes=teacher_classes,
-                teacher=teacher, new_data=task.train, memory=memory.items, amp=self.settings.autocast))
+                teacher=teacher, new_data=task.train, memory=memory.items, amp=self.settings.autocast,
+                model=model))
         return train_task(model, self.strategy, task.train, memory, self.settings, teacher=teacher,
                           experience=task.experience, description=description, tracker=tracker,
                           task_index=task.index, processes=self.processes)

@@ -1,0 +1,158 @@
+"""AdvBCT (Pan et al., CVPR 2023, "Boundary-aware backward-compatible representation via adversarial learning";
+METHODS.md §6b): new features are kept inside an elastic boundary around each old class centre, and a
+discriminator, trained through gradient reversal, pushes the new features' distribution onto the old one's.
+
+    L = CE(W phi_t(x), y) + boundary_weight * L_eb + w_e * L_adv
+    L_eb  = sum_i max(d_i - R_{y_i}, 0) / #{i : d_i > R_{y_i}},   d_i = || phi_t(x_i) / |phi_t(x_i)| - c_{y_i} ||
+    R_y   = r_y + |r_y - T| sigmoid(b_y)  if r_y < T,   r_y - |r_y - T| sigmoid(b_y)  otherwise
+    L_adv = NLL(D(GRL_alpha(phi_t(x))), new) + NLL(D(phi_old(x)), old)
+    alpha = 2 / (1 + exp(-10 p)) - 1,   w_e = (E - e + 1) / E
+
+``c_y`` is the mean of the old model's unit features of class y (not re-normalised) and ``r_y`` the largest
+distance of those features to it after the 1.5 IQR rule (``strategies/old_classes.py``; classes with fewer than two
+inliers are left out); ``b_y`` is a learnable per-class parameter (initialised uniformly in [-1, 1]) and T =
+``threshold`` = 1.0. ``D`` is a discriminator (linear 100, batch norm, ReLU, linear 2, log-softmax) on raw
+(un-normalised) features; GRL_alpha passes features forward and multiplies the gradient by -alpha; p is the fraction
+of the task's iterations done, e its 0-based epoch and E its epochs. These follow the authors' code
+(``Ashespt/AdvBCT``: ``COMP_LOSS.TYPE: bct_limit``, ``ELASTIC_BOUNDARY: True``, ``TRAIN.TYPE: adv_compatible``,
+``THRESHOLD: 1.0``); the mean of ``L_eb`` over the violating samples only is theirs too. The discriminator and the
+boundary parameters are built for each task with a teacher and trained by the task's optimiser
+(:meth:`Strategy.trainable_modules`). The old model is the teacher of ``strategies/base.py`` (at a replacement the
+incoming replacement model; ``replacement_teacher: outgoing`` keeps the model deployed before it). At CL2R task 0 (no
+old model) the loss is CE.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cl2r_bench.registry import check_choice
+
+from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
+from .old_classes import CENTRE_CLASSES, ClassRegions, task_regions
+
+NEW, OLD = 0, 1
+"""The discriminator's labels of new and old features."""
+
+
+@dataclass(frozen=True)
+class AdvBCTConfig:
+    boundary_weight: float = 1.0
+    threshold: float = 1.0
+    discriminator_width: int = 100
+    centre_classes: str = "old"
+    replacement_teacher: str = "incoming"
+
+    def __post_init__(self) -> None:
+        if self.discriminator_width < 1:
+            raise ValueError(f"discriminator_width must be positive, not {self.discriminator_width}")
+        check_choice("centre_classes", self.centre_classes, CENTRE_CLASSES)
+        check_choice("replacement_teacher", self.replacement_teacher, REPLACEMENT_TEACHERS)
+
+
+class GradientReversal(torch.autograd.Function):
+    """Identity forward; the gradient times ``-alpha`` backward (Ganin & Lempitsky 2015)."""
+
+    @staticmethod
+    def forward(ctx, features: torch.Tensor, alpha: float) -> torch.Tensor:
+        ctx.alpha = alpha
+        return features.view_as(features)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.neg() * ctx.alpha, None
+
+
+def discriminator(in_dim: int, width: int) -> nn.Sequential:
+    """``D``: which model a feature comes from, as log-probabilities of (new, old)."""
+    return nn.Sequential(nn.Linear(in_dim, width), nn.BatchNorm1d(width), nn.ReLU(inplace=True),
+                         nn.Linear(width, 2), nn.LogSoftmax(dim=1))
+
+
+def reversal_weight(progress: float) -> float:
+    """``alpha = 2 / (1 + exp(-10 p)) - 1``: 0 at the start of the task, close to 1 at its end."""
+    return 2.0 / (1.0 + math.exp(-10.0 * progress)) - 1.0
+
+
+def adversarial_weight(epoch: int, epochs: int) -> float:
+    """``w_e = (E - e + 1) / E`` for the 0-based epoch e of E, as the authors' code weights ``L_adv``."""
+    return (epochs - epoch + 1) / epochs
+
+
+class ElasticBoundary(nn.Module):
+    """``R_y`` from the old radii ``r_y``, the threshold T and the learnable ``b_y`` of each class."""
+
+    def __init__(self, radii: torch.Tensor, threshold: float) -> None:
+        super().__init__()
+        self.register_buffer("radii", radii)
+        self.threshold = threshold
+        self.logit = nn.Parameter(torch.empty_like(radii).uniform_(-1, 1))
+
+    def forward(self, labels: torch.Tensor) -> torch.Tensor:
+        r = self.radii[labels]
+        stretch = (r - self.threshold).abs() * torch.sigmoid(self.logit[labels])
+        return torch.where(r < self.threshold, r + stretch, r - stretch)
+
+
+def elastic_boundary_loss(features: torch.Tensor, labels: torch.Tensor, regions: ClassRegions,
+                          boundary: ElasticBoundary) -> torch.Tensor:
+    """``L_eb``: the mean excess distance over the samples outside their class's boundary (0 when none is)."""
+    keep = regions.distance_radius[labels].isfinite()
+    if not bool(keep.any()):
+        return features.new_zeros(())
+    labels = labels[keep]
+    distance = (F.normalize(features[keep], dim=1) - regions.centres[labels]).norm(dim=1)
+    excess = F.relu(distance - boundary(labels))
+    outside = excess > 0
+    if not bool(outside.any()):
+        return excess.sum()
+    return excess[outside].sum() / outside.sum()
+
+
+def adversarial_loss(features: torch.Tensor, old_raw_features: torch.Tensor, judge: nn.Module,
+                     alpha: float) -> torch.Tensor:
+    """``L_adv``: the discriminator's NLL on reversed new features (label new) and on old features (label old)."""
+    new = judge(GradientReversal.apply(features, alpha))
+    old = judge(old_raw_features)
+    labels = torch.full((len(features),), NEW, dtype=torch.long, device=features.device)
+    return F.nll_loss(new, labels) + F.nll_loss(old, torch.full_like(labels, OLD))
+
+
+@register_strategy("advbct")
+class AdvBCT(Strategy):
+    head = "learnable"
+    uses_memory = True
+    needs_teacher = True
+    Config = AdvBCTConfig
+
+    def __init__(self, config: AdvBCTConfig) -> None:
+        super().__init__(config)
+        self.regions: ClassRegions | None = None
+        self.boundary: ElasticBoundary | None = None
+        self.judge: nn.Module | None = None
+
+    def before_task(self, context: TaskContext) -> None:
+        self.regions = task_regions(context, self.config.centre_classes)
+        self.boundary = self.judge = None
+        if self.regions is None:
+            return
+        device = self.regions.centres.device
+        self.boundary = ElasticBoundary(self.regions.distance_radius.clone(), self.config.threshold).to(device)
+        self.judge = discriminator(self.regions.centres.shape[1], self.config.discriminator_width).to(device)
+
+    def trainable_modules(self) -> list[nn.Module]:
+        return [] if self.judge is None else [self.judge, self.boundary]
+
+    def loss(self, step: Step) -> torch.Tensor:
+        ce = F.cross_entropy(step.logits, step.targets)
+        if self.regions is None or step.teacher_raw_features is None:
+            return ce
+        boundary = elastic_boundary_loss(step.features, step.labels, self.regions, self.boundary)
+        adversarial = adversarial_loss(step.features, step.teacher_raw_features, self.judge,
+                                       reversal_weight(step.progress))
+        return (ce + self.config.boundary_weight * boundary
+                + adversarial_weight(step.epoch, step.epochs) * adversarial)

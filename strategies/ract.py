@@ -1,0 +1,70 @@
+"""RACT (Zhang et al., ICLR 2022, "Hot-refresh model upgrades with regression-alleviating compatible training";
+METHODS.md §6b): a contrastive compatibility term whose negatives include the new model's own features, so that the
+new model does not retrieve, among old-gallery or already-refreshed items, a wrong class closer than the right one
+(the negative flips of a hot refresh).
+
+    L = CE(W phi_t(x), y) + weight * L_ract
+    L_ract = mean_i -log( e^{s_ii/tau} / (e^{s_ii/tau} + sum_{k in N_i} e^{s_ik/tau} + sum_{k in N_i} e^{n_ik/tau}) )
+    s_ik = phi_t(x_i) . phi_old(x_k),  n_ik = phi_t(x_i) . phi_t(x_k)         (unit features)
+    N_i = the samples of the batch of another class than y_i
+
+``hard_negatives: k`` keeps the k largest of each negative set, as the authors' code does (``topk_neg``, 10); 0
+keeps them all, as the paper's equation. tau = ``temperature`` = 0.01 (their default). Batch samples of another
+class are negatives; same-class samples are left out of both sets, as in their code. The old model is the teacher of
+``strategies/base.py`` (the previous task's model, or at a replacement the incoming replacement model;
+``replacement_teacher: outgoing`` keeps the model deployed before it). At CL2R task 0 (no old model) the loss is CE.
+Batches mix replay and new samples, so old classes take part in a class-incremental stream.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from cl2r_bench.registry import check_choice
+
+from .base import REPLACEMENT_TEACHERS, Step, Strategy, register_strategy
+
+
+@dataclass(frozen=True)
+class RACTConfig:
+    weight: float = 1.0
+    temperature: float = 0.01
+    hard_negatives: int = 10
+    replacement_teacher: str = "incoming"
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be positive, not {self.temperature}")
+        if self.hard_negatives < 0:
+            raise ValueError(f"hard_negatives must be 0 (all) or a positive count, not {self.hard_negatives}")
+        check_choice("replacement_teacher", self.replacement_teacher, REPLACEMENT_TEACHERS)
+
+
+def regression_alleviating_loss(features: torch.Tensor, old_features: torch.Tensor, labels: torch.Tensor,
+                                temperature: float, hard_negatives: int) -> torch.Tensor:
+    """``L_ract`` for the new model's ``features`` (normalised here) and the old model's unit ``old_features``."""
+    new = F.normalize(features, dim=1)
+    same_class = labels[:, None] == labels[None, :]
+    positive = (new * old_features).sum(dim=1, keepdim=True)
+    negatives = [(new @ other.t()).masked_fill(same_class, float("-inf")) for other in (old_features, new)]
+    if hard_negatives:
+        negatives = [n.topk(min(hard_negatives, n.shape[1]), dim=1).values for n in negatives]
+    logits = torch.cat([positive, *negatives], dim=1) / temperature
+    return F.cross_entropy(logits, torch.zeros(len(labels), dtype=torch.long, device=labels.device))
+
+
+@register_strategy("ract")
+class RACT(Strategy):
+    head = "learnable"
+    uses_memory = True
+    needs_teacher = True
+    Config = RACTConfig
+
+    def loss(self, step: Step) -> torch.Tensor:
+        ce = F.cross_entropy(step.logits, step.targets)
+        if step.teacher_features is None:
+            return ce
+        return ce + self.config.weight * regression_alleviating_loss(
+            step.features, step.teacher_features, step.labels, self.config.temperature, self.config.hard_negatives)

@@ -1,0 +1,215 @@
+"""The BCT line's strategies (METHODS.md §6b): LCE, UniBCT, RACT and AdvBCT against hand computations, and each
+from the command line on CL2R and IAM-CL2R."""
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cl2r_bench import cli as runner
+from strategies import Step, get_strategy
+from strategies.advbct import (
+    ElasticBoundary,
+    GradientReversal,
+    adversarial_weight,
+    elastic_boundary_loss,
+    reversal_weight,
+)
+from strategies.lce import alignment_loss, boundary_loss
+from strategies.old_classes import ClassRegions, class_regions, largest_inlier
+from strategies.ract import regression_alleviating_loss
+from strategies.unibct import UniBCTConfig, arcface_logits, class_prototypes, refined_prototype
+
+
+def unit(*angles_deg):
+    """Unit 2-d vectors at the given angles."""
+    return torch.tensor([[math.cos(math.radians(a)), math.sin(math.radians(a))] for a in angles_deg])
+
+
+def regions_at(centres, distance_radius=None, angle_radius=None):
+    centres = torch.tensor(centres, dtype=torch.float)
+    n = len(centres)
+    nan = torch.full((n,), math.nan)
+    return ClassRegions(centres, torch.ones(n, dtype=torch.bool),
+                        nan if distance_radius is None else torch.tensor(distance_radius, dtype=torch.float),
+                        nan if angle_radius is None else torch.tensor(angle_radius, dtype=torch.float))
+
+
+# --- Class regions --------------------------------------------------------------------------------------------
+
+def test_largest_inlier_drops_values_beyond_one_and_a_half_iqr():
+    assert largest_inlier([4, 1, 100, 3, 2]) == (4, 4)   # q1 = 2, q3 = 4: kept within [-1, 7]
+    assert largest_inlier([0.5, 0.2]) == (0.5, 2)       # fewer than 4: all kept
+    assert largest_inlier([7.0]) == (7.0, 1)
+
+
+def test_class_regions_by_hand():
+    features = unit(0, 90, 0, 0)
+    labels = torch.tensor([0, 0, 1, 2])
+    regions = class_regions(features, labels, torch.tensor([0, 1]), num_classes=3)
+    assert torch.allclose(regions.centres[0], torch.tensor([0.5, 0.5]))
+    assert regions.present.tolist() == [True, True, False]
+    assert regions.distance_radius[0].item() == pytest.approx(math.sqrt(0.5))
+    assert regions.angle_radius[0].item() == pytest.approx(math.pi / 4)
+    assert math.isnan(regions.distance_radius[1]) and math.isnan(regions.angle_radius[1])  # one item: no radius
+
+
+# --- LCE ------------------------------------------------------------------------------------------------------
+
+def test_lce_boundary_is_the_angle_beyond_theta():
+    regions = regions_at([[1.0, 0.0], [0.0, 2.0]], angle_radius=[math.pi / 6, math.nan])
+    features = unit(60, 10, 45) * torch.tensor([[3.0], [1.0], [1.0]])
+    labels = torch.tensor([0, 0, 1])                      # the class-1 sample has no angle: left out
+    assert boundary_loss(features, labels, regions).item() == pytest.approx((math.pi / 3 - math.pi / 6 + 0) / 2)
+
+
+def test_lce_alignment_is_one_minus_cosine_of_the_class_rows():
+    regions = regions_at([[2.0, 0.0], [0.0, 1.0]], angle_radius=[0.3, 0.2])
+    classifier = torch.tensor([[0.0, 5.0], [1.0, 1.0]])
+    labels = torch.tensor([0, 1, 1])
+    expected = ((1 - 0) + 2 * (1 - 1 / math.sqrt(2))) / 3
+    assert alignment_loss(classifier, labels, regions).item() == pytest.approx(expected)
+
+
+def test_lce_loss_adds_both_terms_to_ce():
+    lce = get_strategy("lce").from_params({"alignment_weight": 2.0, "boundary_weight": 0.5})
+    lce.regions = regions_at([[1.0, 0.0], [0.0, 1.0]], angle_radius=[0.1, 0.1])
+    lce.model = torch.nn.Module()
+    lce.model.head = torch.nn.Module()
+    lce.model.head.classifier = torch.nn.Linear(2, 2, bias=False)
+    logits, features, labels = torch.randn(4, 2), torch.randn(4, 2), torch.tensor([0, 1, 0, 1])
+    got = lce.loss(Step(labels=labels, targets=labels, logits=logits, features=features,
+                        from_memory=torch.zeros(4, dtype=torch.bool)))
+    weight = lce.model.head.classifier.weight
+    expected = (F.cross_entropy(logits, labels) + 2.0 * alignment_loss(weight, labels, lce.regions)
+                + 0.5 * boundary_loss(features, labels, lce.regions))
+    assert got.item() == pytest.approx(expected.item())
+
+
+# --- RACT -----------------------------------------------------------------------------------------------------
+
+def ract_by_loops(new, old, labels, tau, k):
+    new = F.normalize(new, dim=1)
+    total = 0.0
+    for i in range(len(labels)):
+        others = [j for j in range(len(labels)) if labels[j] != labels[i]]
+        n2o = sorted((float(new[i] @ old[j]) for j in others), reverse=True)[:k or None]
+        n2n = sorted((float(new[i] @ new[j]) for j in others), reverse=True)[:k or None]
+        positive = float(new[i] @ old[i])
+        total += -positive / tau + math.log(sum(math.exp(v / tau) for v in [positive, *n2o, *n2n]))
+    return total / len(labels)
+
+
+@pytest.mark.parametrize("hard_negatives", [0, 1, 10])
+def test_ract_loss_by_loops(hard_negatives):
+    gen = torch.Generator().manual_seed(hard_negatives)
+    new, old = torch.randn(6, 4, generator=gen), F.normalize(torch.randn(6, 4, generator=gen), dim=1)
+    labels = torch.tensor([0, 0, 1, 1, 2, 0])
+    got = regression_alleviating_loss(new.double(), old.double(), labels, 0.5, hard_negatives)
+    assert got.item() == pytest.approx(ract_by_loops(new.double(), old.double(), labels, 0.5, hard_negatives))
+
+
+def test_ract_without_teacher_is_ce():
+    logits, labels = torch.randn(3, 4), torch.tensor([0, 1, 2])
+    step = Step(labels=labels, targets=labels, logits=logits, features=torch.randn(3, 2),
+                from_memory=torch.zeros(3, dtype=torch.bool))
+    assert get_strategy("ract").from_params({}).loss(step).item() == pytest.approx(
+        F.cross_entropy(logits, labels).item())
+
+
+# --- AdvBCT ---------------------------------------------------------------------------------------------------
+
+def test_elastic_boundary_grows_small_radii_and_shrinks_large_ones_towards_the_threshold():
+    boundary = ElasticBoundary(torch.tensor([0.4, 1.2]), threshold=1.0)
+    with torch.no_grad():
+        boundary.logit.zero_()                          # sigmoid = 1/2
+    assert boundary(torch.tensor([0, 1])).tolist() == pytest.approx([0.4 + 0.6 / 2, 1.2 - 0.2 / 2])
+
+
+def test_elastic_boundary_loss_is_the_mean_excess_of_the_samples_outside():
+    regions = regions_at([[1.0, 0.0]], distance_radius=[0.4])
+    boundary = ElasticBoundary(regions.distance_radius.clone(), threshold=1.0)
+    with torch.no_grad():
+        boundary.logit.fill_(-100.0)                    # R = r = 0.4
+    features = unit(90, 0, 180)                         # distances sqrt(2), 0, 2
+    got = elastic_boundary_loss(features, torch.tensor([0, 0, 0]), regions, boundary)
+    assert got.item() == pytest.approx(((math.sqrt(2) - 0.4) + (2 - 0.4)) / 2, rel=1e-6)
+
+
+def test_adversarial_schedule_and_gradient_reversal():
+    assert reversal_weight(0.0) == 0.0
+    assert reversal_weight(0.5) == pytest.approx(2 / (1 + math.exp(-5)) - 1)
+    assert adversarial_weight(0, 10) == pytest.approx(1.1) and adversarial_weight(9, 10) == pytest.approx(0.2)
+    x = torch.ones(3, requires_grad=True)
+    GradientReversal.apply(x, 0.25).sum().backward()
+    assert x.grad.tolist() == [-0.25] * 3
+
+
+def test_advbct_step_progress_drives_alpha_and_weight():
+    step = Step(labels=torch.tensor([0]), targets=torch.tensor([0]), logits=torch.zeros(1, 1),
+                features=torch.zeros(1, 1), from_memory=torch.zeros(1, dtype=torch.bool), iteration=15,
+                iterations_per_epoch=10, epochs=3)
+    assert (step.epoch, step.progress) == (1, pytest.approx(0.5))
+
+
+# --- UniBCT ---------------------------------------------------------------------------------------------------
+
+def propagated_by_series(old, new, lam, tau, dim):
+    """``(1 - lambda) sum_k lambda^k S^k O``, the series the closed form sums."""
+    affinity = new @ new.t() / tau
+    affinity.fill_diagonal_(-math.inf)
+    steps = torch.softmax(affinity, dim=dim)
+    total, power = torch.zeros_like(old), old.clone()
+    for _ in range(400):
+        total += power
+        power = lam * steps @ power
+    return ((1 - lam) * total).mean(dim=0)
+
+
+@pytest.mark.parametrize("transition, dim", [("rows", 1), ("columns", 0)])
+def test_refined_prototype_is_the_propagation_series(transition, dim):
+    gen = torch.Generator().manual_seed(3)
+    old = F.normalize(torch.randn(5, 3, generator=gen, dtype=torch.float64), dim=1)
+    new = F.normalize(torch.randn(5, 3, generator=gen, dtype=torch.float64), dim=1)
+    got = refined_prototype(old, new, 0.9, 0.5, transition)
+    assert torch.allclose(got, propagated_by_series(old, new, 0.9, 0.5, dim), atol=1e-10)
+
+
+def test_column_normalised_refinement_leaves_the_class_mean_unchanged():
+    gen = torch.Generator().manual_seed(4)
+    old, new = torch.randn(7, 3, generator=gen), torch.randn(7, 3, generator=gen)
+    assert torch.allclose(refined_prototype(old, new, 0.9, 0.05, "columns"), old.double().mean(dim=0), atol=1e-10)
+    assert not torch.allclose(refined_prototype(old, new, 0.9, 0.05, "rows"), old.double().mean(dim=0), atol=1e-3)
+
+
+def test_unibct_prototypes_cover_the_chosen_classes_and_are_unit():
+    old = F.normalize(torch.randn(6, 3), dim=1)
+    labels = torch.tensor([0, 0, 2, 2, 2, 3])
+    prototypes, rows = class_prototypes(old, None, labels, [0, 2], 4, UniBCTConfig(refinement="none"))
+    assert rows.tolist() == [0, -1, 1, -1]
+    assert torch.allclose(prototypes[1], F.normalize(old[2:5].mean(dim=0), dim=0), atol=1e-6)
+
+
+def test_arcface_adds_the_margin_to_the_target_angle_only():
+    cosine = torch.tensor([[0.5, 0.5]])
+    got = arcface_logits(cosine, torch.tensor([1]), scale=30.0, margin=0.3)
+    assert got.tolist()[0] == pytest.approx([30 * 0.5, 30 * math.cos(math.pi / 3 + 0.3)])
+
+
+# --- From the command line ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["lce", "unibct", "ract", "advbct"])
+def test_runs_on_iamcl2r_from_the_command_line(tiny, tmp_path, name):
+    out = tmp_path / "out"
+    assert runner.main(["--config", str(tiny), "--strategy", name, "--output", str(out)]) == 0
+    record = json.loads((out / f"iamcl2r/synthetic/{name}/seed42/metrics.json").read_text())
+    assert record["complete"] and [len(row) for row in record["compatibility_matrix"]] == [3, 3, 3]
+
+
+def test_advbct_runs_on_cl2r_from_the_command_line(tiny, tmp_path):
+    out = tmp_path / "out"
+    assert runner.main(["--config", str(tiny), "--scenario", "cl2r", "--set", "replacement.tasks=[]",
+                        "--strategy", "advbct", "--output", str(out)]) == 0
+    record = json.loads((out / "cl2r/synthetic/advbct/seed42/metrics.json").read_text())
+    assert record["complete"]
