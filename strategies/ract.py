@@ -9,7 +9,10 @@ new model does not retrieve, among old-gallery or already-refreshed items, a wro
     N_i = the samples of the batch of another class than y_i
 
 ``hard_negatives: k`` keeps the k largest of each negative set, as the authors' code does (``topk_neg``, 10); 0
-keeps them all, as the paper's equation. tau = ``temperature`` = 0.01 (their default). Batch samples of another
+keeps them all, as the paper's equation. tau = ``temperature`` = 0.01 (their default). The gradient flows through
+every new feature, the negatives' too, as the equation says; the reference code gathers the batch with
+``all_gather``, which carries no gradient, so there the other samples' new features are constants:
+``detach_new_negatives: true`` reproduces that (the parity check shows both, METHODS.md §6b). Batch samples of another
 class are negatives; same-class samples are left out of both sets, as in their code. The old model is the teacher of
 ``strategies/base.py`` (the previous task's model, or at a replacement the incoming replacement model;
 ``replacement_teacher: outgoing`` keeps the model deployed before it). At CL2R task 0 (no old model) the loss is CE.
@@ -32,6 +35,7 @@ class RACTConfig:
     weight: float = 1.0
     temperature: float = 0.01
     hard_negatives: int = 10
+    detach_new_negatives: bool = False
     replacement_teacher: str = "incoming"
 
     def __post_init__(self) -> None:
@@ -43,12 +47,15 @@ class RACTConfig:
 
 
 def regression_alleviating_loss(features: torch.Tensor, old_features: torch.Tensor, labels: torch.Tensor,
-                                temperature: float, hard_negatives: int) -> torch.Tensor:
-    """``L_ract`` for the new model's ``features`` (normalised here) and the old model's unit ``old_features``."""
+                                temperature: float, hard_negatives: int,
+                                detach_new_negatives: bool = False) -> torch.Tensor:
+    """``L_ract`` for the new model's ``features`` (normalised here) and the old model's unit ``old_features``;
+    ``detach_new_negatives`` treats the other samples' new features as constants, as the reference code does."""
     new = F.normalize(features, dim=1)
     same_class = labels[:, None] == labels[None, :]
     positive = (new * old_features).sum(dim=1, keepdim=True)
-    negatives = [(new @ other.t()).masked_fill(same_class, float("-inf")) for other in (old_features, new)]
+    new_negatives = new.detach() if detach_new_negatives else new
+    negatives = [(new @ other.t()).masked_fill(same_class, float("-inf")) for other in (old_features, new_negatives)]
     if hard_negatives:
         negatives = [n.topk(min(hard_negatives, n.shape[1]), dim=1).values for n in negatives]
     logits = torch.cat([positive, *negatives], dim=1) / temperature
@@ -67,4 +74,5 @@ class RACT(Strategy):
         if step.teacher_features is None:
             return ce
         return ce + self.config.weight * regression_alleviating_loss(
-            step.features, step.teacher_features, step.labels, self.config.temperature, self.config.hard_negatives)
+            step.features, step.teacher_features, step.labels, self.config.temperature, self.config.hard_negatives,
+            self.config.detach_new_negatives)

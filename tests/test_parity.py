@@ -98,3 +98,28 @@ def test_a_reference_run_folder_is_parsed(tmp_path):
     parsed = load("end_to_end").parse_reference_run(tmp_path)
     assert parsed["matrix"] == [[0.5], [0.25, 0.625], [0.125, 0.375, 0.75]]
     assert parsed["train_s"] == pytest.approx(5.75) and parsed["eval_s"] == 40.0
+
+
+def test_bct_line_harness_wrong_reference_path_is_a_one_line_error(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "tools.parity.bct_line", "--advbct", str(tmp_path / "nowhere")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "not a checkout of Ashespt/AdvBCT" in done.stderr
+
+
+def test_bct_line_batch_exercises_every_term():
+    """The parity batch is not vacuous: each compatibility term moves the loss, some samples are outside their
+    boundary, the IQR rule drops one item per class, and RACT's two readings differ in the gradient only."""
+    bct_line = load("bct_line")
+    inputs = bct_line.batch_inputs()
+    off = {"lce": {"alignment_weight": 0, "boundary_weight": 0}, "ract": {"weight": 0},
+           "unibct": {"weight": 0}, "advbct": {"boundary_weight": 0}}
+    for name, params in off.items():
+        full, without = bct_line.suite_iteration(name, inputs), bct_line.suite_iteration(name, inputs, params)
+        assert float(full["loss"] - without["loss"]) > 0.05, name
+    regions = bct_line.suite_iteration("lce", inputs)["regions"]
+    assert torch.isfinite(regions.distance_radius[:6]).all() and not torch.isfinite(regions.distance_radius[6:]).any()
+    paper = bct_line.suite_iteration("ract", inputs)
+    reference = bct_line.suite_iteration("ract", inputs, {"detach_new_negatives": True})
+    assert torch.equal(paper["loss"], reference["loss"])
+    assert not torch.allclose(paper["grads"]["convnet.features"], reference["grads"]["convnet.features"])
