@@ -55,6 +55,7 @@ from cl2r_bench.adapters.protocol import FeatureAdapter
 from cl2r_bench.models import class_means
 from cl2r_bench.settings import BACKFILL_ORDERS, GALLERY_MODES, UNMATCHED_CONVENTIONS
 
+from .flips import negative_flips
 from .gallery_rows import GalleryRows, normalise_rows
 from .metrics import area_under_curve
 from .ranking import RetrievalScores, backfilling_scores, retrieval_scores
@@ -407,17 +408,20 @@ def measure(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[s
             zero_shot: dict[str, float] | None = None) -> dict[str, Any]:
     """Everything an adapter study records of a fitted adapter (or none) on ``split``: ``cases`` (top-1 / top-5 /
     mAP in percent per case), ``query_top1`` (each query's top-1 hit in old/old and in the cross case, packed by
-    :func:`benchmarks.record.pack_hits`, for the paired comparison of the study's answer), ``backfilling`` (orders
-    drawn with ``seed``) and ``zero_shot`` as given."""
+    :func:`benchmarks.record.pack_hits`, for the paired comparison of the study's answer), ``negative_flips`` (of
+    the 2x2 matrix ``[[old/old], [cross, new/new]]``: the queries old/old answers and new/new, or the cross case,
+    loses; :func:`benchmarks.flips.negative_flips`), ``backfilling`` (orders drawn with ``seed``) and ``zero_shot``
+    as given."""
     ends: list[Ranked] = []
     curves = backfilling(split, adapter, orders=orders, steps=steps, generator=torch.Generator().manual_seed(seed),
                          ends=ends)
     scored = case_scores(split, adapter, known=ends)
     cases = {case: None if result is None else result.as_dict() for case, result in scored.items()}
     cross = cross_case(cases)
+    hits = {case: result.query_top1 for case, result in scored.items() if result is not None}
     return {"cases": cases,
-            "query_top1": {case: pack_hits(scored[case].query_top1) for case in dict.fromkeys((BASELINE, cross))
-                           if case},
+            "query_top1": {case: pack_hits(hits[case]) for case in dict.fromkeys((BASELINE, cross)) if case},
+            "negative_flips": negative_flips([[hits[BASELINE]], [hits.get(cross), hits["new/new"]]]),
             "backfilling": curves,
             "zero_shot": zero_shot, "cmc": {case: result.cmc_curve() for case, result in scored.items() if result},
             "queries_without_match": scored[BASELINE].queries_without_positive,

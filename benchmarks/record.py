@@ -10,8 +10,9 @@ Conventions of every field:
 * **Tasks are 0-based**: task t is row t of the compatibility matrix, ``replacement_tasks`` and every ``task``
   field count from 0.
 * **Accuracies are fractions in [0, 1]**: matrix entries, ``own_accuracy``, retrieval ``cases``, backfilling
-  curves and areas, noise intervals, AC and its noise-aware variants. **AA and ACA are percent** in [0, 100]
-  and **BC and FC percent points** in [-100, 100], as the papers report them (``benchmarks/metrics.py``).
+  curves and areas, noise intervals, AC and its noise-aware variants, the negative flip rates. **AA and ACA are
+  percent** in [0, 100] and **BC and FC percent points** in [-100, 100], as the papers report them
+  (``benchmarks/metrics.py``).
 * **Seconds** for every duration; ``null`` where a value does not exist (the matrix above its diagonal, ACA of
   one task, a case an adapter cannot produce), never 0.
 
@@ -19,10 +20,11 @@ The schema is also the readers' contract: a field they rely on is marked ``Annot
 it must be, and :func:`record_problem` derives its check from those marks (:func:`schema_problem`), adding only the
 rules between fields. It guarantees a complete run with its identity (``scenario``, ``dataset``, ``strategy``,
 ``seed``), AC / AA / ACA in range, a well-formed matrix of ``num_tasks`` rows, and, where present, the replacement
-tasks, config, noise summary, replacement models' own accuracies, task timings, the ``model_update`` cases and
-backfilling areas and the leave-one-out cases and areas. The other fields are as the writer wrote them; a
-hand-made record may lack them, so a reader that needs them checks first (as :func:`reporting.plots.figure_problem`
-does for the per-task curves, violations and noise intervals).
+tasks, config, noise summary, replacement models' own accuracies, task timings, the negative flip rates (one per
+consecutive pair of models), the ``model_update`` cases and backfilling areas and the leave-one-out cases and
+areas. The other fields are as the writer wrote them; a hand-made record may lack them, so a reader that needs them
+checks first (as :func:`reporting.plots.figure_problem` does for the per-task curves, violations and noise
+intervals).
 """
 import base64
 import dataclasses
@@ -145,6 +147,8 @@ NAME = Read("a non-empty string", _text, required=True)
 FRACTION = "a fraction in [0, 1]"
 OPTIONAL_FRACTION = Read("null or a fraction in [0, 1]", _optional(_within(0, 1)))
 INTERVAL = "[low, high], fractions in [0, 1]"
+RATES = "a list of fractions in [0, 1] (null where not measured)"
+FLIPS = "an object with self, cross, mean_self and mean_cross (benchmarks/flips.py)"
 
 
 class Metrics(TypedDict):
@@ -210,6 +214,23 @@ class Noise(NoiseSummary):
     AC_interval: Annotated[list[float], Read(INTERVAL, _interval, required=True)]
     across: Annotated[NoiseSummary, Read("an object (benchmarks/noise.py)", _object, required=True)]
     pair_decisions: list[PairDecision]
+
+
+def _rates(value: Any) -> bool:
+    return isinstance(value, list) and all(map(_optional(_within(0, 1)), value))
+
+
+class NegativeFlips(TypedDict):
+    """Negative flips between consecutive models (:func:`benchmarks.flips.negative_flips`; METHODS.md §2), from the
+    per-query hits of the matrix the record reports. ``self``: for each pair (t - 1, t), t >= 1, the share of the
+    queries that ``[t-1][t-1]`` retrieves correctly at top-1 and ``[t][t]`` does not; ``cross``: the same with
+    ``[t][t-1]`` (new queries, old gallery) in place of ``[t][t]``. Fractions, one per pair (none for one task),
+    None where an entry was not measured. ``mean_self`` / ``mean_cross``: their means, None unless every pair has
+    a rate."""
+    self: Annotated[list[float | None], Read(RATES, _rates, required=True)]
+    cross: Annotated[list[float | None], Read(RATES, _rates, required=True)]
+    mean_self: Annotated[float | None, dataclasses.replace(OPTIONAL_FRACTION, required=True)]
+    mean_cross: Annotated[float | None, dataclasses.replace(OPTIONAL_FRACTION, required=True)]
 
 
 class ReplacementModel(TypedDict):
@@ -340,19 +361,21 @@ class StudyBackfilling(TypedDict):
 
 
 class Retrieval(TypedDict):
-    """An adapter study's measurements (:func:`benchmarks.adapter_study.measure`), leave-one-out or along a stream:
-    the ``cases``, the per-query top-1 hits of old/old and the cross case (``query_top1``, packed by
-    :func:`pack_hits`), ``backfilling``, ``zero_shot`` retention (None where it does not apply), each case's
-    CMC top-1 ... top-100 in percent (``cmc``), the ``queries`` count, of which ``queries_without_match`` have no
-    other item of their class in the gallery, counted in CMC by the convention ``unmatched_queries`` (``miss`` or
-    ``exclude``; these three are absent in records before version 0.5, which counted such queries as misses), with
+    """An adapter study's measurements (:func:`benchmarks.adapter_study.measure`), leave-one-out or along a stream: the
+    ``cases``, the per-query top-1 hits of old/old and the cross case (``query_top1``, packed by :func:`pack_hits`), the
+    :class:`NegativeFlips` of the two models (``negative_flips``: one pair, old/old to new/new and to the cross case;
+    absent in records before it), ``backfilling``, ``zero_shot`` retention (None where it does not apply), each case's
+    CMC top-1 ... top-100 in percent (``cmc``), the ``queries`` count, of which ``queries_without_match`` have no other
+    item of their class in the gallery, counted in CMC by the convention ``unmatched_queries`` (``miss`` or ``exclude``;
+    these three are absent in records before version 0.5, which counted such queries as misses), with
     ``model_update.per_class_cmc`` each case's CMC top-1 and top-5 per query class (``per_class_cmc``), with
-    ``model_update.queries`` the seeded sample of queries ranked against the whole gallery
-    (``sampled_queries``: ``count``, ``of``, ``seed``; ``queries`` is then its count) and each case's 95 %
-    bootstrap interval over those queries (``sampling_interval``), and the ``fitting_items`` (leave-one-out) or the
-    ``gallery_items`` and ``gallery_mode`` (stream)."""
+    ``model_update.queries`` the seeded sample of queries ranked against the whole gallery (``sampled_queries``:
+    ``count``, ``of``, ``seed``; ``queries`` is then its count) and each case's 95 % bootstrap interval over those
+    queries (``sampling_interval``), and the ``fitting_items`` (leave-one-out) or the ``gallery_items`` and
+    ``gallery_mode`` (stream)."""
     cases: Annotated[RetrievalCases, Read("an object of cases", _object, required=True)]
     query_top1: NotRequired[dict[str, str]]
+    negative_flips: NotRequired[Annotated[NegativeFlips, Read(FLIPS, _object)]]
     backfilling: Annotated[StudyBackfilling, Read("an object with 'auc'", _object, required=True)]
     zero_shot: dict[str, float] | None
     cmc: NotRequired[dict[str, list[float]]]
@@ -402,9 +425,10 @@ class RunRecord(RecordIdentity):
     Results: ``replacement_tasks`` (tasks that start from a replacement model, 0-based); ``compatibility_matrix``
     (``M[t][k]``: queries embedded by model t against the gallery embedded by model k, fractions, None above the
     diagonal; with an adapter along a stream, the adapted matrix); ``metrics`` (:class:`Metrics` of that matrix);
-    ``noise`` (:class:`Noise`); ``unadapted_matrix`` / ``unadapted_metrics`` (the plain matrix and its metrics,
-    with an adapter only); ``protocol`` (``stream``) and ``retrieval`` (:class:`Retrieval`: the adapter study of a
-    ``model_update`` run along a stream).
+    ``noise`` (:class:`Noise`); ``negative_flips`` (:class:`NegativeFlips` of that matrix's per-query hits, one per
+    consecutive pair of tasks; None where the hits were not kept, absent in records before it); ``unadapted_matrix`` /
+    ``unadapted_metrics`` (the plain matrix and its metrics, with an adapter only); ``protocol`` (``stream``) and
+    ``retrieval`` (:class:`Retrieval`: the adapter study of a ``model_update`` run along a stream).
 
     Provenance: ``evaluation``, ``stream``, ``replacement_models`` (:class:`ReplacementModel`, task order),
     ``adapter`` (None without one), ``config`` (the resolved settings, as ``config.yaml``), ``versions`` (package
@@ -422,6 +446,7 @@ class RunRecord(RecordIdentity):
     replacement_models: Annotated[list[ReplacementModel], Read("a list of objects", _objects)]
     world_size: NotRequired[int]
     noise: NotRequired[Annotated[Noise, Read("an object (benchmarks/noise.py)", lambda v: not v or _object(v))]]
+    negative_flips: NotRequired[Annotated[NegativeFlips | None, Read(f"null or {FLIPS}", _optional(_object))]]
     unadapted_matrix: NotRequired[list[list[float | None]]]
     unadapted_metrics: NotRequired[Metrics]
     protocol: NotRequired[Literal["stream"]]
@@ -447,10 +472,12 @@ def run_record(*, identity: dict[str, Any], num_tasks: int, tasks_completed: int
                replacement_tasks: list[int], matrix: list[list[float | None]] | None, tie_rule: str,
                evaluation: Evaluation, stream: Stream, replacement_models: list[ReplacementModel],
                adapter: Adapter | None, config: dict[str, Any], device: Device, world_size: int, timings: Timings,
-               noise: Noise | None = None, unadapted_matrix: list[list[float | None]] | None = None,
+               noise: Noise | None = None, negative_flips: NegativeFlips | None = None,
+               unadapted_matrix: list[list[float | None]] | None = None,
                extra: dict[str, Any] | None = None) -> RunRecord:
     """A stream run's record (:class:`RunRecord`), its metrics computed from ``matrix`` under ``tie_rule`` and the
     package versions added; ``identity`` holds ``scenario``, ``strategy``, ``method``, ``dataset`` and ``seed``;
+    ``negative_flips`` those of ``matrix``'s per-query hits (None without them);
     ``extra`` adds a scenario's own fields (``model_update``'s ``cases`` and ``backfilling``). The one place
     where this layout is built: the run loop (:class:`cl2r_bench.run.Run`) passes the values."""
     record = {**identity, "num_tasks": num_tasks, "tasks_completed": tasks_completed, "complete": complete,
@@ -458,7 +485,7 @@ def run_record(*, identity: dict[str, Any], num_tasks: int, tasks_completed: int
               "metrics": all_metrics(as_matrix(matrix), tie_rule) if matrix else None,
               "evaluation": evaluation, "stream": stream, "replacement_models": replacement_models,
               "adapter": adapter, "config": config, "versions": package_versions(), "device": device,
-              "world_size": world_size, "timings": timings, **(extra or {})}
+              "world_size": world_size, "timings": timings, "negative_flips": negative_flips, **(extra or {})}
     if noise is not None:
         record["noise"] = noise
     if unadapted_matrix is not None:
@@ -628,6 +655,7 @@ def record_problem(record: Any) -> str | None:
             or schema_problem(record, LeaveOneOutRecord if leave_one_out(record) else RunRecord)
             or _tasks_problem(record)
             or _matrix_problem(record)
+            or _flips_problem(record)
             or _config_problem(record)
             or (_update_problem(record) if record["scenario"] == "model_update" and not leave_one_out(record)
                 else None))
@@ -669,6 +697,21 @@ def _matrix_problem(record: dict[str, Any]) -> str | None:
     tasks = record.get("num_tasks")
     if tasks is not None and size != tasks:
         return f"compatibility_matrix has {size} rows but num_tasks is {tasks}; a complete run has one row per task"
+    return None
+
+
+def _flips_problem(record: dict[str, Any]) -> str | None:
+    """Negative flips whose lists do not hold one rate per consecutive pair: of the compatibility matrix's tasks at
+    the top level, of the two models in ``retrieval``."""
+    retrieval = record.get("retrieval")
+    found = [("retrieval.negative_flips", retrieval.get("negative_flips") if _object(retrieval) else None, 1)]
+    if "compatibility_matrix" in record:
+        found.insert(0, ("negative_flips", record.get("negative_flips"), len(record["compatibility_matrix"]) - 1))
+    for name, flips, pairs in found:
+        for kind in ("self", "cross") if flips else ():
+            if len(flips[kind]) != pairs:
+                return (f"'{name}.{kind}' has {len(flips[kind])} rates; it must have {pairs}, one per consecutive "
+                        "pair of models")
     return None
 
 

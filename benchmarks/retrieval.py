@@ -21,7 +21,8 @@ also fills an *adapted* matrix, the one the retrieval system delivers when it ne
 The diagonal is the plain self-test in both. Adapters are saved in :meth:`state_dict` (``Adapter.export``).
 
 Every entry also keeps its per-query hits (one bool per query, on the CPU: 50 kB per entry for 50,000 queries), so
-that ``benchmarks/noise.py`` can resample queries consistently across entries.
+that ``benchmarks/noise.py`` can resample queries consistently across entries and ``benchmarks/flips.py`` can count
+the queries a new model loses.
 """
 from __future__ import annotations
 
@@ -171,13 +172,20 @@ class CompatibilityEvaluator:
             row.insert(0, nearest_neighbour_hits(moved, query_labels, g.to(moved.device), g_labels))
         return row
 
-    def hit_matrix(self, adapted: bool = False) -> np.ndarray | None:
-        """Per-query hits of every lower-triangular entry in row order (``E x n`` bool), the input of
-        :func:`benchmarks.noise.noise_metrics`; None when a resumed state predates hit keeping."""
+    def hit_rows(self, adapted: bool = False) -> list[list[np.ndarray]] | None:
+        """Per-query hits of each entry, row t holding ``[t][0..t]`` (bool arrays), the input of
+        :func:`benchmarks.flips.negative_flips`; kept in :meth:`state_dict`, so a resumed run has every row. None
+        when a resumed state predates hit keeping."""
         rows = self.adapted_hits if adapted else self.hits
         if len(rows) != len(self.rows) or not rows:
             return None
-        return torch.stack([h for row in rows for h in row]).numpy()
+        return [[h.numpy() for h in row] for row in rows]
+
+    def hit_matrix(self, adapted: bool = False) -> np.ndarray | None:
+        """Per-query hits of every lower-triangular entry in row order (``E x n`` bool), the input of
+        :func:`benchmarks.noise.noise_metrics`; None as :meth:`hit_rows`."""
+        rows = self.hit_rows(adapted)
+        return None if rows is None else np.stack([h for row in rows for h in row])
 
     @property
     def matrix(self) -> list[list[float | None]]:

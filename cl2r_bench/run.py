@@ -14,8 +14,8 @@ seeds its own random streams from ``(seed, t)``, so a resumed run ends with the 
 one. Under torchrun every process runs this loop; training and evaluation are shared and only rank 0 writes,
 prints and pretrains (:mod:`cl2r_bench.distributed`).
 
-With an adapter along a stream, ``metrics.json``'s ``compatibility_matrix`` and ``metrics`` are those of the adapted
-matrix (what the system delivers without re-embedding its gallery) and ``unadapted_matrix`` /
+With an adapter along a stream, ``metrics.json``'s ``compatibility_matrix``, ``metrics`` and ``negative_flips`` are
+those of the adapted matrix (what the system delivers without re-embedding its gallery) and ``unadapted_matrix`` /
 ``unadapted_metrics`` keep the plain ones. A scenario may add fields after the last task (``Scenario.finish``;
 ``model_update``: its retrieval cases, backfilling curves and 2x2 matrix).
 
@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from benchmarks.adapter_study import Scoring, held_out_error
+from benchmarks.flips import negative_flips
 from benchmarks.metrics import as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
 from benchmarks.record import run_record, write_record
@@ -352,6 +353,7 @@ class Run:
         matrix = extra.pop("compatibility_matrix", None) or (evaluator.adapted_matrix if direction else
                                                              evaluator.matrix)
         hits = None if "cases" in extra else evaluator.hit_matrix(adapted=bool(direction))
+        flips = None if hits is None else negative_flips(evaluator.hit_rows(adapted=bool(direction)))
         timings = self.state["timings"]
         evaluation, tasks = settings.evaluation, self.stream.tasks
         noise = noise_metrics(as_matrix(matrix), len(self.stream.query), hits=hits,
@@ -377,7 +379,8 @@ class Run:
             timings={"tasks": timings, "pretrain_seconds": self.state["pretrain_seconds"],
                      "train_seconds": sum(t["seconds"] for t in timings),
                      "eval_seconds": sum(t["eval_seconds"] for t in timings)},
-            noise=noise, unadapted_matrix=evaluator.matrix if direction and matrix else None, extra=extra)
+            noise=noise, negative_flips=flips, unadapted_matrix=evaluator.matrix if direction and matrix else None,
+            extra=extra)
         if seconds is not None:
             record["timings"]["wall_seconds_this_invocation"] = seconds
         if self.main:

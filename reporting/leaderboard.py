@@ -9,12 +9,12 @@ Rows come from every complete and well-formed ``metrics.json`` under a results f
 listed apart with their reason (:func:`benchmarks.record.record_problem`, also importable from here) so a partial
 or damaged result is never mistaken for a finished one. The std is the sample standard deviation (ddof = 1).
 
-The tables (:data:`TABLES`, built by :func:`build`): ``main`` (AC, AA, ACA, seeds), ``noise`` (the noise-aware
-AC), ``replacements`` (the replacement models' own accuracies), ``retrieval`` and ``backfilling`` (every adapter
-study, leave-one-out or a ``model_update`` run along a stream: each case's top-1 and mAP, each order's AUC, the
-zero-shot change and f(W)), ``timing`` (ms per training iteration), ``across`` (AC and ACA across replacements)
-and ``matrices`` (the mean compatibility matrices). :func:`render` writes them in three formats, each ready to use
-as it is:
+The tables (:data:`TABLES`, built by :func:`build`): ``main`` (AC, AA, ACA, the mean negative flip rates NFR self and
+NFR cross in percent, seeds), ``noise`` (the noise-aware AC), ``replacements`` (the replacement models' own accuracies),
+``retrieval`` and ``backfilling`` (every adapter study, leave-one-out or a ``model_update`` run along a stream: each
+case's top-1 and mAP, each order's AUC, the zero-shot change and f(W)), ``timing`` (ms per training iteration),
+``across`` (AC and ACA across replacements) and ``matrices`` (the mean compatibility matrices). :func:`render` writes
+them in three formats, each ready to use as it is:
 
 - ``github``: markdown, mean ± std in one cell; each matrix a grid under a ``####`` title.
 - ``latex``: one booktabs ``tabular`` per table and per matrix (a ``%`` comment with the matrix's title above
@@ -118,8 +118,10 @@ class Table:
 IDENTITY = (Column("scenario", "scenario", Kind.TEXT), Column("dataset", "dataset", Kind.TEXT),
             Column("strategy", "strategy", Kind.TEXT))
 SEEDS = Column("seeds", "seeds", Kind.INTEGER)
+FLIP_COLUMNS = ("NFR_self", "NFR_cross")
 MAIN_COLUMNS = (*IDENTITY, Column("AC", "AC", Kind.SPREAD, 3), Column("AA (%)", "AA", Kind.SPREAD),
-                Column("ACA (%)", "ACA", Kind.SPREAD), SEEDS)
+                Column("ACA (%)", "ACA", Kind.SPREAD), Column("NFR self (%)", "NFR_self", Kind.SPREAD),
+                Column("NFR cross (%)", "NFR_cross", Kind.SPREAD), SEEDS)
 NOISE_COLUMNS = (*IDENTITY, Column("AC", "AC", digits=3),
                  Column("AC 95% interval", "AC_interval", Kind.INTERVAL, 3),
                  Column("AC outside noise", "AC_outside_noise", digits=3), Column("AC upper", "AC_upper", digits=3),
@@ -146,7 +148,8 @@ ACROSS_COLUMNS = (*IDENTITY, Column("AC across replacements", "AC_across", Kind.
                   Column("ACA across (%)", "ACA_across", Kind.SPREAD), Column("pairs", "pairs", Kind.INTEGER), SEEDS)
 PUBLISHED_MAIN_COLUMNS = (Column("scenario", "scenario", Kind.TEXT), Column("setting", "setting", Kind.TEXT),
                           Column("strategy", "strategy", Kind.TEXT), Column("AC", "AC", digits=3),
-                          Column("AA (%)", "AA"), Column("ACA (%)", "ACA"), Column("source", "source", Kind.TEXT))
+                          Column("AA (%)", "AA"), Column("ACA (%)", "ACA"), Column("NFR self (%)", "NFR_self"),
+                          Column("NFR cross (%)", "NFR_cross"), Column("source", "source", Kind.TEXT))
 PUBLISHED_CASE_COLUMNS = (Column("setting", "setting", Kind.TEXT), Column("adapter", "adapter", Kind.TEXT),
                           Column("case", "case", Kind.TEXT), Column("top-1 (%)", "top1"), Column("top-5 (%)", "top5"),
                           Column("mAP (%)", "mAP"), Column("source", "source", Kind.TEXT))
@@ -243,13 +246,24 @@ def experiment_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], li
     return dict(sorted(groups.items()))
 
 
+def flip_rates(flips: dict[str, Any] | None) -> dict[str, float | None]:
+    """``NFR_self`` and ``NFR_cross`` in percent from a ``negative_flips`` object's means
+    (:class:`benchmarks.record.NegativeFlips`), None where it lacks them (a record without it, one task)."""
+    return {column: None if not flips or flips.get(f"mean_{kind}") is None else 100 * flips[f"mean_{kind}"]
+            for column, kind in zip(FLIP_COLUMNS, ("self", "cross"), strict=True)}
+
+
 def leaderboard_rows(records: list[RunRecord]) -> list[list[Any]]:
-    """Rows ``[scenario, dataset, strategy, AC, AA, ACA, seeds]`` (:data:`MAIN_COLUMNS`; the metrics as
-    ``(mean, std)`` over seeds) sorted by scenario, dataset, AC then AA."""
+    """Rows ``[scenario, dataset, strategy, AC, AA, ACA, NFR self, NFR cross, seeds]`` (:data:`MAIN_COLUMNS`; the
+    metrics as ``(mean, std)`` over the seeds that have them, the negative flip rates in percent) sorted by
+    scenario, dataset, AC then AA."""
     rows = []
     for (scenario, dataset, strategy), runs in experiment_groups(records).items():
         values = {c: [r["metrics"][c] for r in runs if r["metrics"].get(c) is not None] for c in COLUMNS}
-        rows.append([scenario, dataset, strategy, *(_spread(values[c]) for c in COLUMNS), len(runs)])
+        rates = [flip_rates(r.get("negative_flips")) for r in runs]
+        flips = {c: [rate[c] for rate in rates if rate[c] is not None] for c in FLIP_COLUMNS}
+        rows.append([scenario, dataset, strategy, *(_spread(values[c]) for c in COLUMNS),
+                     *(_spread(flips[c]) for c in FLIP_COLUMNS), len(runs)])
     return sorted(rows, key=lambda r: (r[0], r[1], -r[3][0], -r[4][0]))
 
 
@@ -458,16 +472,24 @@ def backfilling_values(record: RunRecord) -> list[float | None]:
 
 def published_main_rows(scenarios: set[str]) -> list[list[Any]]:
     """The IAM-CL2R authors' released figures (:mod:`reporting.published`) when ``scenarios`` holds ``iamcl2r``:
-    AC / AA / ACA of the 7-task matrices, computed by the suite's metrics, and the 31-task AC and AA they report."""
+    AC / AA / ACA of the 7-task matrices, computed by the suite's metrics, and the 31-task AC and AA they report;
+    the negative flip rates in percent where a set of figures gives them (its optional ``negative_flips``)."""
     if "iamcl2r" not in scenarios:
         return []
     rows = []
     for strategy, matrix in IAMCL2R_RELEASED["matrices"].items():
         m = all_metrics(as_matrix(matrix))
-        rows.append(["iamcl2r", IAMCL2R_RELEASED["setting"], strategy, m["AC"], m["AA"], m["ACA"], IAMCL2R_SOURCE])
+        rows.append(["iamcl2r", IAMCL2R_RELEASED["setting"], strategy, m["AC"], m["AA"], m["ACA"],
+                     *_published_flips(IAMCL2R_RELEASED, strategy), IAMCL2R_SOURCE])
     for strategy, m in IAMCL2R_31_TASKS["metrics"].items():
-        rows.append(["iamcl2r", IAMCL2R_31_TASKS["setting"], strategy, m["AC"], m["AA"], None, IAMCL2R_SOURCE])
+        rows.append(["iamcl2r", IAMCL2R_31_TASKS["setting"], strategy, m["AC"], m["AA"], None,
+                     *_published_flips(IAMCL2R_31_TASKS, strategy), IAMCL2R_SOURCE])
     return rows
+
+
+def _published_flips(figures: dict[str, Any], strategy: str) -> list[float | None]:
+    """NFR self and NFR cross in percent of ``strategy`` in a set of published figures, None where it gives none."""
+    return list(flip_rates(figures.get("negative_flips", {}).get(strategy)).values())
 
 
 def published_case_rows(scenarios: set[str]) -> list[list[Any]]:

@@ -4,7 +4,10 @@ with measured rows, always labelled as the papers' runs on their models and data
 
 ``IAMCL2R_RELEASED``: the IAM-CL2R authors' released 7-task runs (CIFAR-100 stream, CIFAR-10 open-set evaluation,
 replacements at tasks 0, 2, 4), the compatibility matrices in percent; their AC / AA / ACA are computed from them by
-the suite's own metric code. ``IAMCL2R_31_TASKS``: the AC and AA the authors report for 31 tasks (no matrix).
+the suite's own metric code. ``IAMCL2R_31_TASKS``: the AC and AA the authors report for 31 tasks (no matrix). Either
+may carry, where a paper gives them, the negative flip rates of its strategies as the suite records them (fractions;
+per-query hits cannot be recovered from a matrix): an optional ``"negative_flips": {strategy: {"mean_self": x,
+"mean_cross": y}}``, shown as NFR self and NFR cross (``leaderboard --published``); none is given yet.
 ``LAMBDA_ORTH_TABLE_1A`` / ``_1B``: λ-orth (Ricci et al., NeurIPS 2025), Table 1a (class extension, ResNet-34) and
 Table 1b (ImageNet-1k ResNet-18 -> ViT-L/16), each case ``(CMC top-1, mAP)`` in percent and the backfilling AUC
 ``(top-1, mAP)``. ``LAMBDA_ORTH_TABLE_2``: the same paper, Table 2, CIFAR-100 downstream, λ = 12, top-1 only, and

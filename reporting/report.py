@@ -1,10 +1,10 @@
 """One self-contained HTML report of a results folder (``runner.py report RESULTS_DIR``).
 
-Per scenario and data set: the leaderboard's tables (:func:`reporting.leaderboard.build`: AC / AA / ACA with
-mean ± std and seeds, the noise-aware AC, the replacement models' own accuracy, the adapters' cases and backfilling
-AUCs, timing), sortable by any column in the page; the settings that tell the experiments apart; each experiment's
-mean compatibility matrix as a heatmap; the AC_t / AA_t curves of every experiment in one figure; the backfilling
-curves of adapter studies; the published figures of the same scenario, apart and with their source
+Per scenario and data set: the leaderboard's tables (:func:`reporting.leaderboard.build`: AC / AA / ACA and the negative
+flip rates with mean ± std and seeds, the noise-aware AC, the replacement models' own accuracy, the adapters' cases and
+backfilling AUCs, timing), sortable by any column in the page; the settings that tell the experiments apart; each
+experiment's mean compatibility matrix as a heatmap; the AC_t / AA_t curves of every experiment in one figure; the
+backfilling curves of adapter studies; the published figures of the same scenario, apart and with their source
 (:mod:`reporting.published`); and links to each run's ``config.yaml`` and ``metrics.json``.
 
 The records are read through the leaderboard's walk (:func:`reporting.leaderboard.collect_with_paths`: bad files

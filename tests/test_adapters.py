@@ -21,6 +21,7 @@ from benchmarks.adapter_study import (
     held_out_error,
 )
 from benchmarks.metrics import area_under_curve
+from benchmarks.record import cross_case, unpack_hits
 from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy
 from cl2r_bench import cli as runner
 from cl2r_bench.adapters import AdapterError, FeaturePair, fit_adapter, get_adapter, list_adapters, make_adapter
@@ -448,6 +449,11 @@ def test_model_update_runs_every_adapter_and_reports_its_cases(tiny, tmp_path, c
         assert record["compatibility_matrix"] == [[top1["old/old"] / 100, None], [cross / 100, top1["new/new"] / 100]]
         assert record["metrics"]["AC"] == float(cross > top1["old/old"])
         assert set(record["retrieval"]["query_top1"]) <= {"old/old", "B/old", "new/F", "new/old"}
+        hits = {case: unpack_hits(packed, record["retrieval"]["queries"])
+                for case, packed in record["retrieval"]["query_top1"].items()}
+        flips = record["retrieval"]["negative_flips"]
+        lost = hits["old/old"] & ~hits[cross_case(record["retrieval"]["cases"])]
+        assert flips["cross"] == pytest.approx([lost.mean()]) and len(flips["self"]) == 1
         for curve in fill["curves"].values():
             if curve is not None:
                 start = next(top1[k] for k in ("new/F", "B/F", "new/old") if top1[k] is not None)

@@ -1,8 +1,26 @@
-"""How the leaderboard names and summarises experiments (reporting/leaderboard.py): encoders by short name, and
-no spread for a value that no seed changes."""
-import pytest
+"""How the leaderboard names and summarises experiments (reporting/leaderboard.py): encoders by short name, no
+spread for a value that no seed changes, and the negative flip rates of measured and published rows."""
+import math
 
-from reporting.leaderboard import Column, Kind, _spread, cell_text, models_label, short_model_name
+import pytest
+from test_leaderboard_input import DELETE, changed, valid_record
+
+from reporting import leaderboard
+from reporting.leaderboard import (
+    MAIN_COLUMNS,
+    PUBLISHED_MAIN_COLUMNS,
+    Column,
+    Kind,
+    Table,
+    _spread,
+    build,
+    cell_text,
+    leaderboard_rows,
+    models_label,
+    published_main_rows,
+    render,
+    short_model_name,
+)
 
 
 @pytest.mark.parametrize("spec, name", [
@@ -29,3 +47,31 @@ def test_a_value_no_seed_changes_has_no_spread():
     assert cell_text(_spread([51.7, 51.7, 51.7]), column) == "51.70"
     assert cell_text(_spread([51.0, 52.0]), column) == "51.50 ± 0.71"
     assert _spread([51.7]) == (51.7, None) and _spread([]) is None
+
+
+def test_the_main_table_shows_the_negative_flip_rates_in_percent_mean_and_std_over_seeds():
+    """Seed 1 flips 2.5 % (self) and 7.5 % (cross) of the queries on average, seed 2 7.5 % and 12.5 %; a run
+    without flips (a record before them) adds nothing, and an experiment with none shows '-'."""
+    second = changed(valid_record(2), "negative_flips", {"self": [0.15, 0.0], "cross": [0.1, 0.15],
+                                                         "mean_self": 0.075, "mean_cross": 0.125})
+    older = changed(valid_record(3), "negative_flips", DELETE)
+    (row,) = leaderboard_rows([valid_record(1), second, older])
+    assert [c.name for c in MAIN_COLUMNS[6:8]] == ["NFR_self", "NFR_cross"]
+    assert row[6] == pytest.approx((5.0, 5 / math.sqrt(2))) and row[7] == pytest.approx((10.0, 5 / math.sqrt(2)))
+    assert row[8] == 3
+    text = render(build([valid_record(1), second], names=["main"])["main"])
+    header, _, cells = text.splitlines()
+    assert [h.strip() for h in header.split("|")[7:9]] == ["NFR self (%)", "NFR cross (%)"]
+    assert [c.strip() for c in cells.split("|")[7:9]] == ["5.00 ± 3.54", "10.00 ± 3.54"]
+    (alone,) = leaderboard_rows([older])
+    assert alone[6] is None and alone[7] is None and "| -" in render([Table(MAIN_COLUMNS, [alone])])
+
+
+def test_published_rows_take_the_negative_flips_a_paper_gives(monkeypatch):
+    figures = {**leaderboard.IAMCL2R_31_TASKS, "negative_flips": {"er": {"mean_self": 0.02, "mean_cross": 0.3}}}
+    monkeypatch.setattr(leaderboard, "IAMCL2R_31_TASKS", figures)
+    rows = {(row[1], row[2]): row for row in published_main_rows({"iamcl2r"})}
+    assert [c.name for c in PUBLISHED_MAIN_COLUMNS[6:8]] == ["NFR_self", "NFR_cross"]
+    assert rows[(figures["setting"], "er")][6:8] == pytest.approx([2.0, 30.0])
+    assert rows[(figures["setting"], "dsimplex_hoc")][6:8] == [None, None]
+    assert all(row[6:8] == [None, None] for (setting, _), row in rows.items() if setting != figures["setting"])

@@ -40,6 +40,7 @@ def valid_record(seed: int = 1) -> dict:
                                "images_per_second": 480.0}] * 3,
                     "pretrain_seconds": 1.0, "train_seconds": 6.0, "eval_seconds": 0.3},
         "noise": noise_metrics(matrix, 144, replacement_tasks=[0, 2]),
+        "negative_flips": {"self": [0.05, 0.0], "cross": [0.1, 0.05], "mean_self": 0.025, "mean_cross": 0.075},
     }
 
 
@@ -58,7 +59,9 @@ def update_record() -> dict:
         "scenario": "model_update", "strategy": "model_update", "method": "lambda_orth", "dataset": "synthetic",
         "seed": 1, "protocol": "stream", "num_tasks": 2, "tasks_completed": 2, "complete": True,
         "replacement_tasks": [0, 1], "compatibility_matrix": matrix, "metrics": all_metrics(as_matrix(matrix)),
+        "negative_flips": {"self": [0.1], "cross": [0.05], "mean_self": 0.1, "mean_cross": 0.05},
         "retrieval": {"cases": cases, "query_top1": {},
+                      "negative_flips": {"self": [0.1], "cross": [0.04], "mean_self": 0.1, "mean_cross": 0.04},
                       "backfilling": {"betas": [0.0, 0.5, 1.0],
                                       "curves": {"random": curve, "uncertainty": None, "class_mean_distance": curve},
                                       "auc": {"random": auc, "uncertainty": None, "class_mean_distance": auc}},
@@ -98,7 +101,8 @@ def retrieval_record(seed: int = 1) -> dict:
         "protocol": "leave_one_out", "num_tasks": 2, "tasks_completed": 2, "complete": True, "replacement_tasks": [],
         "retrieval": {"cases": cases, "backfilling": {"betas": [0.0, 1.0], "curves": {}, "auc": {
             "random": auc, "uncertainty": None, "class_mean_distance": auc, "class_mean_cosine": auc}},
-            "zero_shot": None, "queries": 100, "fitting_items": 200},
+            "zero_shot": None, "queries": 100, "fitting_items": 200,
+            "negative_flips": {"self": [0.1], "cross": [0.0], "mean_self": 0.1, "mean_cross": 0.0}},
         "models": {"train": "train.npz", "test": "test.npz"},
         "adapter": {"name": "procrustes", "fits": [{"task": 1, "seconds": 0.1, "items": 200}]},
         "config": {"command": "adapt", "adapter": {"name": "procrustes"}, "seed": seed},
@@ -149,6 +153,12 @@ BAD_FILES = {
     "case_above_100": (lambda: changed(retrieval_record(6), "retrieval.cases.B/old.mAP", 140.0),
                        "'retrieval.cases.B/old' is"),
     "no_retrieval": (lambda: changed(retrieval_record(7), "retrieval", DELETE), "'retrieval' is missing"),
+    "flip_above_one": (lambda: changed(valid_record(8), "negative_flips.cross.1", 1.5),
+                       "'negative_flips.cross' is [0.1, 1.5]"),
+    "flips_per_pair": (lambda: changed(valid_record(9), "negative_flips.self", [0.05]),
+                       "'negative_flips.self' has 1 rates; it must have 2"),
+    "study_flips_per_pair": (lambda: changed(retrieval_record(10), "retrieval.negative_flips.cross", [0.0, 0.1]),
+                             "'retrieval.negative_flips.cross' has 2 rates; it must have 1"),
 }
 
 
@@ -271,7 +281,7 @@ def test_deeply_nested_config_is_a_problem_not_a_crash():
 
 def test_matrices_of_different_sizes_in_one_group_do_not_crash(tmp_path, capsys):
     short = valid_record(2)
-    for key in ("config", "num_tasks", "tasks_completed", "noise", "replacement_models"):
+    for key in ("config", "num_tasks", "tasks_completed", "noise", "replacement_models", "negative_flips"):
         del short[key]
     short["compatibility_matrix"] = [[0.5, None], [0.55, 0.6]]
     short["metrics"] = all_metrics(as_matrix(short["compatibility_matrix"]))

@@ -4,15 +4,18 @@ import typing
 from typing import Annotated, TypedDict
 
 import pytest
+from test_flips import H00, H10, H11, H20, H21, H22
 from test_leaderboard_input import MATRIX, changed, update_record, valid_record, write
 from typing_extensions import NotRequired
 
+from benchmarks.flips import negative_flips
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics
 from benchmarks.record import (
     PAPER_CASES,
     RECORD_FILE,
     Metrics,
+    NegativeFlips,
     Noise,
     NoiseSummary,
     PairDecision,
@@ -39,6 +42,13 @@ def test_a_good_record_round_trips(tmp_path, make):
     assert path.name == RECORD_FILE
     assert read_record(path) == record
     assert read_record(str(path)) == record
+
+
+@pytest.mark.parametrize("flips", [negative_flips([[H00], [H10, H11], [H20, H21, H22]]), None])
+def test_negative_flips_round_trip_as_computed_or_null(tmp_path, flips):
+    """The flips of a 3-task run's hits (two pairs), or null where a run kept no hits, are read back unchanged."""
+    record = changed(valid_record(), "negative_flips", flips)
+    assert read_record(write(tmp_path, "run", record))["negative_flips"] == flips
 
 
 FAILURES = {
@@ -78,6 +88,7 @@ def test_the_schema_names_every_field_the_writers_produce():
     assert keys(Metrics) == set(all_metrics(matrix))
     assert keys(Noise) == set(noise) and keys(NoiseSummary) == set(noise["across"])
     assert keys(PairDecision) == set(noise["pair_decisions"][0])
+    assert keys(NegativeFlips) == set(negative_flips([[H00], [H10, H11]]))
     assert set(valid_record()) | set(update_record()) <= keys(RunRecord)
     assert set(update_record()["retrieval"]) <= keys(Retrieval)
     assert tuple(update_record()["retrieval"]["cases"]) == PAPER_CASES

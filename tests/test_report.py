@@ -50,6 +50,10 @@ def test_the_report_holds_every_experiment_the_published_rows_apart_and_links_to
     assert "<link" not in page and "src=\"http" not in page  # nothing to fetch at view time
     for label in ("er", "dsimplex_hoc", "lambda_orth", "procrustes"):
         assert f">{label}<" in page, label
+    board = page[page.index('id="iamcl2r-synthetic"'):]
+    board = board[:board.index("</table>")]
+    assert ">NFR self (%)</th>" in board and ">NFR cross (%)</th>" in board
+    assert board.count('data-sort="2.5">2.50</td>') == 2 and board.count('data-sort="7.5">7.50</td>') == 2
     published = page[page.index('data-kind="published"'):]
     assert "IAM-CL2R authors&#39; released runs" in published and ">0.952<" in published
     assert "apple/ml-fct README" in page

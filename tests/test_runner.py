@@ -38,6 +38,15 @@ def test_iamcl2r_run_writes_consistent_results(tiny, tmp_path, capsys):
                                                     "compatibility_matrix.png", "aa_per_task.png"}
     state = torch.load(run_dir / "checkpoints" / "task2.pt", weights_only=True)
     assert "head.lift.weight" in state and "head.vertices" not in state
+    hits = torch.load(run_dir / "state.pt", weights_only=True)["evaluator"]["hits"]
+    flips = record["negative_flips"]
+
+    def lost(before, after):
+        return float((before & ~after).float().mean())
+
+    assert flips["self"] == pytest.approx([lost(hits[t - 1][t - 1], hits[t][t]) for t in (1, 2)])
+    assert flips["cross"] == pytest.approx([lost(hits[t - 1][t - 1], hits[t][t - 1]) for t in (1, 2)])
+    assert [flips["mean_self"], flips["mean_cross"]] == pytest.approx([np.mean(flips["self"]), np.mean(flips["cross"])])
     assert "| iamcl2r" in capsys.readouterr().out
 
 
@@ -58,6 +67,7 @@ def test_interrupted_run_resumes_to_the_same_metrics(tiny, tmp_path, monkeypatch
     assert resumed["compatibility_matrix"] == expected["compatibility_matrix"]
     assert resumed["metrics"] == expected["metrics"]
     assert resumed["noise"] == expected["noise"]
+    assert resumed["negative_flips"] == expected["negative_flips"] and len(expected["negative_flips"]["self"]) == 2
 
 
 def test_resume_with_other_settings_is_refused(tiny, tmp_path, capsys):
@@ -89,7 +99,7 @@ def test_leaderboard_groups_seeds(tmp_path, capsys):
     assert run_cli("leaderboard", "--results", tmp_path, "--format", "csv") == 0
     (header, row), = [list(csv.reader(io.StringIO(capsys.readouterr().out)))]
     assert header == ["scenario", "dataset", "strategy", "AC_mean", "AC_std", "AA_mean", "AA_std", "ACA_mean",
-                      "ACA_std", "seeds"]
+                      "ACA_std", "NFR_self_mean", "NFR_self_std", "NFR_cross_mean", "NFR_cross_std", "seeds"]
     assert row[:3] == ["iamcl2r", "synthetic", "er"] and row[-1] == "2"
     assert [float(v) for v in row[3:8]] == pytest.approx([0.75, np.std([0.5, 1.0], ddof=1), 41.5,
                                                           np.std([41.0, 42.0], ddof=1), 30.0])
