@@ -390,6 +390,22 @@ class Retrieval(TypedDict):
     gallery_mode: NotRequired[Literal["templates", "images"]]
 
 
+class TwoModel(TypedDict):
+    """The BCT line's two-model protocol of an ``upgrade`` run (``scenarios/upgrade.py``, docs/METHODS.md §6c): the
+    test split of every class is query and gallery, each query's own image left out. ``cases``: old/old, new/old and
+    new/new, each ``top1`` / ``top5`` / ``mAP`` in percent; ``negative_flips`` (:class:`NegativeFlips`, one pair:
+    old/old to new/new and to new/old); ``query_top1`` (old/old and new/old hits, packed by :func:`pack_hits`);
+    each case's ``cmc`` top-1 ... top-100; the ``queries``, of which ``queries_without_match`` have no other item of
+    their class, counted by the convention ``unmatched_queries``."""
+    cases: Annotated[RetrievalCases, Read("an object of cases", _object, required=True)]
+    negative_flips: Annotated[NegativeFlips, Read(FLIPS, _object)]
+    query_top1: dict[str, str]
+    cmc: dict[str, list[float]]
+    queries: int
+    queries_without_match: int
+    unmatched_queries: Literal["miss", "exclude"]
+
+
 class RecordIdentity(TypedDict):
     """What every ``metrics.json`` holds, a stream run's (:class:`RunRecord`) and a leave-one-out study's
     (:class:`LeaveOneOutRecord`) alike: identity, progress and provenance, as :class:`RunRecord` describes them."""
@@ -428,7 +444,8 @@ class RunRecord(RecordIdentity):
     ``noise`` (:class:`Noise`); ``negative_flips`` (:class:`NegativeFlips` of that matrix's per-query hits, one per
     consecutive pair of tasks; None where the hits were not kept, absent in records before it); ``unadapted_matrix`` /
     ``unadapted_metrics`` (the plain matrix and its metrics, with an adapter only); ``protocol`` (``stream``) and
-    ``retrieval`` (:class:`Retrieval`: the adapter study of a ``model_update`` run along a stream).
+    ``retrieval`` (:class:`Retrieval`: the adapter study of a ``model_update`` run along a stream); ``two_model``
+    (:class:`TwoModel`: the BCT line's protocol of an ``upgrade`` run).
 
     Provenance: ``evaluation``, ``stream``, ``replacement_models`` (:class:`ReplacementModel`, task order),
     ``adapter`` (None without one), ``config`` (the resolved settings, as ``config.yaml``), ``versions`` (package
@@ -453,6 +470,8 @@ class RunRecord(RecordIdentity):
     retrieval: NotRequired[Annotated[Retrieval, Read("an object with 'cases' and 'backfilling' (an adapter study)",
                                                      _object)]]
     models: NotRequired[dict[str, dict[str, Any]]]
+    two_model: NotRequired[Annotated[TwoModel, Read("an object with 'cases' (the upgrade scenario's protocol)",
+                                                    _object)]]
 
 
 class LeaveOneOutRecord(RecordIdentity):
@@ -702,9 +721,10 @@ def _matrix_problem(record: dict[str, Any]) -> str | None:
 
 def _flips_problem(record: dict[str, Any]) -> str | None:
     """Negative flips whose lists do not hold one rate per consecutive pair: of the compatibility matrix's tasks at
-    the top level, of the two models in ``retrieval``."""
-    retrieval = record.get("retrieval")
-    found = [("retrieval.negative_flips", retrieval.get("negative_flips") if _object(retrieval) else None, 1)]
+    the top level, of the two models in ``retrieval`` and ``two_model``."""
+    retrieval, two_model = record.get("retrieval"), record.get("two_model")
+    found = [("retrieval.negative_flips", retrieval.get("negative_flips") if _object(retrieval) else None, 1),
+             ("two_model.negative_flips", two_model.get("negative_flips") if _object(two_model) else None, 1)]
     if "compatibility_matrix" in record:
         found.insert(0, ("negative_flips", record.get("negative_flips"), len(record["compatibility_matrix"]) - 1))
     for name, flips, pairs in found:

@@ -191,6 +191,8 @@ def command_run(args: argparse.Namespace) -> int:
                 r = record["retrieval"]
                 say(case_line(settings.adapter.name, settings.seed, r["cases"], r["backfilling"]["auc"],
                               r["zero_shot"]))
+            if "two_model" in record:
+                say(two_model_line(record["two_model"]))
             if record.get("protocol") == "leave_one_out":
                 records.append(record)
                 continue
@@ -210,6 +212,15 @@ def command_run(args: argparse.Namespace) -> int:
         return 0
     finally:
         leave()
+
+
+def two_model_line(two_model: dict[str, Any]) -> str:
+    """The two-model protocol's cases (top-1 / top-5 / mAP in percent) and negative flip rates in one line."""
+    cases = "  ".join(f"{case} {c['top1']:.2f}/{c['top5']:.2f}/{c['mAP']:.2f}"
+                      for case, c in two_model["cases"].items() if c)
+    flips = two_model["negative_flips"]
+    return (f"   two-model top-1/top-5/mAP %  {cases}  NFR self {100 * flips['mean_self']:.2f}% "
+            f"cross {100 * flips['mean_cross']:.2f}%")
 
 
 def study_answers(records: list[dict[str, Any]]) -> str:

@@ -279,6 +279,11 @@ class Run:
             return model, copy.deepcopy(model), 0
         if previous is None:
             return self._new_model(t).to(self.device), None, 0
+        if self.scenario.starts_from_scratch(t):
+            if not wants_teacher:
+                return self._new_model(t).to(self.device), None, 0
+            return (self._new_model(t).to(self.device), copy.deepcopy(previous),
+                    self.stream.tasks[t - 1].num_seen_classes)
         teacher = copy.deepcopy(previous) if wants_teacher else None
         previous.head.grow(task.num_seen_classes)
         return previous, teacher, self.stream.tasks[t - 1].num_seen_classes if wants_teacher else 0
@@ -290,12 +295,13 @@ class Run:
         torch.manual_seed(seed)
         np.random.seed(seed % 2**32)
         adapts = self.scenario.adapts_at(t, t in starting)
-        outgoing = (previous if t in starting else copy.deepcopy(previous)) if previous is not None else None
+        kept = t in starting or self.scenario.starts_from_scratch(t)
+        outgoing = (previous if kept else copy.deepcopy(previous)) if previous is not None else None
         model, teacher, teacher_classes = self._models_for_task(t, previous, starting)
         tag = " (replacement)" if t in starting and self.scenario.trains else ""
         replayed = memory.items
         timing = {"seconds": 0.0, "iterations": 0, "images": 0, "final_loss": None}
-        if self.trainer is not None:
+        if self.trainer is not None and self.scenario.trains_task(t):
             timing = self.trainer.train(model, task, memory, teacher=teacher, teacher_classes=teacher_classes,
                                         replacement=t in starting, tracker=self.tracker,
                                         description=f"task {t}/{self.stream.num_tasks - 1}{tag}")

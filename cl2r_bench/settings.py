@@ -32,7 +32,7 @@ from cl2r_bench.models import BACKBONES
 
 VERIFY_MODES = ("warn", "strict", "off")
 CLASS_ORDERS = ("natural", "seeded")
-EVALUATION_SETS = ("cifar10", "heldout")
+EVALUATION_SETS = ("cifar10", "heldout", "stream")
 GALLERY_MODES = ("templates", "images")
 TIE_RULES = ("strict", "inclusive")
 UPDATE_HEADS = ("learnable", "dsimplex")

@@ -59,6 +59,8 @@ from cl2r_bench.config import flatten
 from cl2r_bench.settings import BACKFILL_ORDERS
 
 from .published import (
+    BT2_README,
+    BT2_SOURCE,
     IAMCL2R_31_TASKS,
     IAMCL2R_RELEASED,
     IAMCL2R_SOURCE,
@@ -71,8 +73,8 @@ from .published import (
 )
 
 FORMATS = ("github", "csv", "latex")
-TABLES = ("main", "noise", "replacements", "retrieval", "backfilling", "timing", "across", "matrices")
-SUMMARY = TABLES[:5]
+TABLES = ("main", "noise", "replacements", "retrieval", "backfilling", "two_model", "timing", "across", "matrices")
+SUMMARY = TABLES[:6]
 COLUMNS = ("AC", "AA", "ACA")
 
 
@@ -153,6 +155,14 @@ PUBLISHED_MAIN_COLUMNS = (Column("scenario", "scenario", Kind.TEXT), Column("set
 PUBLISHED_CASE_COLUMNS = (Column("setting", "setting", Kind.TEXT), Column("adapter", "adapter", Kind.TEXT),
                           Column("case", "case", Kind.TEXT), Column("top-1 (%)", "top1"), Column("top-5 (%)", "top5"),
                           Column("mAP (%)", "mAP"), Column("source", "source", Kind.TEXT))
+TWO_MODEL_CASES = (("old/old", ("top1",)), ("new/old", ("top1", "top5", "mAP")), ("new/new", ("top1", "top5", "mAP")))
+SCORE_TITLES = {"top1": "top-1", "top5": "top-5", "mAP": "mAP"}
+TWO_MODEL_COLUMNS = (*IDENTITY, *(Column(f"{case} {SCORE_TITLES[score]}", f"{case}_{score}", Kind.SPREAD)
+                                  for case, scores in TWO_MODEL_CASES for score in scores),
+                     Column("NFR self (%)", "NFR_self", Kind.SPREAD), Column("NFR cross (%)", "NFR_cross", Kind.SPREAD),
+                     SEEDS)
+PUBLISHED_TWO_MODEL_COLUMNS = (Column("setting", "setting", Kind.TEXT), Column("strategy", "strategy", Kind.TEXT),
+                               *PUBLISHED_CASE_COLUMNS[2:])
 PUBLISHED_TITLE = "published (the papers' own runs, models and data: not measured by the suite, never averaged in)"
 MATRIX_ROW_COLUMNS = (*IDENTITY, Column("query task", "t", Kind.INTEGER),
                       Column("gallery task", "k", Kind.INTEGER),
@@ -515,11 +525,35 @@ def published_case_rows(scenarios: set[str]) -> list[list[Any]]:
     return rows
 
 
+def two_model_rows(records: list[RunRecord]) -> list[list[Any]]:
+    """One row per ``upgrade`` experiment (:data:`TWO_MODEL_COLUMNS`): the two-model protocol's cases and negative
+    flip rates in percent, ``(mean, std)`` over seeds, sorted by scenario, dataset, then new/old top-1."""
+    rows = []
+    for (scenario, dataset, strategy), runs in experiment_groups([r for r in records if "two_model" in r]).items():
+        cases = [r["two_model"]["cases"] for r in runs]
+        scores = [_spread([c[case][score] for c in cases if c.get(case)]) for case, names in TWO_MODEL_CASES
+                  for score in names]
+        rates = [flip_rates(r["two_model"].get("negative_flips")) for r in runs]
+        flips = [_spread([rate[c] for rate in rates if rate[c] is not None]) for c in FLIP_COLUMNS]
+        rows.append([scenario, dataset, strategy, *scores, *flips, len(runs)])
+    return sorted(rows, key=lambda r: (r[0], r[1], -(r[4] or (0.0,))[0]))
+
+
+def published_two_model_rows(scenarios: set[str]) -> list[list[Any]]:
+    """The BT² authors' two-model figures (:data:`reporting.published.BT2_README`) when ``scenarios`` holds
+    ``upgrade``."""
+    if "upgrade" not in scenarios:
+        return []
+    return [[BT2_README["setting"], strategy, case, *values, BT2_SOURCE]
+            for strategy, cases in BT2_README["rows"].items() for case, values in cases.items()]
+
+
 def published_tables(records: list[RunRecord]) -> list[Table]:
     """The published figures of the scenarios ``records`` hold, each table apart from the measured ones."""
     scenarios = {r["scenario"] for r in records}
     tables = [Table(PUBLISHED_MAIN_COLUMNS, published_main_rows(scenarios), PUBLISHED_TITLE),
-              Table(PUBLISHED_CASE_COLUMNS, published_case_rows(scenarios), PUBLISHED_TITLE)]
+              Table(PUBLISHED_CASE_COLUMNS, published_case_rows(scenarios), PUBLISHED_TITLE),
+              Table(PUBLISHED_TWO_MODEL_COLUMNS, published_two_model_rows(scenarios), PUBLISHED_TITLE)]
     return [t for t in tables if t.rows]
 
 
@@ -534,6 +568,7 @@ def build(records: list[RunRecord], fmt: str = "github", names: Iterable[str] = 
     builders: dict[str, Callable[[], list[Table]]] = {
         "retrieval": lambda: [Table(RETRIEVAL_COLUMNS, retrieval_rows(every, case_values))],
         "backfilling": lambda: [Table(BACKFILLING_COLUMNS, retrieval_rows(every, backfilling_values))],
+        "two_model": lambda: [Table(TWO_MODEL_COLUMNS, two_model_rows(records))],
         "main": lambda: [Table(MAIN_COLUMNS, leaderboard_rows(records))],
         "noise": lambda: [Table(NOISE_COLUMNS, noise_rows(records))],
         "replacements": lambda: [Table(REPLACEMENT_COLUMNS, replacement_rows(records))],

@@ -11,13 +11,17 @@ per-query hits cannot be recovered from a matrix): an optional ``"negative_flips
 ``LAMBDA_ORTH_TABLE_1A`` / ``_1B``: λ-orth (Ricci et al., NeurIPS 2025), Table 1a (class extension, ResNet-34) and
 Table 1b (ImageNet-1k ResNet-18 -> ViT-L/16), each case ``(CMC top-1, mAP)`` in percent and the backfilling AUC
 ``(top-1, mAP)``. ``LAMBDA_ORTH_TABLE_2``: the same paper, Table 2, CIFAR-100 downstream, λ = 12, top-1 only, and
-the zero-shot change. ``ML_FCT_README``: apple/ml-fct's README, ``(top-1, top-5, mAP)``.
+the zero-shot change. ``ML_FCT_README``: apple/ml-fct's README, ``(top-1, top-5, mAP)``. ``BT2_README``: the BT²
+authors' README (``YifeiZhou02/BT-2``), the BCT line's two-model protocol on CIFAR-100 (``--scenario upgrade``),
+``(top-1, top-5, mAP)`` per case; its "independent" new model is the suite's ``er`` there (plain cross-entropy). The
+authors call these example results, some different from the paper's (sensitivity to hyper-parameters and seeds).
 """
 from __future__ import annotations
 
 IAMCL2R_SOURCE = "IAM-CL2R authors' released runs (docs/METHODS.md §2)"
 LAMBDA_ORTH_SOURCE = "λ-orth paper (Ricci et al., NeurIPS 2025)"
 ML_FCT_SOURCE = "apple/ml-fct README"
+BT2_SOURCE = "YifeiZhou02/BT-2 README (example results)"
 
 IAMCL2R_RELEASED = {
     "setting": "CIFAR-100 stream, CIFAR-10 evaluation, 7 tasks, replacements at 0, 2, 4",
@@ -89,5 +93,14 @@ ML_FCT_README = {
     "ImageNet-1k, ResNet-50 128-d, old on 500 classes": {
         "none": {"old/old": (46.4, 65.1, 28.3), "new/new": (68.4, 84.7, 45.6)},
         "fct": {"new/F": (65.1, 82.7, 44.0)},
+    },
+}
+
+BT2_README = {
+    "setting": "CIFAR-100, old on 50 classes, new on 100, ResNet-50 128-d (BT²: 128 + 32)",
+    "rows": {
+        "er": {"old/old": (33.6, 55.4, 24.4), "new/old": (0.8, 4.9, 1.5), "new/new": (62.7, 74.6, 49.9)},
+        "bct": {"new/old": (25.0, 62.1, 24.7), "new/new": (60.0, 71.9, 47.3)},
+        "bt2": {"new/old": (38.7, 64.6, 27.7), "new/new": (62.4, 75.1, 50.5)},
     },
 }

@@ -51,11 +51,11 @@ from .plots import (
     viridis,
 )
 
-REPORT_TABLES = ("main", "noise", "replacements", "across", "retrieval", "backfilling", "timing")
+REPORT_TABLES = ("main", "noise", "replacements", "across", "retrieval", "backfilling", "two_model", "timing")
 TABLE_TITLES = {"main": "Leaderboard", "noise": "Noise-aware AC", "replacements": "Replacement models' own accuracy",
                 "across": "AC and ACA across replacements", "retrieval": "Retrieval cases (top-1 and mAP, %)",
                 "backfilling": "Backfilling AUC, zero-shot change and f(W)",
-                "timing": "Training time"}
+                "two_model": "Two-model protocol (old/old, new/old, new/new; %)", "timing": "Training time"}
 
 
 @dataclass

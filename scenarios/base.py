@@ -100,6 +100,15 @@ class Scenario:
         """One ``{"task", "path", "source", ...}`` per task that starts from a pretrained model; none by default."""
         return []
 
+    def trains_task(self, task: int) -> bool:
+        """Whether the strategy trains at ``task`` (by default at every task of a scenario that :attr:`trains`)."""
+        return self.trains
+
+    def starts_from_scratch(self, task: int) -> bool:
+        """Whether ``task`` trains a freshly initialised model against the previous task's model as its teacher,
+        instead of fine-tuning that model (the BCT line's new model, ``scenarios/upgrade.py``); never by default."""
+        return False
+
     def load_starting_model(self, model: RetrievalModel, path: str) -> None:
         """Load a starting model's file into a freshly built model: its feature extractor (the classifier of a
         replacement model is dropped, docs/METHODS.md §4)."""

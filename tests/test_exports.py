@@ -26,6 +26,22 @@ def sample_std(a: float, b: float) -> float:
     return abs(a - b) / math.sqrt(2)
 
 
+def upgrade_record() -> dict:
+    """A complete ``upgrade`` run (the BCT line's two-model protocol) with its ``two_model`` cases and flips."""
+    record = valid_record(1)
+    record.update(scenario="upgrade", strategy="bct", method="bct", num_tasks=2, tasks_completed=2,
+                  replacement_tasks=[0], compatibility_matrix=[[0.5, None], [0.4, 0.6]],
+                  negative_flips={"self": [0.1], "cross": [0.2], "mean_self": 0.1, "mean_cross": 0.2})
+    record["config"] = {**record["config"], "scenario": "upgrade", "strategy": "bct"}
+    record["timings"] = {**record["timings"], "tasks": record["timings"]["tasks"][:2]}
+    scores = {"top1": 50.0, "top5": 70.0, "mAP": 30.0}
+    record["two_model"] = {"cases": {"old/old": scores, "new/old": scores, "new/new": scores},
+                           "negative_flips": {"self": [0.1], "cross": [0.3], "mean_self": 0.1, "mean_cross": 0.3},
+                           "query_top1": {}, "cmc": {}, "queries": 10, "queries_without_match": 0,
+                           "unmatched_queries": "miss"}
+    return record
+
+
 def hoc_record(seed: int) -> dict:
     """A complete dsimplex_hoc run of seed 1 or 2, with the metrics of ``HOC`` and the matrix of ``MATRICES``."""
     record = valid_record(seed)
@@ -44,6 +60,7 @@ def results(tmp_path):
         write(tmp_path, f"hoc{seed}", hoc_record(seed))
     write(tmp_path, "update", update_record())
     write(tmp_path, "adapt", retrieval_record())
+    write(tmp_path, "upgrade", upgrade_record())
     return tmp_path
 
 
@@ -90,7 +107,7 @@ def test_csv_with_timing_is_the_timing_table_alone(results, capsys):
     code, out, err = leaderboard(capsys, results, "--format", "csv", "--timing")
     header, rows = csv_rows(out)
     assert code == 0 and header[3:] == ["train_ms_per_iteration", "ratio_to_baseline", "seeds"]
-    assert {row["strategy"]: row["train_ms_per_iteration"] for row in rows} == {"dsimplex_hoc": "20.0"}
+    assert {row["strategy"]: row["train_ms_per_iteration"] for row in rows} == {"dsimplex_hoc": "20.0", "bct": "20.0"}
     assert rows[0]["ratio_to_baseline"] == "" and "main" in err
 
 
@@ -129,8 +146,8 @@ def test_latex_escapes_the_special_characters_of_text():
 def test_matrices_follow_the_format(results, capsys):
     code, out, _ = leaderboard(capsys, results, "--format", "latex", "--table", "matrices")
     title = "iamcl2r / synthetic / dsimplex_hoc (2 seeds)"
-    assert code == 0 and out.count(r"\begin{tabular}") == 2 and f"% {title}\n\\begin{{tabular}}{{lrrr}}" in out
-    assert r"45.0 $\pm$ 7.1" in out and "±" not in out and out.count(r"\bottomrule") == 2
+    assert code == 0 and out.count(r"\begin{tabular}") == 3 and f"% {title}\n\\begin{{tabular}}{{lrrr}}" in out
+    assert r"45.0 $\pm$ 7.1" in out and "±" not in out and out.count(r"\bottomrule") == 3
     code, out, _ = leaderboard(capsys, results, "--matrices")
     assert code == 0 and f"#### {title}" in out and "| 0*" in out and "45.0 ± 7.1" in out
 

@@ -95,10 +95,10 @@ def test_every_data_set_is_a_registered_plug_in_with_a_profile_and_each_profile_
     assert DATA_SETS.names() == choices("datasets") == ["cifar10", "cifar100", "synthetic", "tinyimagenet"]
 
 
-def test_the_three_scenarios_are_registered_plug_ins_with_a_profile():
+def test_the_four_scenarios_are_registered_plug_ins_with_a_profile():
     from scenarios import list_scenarios
 
-    assert list_scenarios() == ["cl2r", "iamcl2r", "model_update"]
+    assert list_scenarios() == ["cl2r", "iamcl2r", "model_update", "upgrade"]
     assert all((CONFIG_DIR / "scenarios" / f"{name}.yaml").is_file() for name in list_scenarios())
 
 

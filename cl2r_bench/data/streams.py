@@ -20,6 +20,11 @@ Evaluation (open set, never trained on):
   order; gallery = their test images, query = their train images.
 * any other data set name (``cifar10`` for the CIFAR-100 protocol): gallery = its test split, query = its
   train split.
+
+Closed set (the stream's own classes, for the BCT line's two-model protocol, ``scenarios/upgrade.py``):
+
+* ``eval_dataset="stream"``: query = the stream classes' test images, gallery = their train images (per image
+  or as class templates, ``evaluation.mode``), so no query is in the gallery.
 """
 from __future__ import annotations
 
@@ -219,6 +224,10 @@ def evaluation_sets(data: DataSplits, class_order: list[int], num_stream: int, *
         query = relabel(first_per_class(data.train, held, queries_per_class), held)
         gallery = relabel(first_per_class(data.test, held, None), held)
         return query, gallery, stream_ids + held
+    if eval_dataset == "stream":
+        query = relabel(first_per_class(data.test, stream_ids, queries_per_class), stream_ids)
+        gallery = relabel(first_per_class(data.train, stream_ids, None), stream_ids)
+        return query, gallery, stream_ids
     other = load_dataset(eval_dataset, data_root, download=download, verify=verify, image_size=image_size)
     if other.train.images.shape[-2:] != data.train.images.shape[-2:]:
         raise DataError(f"the evaluation data set {eval_dataset} has {tuple(other.train.images.shape[-2:])} images, "

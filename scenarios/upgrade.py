@@ -1,0 +1,107 @@
+"""Upgrade: the BCT line's two-model protocol (docs/METHODS.md §6c). An old model trained on the first
+``stream.initial_classes`` classes, then a new model trained from scratch by the strategy on every class, old and
+new, with the old model as its teacher.
+
+The setting of BCT (Shen et al. 2020), LCE, UniBCT, RACT, AdvBCT and BT² (CIFAR-100 50 → 100 classes in BT² and
+ml-fct; here also Tiny ImageNet 100 → 200). Task 0's model is the old model: the suite pretrains it with
+cross-entropy on the first classes (``replacement.pretrain`` settings, the head family of the strategy, classifier
+kept so that BCT's influence loss and LwF read it; the first ``replacement.pretrain.seed``), caches it and shares it
+with every strategy and seed, and no strategy trains it. Task 1's model starts from a fresh initialisation (the
+task's seed) and the strategy trains it on the training images of all ``initial_classes + increment`` classes
+(``training`` settings), with the old model as the teacher (``teacher_classes`` = the old classes). The replay
+memory stays empty: the new training set holds the old classes. ``--strategy er`` (plain cross-entropy here) is the
+papers' "independent" new model.
+
+Measured: the per-task matrix on ``evaluation.dataset`` (by default ``stream``: the classes' test images against
+their train images), and after the last task the papers' protocol (:meth:`Upgrade.finish`): the test split of every
+class is query and gallery, each query's own image left out, CMC top-1 / top-5 and mAP of old/old, new/old and
+new/new (:mod:`benchmarks.adapter_study`), with the negative flips of both upgrades, in the record's ``two_model``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from benchmarks.adapter_study import PairedFeatures, Scoring, StudySplit, measure
+from cl2r_bench.data.datasets import ImageSet, load_dataset
+from cl2r_bench.data.streams import Stream, Task, experience_images, single_experience
+from cl2r_bench.errors import ConfigError
+from cl2r_bench.models import RetrievalModel, load_state, replacement_family
+from cl2r_bench.training.pretrain import pretrained_replacement
+
+from .base import Finished, Scenario, check_class_budget, register_scenario, stream_from_settings
+
+TWO_MODEL_CASES = ("old/old", "new/old", "new/new")
+
+
+@register_scenario("upgrade")
+class Upgrade(Scenario):
+    """The BCT line's protocol: an old model on the first classes, a new one trained by the strategy on all."""
+
+    def check_settings(self) -> None:
+        settings = self.settings
+        if settings.stream.num_tasks != 2:
+            raise ConfigError(f"upgrade needs stream.num_tasks = 2 (the old classes, then all of them), not "
+                              f"{settings.stream.num_tasks}")
+        if settings.replacement.tasks:
+            raise ConfigError(f"replacement.tasks = {settings.replacement.tasks}: upgrade pretrains its old model "
+                              "itself; set replacement.tasks=[]")
+        check_class_budget(settings, pretrains_replacements=False)
+
+    def stream(self) -> Stream:
+        """The two tasks, task 1 carrying the training images of every class (old and new)."""
+        stream = stream_from_settings(self.settings, [])
+        old, new = stream.tasks
+        both = ImageSet(torch.cat([old.train.images, new.train.images]), torch.cat([old.train.labels,
+                                                                                    new.train.labels]))
+        stream.tasks = [old, Task(1, new.new_classes, new.num_seen_classes, both, single_experience(both))]
+        return stream
+
+    def trains_task(self, task: int) -> bool:
+        """The strategy trains the new model only; the old one is pretrained."""
+        return task == 1
+
+    def starts_from_scratch(self, task: int) -> bool:
+        return task == 1
+
+    def starting_models(self, stream: Stream, head: str, device: torch.device,
+                        log: Callable[[str], None]) -> list[dict[str, Any]]:
+        """The old model: pretrained on the stream's first classes, classifier kept, cached."""
+        settings = self.settings
+        pre = settings.replacement.pretrain
+        source = load_dataset(settings.dataset, settings.data_root, download=settings.download,
+                              image_size=settings.data.image_size, verify=settings.data.verify,
+                              **settings.data.synthetic)
+        classes = stream.class_order[:len(stream.tasks[0].new_classes)]
+        path, cached = pretrained_replacement(
+            source, classes, head=replacement_family(head), model_kwargs=settings.model.build_kwargs,
+            settings=pre.train_settings(settings.training), images_per_class=settings.stream.images_per_class,
+            device=device, seed=pre.seeds(1)[0], cache_dir=pre.cache_dir, keep_classifier=True, plateau=pre.plateau,
+            log=log)
+        log(f"old model on {len(classes)} classes: {path} ({'cached' if cached else 'trained now'})")
+        return [{"task": 0, "path": str(path.resolve()), "source": "cached" if cached else "pretrained",
+                 "classes": len(classes)}]
+
+    def load_starting_model(self, model: RetrievalModel, path: str) -> None:
+        """The whole old model, classifier included (BCT's influence loss, LwF and LCE read it)."""
+        load_state(model, path)
+
+    def finish(self, finished: Finished) -> dict[str, Any]:
+        """The papers' leave-one-out protocol on the test split of every stream class (module docstring), as the
+        record's ``two_model`` (:class:`benchmarks.record.TwoModel`)."""
+        old, new, stream = finished.outgoing, finished.model, finished.stream
+        test = [experience_images(exp) for exp in stream.benchmark.test_stream]
+        images = torch.cat([t.images for t in test])
+        labels = torch.cat([t.labels for t in test]).to(images.device)
+        split = StudySplit(PairedFeatures(finished.embed(old, images), finished.embed(new, images), labels),
+                           scoring=Scoring.of(self.settings.model_update))
+        with torch.no_grad():
+            study = measure(split, None, orders=[], steps=1, seed=self.settings.seed)
+        cases = {case: study["cases"][case] for case in TWO_MODEL_CASES}
+        return {"two_model": {"cases": cases, "negative_flips": study["negative_flips"],
+                              "query_top1": study["query_top1"],
+                              "cmc": {case: study["cmc"][case] for case in TWO_MODEL_CASES},
+                              **{key: study[key] for key in ("queries", "queries_without_match",
+                                                             "unmatched_queries")}}}

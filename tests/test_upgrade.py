@@ -1,0 +1,90 @@
+"""The BCT line's two-model protocol (``--scenario upgrade``, METHODS.md §6c): the old model as pretrained, the new
+one from scratch against it on every class, the leave-one-out cases and their flips, the leaderboard's table."""
+import json
+
+import pytest
+import torch
+
+from benchmarks.record import record_problem, unpack_hits
+from cl2r_bench import cli as runner
+from cl2r_bench.data.streams import evaluation_sets
+from cl2r_bench.data.synthetic import make_synthetic
+from reporting.leaderboard import build
+
+UPGRADE = ["--scenario", "upgrade", "--set", "stream.num_tasks=2", "--set", "replacement.tasks=[]",
+           "--set", "stream.initial_classes=6", "--set", "stream.increment=6", "--set", "evaluation.dataset=stream"]
+
+
+def upgrade_run(tiny, tmp_path, strategy, monkeypatch=None, calls=None):
+    if calls is not None:
+        from cl2r_bench.training.trainers import StrategyTrainer
+        original = StrategyTrainer.train
+
+        def spy(self, model, task, memory, **kwargs):
+            calls.append({"task": task.index, "labels": sorted(set(task.train.labels.tolist())),
+                          "images": len(task.train), "teacher": kwargs["teacher"],
+                          "teacher_classes": kwargs["teacher_classes"],
+                          "start": {k: v.clone() for k, v in model.state_dict().items()}})
+            return original(self, model, task, memory, **kwargs)
+
+        monkeypatch.setattr(StrategyTrainer, "train", spy)
+    out = tmp_path / "out"
+    assert runner.main(["--config", str(tiny), *UPGRADE, "--strategy", strategy, "--output", str(out)]) == 0
+    return json.loads((out / f"upgrade/synthetic/{strategy}/seed42/metrics.json").read_text()), out
+
+
+def test_the_new_model_trains_from_scratch_on_every_class_against_the_old_one(tiny, tmp_path, monkeypatch):
+    calls = []
+    record, out = upgrade_run(tiny, tmp_path, "bct", monkeypatch, calls)
+    assert [c["task"] for c in calls] == [1], "the old model is pretrained, never trained by the strategy"
+    call = calls[0]
+    assert call["labels"] == list(range(12)) and call["images"] == 12 * 24
+    assert call["teacher_classes"] == 6
+    old = torch.load(out / "upgrade/synthetic/bct/seed42/checkpoints/task0.pt", weights_only=True)
+    assert torch.equal(call["teacher"].state_dict()["head.classifier.weight"], old["head.classifier.weight"])
+    assert not torch.equal(call["start"]["backbone.features.0.weight"], old["backbone.features.0.weight"])
+    assert record["timings"]["tasks"][0]["iterations"] == 0 and record["timings"]["tasks"][1]["iterations"] > 0
+    assert record_problem(record) is None
+
+
+def test_the_two_model_protocol_is_leave_one_out_on_the_test_split_with_its_flips(tiny, tmp_path):
+    record, _ = upgrade_run(tiny, tmp_path, "lce")
+    two = record["two_model"]
+    assert set(two["cases"]) == {"old/old", "new/old", "new/new"}
+    assert two["queries"] == 12 * 6                    # every test image of the 12 classes is a query
+    old, cross = (unpack_hits(two["query_top1"][case], two["queries"]) for case in ("old/old", "new/old"))
+    assert two["cases"]["old/old"]["top1"] == pytest.approx(100 * old.mean())
+    assert two["negative_flips"]["cross"] == [pytest.approx(float((old & ~cross).mean()))]
+    assert len(record["compatibility_matrix"]) == 2 and record["evaluation"]["queries"] == 12 * 6
+
+
+def test_leaderboard_has_the_two_model_table_and_bt2_published_rows(tiny, tmp_path):
+    record, _ = upgrade_run(tiny, tmp_path, "er")
+    built = build([record], published=True)
+    (table,) = built["two_model"]
+    (row,) = table.rows
+    assert row[:3] == ["upgrade", "synthetic", "er"]
+    assert row[4][0] == pytest.approx(record["two_model"]["cases"]["new/old"]["top1"])
+    published = [r for t in built["published"] for r in t.rows if r[-1].startswith("YifeiZhou02/BT-2")]
+    assert ["bt2", "new/old", 38.7, 64.6, 27.7] == published[-2][1:6]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--set", "stream.num_tasks=3"], "upgrade needs stream.num_tasks = 2"),
+    (["--set", "replacement.tasks=[0]"], "upgrade pretrains its old model itself"),
+])
+def test_settings_it_cannot_run_are_one_line(tiny, tmp_path, capsys, flags, message):
+    args = ["--config", str(tiny), *UPGRADE, *flags, "--strategy", "bct", "--output", str(tmp_path / "out")]
+    assert runner.main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_stream_evaluation_set_is_the_classes_test_images_against_their_train_images():
+    data = make_synthetic(num_classes=10, train_per_class=5, test_per_class=3)
+    order = list(range(10))
+    query, gallery, reserved = evaluation_sets(data, order, 4, eval_dataset="stream", heldout_classes=0,
+                                               queries_per_class=None, data_root="", download=False, verify="off",
+                                               image_size=32)
+    assert sorted(set(query.labels.tolist())) == [0, 1, 2, 3] and len(query) == 4 * 3
+    assert len(gallery) == 4 * 5 and reserved == [0, 1, 2, 3]
