@@ -12,10 +12,11 @@ task's seed) and the strategy trains it on the training images of all ``initial_
 memory stays empty: the new training set holds the old classes. ``--strategy er`` (plain cross-entropy here) is the
 papers' "independent" new model.
 
-Measured: the per-task matrix on ``evaluation.dataset`` (by default ``stream``: the classes' test images against
-their train images), and after the last task the papers' protocol (:meth:`Upgrade.finish`): the test split of every
-class is query and gallery, each query's own image left out, CMC top-1 / top-5 and mAP of old/old, new/old and
-new/new (:mod:`benchmarks.adapter_study`), with the negative flips of both upgrades, in the record's ``two_model``.
+Measured: the per-task matrix on ``evaluation.dataset`` (by default ``stream``: the classes' test images against the
+stream's training images of them), and after the last task the papers' protocol (:meth:`Upgrade.finish`): the test
+split of every class is query and gallery, each query's own image left out, CMC top-1 / top-5 and mAP of old/old,
+new/old and new/new (:mod:`benchmarks.adapter_study`), with the negative flips of both upgrades, in the record's
+``two_model``.
 """
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ that the new model finds close, so that the new model's structure of the class m
 columns`` normalises each column instead, as the public reimplementation does (MixBCT, ``softmax(edges, dim=0)``):
 then ``1^T S = 1^T``, so ``mean_i O~_i`` is exactly the plain class mean and the refinement changes nothing
 (METHODS.md §6b shows the algebra; a test checks it). ``refinement: none`` takes the plain class means of the old
-unit features, as the authors' released loss does (``Ashespt/AdvBCT``, ``COMP_LOSS.TYPE: uni_bct``, there over the
-old classes only: ``centre_classes: old``). The refinement's lambda and tau are those of the public reimplementation
+unit features, as the reference implementation does (``Ashespt/AdvBCT``, ``COMP_LOSS.TYPE: uni_bct``, there over
+the old classes only: ``centre_classes: old``). The refinement's lambda and tau are those of the public reimplementation
 in MixBCT (the paper's own code is not released); METHODS.md §6b says what comes from where. Prototypes are made
 once per task, in ``before_task``, from the task's new data and the replay memory, with the model the task starts
 from as the new model: in a stream it is already trained (the previous task's, or the replacement), so the graph is

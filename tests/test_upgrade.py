@@ -85,6 +85,6 @@ def test_the_stream_evaluation_set_is_the_classes_test_images_against_their_trai
     order = list(range(10))
     query, gallery, reserved = evaluation_sets(data, order, 4, eval_dataset="stream", heldout_classes=0,
                                                queries_per_class=None, data_root="", download=False, verify="off",
-                                               image_size=32)
+                                               image_size=32, images_per_class=4)
     assert sorted(set(query.labels.tolist())) == [0, 1, 2, 3] and len(query) == 4 * 3
-    assert len(gallery) == 4 * 5 and reserved == [0, 1, 2, 3]
+    assert len(gallery) == 4 * 4 and reserved == [0, 1, 2, 3]

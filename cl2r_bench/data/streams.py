@@ -23,8 +23,8 @@ Evaluation (open set, never trained on):
 
 Closed set (the stream's own classes, for the BCT line's two-model protocol, ``scenarios/upgrade.py``):
 
-* ``eval_dataset="stream"``: query = the stream classes' test images, gallery = their train images (per image
-  or as class templates, ``evaluation.mode``), so no query is in the gallery.
+* ``eval_dataset="stream"``: query = the stream classes' test images, gallery = their training images of the
+  stream (per image or as class templates, ``evaluation.mode``), so no query is in the gallery.
 """
 from __future__ import annotations
 
@@ -212,8 +212,10 @@ def experience_images(experience: Any) -> ImageSet:
 
 def evaluation_sets(data: DataSplits, class_order: list[int], num_stream: int, *, eval_dataset: str,
                     heldout_classes: int, queries_per_class: int | None, data_root: str, download: bool,
-                    verify: str, image_size: int) -> tuple[ImageSet, ImageSet, list[int]]:
-    """``(query, gallery, reserved original class ids)`` for the evaluation protocol (module docstring)."""
+                    verify: str, image_size: int, images_per_class: int | None = None
+                    ) -> tuple[ImageSet, ImageSet, list[int]]:
+    """``(query, gallery, reserved original class ids)`` for the evaluation protocol (module docstring);
+    ``images_per_class`` are the stream's training images per class (the ``stream`` gallery's)."""
     stream_ids = class_order[:num_stream]
     if eval_dataset == "heldout":
         held = class_order[num_stream:num_stream + heldout_classes]
@@ -226,7 +228,7 @@ def evaluation_sets(data: DataSplits, class_order: list[int], num_stream: int, *
         return query, gallery, stream_ids + held
     if eval_dataset == "stream":
         query = relabel(first_per_class(data.test, stream_ids, queries_per_class), stream_ids)
-        gallery = relabel(first_per_class(data.train, stream_ids, None), stream_ids)
+        gallery = relabel(first_per_class(data.train, stream_ids, images_per_class), stream_ids)
         return query, gallery, stream_ids
     other = load_dataset(eval_dataset, data_root, download=download, verify=verify, image_size=image_size)
     if other.train.images.shape[-2:] != data.train.images.shape[-2:]:
@@ -265,6 +267,6 @@ def build_stream(*, dataset: str, data_root: str, download: bool = False, verify
     query, gallery, reserved = evaluation_sets(
         data, order, sum(counts), eval_dataset=eval_dataset, heldout_classes=heldout_classes,
         queries_per_class=queries_per_class, data_root=data_root, download=download, verify=verify,
-        image_size=image_size)
+        image_size=image_size, images_per_class=images_per_class)
     return Stream(dataset, tasks, sorted(set(replacement_tasks)), query, gallery, data.mean, data.std,
                   order, reserved, benchmark)
