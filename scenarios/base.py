@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from cl2r_bench.data.datasets import DataError, ImageSet, class_count
+from cl2r_bench.data.datasets import DataError, DataSplits, ImageSet, class_count, load_dataset
 from cl2r_bench.data.streams import Stream, build_stream
 from cl2r_bench.encoders import check_spec, is_spec
 from cl2r_bench.errors import ConfigError
@@ -197,6 +197,14 @@ def check_class_budget(s: RunSettings, *, pretrains_replacements: bool = True) -
             raise ConfigError(f"replacement.pretrain.class_counts asks up to {wanted} classes of {source}; only "
                               f"{pool} are free for pretraining (outside the stream and its evaluation classes); "
                               "lower the counts or pretrain on another replacement.pretrain.dataset")
+
+
+def run_dataset(settings: RunSettings) -> DataSplits:
+    """The run's own data set (``dataset``, with the ``data`` section's settings), e.g. to pretrain a model of
+    the stream's classes on it."""
+    data = settings.data
+    return load_dataset(settings.dataset, settings.data_root, download=settings.download, image_size=data.image_size,
+                        verify=data.verify, **data.synthetic)
 
 
 def stream_from_settings(settings: RunSettings, replacement_tasks: list[int]) -> Stream:

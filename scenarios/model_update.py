@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.adapter_study import PairedFeatures, Scoring, StudySplit, measure
 from cl2r_bench.adapt import Study, cross_entry, encoder_study
-from cl2r_bench.data.datasets import ImageSet, load_dataset
+from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import Stream
 from cl2r_bench.encoders import check_spec
 from cl2r_bench.errors import ConfigError
@@ -34,7 +34,15 @@ from cl2r_bench.models import RetrievalModel, load_state
 from cl2r_bench.settings import int_list
 from cl2r_bench.training.pretrain import pretrained_replacement
 
-from .base import Finished, Scenario, ScenarioError, check_class_budget, register_scenario, stream_from_settings
+from .base import (
+    Finished,
+    Scenario,
+    ScenarioError,
+    check_class_budget,
+    register_scenario,
+    run_dataset,
+    stream_from_settings,
+)
 
 
 @register_scenario("model_update")
@@ -77,9 +85,7 @@ class ModelUpdate(Scenario):
         """The old model (task 0) and the new one (task 1), pretrained on the stream's own classes."""
         settings = self.settings
         pre = settings.replacement.pretrain
-        source = load_dataset(settings.dataset, settings.data_root, download=settings.download,
-                              image_size=settings.data.image_size, verify=settings.data.verify,
-                              **settings.data.synthetic)
+        source = run_dataset(settings)
         counts = [len(t.new_classes) for t in stream.tasks]
         out = []
         for task, seed in zip(range(2), pre.seeds(2), strict=True):

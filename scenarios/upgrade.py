@@ -26,13 +26,13 @@ from typing import Any
 import torch
 
 from benchmarks.adapter_study import PairedFeatures, Scoring, StudySplit, measure
-from cl2r_bench.data.datasets import ImageSet, load_dataset
+from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import Stream, Task, experience_images, single_experience
 from cl2r_bench.errors import ConfigError
 from cl2r_bench.models import RetrievalModel, load_state, replacement_family
 from cl2r_bench.training.pretrain import pretrained_replacement
 
-from .base import Finished, Scenario, check_class_budget, register_scenario, stream_from_settings
+from .base import Finished, Scenario, check_class_budget, register_scenario, run_dataset, stream_from_settings
 
 TWO_MODEL_CASES = ("old/old", "new/old", "new/new")
 
@@ -72,9 +72,7 @@ class Upgrade(Scenario):
         """The old model: pretrained on the stream's first classes, classifier kept, cached."""
         settings = self.settings
         pre = settings.replacement.pretrain
-        source = load_dataset(settings.dataset, settings.data_root, download=settings.download,
-                              image_size=settings.data.image_size, verify=settings.data.verify,
-                              **settings.data.synthetic)
+        source = run_dataset(settings)
         classes = stream.class_order[:len(stream.tasks[0].new_classes)]
         path, cached = pretrained_replacement(
             source, classes, head=replacement_family(head), model_kwargs=settings.model.build_kwargs,

@@ -52,6 +52,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.errors import PartError
 from cl2r_bench.models import DEFAULT_AMP, HEADS, forward_in_batches
 from cl2r_bench.registry import NoParams, Registry, config_from_params
@@ -190,6 +191,15 @@ class TaskContext:
     @property
     def has_teacher(self) -> bool:
         return self.teacher is not None
+
+    @property
+    def seen_data(self) -> ImageSet:
+        """The task's new data with the replay memory: every image the task can see (for class means of the
+        teacher's features: BCT's rows, the BCT line's class summaries and prototypes)."""
+        if self.memory is None:
+            return self.new_data
+        return ImageSet(torch.cat([self.new_data.images, self.memory.images]),
+                        torch.cat([self.new_data.labels, self.memory.labels]))
 
     def teacher_outputs(self, data: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(logits, features, labels)`` of the teacher on every image of the ``ImageSet`` ``data``: no

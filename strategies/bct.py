@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.models import class_means
 from cl2r_bench.registry import check_choice
 
@@ -85,10 +84,7 @@ class BCT(Strategy):
         self.old_rows = self.row_of_label = None
         if not context.has_teacher:
             return
-        data = context.new_data
-        if context.memory is not None:
-            data = ImageSet(torch.cat([data.images, context.memory.images]),
-                            torch.cat([data.labels, context.memory.labels]))
+        data = context.seen_data
         _, features, labels = context.teacher_outputs(data)
         trained = context.teacher.head.classifier.weight[:context.teacher_classes].detach()
         self.old_rows, self.row_of_label = old_classifier(trained, features, labels, context.num_seen_classes,

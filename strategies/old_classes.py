@@ -20,8 +20,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.data.datasets import ImageSet
-
 from .base import TaskContext
 
 CENTRE_CLASSES = ("old", "seen")
@@ -93,10 +91,7 @@ def task_regions(context: TaskContext, centre_classes: str) -> ClassRegions | No
     None without a teacher."""
     if not context.has_teacher:
         return None
-    data = context.new_data
-    if context.memory is not None:
-        data = ImageSet(torch.cat([data.images, context.memory.images]),
-                        torch.cat([data.labels, context.memory.labels]))
+    data = context.seen_data
     _, features, labels = context.teacher_outputs(data)
     unit = F.normalize(features.float(), dim=1)
     limit = context.num_old_classes if centre_classes == "old" else context.num_seen_classes

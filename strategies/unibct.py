@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.models import embed
 from cl2r_bench.registry import check_choice
 
@@ -128,10 +127,7 @@ class UniBCT(Strategy):
         self.prototypes = self.row_of_label = None
         if not context.has_teacher:
             return
-        data = context.new_data
-        if context.memory is not None:
-            data = ImageSet(torch.cat([data.images, context.memory.images]),
-                            torch.cat([data.labels, context.memory.labels]))
+        data = context.seen_data
         _, old, labels = context.teacher_outputs(data)
         new = None
         if self.config.refinement == "graph":
