@@ -1,6 +1,8 @@
-"""AdvBCT (Pan et al., CVPR 2023, "Boundary-aware backward-compatible representation via adversarial learning";
-METHODS.md §6b): new features are kept inside an elastic boundary around each old class centre, and a
-discriminator, trained through gradient reversal, pushes the new features' distribution onto the old one's.
+"""AdvBCT (Pan et al., CVPR 2023): elastic boundaries around old class centres + an adversarial discriminator (§6b).
+
+"Boundary-aware backward-compatible representation via adversarial learning" (METHODS.md §6b): new features are
+kept inside an elastic boundary around each old class centre, and a discriminator, trained through gradient
+reversal, pushes the new features' distribution onto the old one's.
 
     L = CE(W phi_t(x), y) + boundary_weight * L_eb + w_e * L_adv
     L_eb  = sum_i max(d_i - R_{y_i}, 0) / #{i : d_i > R_{y_i}},   d_i = || phi_t(x_i) / |phi_t(x_i)| - c_{y_i} ||

@@ -1,5 +1,7 @@
-"""LCE (Meng et al., ICCV 2021, "Learning compatible embeddings"; METHODS.md §6b): the new classifier is aligned to
-the old model's class centres and the new features are kept inside each old class's angular boundary.
+"""LCE (Meng et al., ICCV 2021): classifier aligned to the old class centres + an angular boundary (METHODS.md §6b).
+
+"Learning compatible embeddings": the new classifier is aligned to the old model's class centres and the new
+features are kept inside each old class's angular boundary.
 
     L = CE(W phi_t(x), y) + alignment_weight * L_align + boundary_weight * L_boundary
     L_align    = mean_i (1 - c_{y_i} . W_{y_i} / |W_{y_i}|)

@@ -1,7 +1,8 @@
-"""RACT (Zhang et al., ICLR 2022, "Hot-refresh model upgrades with regression-alleviating compatible training";
-METHODS.md §6b): a contrastive compatibility term whose negatives include the new model's own features, so that the
-new model does not retrieve, among old-gallery or already-refreshed items, a wrong class closer than the right one
-(the negative flips of a hot refresh).
+"""RACT (Zhang et al., ICLR 2022): contrastive compatibility with new-to-old and new-to-new negatives (METHODS.md §6b).
+
+"Hot-refresh model upgrades with regression-alleviating compatible training": the compatibility term's negatives
+include the new model's own features, so that the new model does not retrieve, among old-gallery or
+already-refreshed items, a wrong class closer than the right one (the negative flips of a hot refresh).
 
     L = CE(W phi_t(x), y) + weight * L_ract
     L_ract = mean_i -log( e^{s_ii/tau} / (e^{s_ii/tau} + sum_{k in N_i} e^{s_ik/tau} + sum_{k in N_i} e^{n_ik/tau}) )

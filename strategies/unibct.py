@@ -1,7 +1,8 @@
-"""UniBCT (Zhang et al., IJCAI 2022, "Towards universal backward-compatible representation learning";
-METHODS.md §6b): the new model is trained to classify its features against the old model's class prototypes, made
-from the old features of the data the new model trains on (so new classes get prototypes too) and refined by the
-new model's structure of that data.
+"""UniBCT (Zhang et al., IJCAI 2022): ArcFace against old prototypes refined by the new model's graph (§6b).
+
+"Towards universal backward-compatible representation learning" (METHODS.md §6b): the new model is trained to
+classify its features against the old model's class prototypes, made from the old features of the data the new
+model trains on (so new classes get prototypes too) and refined by the new model's structure of that data.
 
     L = CE(W phi_t(x), y) + weight * CE(s * arc_m(cos(phi_t(x), p_c)), y)
     arc_m: cos(theta_{y}) -> cos(theta_{y} + m) for the target prototype (ArcFace), s = 30, m = 0.3
