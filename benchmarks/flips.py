@@ -47,3 +47,14 @@ def negative_flips(hits: HitRows) -> dict[str, Any]:
              "cross": [rate(hits[t - 1][t - 1], hits[t][t - 1]) for t in pairs]}
     return {**rates, **{f"mean_{kind}": float(np.mean(values)) if values and None not in values else None
                         for kind, values in rates.items()}}
+
+
+def classification_flips(old_correct: np.ndarray, new_correct: np.ndarray) -> dict[str, float | None]:
+    """The classification reading of an upgrade (Yan et al. 2021, Eq. 2 and 11, as ``miccunifi/negative_flip_MPT``
+    computes it): each model's top-1 accuracy, the negative flip rate (old correct, new wrong, over every sample)
+    and the relative rate ``NFR / ((1 - ER_old) ER_new)`` (None where the denominator is 0), all fractions."""
+    old_correct, new_correct = np.asarray(old_correct, dtype=bool), np.asarray(new_correct, dtype=bool)
+    rate = negative_flip_rate(old_correct, new_correct)
+    expected = float(old_correct.mean() * (1 - new_correct.mean()))
+    return {"old_top1": float(old_correct.mean()), "new_top1": float(new_correct.mean()), "nfr": rate,
+            "relative_nfr": rate / expected if expected > 0 else None}

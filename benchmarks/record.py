@@ -396,7 +396,9 @@ class TwoModel(TypedDict):
     new/new, each ``top1`` / ``top5`` / ``mAP`` in percent; ``negative_flips`` (:class:`NegativeFlips`, one pair:
     old/old to new/new and to new/old); ``query_top1`` (old/old and new/old hits, packed by :func:`pack_hits`);
     each case's ``cmc`` top-1 ... top-100; the ``queries``, of which ``queries_without_match`` have no other item of
-    their class, counted by the convention ``unmatched_queries``."""
+    their class, counted by the convention ``unmatched_queries``; ``classification``: the classifiers' reading on the
+    same images (:func:`benchmarks.flips.classification_flips`: ``old_top1``, ``new_top1``, ``nfr``,
+    ``relative_nfr``, fractions)."""
     cases: Annotated[RetrievalCases, Read("an object of cases", _object, required=True)]
     negative_flips: Annotated[NegativeFlips, Read(FLIPS, _object)]
     query_top1: dict[str, str]
@@ -404,6 +406,7 @@ class TwoModel(TypedDict):
     queries: int
     queries_without_match: int
     unmatched_queries: Literal["miss", "exclude"]
+    classification: NotRequired[dict[str, float | None]]
 
 
 class RecordIdentity(TypedDict):

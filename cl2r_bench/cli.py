@@ -218,9 +218,10 @@ def two_model_line(two_model: dict[str, Any]) -> str:
     """The two-model protocol's cases (top-1 / top-5 / mAP in percent) and negative flip rates in one line."""
     cases = "  ".join(f"{case} {c['top1']:.2f}/{c['top5']:.2f}/{c['mAP']:.2f}"
                       for case, c in two_model["cases"].items() if c)
-    flips = two_model["negative_flips"]
-    return (f"   two-model top-1/top-5/mAP %  {cases}  NFR self {100 * flips['mean_self']:.2f}% "
+    flips, classifier = two_model["negative_flips"], two_model.get("classification")
+    line = (f"   two-model top-1/top-5/mAP %  {cases}  NFR self {100 * flips['mean_self']:.2f}% "
             f"cross {100 * flips['mean_cross']:.2f}%")
+    return line + (f"  classifier NFR {100 * classifier['nfr']:.2f}%" if classifier else "")
 
 
 def study_answers(records: list[dict[str, Any]]) -> str:

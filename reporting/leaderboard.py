@@ -160,7 +160,7 @@ SCORE_TITLES = {"top1": "top-1", "top5": "top-5", "mAP": "mAP"}
 TWO_MODEL_COLUMNS = (*IDENTITY, *(Column(f"{case} {SCORE_TITLES[score]}", f"{case}_{score}", Kind.SPREAD)
                                   for case, scores in TWO_MODEL_CASES for score in scores),
                      Column("NFR self (%)", "NFR_self", Kind.SPREAD), Column("NFR cross (%)", "NFR_cross", Kind.SPREAD),
-                     SEEDS)
+                     Column("classifier NFR (%)", "NFR_classifier", Kind.SPREAD), SEEDS)
 PUBLISHED_TWO_MODEL_COLUMNS = (Column("setting", "setting", Kind.TEXT), Column("strategy", "strategy", Kind.TEXT),
                                *PUBLISHED_CASE_COLUMNS[2:])
 PUBLISHED_TITLE = "published (the papers' own runs, models and data: not measured by the suite, never averaged in)"
@@ -526,8 +526,9 @@ def published_case_rows(scenarios: set[str]) -> list[list[Any]]:
 
 
 def two_model_rows(records: list[RunRecord]) -> list[list[Any]]:
-    """One row per ``upgrade`` experiment (:data:`TWO_MODEL_COLUMNS`): the two-model protocol's cases and negative
-    flip rates in percent, ``(mean, std)`` over seeds, sorted by scenario, dataset, then new/old top-1."""
+    """One row per ``upgrade`` experiment (:data:`TWO_MODEL_COLUMNS`): the two-model protocol's cases, its retrieval
+    negative flip rates and its classifiers' in percent, ``(mean, std)`` over seeds, sorted by scenario, dataset, then
+    new/old top-1."""
     rows = []
     for (scenario, dataset, strategy), runs in experiment_groups([r for r in records if "two_model" in r]).items():
         cases = [r["two_model"]["cases"] for r in runs]
@@ -535,7 +536,9 @@ def two_model_rows(records: list[RunRecord]) -> list[list[Any]]:
                   for score in names]
         rates = [flip_rates(r["two_model"].get("negative_flips")) for r in runs]
         flips = [_spread([rate[c] for rate in rates if rate[c] is not None]) for c in FLIP_COLUMNS]
-        rows.append([scenario, dataset, strategy, *scores, *flips, len(runs)])
+        classifier = _spread([100 * r["two_model"]["classification"]["nfr"] for r in runs
+                              if "classification" in r["two_model"]])
+        rows.append([scenario, dataset, strategy, *scores, *flips, classifier, len(runs)])
     return sorted(rows, key=lambda r: (r[0], r[1], -(r[4] or (0.0,))[0]))
 
 

@@ -26,15 +26,23 @@ from typing import Any
 import torch
 
 from benchmarks.adapter_study import PairedFeatures, Scoring, StudySplit, measure
+from benchmarks.flips import classification_flips
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import Stream, Task, experience_images, single_experience
 from cl2r_bench.errors import ConfigError
-from cl2r_bench.models import RetrievalModel, load_state, replacement_family
+from cl2r_bench.models import RetrievalModel, forward_in_batches, load_state, replacement_family
 from cl2r_bench.training.pretrain import pretrained_replacement
 
 from .base import Finished, Scenario, check_class_budget, register_scenario, run_dataset, stream_from_settings
 
 TWO_MODEL_CASES = ("old/old", "new/old", "new/new")
+
+
+def predicted_correctly(model: RetrievalModel, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Whether ``model``'s classifier puts each image's class first (the old model's knows the old classes only, so
+    it misses every new-class image)."""
+    logits = torch.cat([batch for batch, _ in forward_in_batches(model, images)])
+    return (logits.argmax(dim=1) == model.class_targets(labels.to(logits.device))).cpu().numpy()
 
 
 @register_scenario("upgrade")
@@ -88,8 +96,9 @@ class Upgrade(Scenario):
         load_state(model, path)
 
     def finish(self, finished: Finished) -> dict[str, Any]:
-        """The papers' leave-one-out protocol on the test split of every stream class (module docstring), as the
-        record's ``two_model`` (:class:`benchmarks.record.TwoModel`)."""
+        """The papers' leave-one-out protocol on the test split of every stream class (module docstring), and the
+        classifiers' negative flips on the same images, as the record's ``two_model``
+        (:class:`benchmarks.record.TwoModel`)."""
         old, new, stream = finished.outgoing, finished.model, finished.stream
         test = [experience_images(exp) for exp in stream.benchmark.test_stream]
         images = torch.cat([t.images for t in test])
@@ -99,7 +108,9 @@ class Upgrade(Scenario):
         with torch.no_grad():
             study = measure(split, None, orders=[], steps=1, seed=self.settings.seed)
         cases = {case: study["cases"][case] for case in TWO_MODEL_CASES}
+        correct = [predicted_correctly(model, images, labels) for model in (old, new)]
         return {"two_model": {"cases": cases, "negative_flips": study["negative_flips"],
+                              "classification": classification_flips(*correct),
                               "query_top1": study["query_top1"],
                               "cmc": {case: study["cmc"][case] for case in TWO_MODEL_CASES},
                               **{key: study[key] for key in ("queries", "queries_without_match",

@@ -64,3 +64,15 @@ def test_an_adapter_study_records_the_flips_of_its_cases_query_by_query():
     assert flips["self"] == pytest.approx([np.sum(old & ~hits["new/new"]) / 80]) and flips["self"][0] > 0
     assert flips["cross"] == pytest.approx([np.sum(old & ~hits["B/old"]) / 80]) and flips["cross"][0] > 0
     assert flips["mean_self"] == flips["self"][0] and flips["mean_cross"] == flips["cross"][0]
+
+
+def test_classification_flips_by_hand():
+    from benchmarks.flips import classification_flips
+
+    old = np.array([True, True, True, False, False])
+    new = np.array([True, False, True, True, False])
+    got = classification_flips(old, new)
+    assert got["old_top1"] == pytest.approx(0.6) and got["new_top1"] == pytest.approx(0.6)
+    assert got["nfr"] == pytest.approx(0.2)
+    assert got["relative_nfr"] == pytest.approx(0.2 / (0.6 * 0.4))
+    assert classification_flips(old, np.ones(5, dtype=bool))["relative_nfr"] is None

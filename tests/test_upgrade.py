@@ -56,6 +56,8 @@ def test_the_two_model_protocol_is_leave_one_out_on_the_test_split_with_its_flip
     assert two["cases"]["old/old"]["top1"] == pytest.approx(100 * old.mean())
     assert two["negative_flips"]["cross"] == [pytest.approx(float((old & ~cross).mean()))]
     assert len(record["compatibility_matrix"]) == 2 and record["evaluation"]["queries"] == 12 * 6
+    classification = two["classification"]
+    assert 0 <= classification["nfr"] <= classification["old_top1"] <= 0.5   # the old classifier knows 6 of 12
 
 
 def test_leaderboard_has_the_two_model_table_and_bt2_published_rows(tiny, tmp_path):
@@ -65,6 +67,7 @@ def test_leaderboard_has_the_two_model_table_and_bt2_published_rows(tiny, tmp_pa
     (row,) = table.rows
     assert row[:3] == ["upgrade", "synthetic", "er"]
     assert row[4][0] == pytest.approx(record["two_model"]["cases"]["new/old"]["top1"])
+    assert row[-2][0] == pytest.approx(100 * record["two_model"]["classification"]["nfr"])
     published = [r for t in built["published"] for r in t.rows if r[-1].startswith("YifeiZhou02/BT-2")]
     assert ["bt2", "new/old", 38.7, 64.6, 27.7] == published[-2][1:6]
 
