@@ -35,7 +35,8 @@ def sized_record(size: int, seed: int = 1, noise: bool = True) -> dict:
     record = valid_record(seed)
     record.update(num_tasks=size, tasks_completed=size, replacement_tasks=replaced, metrics=all_metrics(matrix),
                   compatibility_matrix=[[None if np.isnan(v) else float(v) for v in row] for row in matrix],
-                  noise=noise_metrics(matrix, 200, replacement_tasks=replaced) if noise else None)
+                  noise=noise_metrics(matrix, 200, replacement_tasks=replaced) if noise else None,
+                  negative_flips=None)
     for key in ("replacement_models", "timings"):
         del record[key]
     return record
