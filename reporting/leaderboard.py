@@ -543,12 +543,16 @@ def two_model_rows(records: list[RunRecord]) -> list[list[Any]]:
 
 
 def published_two_model_rows(scenarios: set[str]) -> list[list[Any]]:
-    """The BT² authors' two-model figures (:data:`reporting.published.BT2_README`) when ``scenarios`` holds
-    ``upgrade``."""
+    """The two-model figures published for the setting of ``upgrade`` when ``scenarios`` holds it: the BT² authors'
+    (:data:`reporting.published.BT2_README`) and ml-fct's independent models on CIFAR-100 (its ``none`` rows, the
+    suite's ``er`` there)."""
     if "upgrade" not in scenarios:
         return []
+    setting = next(name for name in ML_FCT_README if name.startswith("CIFAR-100"))
+    independent = [[setting, "er", case, *values, ML_FCT_SOURCE]
+                   for case, values in ML_FCT_README[setting]["none"].items()]
     return [[BT2_README["setting"], strategy, case, *values, BT2_SOURCE]
-            for strategy, cases in BT2_README["rows"].items() for case, values in cases.items()]
+            for strategy, cases in BT2_README["rows"].items() for case, values in cases.items()] + independent
 
 
 def published_tables(records: list[RunRecord]) -> list[Table]:

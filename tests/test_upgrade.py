@@ -70,6 +70,8 @@ def test_leaderboard_has_the_two_model_table_and_bt2_published_rows(tiny, tmp_pa
     assert row[-2][0] == pytest.approx(100 * record["two_model"]["classification"]["nfr"])
     published = [r for t in built["published"] for r in t.rows if r[-1].startswith("YifeiZhou02/BT-2")]
     assert ["bt2", "new/old", 38.7, 64.6, 27.7] == published[-2][1:6]
+    ml_fct = [r for t in built["published"] for r in t.rows if r[-1] == "apple/ml-fct README"]
+    assert [r[1:6] for r in ml_fct] == [["er", "old/old", 32.9, 59.3, 16.1], ["er", "new/new", 56.4, 77.5, 36.5]]
 
 
 @pytest.mark.parametrize("flags, message", [
