@@ -67,10 +67,13 @@ def test_the_ranks_shares_of_each_batch_are_the_one_process_batch_with_its_crops
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["fd", "dsimplex_hoc"])
+@pytest.mark.parametrize("strategy", ["fd", "dsimplex_hoc", "advbct"])
 def test_two_gloo_ranks_give_the_loss_and_gradients_of_one_process_on_the_global_batch(strategy, tmp_path):
     """FD: per-sample terms, the teacher, the replay half; d-Simplex-HOC: a batch-level term (pairs across the
-    whole global batch), which needs the gathered outputs."""
+    whole global batch), which needs the gathered outputs; AdvBCT: the strategy's own trained modules (its
+    discriminator, with batch norm, and elastic boundary), not wrapped by DDP, each rank computing their gradient
+    on the gathered batch. The gathered batch holds the ranks' shares one after the other, so its sums run in another
+    order than one process's: the loss agrees within float32 rounding (2e-6 relative; AdvBCT's came to 1.1e-6)."""
     from ddp_step import main as one_step
 
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
@@ -79,7 +82,7 @@ def test_two_gloo_ranks_give_the_loss_and_gradients_of_one_process_on_the_global
     assert result.returncode == 0, result.stderr[-2000:]
     a, b = torch.load(one), torch.load(two)
     assert b["world_size"] == 2 and a["iterations"] == b["iterations"] == 1 and a["images"] == b["images"] == 128
-    assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)
+    assert b["loss"] == pytest.approx(a["loss"], rel=2e-6)
     for name, change in a["change"].items():
         assert change.abs().max() > 1e-4, name
         torch.testing.assert_close(b["change"][name], change, rtol=1e-5, atol=1e-6)
