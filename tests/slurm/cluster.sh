@@ -12,7 +12,9 @@
 # is killed, "Job credential revoked"): 10 s here instead of 120 s, and the scheduler looks for startable jobs every
 # 2 s instead of every 30-60 s. A slurmd whose first registration fails retries only after about 30 s, then 60 s
 # (seen once in CI: the node was not idle after 30 s), so a node not idle in 15 s is resumed and its slurmd
-# restarted, and a node that stays down prints its state and the daemons' logs.
+# restarted, and a node that stays down prints its state and the daemons' logs. A cluster is started with empty
+# state and spool folders: a run killed before `stop` (seen in CI) leaves an allocated job that slurmctld would
+# recover, and the node then never becomes idle.
 set -euo pipefail
 
 DIR=${CL2R_SLURM_DIR:-/tmp/cl2r-slurm}
@@ -21,6 +23,7 @@ export SLURM_CONF=$DIR/slurm.conf
 write_conf() {
     local memory
     memory=$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
+    rm -rf "$DIR/state" "$DIR/spool"
     mkdir -p "$DIR/state" "$DIR/spool"
     cat > "$SLURM_CONF" <<CONF
 ClusterName=cl2rtest
