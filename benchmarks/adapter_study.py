@@ -19,7 +19,8 @@ rankings, the backfilling orders and the class means read it, and only the sampl
 
 Cases, ``query/gallery`` (λ-orth Table 1b), each computed only where both sides live in one frame, else null:
 
-* ``old/old``, ``new/new``; ``new/old`` (untransformed; null when the widths differ);
+* ``old/old``, ``new/new``; ``new/old`` (untransformed; null when the widths differ, except for a new model whose
+  first dimensions are in the old frame: :attr:`StudySplit.old_frame_prefix`);
 * ``B/old``, ``B/B``: backward-adapted new features against the old gallery (in the adapter's old frame: the
   common width for λ-orth) and against the backward-adapted new gallery;
 * ``F/F``: forward-adapted old queries against the forward-adapted old gallery;
@@ -154,6 +155,10 @@ class StudySplit:
     progress: bool = False
     """Whether each ranking of a case or of the backfilling curves shows a progress bar on a terminal
     (:func:`benchmarks.ranking.progress_bar`): a gallery of millions takes minutes per ranking."""
+    old_frame_prefix: bool = False
+    """Whether the new model's first dimensions are trained into the old model's frame (a BT² model, wider than the
+    old one): ``new/old`` then ranks their first ``old width`` dimensions against the old gallery, as the BT²
+    authors' ``cosine_distance_matrix`` does, instead of being null."""
     adapter_free: dict[str, RetrievalScores | None] = field(default_factory=dict, compare=False, repr=False)
     """The scores of the cases no adapter changes (:data:`ADAPTER_FREE_CASES`), ranked once per split."""
 
@@ -244,7 +249,8 @@ def every_item_sides(split: StudySplit, adapter: FeatureAdapter | None
         return mapped, mapped if same else through(transform, b)
 
     sides: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = dict.fromkeys(PAPER_CASES)
-    sides.update({"old/old": (query.old, gallery.old), "new/old": (query.new, gallery.old),
+    sides.update({"old/old": (query.old, gallery.old), "new/old": (new_in_old_frame(split, query.new, gallery.old),
+                                                                   gallery.old),
                   "new/new": (query.new, gallery.new)})
     if adapter is None:
         return sides
@@ -262,6 +268,16 @@ def every_item_sides(split: StudySplit, adapter: FeatureAdapter | None
             if "backward" in adapter.directions:
                 sides["B/F"] = (sides["B/B"][0], forward_gallery)
     return sides
+
+
+def new_in_old_frame(split: StudySplit, new: Features, old: Features) -> Features:
+    """The new model's features as ``new/old`` compares them: their first ``old width`` dimensions, normalised
+    again (a query's ranking is the same either way), where the split says they are in the old frame
+    (:attr:`StudySplit.old_frame_prefix`), else unchanged."""
+    width = first_rows(old).shape[1]
+    if not split.old_frame_prefix or first_rows(new).shape[1] <= width:
+        return new
+    return through(lambda rows: F.normalize(rows[:, :width].float(), dim=1), new, store=False)
 
 
 ADAPTER_FREE_CASES = ("old/old", "new/old", "new/new")

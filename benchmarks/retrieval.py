@@ -48,10 +48,22 @@ def class_templates(features: torch.Tensor, labels: torch.Tensor) -> tuple[torch
     return F.normalize(means[classes], dim=1), classes
 
 
+def common_width(queries: torch.Tensor, gallery: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both sides cut to the narrower one's width. A model that widens its predecessor's feature (BT²,
+    docs/METHODS.md §6b) keeps the predecessor's frame in its first dimensions, so a newer model's queries meet an
+    older gallery there, as the BT² authors' ``cosine_distance_matrix`` compares them; every other strategy keeps
+    one width and is unaffected."""
+    width = min(queries.shape[1], gallery.shape[1])
+    return queries[:, :width], gallery[:, :width]
+
+
 def nearest_neighbour_hits(queries: torch.Tensor, query_labels: torch.Tensor, gallery: torch.Tensor,
                            gallery_labels: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
-    """Per query (bool, on the CPU): is the cosine-nearest gallery item of its class? Features are normalised.
-    The mean is the top-1 accuracy; the hits themselves feed the noise analysis (``benchmarks/noise.py``)."""
+    """Per query (bool, on the CPU): is the cosine-nearest gallery item of its class? Features are normalised;
+    features of different widths are compared on their first dimensions (:func:`common_width`; a query's nearest
+    item does not depend on its norm). The mean is the top-1 accuracy; the hits themselves feed the noise analysis
+    (``benchmarks/noise.py``)."""
+    queries, gallery = common_width(queries, gallery)
     gallery_labels = gallery_labels.to(gallery.device)
     hits = []
     for start in range(0, len(queries), chunk):

@@ -18,6 +18,8 @@ Heads:
   normalised feature and the normalised class rows (CVS, §6; the strategy applies the temperature).
 * :class:`DSimplexHead`: trainable bias-free lift ``d -> K-1`` followed by the frozen d-Simplex classifier
   (K = 1024 vertices, class y on vertex K-1-y, §5); the retrieval feature is the lifted vector.
+* :class:`BasisTransformationHead` (BT², §6b): the backbone output and an old-model branch merged by orthogonal
+  maps into a wider feature whose first ``old_width`` dimensions are the old model's frame.
 
 Checkpoints are plain state dicts (``torch.save(model.state_dict())``), loadable with ``weights_only=True``.
 The classifier weights of a learnable or cosine head are dropped when a replacement model is loaded (§4); the
@@ -45,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 BACKBONES = ("resnet18", "resnet18_cifar", "small_cnn")
-HEADS = ("learnable", "cosine", "dsimplex")
+HEADS = ("learnable", "cosine", "dsimplex", "bt2")
 
 CLASSIFIER_PREFIX = "head.classifier."
 IDENTITY_MEAN: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -210,6 +212,50 @@ class DSimplexHead(nn.Module):
         return lifted @ self.vertices.t(), lifted
 
 
+class BasisTransformationHead(LearnableHead):
+    """BT²'s basis transformation (Zhou et al., ICCV 2023; docs/METHODS.md §6b) on ``in_dim``-d backbone features.
+
+    With ``f`` the normalised backbone output, ``o`` the old-model branch ``fc3(relu(f))`` (a linear map with
+    bias), ``P`` and ``O`` orthogonal maps (``torch``'s orthogonal parametrisation) and
+    ``k = old_width + added_dims - in_dim`` the dimensions the old branch contributes::
+
+        c = [normalise(o), P(scale * f)]                width in_dim + k = old_width + added_dims
+        feature = [O(c[:old_width]), c[old_width:]]     its first old_width dims are trained into the old frame
+
+    The logits are the bias-free classifier on ``f`` (it grows like :class:`LearnableHead`); ``new_features``
+    keeps the last forward's ``f`` for BT²'s match to an independently trained new model. The retrieval feature
+    has the constant norm ``sqrt(1 + scale²)``. Two differences from the authors' ``ResNet_ortho``, neither
+    changing the function: their ``fc3`` has ``old_width`` outputs of which only the first ``k`` are read (the
+    normalised slice of a normalised vector is the normalised slice), so the suite's has ``k``; and their ResNet
+    widens its last block by ``old_width`` channels that only ``fc3`` reads, while the suite's backbones have a
+    fixed width and ``fc3`` reads ``f``'s own channels (``tools/parity/bct_line.py`` gives theirs zero extra
+    channels to compare)."""
+
+    def __init__(self, in_dim: int, num_classes: int, *, old_width: int | None = None, added_dims: int = 32,
+                 scale: float = 2.0) -> None:
+        super().__init__(in_dim, num_classes)
+        from torch.nn.utils.parametrizations import orthogonal
+
+        self.old_width = in_dim if old_width is None else old_width
+        self.old_part = self.old_width + added_dims - in_dim
+        if self.old_part < 1:
+            raise ValueError(f"a BT² head on {in_dim}-d features over a {self.old_width}-d old model must add at "
+                             f"least {in_dim - self.old_width + 1} dimensions, not {added_dims}")
+        self.scale = scale
+        self.old_branch = nn.Linear(in_dim, self.old_part)
+        self.new_basis = orthogonal(nn.Linear(in_dim, in_dim, bias=False))
+        self.old_basis = orthogonal(nn.Linear(self.old_width, self.old_width, bias=False))
+        self.new_features: torch.Tensor | None = None
+
+    def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        new = F.normalize(feats, dim=1)
+        old = F.normalize(self.old_branch(F.relu(feats)), dim=1)
+        merged = torch.cat([old, self.new_basis(self.scale * new)], dim=1)
+        self.new_features = new
+        return self.classifier(new), torch.cat([self.old_basis(merged[:, :self.old_width]),
+                                                merged[:, self.old_width:]], dim=1)
+
+
 class RetrievalModel(nn.Module):
     """Input normalisation + backbone + head with a uniform training and retrieval interface.
 
@@ -335,7 +381,8 @@ def build_backbone(name: str, *, width: int = 32, out_dim: int = 128) -> nn.Modu
 
 def build_model(*, backbone: str, head: str, num_classes: int, simplex_vertices_count: int = 1024,
                 small_width: int = 32, small_out_dim: int = 128, mean: Sequence[float] = IDENTITY_MEAN,
-                std: Sequence[float] = IDENTITY_STD, input_size: int = 32) -> RetrievalModel:
+                std: Sequence[float] = IDENTITY_STD, input_size: int = 32,
+                head_options: dict | None = None) -> RetrievalModel:
     """A fresh model: ``head`` is ``"learnable"`` or ``"cosine"`` (sized to ``num_classes``) or ``"dsimplex"``.
 
     ``mean`` / ``std`` are the per-channel statistics of the data the model will see (a stream's, or a
@@ -344,25 +391,36 @@ def build_model(*, backbone: str, head: str, num_classes: int, simplex_vertices_
     unchanged), for models whose inputs are prepared elsewhere (tests, parity checks). ``input_size`` is the side
     of the square images the model is built for (recorded, not enforced)."""
     net = build_backbone(backbone, width=small_width, out_dim=small_out_dim)
-    return RetrievalModel(net, build_head(head, net.out_dim, num_classes, simplex_vertices_count), mean=mean, std=std,
-                          input_size=input_size)
+    return RetrievalModel(net, build_head(head, net.out_dim, num_classes, simplex_vertices_count, head_options),
+                          mean=mean, std=std, input_size=input_size)
 
 
-def build_head(head: str, in_dim: int, num_classes: int, simplex_vertices_count: int = 1024) -> nn.Module:
-    """A fresh head of family ``head`` on ``in_dim``-d backbone features (docs/METHODS.md §5)."""
+def build_head(head: str, in_dim: int, num_classes: int, simplex_vertices_count: int = 1024,
+               head_options: dict | None = None) -> nn.Module:
+    """A fresh head of family ``head`` on ``in_dim``-d backbone features (docs/METHODS.md §5); ``head_options``
+    are the keyword arguments of a BT² head (its strategy's ``added_dims`` and ``scale``)."""
     if head == "learnable":
         return LearnableHead(in_dim, num_classes)
     if head == "cosine":
         return CosineHead(in_dim, num_classes)
     if head == "dsimplex":
         return DSimplexHead(in_dim, simplex_vertices_count)
+    if head == "bt2":
+        return BasisTransformationHead(in_dim, num_classes, **(head_options or {}))
     raise ValueError(f"unknown head {head!r}; choose from {list(HEADS)}")
 
 
 def replacement_family(head: str) -> str:
     """The family of replacement models a head loads: ``dsimplex`` (lift included) or ``learnable`` (backbone
-    only; the learnable and cosine classifiers are dropped on loading, so both heads share these models)."""
+    only; the learnable and cosine classifiers are dropped on loading, so both heads share these models, and a BT²
+    head is built fresh over the loaded backbone)."""
     return "dsimplex" if head == "dsimplex" else "learnable"
+
+
+def first_model_head(head: str) -> str:
+    """The head of a model that has no older model under it (the upgrade protocol's old model): a BT² head
+    transforms an older model's frame, so such a model has the plain ``learnable`` head; other heads are kept."""
+    return "learnable" if head == "bt2" else head
 
 
 def feature_extractor_state(model: RetrievalModel) -> dict[str, torch.Tensor]:

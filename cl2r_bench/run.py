@@ -205,8 +205,14 @@ class Run:
         return log
 
     def _prepare_starting_models(self, start: int) -> None:
-        """Find or pretrain the scenario's starting models once per run (kept in the state for resuming)."""
-        if start >= self.stream.num_tasks or self.state["replacements"]:
+        """Find or pretrain the scenario's starting models, and the independent models a strategy asks for, once
+        per run (kept in the state for resuming)."""
+        if start >= self.stream.num_tasks:
+            return
+        if self.trainer is not None and self.trainer.needs_independent and "independent" not in self.state:
+            self.state["independent"] = self.processes.main_first(lambda: self.scenario.independent_models(
+                self.stream, self.device, self.log))
+        if self.state["replacements"]:
             return
         t0 = time.perf_counter()
         try:
@@ -219,7 +225,18 @@ class Run:
 
     def _new_model(self, task: int) -> RetrievalModel:
         return self.parts.new_model(self.stream.tasks[task].num_seen_classes, self.stream.mean, self.stream.std,
-                                    task_encoder(self.state["replacements"], task))
+                                    task_encoder(self.state["replacements"], task), task=task)
+
+    def _independent_model(self, task: int) -> RetrievalModel | None:
+        """Task ``task``'s independent new model (:meth:`Scenario.independent_models`), for a strategy that
+        ``needs_independent``; None for other strategies or tasks without one."""
+        path = self.state.get("independent", {}).get(task)
+        if self.trainer is None or not self.trainer.needs_independent or path is None:
+            return None
+        model = self.parts.independent_model(self.stream.tasks[task].num_seen_classes, self.stream.mean,
+                                             self.stream.std)
+        self.scenario.load_starting_model(model, path)
+        return model.to(self.device)
 
     def _starting_model(self, task: int, path: str) -> RetrievalModel:
         """The model task ``task`` starts from: the file ``path`` loaded into a fresh model, or, for an encoder
@@ -304,6 +321,7 @@ class Run:
         if self.trainer is not None and self.scenario.trains_task(t):
             timing = self.trainer.train(model, task, memory, teacher=teacher, teacher_classes=teacher_classes,
                                         replacement=t in starting, tracker=self.tracker,
+                                        independent=self._independent_model(t),
                                         description=f"task {t}/{self.stream.num_tasks - 1}{tag}")
         adapter = self._fit_adapter(t, outgoing, model, replayed) if adapts else None
         eval_started = time.perf_counter()

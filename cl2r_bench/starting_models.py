@@ -68,7 +68,7 @@ def load_task_model(parts: Assembly, stream: Stream, task: int, directory: Path 
     path = (directory or parts.directory) / "checkpoints" / f"task{task}.pt"
     try:
         model = parts.new_model(stream.tasks[task].num_seen_classes, stream.mean, stream.std,
-                                task_encoder(replacements or [], task))
+                                task_encoder(replacements or [], task), task=task)
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     except Exception as exc:  # noqa: BLE001 - a truncated file fails in torch's zip reader or load_state_dict
         state = f"is damaged ({type(exc).__name__})" if path.exists() else "is missing"

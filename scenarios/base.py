@@ -95,6 +95,17 @@ class Scenario:
         """The head family of every model of the run: the strategy's."""
         return strategy_head
 
+    def head_at(self, task: int, head: str) -> str:
+        """The head family of task ``task``'s model, given the run's (:meth:`head`): the run's by default."""
+        return head
+
+    def independent_models(self, stream: Stream, device: torch.device,
+                           log: Callable[[str], None]) -> dict[int, str]:
+        """``{task: path}``: for tasks whose new model has an independently trained counterpart (the BCT line's
+        "independent" new model, trained on the task's classes without any compatibility loss), the file of that
+        model, found or trained here; given to strategies that ``needs_independent`` (BT²). None by default."""
+        return {}
+
     def starting_models(self, stream: Stream, head: str, device: torch.device,
                         log: Callable[[str], None]) -> list[dict[str, Any]]:
         """One ``{"task", "path", "source", ...}`` per task that starts from a pretrained model; none by default."""

@@ -21,6 +21,7 @@ new/old and new/new (:mod:`benchmarks.adapter_study`), with the negative flips o
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,7 +31,8 @@ from benchmarks.flips import classification_flips
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import Stream, Task, experience_images, single_experience
 from cl2r_bench.errors import ConfigError
-from cl2r_bench.models import RetrievalModel, forward_in_batches, load_state, replacement_family
+from cl2r_bench.models import (RetrievalModel, first_model_head, forward_in_batches, load_state,
+                               replacement_family)
 from cl2r_bench.training.pretrain import pretrained_replacement
 
 from .base import Finished, Scenario, check_class_budget, register_scenario, run_dataset, stream_from_settings
@@ -75,21 +77,41 @@ class Upgrade(Scenario):
     def starts_from_scratch(self, task: int) -> bool:
         return task == 1
 
+    def head_at(self, task: int, head: str) -> str:
+        """The old model has no older model under it: a BT² run's is a plain learnable model
+        (:func:`cl2r_bench.models.first_model_head`)."""
+        return head if task == 1 else first_model_head(head)
+
     def starting_models(self, stream: Stream, head: str, device: torch.device,
                         log: Callable[[str], None]) -> list[dict[str, Any]]:
         """The old model: pretrained on the stream's first classes, classifier kept, cached."""
-        settings = self.settings
-        pre = settings.replacement.pretrain
-        source = run_dataset(settings)
         classes = stream.class_order[:len(stream.tasks[0].new_classes)]
-        path, cached = pretrained_replacement(
-            source, classes, head=replacement_family(head), model_kwargs=settings.model.build_kwargs,
-            settings=pre.train_settings(settings.training), images_per_class=settings.stream.images_per_class,
-            device=device, seed=pre.seeds(1)[0], cache_dir=pre.cache_dir, keep_classifier=True, plateau=pre.plateau,
-            log=log)
+        path, cached = self._pretrained(classes, replacement_family(head), device, log)
         log(f"old model on {len(classes)} classes: {path} ({'cached' if cached else 'trained now'})")
         return [{"task": 0, "path": str(path.resolve()), "source": "cached" if cached else "pretrained",
                  "classes": len(classes)}]
+
+    def independent_models(self, stream: Stream, device: torch.device,
+                           log: Callable[[str], None]) -> dict[int, str]:
+        """The papers' independent new model (BT²'s target): a learnable model trained with cross-entropy on
+        every class by the old model's recipe (``replacement.pretrain``, as the authors' ``train_backbone.py``
+        trains both), cached and shared like the old model."""
+        classes = stream.class_order[:stream.tasks[1].num_seen_classes]
+        path, cached = self._pretrained(classes, "learnable", device, log)
+        log(f"independent new model on {len(classes)} classes: {path} "
+            f"({'cached' if cached else 'trained now'})")
+        return {1: str(path.resolve())}
+
+    def _pretrained(self, classes: list[int], head: str, device: torch.device,
+                    log: Callable[[str], None]) -> tuple[Path, bool]:
+        """The cached model of ``head`` trained on ``classes`` by ``replacement.pretrain``, classifier kept."""
+        settings = self.settings
+        pre = settings.replacement.pretrain
+        return pretrained_replacement(
+            run_dataset(settings), classes, head=head, model_kwargs=settings.model.build_kwargs,
+            settings=pre.train_settings(settings.training), images_per_class=settings.stream.images_per_class,
+            device=device, seed=pre.seeds(1)[0], cache_dir=pre.cache_dir, keep_classifier=True, plateau=pre.plateau,
+            log=log)
 
     def load_starting_model(self, model: RetrievalModel, path: str) -> None:
         """The whole old model, classifier included (BCT's influence loss, LwF and LCE read it)."""
@@ -104,7 +126,7 @@ class Upgrade(Scenario):
         images = torch.cat([t.images for t in test])
         labels = torch.cat([t.labels for t in test]).to(images.device)
         split = StudySplit(PairedFeatures(finished.embed(old, images), finished.embed(new, images), labels),
-                           scoring=Scoring.of(self.settings.model_update))
+                           scoring=Scoring.of(self.settings.model_update), old_frame_prefix=True)
         with torch.no_grad():
             study = measure(split, None, orders=[], steps=1, seed=self.settings.seed)
         cases = {case: study["cases"][case] for case in TWO_MODEL_CASES}

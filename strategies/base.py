@@ -18,6 +18,7 @@ package, a file passed with ``--plugin FILE``)::
         head = "learnable"           # "learnable" | "cosine" | "dsimplex": also picks its replacement models
         uses_memory = True           # batches mix 64 replay + 64 new samples from task 1 on
         needs_teacher = False        # True: step.teacher_* hold the frozen old model's outputs
+        needs_independent = False    # True: step.independent_features hold an independent new model's (BT²)
         Config = MyConfig
 
         def before_task(self, context: TaskContext) -> None:    # optional: per-task set-up
@@ -124,6 +125,10 @@ class Step:
             are trained on stream classes), or None like ``teacher_features``.
         teacher_raw_features: the teacher's features before normalisation (AdvBCT's discriminator reads them, as
             the authors' code does), or None like ``teacher_features``.
+        independent_features: L2-normalised features of the task's independent new model
+            (:attr:`TaskContext.independent`) when the strategy asks for them (``needs_independent``), else None.
+        new_features: a BT² head's normalised backbone features (:class:`cl2r_bench.models.BasisTransformationHead`),
+            None for every other head.
         iteration: how many of the task's iterations were done before this one (0-based).
         iterations_per_epoch: the task's iterations per epoch; with ``epochs`` they give a schedule's progress
             (AdvBCT's gradient-reversal weight).
@@ -138,6 +143,8 @@ class Step:
     teacher_features: torch.Tensor | None = None
     teacher_logits: torch.Tensor | None = None
     teacher_raw_features: torch.Tensor | None = None
+    independent_features: torch.Tensor | None = None
+    new_features: torch.Tensor | None = None
     iteration: int = 0
     iterations_per_epoch: int = 1
     epochs: int = 1
@@ -171,6 +178,9 @@ class TaskContext:
             the teacher normalises its images itself (``cl2r_bench.models``).
         model: the model being trained (``RetrievalModel``), for a loss on its own weights (LCE aligns the
             classifier rows); read its head at loss time, since the head grows between tasks.
+        independent: a frozen model trained on the task's classes without any compatibility constraint (the BCT
+            line's "independent" new model, BT²'s target; ``Scenario.independent_models``), or None. Given only
+            to a strategy that ``needs_independent``.
     """
 
     index: int
@@ -183,6 +193,7 @@ class TaskContext:
     memory: Any = None
     amp: bool | str = DEFAULT_AMP
     model: Any = None
+    independent: Any = None
 
     @property
     def num_seen_classes(self) -> int:
@@ -216,6 +227,7 @@ class Strategy:
     head: ClassVar[str] = "learnable"
     uses_memory: ClassVar[bool] = True
     needs_teacher: ClassVar[bool] = False
+    needs_independent: ClassVar[bool] = False
     Config: ClassVar[type] = NoParams
 
     def __init__(self, config: Any) -> None:
@@ -230,6 +242,11 @@ class Strategy:
     def replacement_teacher(self) -> str:
         """``incoming`` (default) or ``outgoing``: the teacher at a replacement task (module docstring)."""
         return getattr(self.config, "replacement_teacher", "incoming")
+
+    def head_options(self) -> dict[str, Any]:
+        """Keyword arguments of the strategy's head (:func:`cl2r_bench.models.build_head`): BT²'s widths. None by
+        default."""
+        return {}
 
     def before_task(self, context: TaskContext) -> None:
         """Called before training each task (e.g. to set a task-dependent weight or build a frozen classifier)."""

@@ -23,7 +23,7 @@ def upgrade_run(tiny, tmp_path, strategy, monkeypatch=None, calls=None):
         def spy(self, model, task, memory, **kwargs):
             calls.append({"task": task.index, "labels": sorted(set(task.train.labels.tolist())),
                           "images": len(task.train), "teacher": kwargs["teacher"],
-                          "teacher_classes": kwargs["teacher_classes"],
+                          "teacher_classes": kwargs["teacher_classes"], "independent": kwargs.get("independent"),
                           "start": {k: v.clone() for k, v in model.state_dict().items()}})
             return original(self, model, task, memory, **kwargs)
 
@@ -93,3 +93,18 @@ def test_the_stream_evaluation_set_is_the_classes_test_images_against_their_trai
                                                image_size=32, images_per_class=4)
     assert sorted(set(query.labels.tolist())) == [0, 1, 2, 3] and len(query) == 4 * 3
     assert len(gallery) == 4 * 4 and reserved == [0, 1, 2, 3]
+
+
+def test_bt2_widens_the_new_model_and_ranks_its_old_frame_against_the_old_gallery(tiny, tmp_path, monkeypatch):
+    calls = []
+    record, out = upgrade_run(tiny, tmp_path, "bt2", monkeypatch, calls)
+    independent = calls[0]["independent"]
+    assert independent is not None and independent.head.classifier.out_features == 12
+    old = torch.load(out / "upgrade/synthetic/bt2/seed42/checkpoints/task0.pt", weights_only=True)
+    new = torch.load(out / "upgrade/synthetic/bt2/seed42/checkpoints/task1.pt", weights_only=True)
+    assert "head.old_branch.weight" not in old and "head.old_branch.weight" in new
+    width = old["head.classifier.weight"].shape[1]
+    assert new["head.old_basis.parametrizations.weight.original"].shape == (width, width)   # the old frame
+    two = record["two_model"]
+    assert all(two["cases"][case] is not None for case in ("old/old", "new/old", "new/new"))
+    assert len(record["compatibility_matrix"][1]) == 2 and record_problem(record) is None

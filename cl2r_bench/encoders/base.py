@@ -235,11 +235,14 @@ def is_spec(reference: str) -> bool:
     return bool(sep and rest) and family in ENCODER_FAMILIES.classes
 
 
-def encoder_model(spec: str, *, head: str, num_classes: int, simplex_vertices_count: int) -> RetrievalModel:
+def encoder_model(spec: str, *, head: str, num_classes: int, simplex_vertices_count: int,
+                  head_options: dict | None = None) -> RetrievalModel:
     """A trainable model on the pretrained trunk of ``spec`` with a fresh head of family ``head`` (for the d-Simplex
-    family the trainable lift of its features): an IAM-CL2R replacement model that is a real pretrained encoder."""
+    family the trainable lift of its features; ``head_options`` as :func:`cl2r_bench.models.build_head`): an
+    IAM-CL2R replacement model that is a real pretrained encoder."""
     backbone = encoder_backbone(spec)
-    return RetrievalModel(backbone, build_head(head, backbone.out_dim, num_classes, simplex_vertices_count),
+    return RetrievalModel(backbone, build_head(head, backbone.out_dim, num_classes, simplex_vertices_count,
+                                               head_options),
                           input_size=backbone.preprocessing.input_size)
 
 

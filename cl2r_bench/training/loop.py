@@ -21,14 +21,16 @@ from .engine import DeviceBatches, EpochHook, ReplayMemory, make_optimizer, teac
 
 
 def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory: ReplayMemory | None,
-               settings: TrainSettings, *, teacher: RetrievalModel | None = None, experience: Any = None,
+               settings: TrainSettings, *, teacher: RetrievalModel | None = None,
+               independent: RetrievalModel | None = None, experience: Any = None,
                description: str = "", epoch_hook: EpochHook | None = None,
                tracker: Tracker | None = None, task_index: int = 0,
                processes: Processes = SINGLE) -> dict[str, float]:
     """Train ``model`` in place on one task; returns ``{"seconds", "iterations", "images", "final_loss"}`` (images
     and loss of the global batch).
 
-    A strategy that uses the replay memory draws its replay half of each batch from ``memory`` and, once the task
+    ``teacher`` and ``independent`` are frozen models whose features of each batch the strategy reads
+    (``Step.teacher_*``, ``Step.independent_features``). A strategy that uses the replay memory draws its replay half of each batch from ``memory`` and, once the task
     is trained, the template adds the task's exemplars to it (task ``task_index``'s seed).
 
     A non-finite loss (checked every 25 iterations, where the loss is read anyway; the first non-finite
@@ -61,7 +63,8 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No loggers specified")
         template = CompatibilityTemplate(
-            strategy=strategy, teacher=teacher_forward(teacher, settings), batches=batches, settings=settings,
+            strategy=strategy, teacher=teacher_forward(teacher, settings),
+            independent=teacher_forward(independent, settings), batches=batches, settings=settings,
             amp_dtype=amp_dtype, progress=progress, epoch_hook=epoch_hook, tracker=tracker or NullTracker(),
             task_index=task_index, memory=memory if strategy.uses_memory else None, trained=model,
             processes=processes, model=training_forward(model, settings, processes), optimizer=optimizer,

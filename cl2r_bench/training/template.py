@@ -37,13 +37,15 @@ class CompatibilityTemplate(SupervisedTemplate):
     ``model`` runs the forward (the model itself, or a data-parallel / compiled wrapper of it:
     :func:`~cl2r_bench.training.engine.training_forward`); ``trained`` is the model those share parameters with."""
 
-    def __init__(self, *, strategy: Strategy, teacher: RetrievalModel | None, batches: DeviceBatches,
+    def __init__(self, *, strategy: Strategy, teacher: RetrievalModel | None, independent: RetrievalModel | None,
+                 batches: DeviceBatches,
                  settings: TrainSettings, amp_dtype: torch.dtype | None, progress,
                  epoch_hook: EpochHook | None, tracker: Tracker, task_index: int,
                  memory: ReplayMemory | None, trained: RetrievalModel, processes: Processes, **kwargs) -> None:
         super().__init__(**kwargs)
         self.trained, self.processes = trained, processes
         self.compat_strategy, self.teacher, self.batches = strategy, teacher, batches
+        self.independent = independent if strategy.needs_independent else None
         self.epoch_hook, self.tracker, self.task_index, self.memory = epoch_hook, tracker, task_index, memory
         self.settings, self.amp_dtype, self.progress = settings, amp_dtype, progress
         self.scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
@@ -52,9 +54,11 @@ class CompatibilityTemplate(SupervisedTemplate):
         self.first_nonfinite = torch.tensor(-1, device=self.device)
 
     def _before_training_exp(self, **kwargs) -> None:
-        """The teacher is frozen: eval mode (its normalisation statistics fixed), no gradient."""
-        if self.teacher is not None:
-            self.teacher.eval().requires_grad_(False)
+        """The teacher and the independent model are frozen: eval mode (normalisation statistics fixed), no
+        gradient."""
+        for frozen in (self.teacher, self.independent):
+            if frozen is not None:
+                frozen.eval().requires_grad_(False)
         super()._before_training_exp(**kwargs)
 
     def _after_training_exp(self, **kwargs) -> None:
@@ -85,9 +89,16 @@ class CompatibilityTemplate(SupervisedTemplate):
                     teacher_logits = teacher_logits.float()
                     teacher_raw_features = teacher_raw_features.float()
                     teacher_features = F.normalize(teacher_raw_features, dim=1)
+            independent_features = None
+            if self.independent is not None:
+                with torch.no_grad():
+                    independent_features = F.normalize(self.independent(self.mb_x)[1].float(), dim=1)
+        new_features = getattr(self.trained.head, "new_features", None)
         outputs = {"labels": self.mb_y, "from_memory": self.mbatch[2], "logits": logits.float(),
                    "features": features.float(), "teacher_logits": teacher_logits,
-                   "teacher_features": teacher_features, "teacher_raw_features": teacher_raw_features}
+                   "teacher_features": teacher_features, "teacher_raw_features": teacher_raw_features,
+                   "independent_features": independent_features,
+                   "new_features": None if new_features is None else new_features.float()}
         if self.processes.distributed:
             outputs = self._global_batch(outputs)
         self._step = Step(targets=self.trained.class_targets(outputs["labels"]), iteration=self.step_count,
@@ -102,7 +113,8 @@ class CompatibilityTemplate(SupervisedTemplate):
         one-process gradient."""
         sizes = self.batches.rank_sizes
         gathered = {name: None if value is None else self.processes.gather(
-            value, sizes, differentiable=name in ("logits", "features")) for name, value in outputs.items()
+            value, sizes, differentiable=name in ("logits", "features", "new_features"))
+            for name, value in outputs.items()
             if name != "from_memory"}
         gathered["from_memory"] = self.processes.gather(outputs["from_memory"].to(torch.uint8), sizes).bool()
         return gathered

@@ -35,12 +35,16 @@ class Trainer(Protocol):
     needs_teacher: bool
     replacement_teacher: str
     uses_memory: bool
+    needs_independent: bool
+    head_options: dict[str, Any]  # the keyword arguments of the strategy's head (BT²'s widths)
     parameters: dict[str, Any]  # every parameter of the strategy, defaults included (saved with the run's config)
 
     def train(self, model: RetrievalModel, task: Task, memory: ReplayMemory, *, teacher: RetrievalModel | None,
-              teacher_classes: int, replacement: bool, tracker: Tracker, description: str) -> dict[str, float]:
+              teacher_classes: int, replacement: bool, tracker: Tracker, description: str,
+              independent: RetrievalModel | None = None) -> dict[str, float]:
         """Fine-tune ``model`` in place on ``task``; returns ``{"seconds", "iterations", "images", "final_loss"}``.
-        A trainer with ``uses_memory`` replays from ``memory`` and adds the task's exemplars to it."""
+        A trainer with ``uses_memory`` replays from ``memory`` and adds the task's exemplars to it; one with
+        ``needs_independent`` is given the task's independent new model (``TaskContext.independent``)."""
 
 
 class StrategyTrainer:
@@ -50,17 +54,20 @@ class StrategyTrainer:
         self.strategy, self.settings, self.processes = strategy, settings, processes
         self.parameters = dataclasses.asdict(strategy.config)
         self.head, self.needs_teacher = strategy.head, strategy.needs_teacher
+        self.needs_independent, self.head_options = strategy.needs_independent, strategy.head_options()
         self.replacement_teacher, self.uses_memory = strategy.replacement_teacher, strategy.uses_memory
 
     def train(self, model: RetrievalModel, task: Task, memory: ReplayMemory, *, teacher: RetrievalModel | None,
-              teacher_classes: int, replacement: bool, tracker: Tracker, description: str) -> dict[str, float]:
+              teacher_classes: int, replacement: bool, tracker: Tracker, description: str,
+              independent: RetrievalModel | None = None) -> dict[str, float]:
         with failures_reported(self.strategy, f"task {task.index}, before_task"):
             self.strategy.before_task(TaskContext(
                 index=task.index, num_old_classes=task.num_seen_classes - len(task.new_classes),
                 num_new_classes=len(task.new_classes), replacement=replacement, teacher_classes=teacher_classes,
                 teacher=teacher, new_data=task.train, memory=memory.items, amp=self.settings.autocast,
-                model=model))
+                model=model, independent=independent))
         return train_task(model, self.strategy, task.train, memory, self.settings, teacher=teacher,
+                          independent=independent,
                           experience=task.experience, description=description, tracker=tracker,
                           task_index=task.index, processes=self.processes)
 
@@ -72,6 +79,7 @@ class AvalancheTrainer:
     loop gives it no teacher and no memory."""
 
     head, needs_teacher, replacement_teacher, uses_memory = "learnable", False, "incoming", False
+    needs_independent, head_options = False, {}
 
     def __init__(self, name: str, params: dict[str, Any], settings: TrainSettings, device: torch.device) -> None:
         self.name, self.params, self.settings, self.device = name, params, settings, device
@@ -79,7 +87,8 @@ class AvalancheTrainer:
         self.strategy = None
 
     def train(self, model: RetrievalModel, task: Task, memory: ReplayMemory, *, teacher: RetrievalModel | None,
-              teacher_classes: int, replacement: bool, tracker: Tracker, description: str) -> dict[str, float]:
+              teacher_classes: int, replacement: bool, tracker: Tracker, description: str,
+              independent: RetrievalModel | None = None) -> dict[str, float]:
         self.strategy, timing = train_on_experience(self.strategy, self.name, self.params, model, task.experience,
                                                     self.settings, device=self.device, description=description)
         return timing

@@ -1,0 +1,98 @@
+"""BT² (Zhou et al., ICCV 2023): backward-compatible training with a basis transformation (METHODS.md §6b).
+
+The new model's feature is widened by ``added_dims`` through orthogonal maps
+(:class:`cl2r_bench.models.BasisTransformationHead`): its first ``old_width`` dimensions ``b`` are trained into the
+old model's frame, and the backbone's own normalised feature ``f`` (the classifier's input) is matched to an
+independently trained new model's ``phi_p``::
+
+    L = CE(W f, y) + influence_weight * CE(b_n C_oldᵀ, y)
+        + old_weight * (1 - mean_i b_n,i . phi_old,i) + independent_weight * (1 - mean_i f_i . phi_p,i)
+
+``b_n`` is ``b`` normalised, ``phi_old`` the old model's normalised feature (its first ``old_width`` dimensions: the
+compatible frame of an old model that is itself a BT² model) and ``C_old`` BCT's pseudo-classifier: the mean
+normalised old feature of every class, from the task's images. Weights and widths are the authors'
+(``YifeiZhou02/BT-2``, ``configs/cifar100_transfer.yaml``: λ1 = 1, λ2 = 10, λ3 = 5, ``to_add_dim`` 32, ``C`` 2).
+Their trainer reads ``phi_old`` and ``phi_p`` from tables built once under one random augmentation of each image;
+the suite runs both frozen models on the batch the new model sees (the same augmentation), as every other
+teacher-based strategy here.
+
+The independent new model is the scenario's (``Scenario.independent_models``: the upgrade protocol trains one with
+cross-entropy on every class); without one, the last term is dropped. Retrieval compares a query with a narrower
+gallery on the gallery's width (the first dimensions, as the authors' ``cosine_distance_matrix``). At CL2R task 0
+(no old model) the loss is CE.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from cl2r_bench.models import class_means
+
+from .base import Step, Strategy, TaskContext, register_strategy
+
+
+@dataclass(frozen=True)
+class BT2Config:
+    influence_weight: float = 10.0
+    old_weight: float = 5.0
+    independent_weight: float = 1.0
+    added_dims: int = 32
+    scale: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.added_dims < 1:
+            raise ValueError(f"added_dims must be at least 1, not {self.added_dims}")
+        if self.scale <= 0:
+            raise ValueError(f"scale must be positive, not {self.scale}")
+
+
+def old_frame(features: torch.Tensor, width: int) -> torch.Tensor:
+    """The first ``width`` dimensions of ``features``, normalised: a model's features in an older model's frame."""
+    return F.normalize(features[:, :width], dim=1)
+
+
+def cosine_gap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``1 - mean_i a_i . b_i`` for rows already normalised."""
+    return 1 - (a * b).sum(dim=1).mean()
+
+
+@register_strategy("bt2")
+class BT2(Strategy):
+    head = "bt2"
+    uses_memory = False
+    needs_teacher = True
+    needs_independent = True
+    Config = BT2Config
+
+    def __init__(self, config: BT2Config) -> None:
+        super().__init__(config)
+        self.pseudo_classifier: torch.Tensor | None = None
+        self.old_width = 0
+
+    def head_options(self) -> dict[str, Any]:
+        return {"added_dims": self.config.added_dims, "scale": self.config.scale}
+
+    def before_task(self, context: TaskContext) -> None:
+        self.pseudo_classifier = None
+        if not context.has_teacher:
+            return
+        self.old_width = getattr(context.model.head, "old_width", context.model.head.classifier.in_features)
+        _, features, labels = context.teacher_outputs(context.seen_data)
+        self.pseudo_classifier, _ = class_means(old_frame(features, self.old_width), labels,
+                                                context.num_seen_classes)
+
+    def loss(self, step: Step) -> torch.Tensor:
+        loss = F.cross_entropy(step.logits, step.targets)
+        if self.pseudo_classifier is None:
+            return loss
+        compatible = old_frame(step.features, self.old_width)
+        old = old_frame(step.teacher_raw_features, self.old_width)
+        loss = (loss + self.config.influence_weight * F.cross_entropy(compatible @ self.pseudo_classifier.t(),
+                                                                       step.labels)
+                + self.config.old_weight * cosine_gap(compatible, old))
+        if step.independent_features is not None and step.new_features is not None:
+            loss = loss + self.config.independent_weight * cosine_gap(step.new_features, step.independent_features)
+        return loss
