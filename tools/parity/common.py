@@ -11,7 +11,8 @@ import torch
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.models import simplex_vertices
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository root (this file is tools/parity/common.py)."""
 
 
 class ParityError(SystemExit):
