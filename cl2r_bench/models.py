@@ -441,7 +441,8 @@ def load_state(model: RetrievalModel, path: str | Path) -> None:
 
 
 def load_replacement(model: RetrievalModel, path: str | Path) -> None:
-    """Load a replacement checkpoint into ``model``, strictly except for the dropped learnable classifier (§4).
+    """Load a replacement checkpoint into ``model``, strictly except for the dropped learnable classifier (§4); a
+    BT² head is not in the (learnable-family) checkpoint and keeps its fresh weights.
 
     Raises :class:`CheckpointError` naming the missing or unexpected weights, or a shape mismatch.
     """
@@ -459,6 +460,8 @@ def load_replacement(model: RetrievalModel, path: str | Path) -> None:
                               "torch.save(model.state_dict())")
     state = {k: v for k, v in state.items() if not k.startswith(CLASSIFIER_PREFIX)}
     expected = feature_extractor_state(model)
+    if isinstance(model.head, BasisTransformationHead):
+        expected = {k: v for k, v in expected.items() if not k.startswith("head.")}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:

@@ -1,4 +1,4 @@
-"""The BCT line's strategies (METHODS.md §6b): LCE, UniBCT, RACT and AdvBCT against hand computations, and each
+"""The BCT line's strategies (METHODS.md §6b): LCE, UniBCT, RACT, AdvBCT and BT² against hand computations, and each
 from the command line on CL2R and IAM-CL2R."""
 import json
 import math
@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.retrieval import nearest_neighbour_hits
 from cl2r_bench import cli as runner
+from cl2r_bench.models import BasisTransformationHead
 from strategies import Step, get_strategy
 from strategies.advbct import (
     ElasticBoundary,
@@ -199,7 +201,7 @@ def test_arcface_adds_the_margin_to_the_target_angle_only():
 
 # --- From the command line ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["lce", "unibct", "ract", "advbct"])
+@pytest.mark.parametrize("name", ["lce", "unibct", "ract", "advbct", "bt2"])
 def test_runs_on_iamcl2r_from_the_command_line(tiny, tmp_path, name):
     out = tmp_path / "out"
     assert runner.main(["--config", str(tiny), "--strategy", name, "--output", str(out)]) == 0
@@ -207,9 +209,64 @@ def test_runs_on_iamcl2r_from_the_command_line(tiny, tmp_path, name):
     assert record["complete"] and [len(row) for row in record["compatibility_matrix"]] == [3, 3, 3]
 
 
-def test_advbct_runs_on_cl2r_from_the_command_line(tiny, tmp_path):
+@pytest.mark.parametrize("name", ["advbct", "bt2"])
+def test_runs_on_cl2r_from_the_command_line(tiny, tmp_path, name):
     out = tmp_path / "out"
     assert runner.main(["--config", str(tiny), "--scenario", "cl2r", "--set", "replacement.tasks=[]",
-                        "--strategy", "advbct", "--output", str(out)]) == 0
-    record = json.loads((out / "cl2r/synthetic/advbct/seed42/metrics.json").read_text())
+                        "--strategy", name, "--output", str(out)]) == 0
+    record = json.loads((out / f"cl2r/synthetic/{name}/seed42/metrics.json").read_text())
     assert record["complete"]
+
+
+# --- BT² ----------------------------------------------------------------------------------------------------------
+
+def test_bt2_head_keeps_the_old_frame_first_and_a_constant_norm():
+    torch.manual_seed(0)
+    head = BasisTransformationHead(6, 3, old_width=4, added_dims=3, scale=2.0)
+    assert head.old_part == 1                                   # 4 + 3 - 6 dimensions come from the old branch
+    feats = torch.rand(5, 6)
+    logits, merged = head(feats)
+    assert merged.shape == (5, 7) and torch.allclose(merged.norm(dim=1), torch.full((5,), 5 ** 0.5))
+    new = F.normalize(feats, dim=1)
+    spread = head.new_basis(2.0 * new)
+    old = F.normalize(head.old_branch(feats), dim=1)            # ReLU of non-negative features changes nothing
+    assert torch.allclose(merged[:, :4], head.old_basis(torch.cat([old, spread[:, :3]], dim=1)), atol=1e-6)
+    assert torch.allclose(merged[:, 4:], spread[:, 3:], atol=1e-6)
+    assert torch.allclose(logits, head.classifier(new)) and torch.equal(head.new_features, new)
+
+
+def test_bt2_loss_by_hand():
+    strategy = get_strategy("bt2").from_params({})
+    labels = torch.tensor([0, 1])
+    features = F.normalize(torch.tensor([[1.0, 0.0, 0.3], [0.0, 1.0, -0.2]]), dim=1)
+    old = torch.tensor([[0.6, 0.8], [0.0, 1.0]])
+    independent = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
+    new = torch.tensor([[0.8, 0.6], [0.0, 1.0]])
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    strategy.pseudo_classifier, strategy.old_width = torch.tensor([[1.0, 0.0], [0.0, 1.0]]), 2
+    step = Step(labels=labels, targets=labels, logits=logits, features=features.requires_grad_(),
+                from_memory=torch.zeros(2, dtype=torch.bool), teacher_raw_features=3 * old,
+                independent_features=independent, new_features=new)
+    compatible = torch.tensor([[1.0, 0.0], [0.0, 1.0]])         # the first two dimensions, normalised
+    influence = F.cross_entropy(compatible, labels)              # identity pseudo-classifier: the logits are b
+    old_gap = 1 - (0.6 + 1.0) / 2
+    independent_gap = 1 - (0.8 + 0.8) / 2
+    expected = F.cross_entropy(logits, labels) + 10 * influence + 5 * old_gap + 1 * independent_gap
+    assert float(strategy.loss(step).detach()) == pytest.approx(float(expected), abs=1e-6)
+    step.independent_features = None                             # no independent model: the last term is dropped
+    assert float(strategy.loss(step).detach()) == pytest.approx(float(expected) - independent_gap, abs=1e-6)
+
+
+def test_bt2_parity_batch_moves_the_loss_with_every_term():
+    from tools.parity.bt2 import batch_inputs, suite_iteration
+    inputs = batch_inputs()
+    full = float(suite_iteration(inputs)["loss"])
+    for weight in ("influence_weight", "old_weight", "independent_weight"):
+        without = float(suite_iteration(inputs, {weight: 0.0})["loss"])
+        assert full - without > 0.05, weight
+
+
+def test_a_wider_query_meets_an_older_gallery_on_its_first_dimensions():
+    gallery = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    queries = F.normalize(torch.tensor([[0.9, 0.1, -5.0, 0.0], [0.1, 0.9, 0.0, 5.0]]), dim=1)
+    assert nearest_neighbour_hits(queries, torch.tensor([0, 1]), gallery, torch.tensor([0, 1])).all()

@@ -30,8 +30,9 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     and loss of the global batch).
 
     ``teacher`` and ``independent`` are frozen models whose features of each batch the strategy reads
-    (``Step.teacher_*``, ``Step.independent_features``). A strategy that uses the replay memory draws its replay half of each batch from ``memory`` and, once the task
-    is trained, the template adds the task's exemplars to it (task ``task_index``'s seed).
+    (``Step.teacher_*``, ``Step.independent_features``). A strategy that uses the replay memory draws its replay
+    half of each batch from ``memory`` and, once the task is trained, the template adds the task's exemplars to it
+    (task ``task_index``'s seed).
 
     A non-finite loss (checked every 25 iterations, where the loss is read anyway; the first non-finite
     iteration is tracked on the device) or non-finite weights at the end raise :class:`models.NonFiniteError`.

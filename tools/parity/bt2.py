@@ -71,9 +71,9 @@ def reference_state(inputs: dict, seed: int = 1) -> dict[str, torch.Tensor]:
     return state
 
 
-def suite_iteration(inputs: dict) -> dict:
+def suite_iteration(inputs: dict, params: dict | None = None) -> dict:
     """The suite's loss on the batch and its gradients, under the reference's parameter names."""
-    strategy = get_strategy("bt2").from_params({})
+    strategy = get_strategy("bt2").from_params(params or {})
     head = BasisTransformationHead(NEW_WIDTH, CLASSES, old_width=OLD_WIDTH, added_dims=ADDED, scale=SCALE)
     head.load_state_dict(inputs["head"])
     features = nn.Parameter(inputs["backbone_features"].clone())
