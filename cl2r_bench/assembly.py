@@ -19,7 +19,7 @@ from cl2r_bench.adapters import Adapter, AdapterError, make_adapter
 from cl2r_bench.distributed import SINGLE, Processes, place
 from cl2r_bench.encoders import encoder_model
 from cl2r_bench.errors import ConfigError, PartError, safe_name, writable_folder
-from cl2r_bench.models import RetrievalModel, build_model, replacement_family
+from cl2r_bench.models import RetrievalModel, build_model, head_over, replacement_family
 from cl2r_bench.settings import RunSettings
 from cl2r_bench.tracking import Tracker, make_tracker
 from cl2r_bench.training.trainers import Trainer, make_trainer, strategy_parameters
@@ -66,22 +66,29 @@ class Assembly:
         return self.scenario.head(self.trainer.head if self.trainer is not None else "learnable")
 
     def new_model(self, num_classes: int, mean: tuple[float, ...], std: tuple[float, ...],
-                  encoder: str | None = None, task: int = 0) -> RetrievalModel:
-        """A randomly initialised model of the run's backbone and of task ``task``'s head
-        (:meth:`Scenario.head_at`), normalising with ``mean`` / ``std``; with ``encoder`` (a spec), that head on the
-        pretrained encoder's trunk and preprocessing instead."""
-        head = self.scenario.head_at(task, self.head)
-        options = self.trainer.head_options if self.trainer is not None and head == self.head else {}
+                  encoder: str | None = None, older_width: int | None = None) -> RetrievalModel:
+        """A randomly initialised model of the run's backbone and head, normalising with ``mean`` / ``std``; with
+        ``encoder`` (a spec), that head on the pretrained encoder's trunk and preprocessing instead.
+        ``older_width`` is the feature width of the model it is built over (None: none), which a BT² head widens
+        (:func:`cl2r_bench.models.head_over`)."""
+        head, options = head_over(self.head, older_width)
+        if head == self.head and self.trainer is not None:
+            options = {**self.trainer.head_options, **options}
         if encoder:
             return encoder_model(encoder, head=head, num_classes=num_classes, head_options=options,
                                  simplex_vertices_count=self.settings.model.simplex_classes)
         return build_model(head=head, num_classes=num_classes, mean=mean, std=std, head_options=options,
                            **self.settings.model.build_kwargs)
 
-    def independent_model(self, num_classes: int, mean: tuple[float, ...], std: tuple[float, ...]) -> RetrievalModel:
+    def independent_model(self, num_classes: int, mean: tuple[float, ...], std: tuple[float, ...],
+                          encoder: str | None = None) -> RetrievalModel:
         """A model of the family an independent new model is trained in (:func:`replacement_family` of the run's
-        head): what ``Scenario.independent_models``' files load into."""
-        return build_model(head=replacement_family(self.head), num_classes=num_classes, mean=mean, std=std,
+        head): what ``Scenario.independent_models``' files load into, or the encoder spec's pretrained trunk."""
+        family = replacement_family(self.head)
+        if encoder:
+            return encoder_model(encoder, head=family, num_classes=num_classes,
+                                 simplex_vertices_count=self.settings.model.simplex_classes)
+        return build_model(head=family, num_classes=num_classes, mean=mean, std=std,
                            **self.settings.model.build_kwargs)
 
     def tracker(self) -> Tracker:

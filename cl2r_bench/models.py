@@ -162,6 +162,11 @@ class LearnableHead(nn.Module):
     def num_classes(self) -> int:
         return self.classifier.out_features
 
+    @property
+    def feature_width(self) -> int:
+        """The width of the retrieval feature."""
+        return self.classifier.in_features
+
     def grow(self, num_classes: int) -> None:
         old = self.classifier
         if num_classes <= old.out_features:
@@ -198,6 +203,10 @@ class DSimplexHead(nn.Module):
     @property
     def num_classes(self) -> int:
         return self.vertices.shape[0]
+
+    @property
+    def feature_width(self) -> int:
+        return self.lift.out_features
 
     def grow(self, num_classes: int) -> None:
         if num_classes > self.num_classes:
@@ -241,11 +250,15 @@ class BasisTransformationHead(LearnableHead):
         if self.old_part < 1:
             raise ValueError(f"a BT² head on {in_dim}-d features over a {self.old_width}-d old model must add at "
                              f"least {in_dim - self.old_width + 1} dimensions, not {added_dims}")
-        self.scale = scale
+        self.scale, self.width = scale, self.old_width + added_dims
         self.old_branch = nn.Linear(in_dim, self.old_part)
         self.new_basis = orthogonal(nn.Linear(in_dim, in_dim, bias=False))
         self.old_basis = orthogonal(nn.Linear(self.old_width, self.old_width, bias=False))
         self.new_features: torch.Tensor | None = None
+
+    @property
+    def feature_width(self) -> int:
+        return self.width
 
     def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         new = F.normalize(feats, dim=1)
@@ -281,6 +294,11 @@ class RetrievalModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.head(self.backbone(self.preprocess(x)))
+
+    @property
+    def feature_width(self) -> int:
+        """The width of the retrieval feature (a BT² model's is wider than its backbone's)."""
+        return self.head.feature_width
 
     def class_targets(self, labels: torch.Tensor) -> torch.Tensor:
         """Logit index of each label: identity for a learnable head, the vertex for the d-Simplex head."""
@@ -417,10 +435,21 @@ def replacement_family(head: str) -> str:
     return "dsimplex" if head == "dsimplex" else "learnable"
 
 
-def first_model_head(head: str) -> str:
-    """The head of a model that has no older model under it (the upgrade protocol's old model): a BT² head
-    transforms an older model's frame, so such a model has the plain ``learnable`` head; other heads are kept."""
-    return "learnable" if head == "bt2" else head
+def head_over(head: str, older_width: int | None) -> tuple[str, dict]:
+    """``(family, options)`` of a fresh head of family ``head`` built over an older model of feature width
+    ``older_width`` (None: no older model, e.g. the upgrade protocol's old model, CL2R's first model): a BT² head
+    transforms the older model's frame (``old_width`` = its width), so without one the model has the plain
+    ``learnable`` head; other heads take no options."""
+    if head != "bt2":
+        return head, {}
+    return ("learnable", {}) if older_width is None else ("bt2", {"old_width": older_width})
+
+
+def older_width_in(state: dict[str, torch.Tensor]) -> int | None:
+    """The ``older_width`` of :func:`head_over` that built the model whose state dict this is: a BT² head's old
+    width (the size of its ``old_basis``), else None."""
+    basis = state.get("head.old_basis.parametrizations.weight.original")
+    return None if basis is None else basis.shape[0]
 
 
 def feature_extractor_state(model: RetrievalModel) -> dict[str, torch.Tensor]:

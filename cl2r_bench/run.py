@@ -209,23 +209,25 @@ class Run:
         per run (kept in the state for resuming)."""
         if start >= self.stream.num_tasks:
             return
-        if self.trainer is not None and self.trainer.needs_independent and "independent" not in self.state:
-            self.state["independent"] = self.processes.main_first(lambda: self.scenario.independent_models(
-                self.stream, self.device, self.log))
-        if self.state["replacements"]:
-            return
         t0 = time.perf_counter()
         try:
-            self.state["replacements"] = self.processes.main_first(lambda: self.scenario.starting_models(
-                self.stream, self.parts.head, self.device, self.log))
+            if not self.state["replacements"]:
+                self.state["replacements"] = self.processes.main_first(lambda: self.scenario.starting_models(
+                    self.stream, self.parts.head, self.device, self.log))
+            if self.trainer is not None and self.trainer.needs_independent and "independent" not in self.state:
+                self.state["independent"] = self.processes.main_first(lambda: self.scenario.independent_models(
+                    self.stream, self.state["replacements"], self.device, self.log))
         except NonFiniteError as exc:
             raise DivergedError(f"pretraining a model diverged: {exc}; lower replacement.pretrain.lr (now "
                                 f"{self.settings.replacement.pretrain.lr:g})") from None
-        self.state["pretrain_seconds"] = time.perf_counter() - t0
+        self.state["pretrain_seconds"] = self.state["pretrain_seconds"] + time.perf_counter() - t0
 
-    def _new_model(self, task: int) -> RetrievalModel:
+    def _new_model(self, task: int, older: RetrievalModel | None = None) -> RetrievalModel:
+        """A fresh model for task ``task`` (on its encoder, if a replacement spec), built over ``older`` (the model
+        deployed before it, which a BT² head widens; None: over none)."""
         return self.parts.new_model(self.stream.tasks[task].num_seen_classes, self.stream.mean, self.stream.std,
-                                    task_encoder(self.state["replacements"], task), task=task)
+                                    task_encoder(self.state["replacements"], task),
+                                    older_width=None if older is None else older.feature_width)
 
     def _independent_model(self, task: int) -> RetrievalModel | None:
         """Task ``task``'s independent new model (:meth:`Scenario.independent_models`), for a strategy that
@@ -234,19 +236,20 @@ class Run:
         if self.trainer is None or not self.trainer.needs_independent or path is None:
             return None
         model = self.parts.independent_model(self.stream.tasks[task].num_seen_classes, self.stream.mean,
-                                             self.stream.std)
-        self.scenario.load_starting_model(model, path)
+                                             self.stream.std, path if is_spec(path) else None)
+        if not is_spec(path):
+            self.scenario.load_starting_model(model, path)
         return model.to(self.device)
 
-    def _starting_model(self, task: int, path: str) -> RetrievalModel:
+    def _starting_model(self, task: int, path: str, older: RetrievalModel | None = None) -> RetrievalModel:
         """The model task ``task`` starts from: the file ``path`` loaded into a fresh model, or, for an encoder
         spec, its pretrained trunk under a fresh head initialised from the task's seed (so the model whose own
-        accuracy is scored is the one the task trains)."""
+        accuracy is scored is the one the task trains); its head is built over ``older`` (:meth:`_new_model`)."""
         if is_spec(path):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(task_seed(self.settings.seed, task))
-                return self._new_model(task).to(self.device)
-        model = self._new_model(task)
+                return self._new_model(task, older).to(self.device)
+        model = self._new_model(task, older)
         self.scenario.load_starting_model(model, path)
         return model.to(self.device)
 
@@ -288,7 +291,7 @@ class Run:
         task = self.stream.tasks[t]
         wants_teacher = self.trainer is not None and self.trainer.needs_teacher
         if t in starting:
-            model = self._starting_model(t, starting[t])
+            model = self._starting_model(t, starting[t], previous)
             if not wants_teacher:
                 return model, None, 0
             if previous is not None and self.trainer.replacement_teacher == "outgoing":
@@ -298,8 +301,8 @@ class Run:
             return self._new_model(t).to(self.device), None, 0
         if self.scenario.starts_from_scratch(t):
             if not wants_teacher:
-                return self._new_model(t).to(self.device), None, 0
-            return (self._new_model(t).to(self.device), copy.deepcopy(previous),
+                return self._new_model(t, previous).to(self.device), None, 0
+            return (self._new_model(t, previous).to(self.device), copy.deepcopy(previous),
                     self.stream.tasks[t - 1].num_seen_classes)
         teacher = copy.deepcopy(previous) if wants_teacher else None
         previous.head.grow(task.num_seen_classes)

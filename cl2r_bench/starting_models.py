@@ -13,7 +13,7 @@ import torch
 from cl2r_bench.assembly import Assembly
 from cl2r_bench.data.streams import Stream
 from cl2r_bench.encoders import is_spec
-from cl2r_bench.models import RetrievalModel, state_sha256
+from cl2r_bench.models import RetrievalModel, older_width_in, state_sha256
 from cl2r_bench.run_folder import RunError
 
 
@@ -67,9 +67,10 @@ def load_task_model(parts: Assembly, stream: Stream, task: int, directory: Path 
     :class:`RunError`."""
     path = (directory or parts.directory) / "checkpoints" / f"task{task}.pt"
     try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
         model = parts.new_model(stream.tasks[task].num_seen_classes, stream.mean, stream.std,
-                                task_encoder(replacements or [], task), task=task)
-        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+                                task_encoder(replacements or [], task), older_width=older_width_in(state))
+        model.load_state_dict(state)
     except Exception as exc:  # noqa: BLE001 - a truncated file fails in torch's zip reader or load_state_dict
         state = f"is damaged ({type(exc).__name__})" if path.exists() else "is missing"
         raise RunError(f"{path} {state}; start over with --overwrite") from None

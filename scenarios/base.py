@@ -95,16 +95,14 @@ class Scenario:
         """The head family of every model of the run: the strategy's."""
         return strategy_head
 
-    def head_at(self, task: int, head: str) -> str:
-        """The head family of task ``task``'s model, given the run's (:meth:`head`): the run's by default."""
-        return head
-
-    def independent_models(self, stream: Stream, device: torch.device,
+    def independent_models(self, stream: Stream, starting: list[dict[str, Any]], device: torch.device,
                            log: Callable[[str], None]) -> dict[int, str]:
         """``{task: path}``: for tasks whose new model has an independently trained counterpart (the BCT line's
-        "independent" new model, trained on the task's classes without any compatibility loss), the file of that
-        model, found or trained here; given to strategies that ``needs_independent`` (BT²). None by default."""
-        return {}
+        "independent" new model, trained on the task's classes without any compatibility loss), the file (or
+        encoder spec) of that model, found or trained here; given to strategies that ``needs_independent`` (BT²).
+        ``starting`` is :meth:`starting_models`' list. By default the model a task after the first starts from:
+        a replacement, trained without regard to the model it replaces (IAM-CL2R)."""
+        return {r["task"]: r["path"] for r in starting if r["task"] > 0}
 
     def starting_models(self, stream: Stream, head: str, device: torch.device,
                         log: Callable[[str], None]) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ from benchmarks.flips import classification_flips
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import Stream, Task, experience_images, single_experience
 from cl2r_bench.errors import ConfigError
-from cl2r_bench.models import RetrievalModel, first_model_head, forward_in_batches, load_state, replacement_family
+from cl2r_bench.models import RetrievalModel, forward_in_batches, load_state, replacement_family
 from cl2r_bench.training.pretrain import pretrained_replacement
 
 from .base import Finished, Scenario, check_class_budget, register_scenario, run_dataset, stream_from_settings
@@ -76,11 +76,6 @@ class Upgrade(Scenario):
     def starts_from_scratch(self, task: int) -> bool:
         return task == 1
 
-    def head_at(self, task: int, head: str) -> str:
-        """The old model has no older model under it: a BT² run's is a plain learnable model
-        (:func:`cl2r_bench.models.first_model_head`)."""
-        return head if task == 1 else first_model_head(head)
-
     def starting_models(self, stream: Stream, head: str, device: torch.device,
                         log: Callable[[str], None]) -> list[dict[str, Any]]:
         """The old model: pretrained on the stream's first classes, classifier kept, cached."""
@@ -90,7 +85,7 @@ class Upgrade(Scenario):
         return [{"task": 0, "path": str(path.resolve()), "source": "cached" if cached else "pretrained",
                  "classes": len(classes)}]
 
-    def independent_models(self, stream: Stream, device: torch.device,
+    def independent_models(self, stream: Stream, starting: list[dict[str, Any]], device: torch.device,
                            log: Callable[[str], None]) -> dict[int, str]:
         """The papers' independent new model (BT²'s target): a learnable model trained with cross-entropy on
         every class by the old model's recipe (``replacement.pretrain``, as the authors' ``train_backbone.py``

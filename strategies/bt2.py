@@ -8,18 +8,23 @@ independently trained new model's ``phi_p``::
     L = CE(W f, y) + influence_weight * CE(b_n C_oldᵀ, y)
         + old_weight * (1 - mean_i b_n,i . phi_old,i) + independent_weight * (1 - mean_i f_i . phi_p,i)
 
-``b_n`` is ``b`` normalised, ``phi_old`` the old model's normalised feature (its first ``old_width`` dimensions: the
-compatible frame of an old model that is itself a BT² model) and ``C_old`` BCT's pseudo-classifier: the mean
+``b`` is the first ``old_width`` dimensions of the new feature (``old_width`` = the old model's width), ``b_n`` it
+normalised, ``phi_old`` the old model's normalised feature and ``C_old`` BCT's pseudo-classifier: the mean
 normalised old feature of every class, from the task's images. Weights and widths are the authors'
 (``YifeiZhou02/BT-2``, ``configs/cifar100_transfer.yaml``: λ1 = 1, λ2 = 10, λ3 = 5, ``to_add_dim`` 32, ``C`` 2).
 Their trainer reads ``phi_old`` and ``phi_p`` from tables built once under one random augmentation of each image;
 the suite runs both frozen models on the batch the new model sees (the same augmentation), as every other
 teacher-based strategy here.
 
-The independent new model is the scenario's (``Scenario.independent_models``: the upgrade protocol trains one with
-cross-entropy on every class); without one, the last term is dropped. Retrieval compares a query with a narrower
-gallery on the gallery's width (the first dimensions, as the authors' ``cosine_distance_matrix``). At CL2R task 0
-(no old model) the loss is CE.
+The head widens the model it is built over (:func:`cl2r_bench.models.head_over`): the upgrade protocol's new
+model (over the old one), and at IAM-CL2R a replacement (its backbone under a fresh BT² head over the model
+deployed before it; ``replacement_teacher: outgoing`` by default, so that model is the old one, and the incoming
+replacement, trained without regard to it, is the independent model). The feature grows by ``added_dims`` at each
+such upgrade; a model with nothing under it (task 0) has the plain learnable head, and fine-tuning keeps a model's
+head and width (the old model is then the task's starting model, ``old_width`` its whole width). The independent
+model is the scenario's (``Scenario.independent_models``); without one (CL2R, fine-tuning tasks) the last term is
+dropped. Retrieval compares a query with a narrower gallery on the gallery's width (the first dimensions, as the
+authors' ``cosine_distance_matrix``). At CL2R task 0 (no old model) the loss is CE.
 """
 from __future__ import annotations
 
@@ -30,8 +35,9 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.models import class_means
+from cl2r_bench.registry import check_choice
 
-from .base import Step, Strategy, TaskContext, register_strategy
+from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
 
 @dataclass(frozen=True)
@@ -41,8 +47,10 @@ class BT2Config:
     independent_weight: float = 1.0
     added_dims: int = 32
     scale: float = 2.0
+    replacement_teacher: str = "outgoing"
 
     def __post_init__(self) -> None:
+        check_choice("replacement_teacher", self.replacement_teacher, REPLACEMENT_TEACHERS)
         if self.added_dims < 1:
             raise ValueError(f"added_dims must be at least 1, not {self.added_dims}")
         if self.scale <= 0:
@@ -79,8 +87,8 @@ class BT2(Strategy):
         self.pseudo_classifier = None
         if not context.has_teacher:
             return
-        self.old_width = getattr(context.model.head, "old_width", context.model.head.classifier.in_features)
         _, features, labels = context.teacher_outputs(context.seen_data)
+        self.old_width = features.shape[1]
         self.pseudo_classifier, _ = class_means(old_frame(features, self.old_width), labels,
                                                 context.num_seen_classes)
 

@@ -251,7 +251,7 @@ def test_bt2_loss_by_hand():
     influence = F.cross_entropy(compatible, labels)              # identity pseudo-classifier: the logits are b
     old_gap = 1 - (0.6 + 1.0) / 2
     independent_gap = 1 - (0.8 + 0.8) / 2
-    expected = F.cross_entropy(logits, labels) + 10 * influence + 5 * old_gap + 1 * independent_gap
+    expected = (F.cross_entropy(logits, labels) + 10 * influence + 5 * old_gap + 1 * independent_gap).detach()
     assert float(strategy.loss(step).detach()) == pytest.approx(float(expected), abs=1e-6)
     step.independent_features = None                             # no independent model: the last term is dropped
     assert float(strategy.loss(step).detach()) == pytest.approx(float(expected) - independent_gap, abs=1e-6)
@@ -270,3 +270,29 @@ def test_a_wider_query_meets_an_older_gallery_on_its_first_dimensions():
     gallery = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     queries = F.normalize(torch.tensor([[0.9, 0.1, -5.0, 0.0], [0.1, 0.9, 0.0, 5.0]]), dim=1)
     assert nearest_neighbour_hits(queries, torch.tensor([0, 1]), gallery, torch.tensor([0, 1])).all()
+
+
+def test_bt2_grows_the_feature_at_a_replacement_against_the_outgoing_model(tiny, tmp_path, monkeypatch):
+    from cl2r_bench.training.trainers import StrategyTrainer
+    calls, original = [], StrategyTrainer.train
+
+    def spy(self, model, task, memory, **kwargs):
+        teacher, independent = kwargs["teacher"], kwargs["independent"]
+        calls.append({"task": task.index, "width": model.feature_width,
+                      "teacher_width": None if teacher is None else teacher.feature_width,
+                      "independent_width": None if independent is None else independent.feature_width})
+        return original(self, model, task, memory, **kwargs)
+
+    monkeypatch.setattr(StrategyTrainer, "train", spy)
+    out = tmp_path / "out"
+    assert runner.main(["--config", str(tiny), "--strategy", "bt2", "--output", str(out)]) == 0
+    # task 0 starts from a replacement with nothing under it: the plain 16-d feature; task 1 fine-tunes it; task 2's
+    # replacement gets a BT² head over the outgoing 16-d model (16 + 32 wide), that model as its old model and the
+    # incoming replacement as its independent model
+    assert calls == [{"task": 0, "width": 16, "teacher_width": 16, "independent_width": None},
+                     {"task": 1, "width": 16, "teacher_width": 16, "independent_width": None},
+                     {"task": 2, "width": 48, "teacher_width": 16, "independent_width": 16}]
+    folder = out / "iamcl2r/synthetic/bt2/seed42"
+    record = json.loads((folder / "metrics.json").read_text())
+    assert record["complete"] and all(v is None or 0 <= v <= 1 for row in record["compatibility_matrix"] for v in row)
+    assert runner.main(["--config", str(tiny), "--strategy", "bt2", "--output", str(out), "--resume"]) == 0
