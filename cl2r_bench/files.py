@@ -31,13 +31,32 @@ class FolderBusyError(RuntimeError):
     """Another live process holds the lock of a run folder or cached model."""
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process's umask: from ``/proc/self/status`` where Linux gives it, else read by setting it and putting it
+    back (under a lock, so no thread of this process writes a file in between)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> None:
-    """Call ``write`` on a fresh temporary file beside ``path``, fsync it and rename it to ``path``."""
+    """Call ``write`` on a fresh temporary file beside ``path``, fsync it and rename it to ``path``. The file gets
+    the mode a plain ``open`` would give it (``0o666`` less the umask), not the temporary file's ``0o600``, so a
+    shared results folder or a web server can read what the suite writes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~current_umask())
             write(f)
             f.flush()
             os.fsync(f.fileno())

@@ -15,6 +15,7 @@ from cl2r_bench.files import (
     FolderBusyError,
     atomic_write,
     atomic_write_json,
+    atomic_write_text,
     exclusive,
     read_holder,
 )
@@ -113,3 +114,13 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary_file(tmp_path):
     with pytest.raises(OSError):
         atomic_write(target, crash)
     assert strict_load(target) == {"complete": True} and [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_get_the_mode_the_umask_gives(tmp_path, umask, mode):
+    previous = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "metrics.json", "{}\n")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "metrics.json").stat().st_mode & 0o777 == mode
