@@ -751,8 +751,16 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
-        print(f"\nstopped ({stop_name(stop)}): what was finished is saved; the same command continues", file=sys.stderr)
+        print(f"\nstopped ({stop_name(stop)}): what was finished is saved; {how_to_continue(argv)}", file=sys.stderr)
         return exit_code(stop)
+
+
+def how_to_continue(argv: list[str]) -> str:
+    """What continues an interrupted command (``argv`` with its command first): ``run`` and ``adapt`` keep
+    finished work only with ``--resume``."""
+    if argv[0] in ("run", "adapt") and "--resume" not in argv:
+        return "add --resume to the same command to continue (without it, finished work is refused or measured again)"
+    return "the same command continues"
 
 
 if __name__ == "__main__":

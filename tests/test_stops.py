@@ -190,3 +190,10 @@ def test_a_stop_while_a_finished_task_is_saved_keeps_that_task(tiny, tmp_path, m
     assert cli.main([*args, "--resume"]) == 0
     printed = capsys.readouterr().out
     assert f"resuming {folder} at task 1" in printed and "task 0: trained" not in printed
+
+
+def test_the_stop_message_names_resume_where_the_command_needs_it():
+    from cl2r_bench.cli import how_to_continue
+    assert "--resume" in how_to_continue(["adapt", "--old", "a.pt"])
+    assert "--resume" in how_to_continue(["run", "--strategy", "er"])
+    assert how_to_continue(["adapt", "--resume"]) == how_to_continue(["embed"]) == "the same command continues"
