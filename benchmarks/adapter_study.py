@@ -423,7 +423,7 @@ def first_rows(features: Features) -> torch.Tensor:
 def measure(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[str], steps: int, seed: int,
             zero_shot: dict[str, float] | None = None) -> dict[str, Any]:
     """Everything an adapter study records of a fitted adapter (or none) on ``split``: ``cases`` (top-1 / top-5 /
-    mAP in percent per case), ``query_top1`` (each query's top-1 hit in old/old and in the cross case, packed by
+    mAP in percent per case), ``query_top1`` (each query's top-1 hit in old/old, the cross case and new/new, packed by
     :func:`benchmarks.record.pack_hits`, for the paired comparison of the study's answer), ``negative_flips`` (of
     the 2x2 matrix ``[[old/old], [cross, new/new]]``: the queries old/old answers and new/new, or the cross case,
     loses; :func:`benchmarks.flips.negative_flips`), ``backfilling`` (orders drawn with ``seed``) and ``zero_shot``
@@ -436,7 +436,8 @@ def measure(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[s
     cross = cross_case(cases)
     hits = {case: result.query_top1 for case, result in scored.items() if result is not None}
     return {"cases": cases,
-            "query_top1": {case: pack_hits(hits[case]) for case in dict.fromkeys((BASELINE, cross)) if case},
+            "query_top1": {case: pack_hits(hits[case]) for case in dict.fromkeys((BASELINE, cross, "new/new"))
+                           if case in hits},
             "negative_flips": negative_flips([[hits[BASELINE]], [hits.get(cross), hits["new/new"]]]),
             "backfilling": curves,
             "zero_shot": zero_shot, "cmc": {case: result.cmc_curve() for case, result in scored.items() if result},

@@ -362,7 +362,8 @@ class StudyBackfilling(TypedDict):
 
 class Retrieval(TypedDict):
     """An adapter study's measurements (:func:`benchmarks.adapter_study.measure`), leave-one-out or along a stream: the
-    ``cases``, the per-query top-1 hits of old/old and the cross case (``query_top1``, packed by :func:`pack_hits`), the
+    ``cases``, the per-query top-1 hits of old/old, the cross case and new/new (``query_top1``, packed by
+    :func:`pack_hits`; new/new since 2026-11-27), the
     :class:`NegativeFlips` of the two models (``negative_flips``: one pair, old/old to new/new and to the cross case;
     absent in records before it), ``backfilling``, ``zero_shot`` retention (None where it does not apply), each case's
     CMC top-1 ... top-100 in percent (``cmc``), the ``queries`` count, of which ``queries_without_match`` have no other

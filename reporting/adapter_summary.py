@@ -17,6 +17,10 @@ For each adapter, over its seeds:
 * **fit**: mean fit time; ``converged``: whether every seed's fit converged (None where nothing was trained:
   closed-form adapters and no adapter).
 
+Whether to upgrade at all (:class:`ModelsVerdict`): new/new against old/old, paired over queries like the cross
+case; when new/new is not above old/old beyond noise the answer opens with "do not upgrade". A recommended cross
+case above new/new is flagged: a map fitted on the scored classes can beat re-embedding on them.
+
 The recommendation: the compatible adapter with the largest top-1 gain (the others whose gain lies inside its
 interval are named as equivalent); without one, that no adapter is compatible and the cheapest backfilling. Only
 adapters measured on the study's largest number of seeds are ranked: a one-seed variant beside three-seed adapters
@@ -139,13 +143,75 @@ def summarise(records: list[dict[str, Any]]) -> list[AdapterSummary]:
     return [summarise_adapter(method, group) for method, group in methods.items()]
 
 
+@dataclass(frozen=True)
+class ModelsVerdict:
+    """Whether to upgrade at all: the old model on its own index (old/old) against the new model on a fully
+    re-embedded one (new/new), the same for every adapter of a study. ``gain`` is new/new minus old/old in top-1
+    points with its paired 95 % interval over queries (None in records without new/new's per-query hits);
+    ``upgrade`` is ``yes`` when the interval lies above 0, ``no`` when it does not."""
+
+    old_old: float
+    new_new: float
+    gain: float
+    interval: tuple[float, float] | None
+    upgrade: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "interval": list(self.interval) if self.interval else None}
+
+
+def models_verdict(records: list[dict[str, Any]]) -> ModelsVerdict | None:
+    """The study's :class:`ModelsVerdict`, from its first record (the adapter-free cases are ranked once per
+    split); None where a record lacks new/new (different widths without an adapter)."""
+    retrieval = records[0]["retrieval"]
+    cases = retrieval["cases"]
+    if not cases.get("new/new") or not cases.get(BASELINE):
+        return None
+    old, new = cases[BASELINE]["top1"], cases["new/new"]["top1"]
+    hits = retrieval.get("query_top1") or {}
+    interval, upgrade = None, ("yes" if new > old else "no")
+    if "new/new" in hits and BASELINE in hits:
+        n = retrieval["queries"]
+        gain, interval = paired_gain_interval(unpack_hits(hits["new/new"], n)[None, :], unpack_hits(hits[BASELINE], n))
+        upgrade = "yes" if interval[0] > 0 else "no"
+    return ModelsVerdict(old, new, new - old, interval, upgrade)
+
+
+def models_line(verdict: ModelsVerdict | None) -> str:
+    """One line on the two models themselves (:func:`models_verdict`)."""
+    if verdict is None:
+        return ""
+    interval = (f" (95% interval {verdict.interval[0]:+.1f} to {verdict.interval[1]:+.1f})" if verdict.interval
+                else " (no per-query hits in these records: by the mean)")
+    return (f"the models: old/old top-1 {verdict.old_old:.1f}, new/new {verdict.new_new:.1f}, new/new - old/old "
+            f"{verdict.gain:+.1f}{interval}")
+
+
 def ranked(rows: list[AdapterSummary]) -> list[AdapterSummary]:
     """``rows`` by top-1 gain, largest first; rows without a cross case last."""
     return sorted(rows, key=lambda r: math.inf if r.top1_gain is None else -r.top1_gain)
 
 
-def recommendation(rows: list[AdapterSummary]) -> str:
-    """One line: what to deploy and why (module docstring)."""
+def recommendation(rows: list[AdapterSummary], verdict: ModelsVerdict | None = None) -> str:
+    """One line: what to deploy and why (module docstring); "do not upgrade" first when ``verdict`` says the new
+    model is not better than the old one beyond noise, and a warning when the recommended cross case beats the new
+    model's own new/new."""
+    line = adapter_recommendation(rows)
+    if verdict is not None and verdict.upgrade == "no":
+        line = (f"do not upgrade: the new model with every item re-embedded (new/new {verdict.new_new:.1f}) is not "
+                f"above the old model on its own (old/old {verdict.old_old:.1f}) beyond noise; keep the old model. "
+                f"If upgrading anyway: {line}")
+    best = next((r for r in ranked(rows) if r.compatible == "yes"), None)
+    if verdict is not None and best is not None and verdict.old_old + best.top1_gain > verdict.new_new:
+        line += (f". Note: {best.adapter}'s {best.cross_case} ({verdict.old_old + best.top1_gain:.1f}) is above "
+                 f"new/new ({verdict.new_new:.1f}), which re-embeds everything: a learned map fitted on the classes it "
+                 "is scored on can beat the new model on those classes; check that the fitting and test classes "
+                 "differ before relying on it (docs/METHODS.md §7b)")
+    return line
+
+
+def adapter_recommendation(rows: list[AdapterSummary]) -> str:
+    """Which adapter to deploy, or that none is compatible (module docstring)."""
     most_seeds = max((r.seeds for r in rows), default=0)
     compatible = sorted((r for r in rows if r.compatible == "yes"), key=lambda r: -r.top1_gain)
     fewer_seeds = [r for r in compatible if r.seeds < most_seeds and not r.seed_free]
@@ -242,11 +308,11 @@ def unmatched_line(records: list[dict[str, Any]]) -> str:
 def summary_text(records: list[dict[str, Any]]) -> str:
     """The study's answer for a terminal: the table of :func:`summarise`, the queries without a match, and the line
     of :func:`recommendation`."""
-    rows = summarise(records)
+    rows, verdict = summarise(records), models_verdict(records)
     table = tabulate([summary_cells(r) for r in rows], headers=SUMMARY_COLUMNS, tablefmt="simple",
                      disable_numparse=True)
-    notes = [line for line in (sampled_line(records), unmatched_line(records)) if line]
-    return "\n".join([table, "", *notes, f"recommendation: {recommendation(rows)}"])
+    notes = [line for line in (models_line(verdict), sampled_line(records), unmatched_line(records)) if line]
+    return "\n".join([table, "", *notes, f"recommendation: {recommendation(rows, verdict)}"])
 
 
 def sampled_line(records: list[dict[str, Any]]) -> str:
@@ -260,8 +326,8 @@ def sampled_line(records: list[dict[str, Any]]) -> str:
 
 
 def summary_json(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The same answer as JSON: ``{"summary": [row, ...], "unmatched_queries": {...} | null, "recommendation":
-    line}``."""
-    rows = summarise(records)
-    return {"summary": [r.as_dict() for r in rows], "unmatched_queries": unmatched(records),
-            "recommendation": recommendation(rows)}
+    """The same answer as JSON: ``{"summary": [row, ...], "models": {...} | null, "unmatched_queries": {...} | null,
+    "recommendation": line}`` (``models``: :class:`ModelsVerdict`)."""
+    rows, verdict = summarise(records), models_verdict(records)
+    return {"summary": [r.as_dict() for r in rows], "models": verdict.as_dict() if verdict else None,
+            "unmatched_queries": unmatched(records), "recommendation": recommendation(rows, verdict)}

@@ -25,7 +25,15 @@ from urllib.parse import quote
 from benchmarks.record import RunRecord, adapter_study
 from cl2r_bench.files import atomic_write_text
 
-from .adapter_summary import SUMMARY_COLUMNS, AdapterSummary, ranked, recommendation, summarise, summary_cells
+from .adapter_summary import (
+    SUMMARY_COLUMNS,
+    AdapterSummary,
+    models_verdict,
+    ranked,
+    recommendation,
+    summarise,
+    summary_cells,
+)
 from .leaderboard import (
     Column,
     Kind,
@@ -204,7 +212,7 @@ def study_answers(dataset: str, records: list[RunRecord]) -> list[StudyAnswer]:
         title = f"{label} · {dataset}"
         answers.append(StudyAnswer(
             title, HtmlTable(f"The answer: {title}", list(SUMMARY_COLUMNS), cells, "summary", {0, 2, 3}),
-            recommendation(rows), Figure(f"{title}: cross case against old/old, and backfilling",
+            recommendation(rows, models_verdict(runs)), Figure(f"{title}: cross case against old/old, and backfilling",
                                          encode(png_bytes(study_figure, title, rows, runs))),
             [] if old is None else [(short_model_name(old), old), (short_model_name(new), new)]))
     return answers

@@ -101,3 +101,33 @@ def test_a_variant_measured_on_fewer_seeds_is_named_apart_not_recommended():
     assert line.endswith("; not ranked, measured on fewer seeds: lambda_orth-lam22 (+20.0, 1 seed)")
     alone = [r for r in study() if r["method"] != "lambda_orth"] + [variant]
     assert recommendation(summarise(alone)).startswith("deploy lambda_orth-lam22")
+
+
+def with_new_new(records: list[dict], hits: np.ndarray) -> list[dict]:
+    """The records with new/new's per-query hits and its top-1 from them."""
+    for r in records:
+        r["retrieval"]["query_top1"]["new/new"] = pack_hits(hits)
+        r["retrieval"]["cases"]["new/new"]["top1"] = 100 * float(hits.mean())
+    return records
+
+
+def test_the_answer_shows_both_models_and_says_do_not_upgrade_when_the_new_one_is_not_better():
+    better = with_new_new(study(), np.arange(N) < int(N * 0.7))          # new/new 70 against old/old 50
+    answer = summary_json(better)
+    assert answer["models"]["old_old"] == 50.0 and answer["models"]["new_new"] == pytest.approx(70.0)
+    assert answer["models"]["upgrade"] == "yes" and answer["models"]["interval"][0] > 0
+    assert "the models: old/old top-1 50.0, new/new 70.0" in summary_text(better)
+    assert answer["recommendation"].startswith("deploy lambda_orth")
+    worse = with_new_new(study(), np.arange(N) < int(N * 0.48))          # the rotation of issue 61: 48 against 50
+    answer = summary_json(worse)
+    assert answer["models"]["upgrade"] == "no"
+    assert answer["recommendation"].startswith("do not upgrade: the new model with every item re-embedded "
+                                               "(new/new 48.0) is not above the old model on its own (old/old 50.0)")
+
+
+def test_a_cross_case_above_new_new_is_flagged():
+    records = with_new_new(study(), np.arange(N) < int(N * 0.55))          # B/old 60 beats new/new 55
+    line = summary_json(records)["recommendation"]
+    assert "B/old (60.0) is above new/new (55.0)" in line and "fitting and test classes differ" in line
+    assert "is above new/new" not in summary_json(with_new_new(study(), np.arange(N) < int(N * 0.7)))[
+        "recommendation"]
