@@ -317,9 +317,11 @@ def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_
     if len(set(test[2].tolist())) == len(test[2]):
         raise EmbeddingsError(f"{test_path}: every label occurs once, so no query has another item of its class "
                               "in the gallery; the test split needs classes with at least 2 items")
+    test_classes = set(test[2].tolist())
     about = {"train": str(train_path), "test": str(test_path), "train_items": len(labels[0]),
              "test_items": len(labels[1]), "old_dim": train[0].shape[1], "new_dim": train[1].shape[1],
-             "classes": len(index)}
+             "classes": len(index), "test_classes": len(test_classes),
+             "test_classes_fitted": len(test_classes & set(classes))}
     return Study(Path(train_path).stem, PairedFeatures.normalised(train[0], train[1], labels[0]),
                  PairedFeatures.normalised(test[0], test[1], labels[1]), about, class_labels=list(index),
                  processes=processes, progress=progress)

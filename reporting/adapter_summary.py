@@ -305,13 +305,30 @@ def unmatched_line(records: list[dict[str, Any]]) -> str:
             "leaves them out")
 
 
+def classes_line(records: list[dict[str, Any]]) -> str:
+    """One line on whether the adapters were fitted on the classes they are scored on (``models.test_classes`` and
+    ``test_classes_fitted``, written by ``runner.py adapt``; nothing for records without them)."""
+    about = records[0].get("models") or {}
+    total, fitted = about.get("test_classes"), about.get("test_classes_fitted")
+    if total is None or fitted is None:
+        return ""
+    if fitted == 0:
+        return (f"open set: none of the {total} test classes is among the fitting classes, so the figures hold for "
+                "classes the adapters never saw")
+    share = "all" if fitted == total else f"{fitted} of"
+    return (f"closed set: {share} the {total} test classes are among the fitting classes, so the figures hold for "
+            "classes the adapters were fitted on; to measure classes they never saw, give --test classes absent "
+            "from --train (docs/METHODS.md §7b)")
+
+
 def summary_text(records: list[dict[str, Any]]) -> str:
     """The study's answer for a terminal: the table of :func:`summarise`, the queries without a match, and the line
     of :func:`recommendation`."""
     rows, verdict = summarise(records), models_verdict(records)
     table = tabulate([summary_cells(r) for r in rows], headers=SUMMARY_COLUMNS, tablefmt="simple",
                      disable_numparse=True)
-    notes = [line for line in (models_line(verdict), sampled_line(records), unmatched_line(records)) if line]
+    notes = [line for line in (models_line(verdict), classes_line(records), sampled_line(records),
+                               unmatched_line(records)) if line]
     return "\n".join([table, "", *notes, f"recommendation: {recommendation(rows, verdict)}"])
 
 
@@ -326,8 +343,10 @@ def sampled_line(records: list[dict[str, Any]]) -> str:
 
 
 def summary_json(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The same answer as JSON: ``{"summary": [row, ...], "models": {...} | null, "unmatched_queries": {...} | null,
-    "recommendation": line}`` (``models``: :class:`ModelsVerdict`)."""
+    """The same answer as JSON: ``{"summary": [row, ...], "models": {...} | null, "classes": line | null,
+    "unmatched_queries": {...} | null, "recommendation": line}`` (``models``: :class:`ModelsVerdict`; ``classes``:
+    :func:`classes_line`)."""
     rows, verdict = summarise(records), models_verdict(records)
     return {"summary": [r.as_dict() for r in rows], "models": verdict.as_dict() if verdict else None,
-            "unmatched_queries": unmatched(records), "recommendation": recommendation(rows, verdict)}
+            "classes": classes_line(records) or None, "unmatched_queries": unmatched(records),
+            "recommendation": recommendation(rows, verdict)}

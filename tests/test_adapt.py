@@ -55,6 +55,7 @@ def test_procrustes_recovers_a_rotation_and_the_cases_say_so(rotated, tmp_path, 
     assert answer["summary"][0]["compatible"] == "within noise" and answer["summary"][0]["top1_gain"] == 0
     assert cases["new/new"] == pytest.approx(cases["old/old"], abs=1e-9)
     assert answer["models"]["upgrade"] == "no"              # a rotation of the old space is no better model
+    assert answer["classes"].startswith("closed set: all the 6 test classes")
     assert answer["recommendation"].startswith("do not upgrade")
     assert "If upgrading anyway: no adapter is compatible here" in answer["recommendation"]
     for case in ("B/old", "B/B", "new/F", "F/F"):

@@ -131,3 +131,12 @@ def test_a_cross_case_above_new_new_is_flagged():
     assert "B/old (60.0) is above new/new (55.0)" in line and "fitting and test classes differ" in line
     assert "is above new/new" not in summary_json(with_new_new(study(), np.arange(N) < int(N * 0.7)))[
         "recommendation"]
+
+
+@pytest.mark.parametrize("fitted, start", [(80, "closed set: all the 80"), (30, "closed set: 30 of the 80"),
+                                           (0, "open set: none of the 80")])
+def test_the_answer_says_whether_the_test_classes_were_fitted(fitted, start):
+    records = study()
+    records[0]["models"] = {"test_classes": 80, "test_classes_fitted": fitted}
+    assert summary_json(records)["classes"].startswith(start)
+    assert start in summary_text(records)
