@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 import zipfile
 from collections.abc import Iterator
@@ -50,6 +51,7 @@ from benchmarks.adapter_study import (
 from benchmarks.gallery_rows import NpyRows
 from benchmarks.record import cross_case, leave_one_out_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
+from cl2r_bench.adapters.training import FitProgress
 from cl2r_bench.config import (
     CONFIG_DIR,
     config_text,
@@ -367,11 +369,13 @@ def fit_on_main(study: Study, adapter: Adapter, seed: int) -> dict[str, Any]:
     processes = study.processes
     pair = FeaturePair(old=study.train.old, new=study.train.new, labels=study.train.labels,
                        new_classifier=study.classifier_rows)
+    progress = (FitProgress(f"fit {adapter.name} seed {seed}", lambda line: print(line, file=sys.stderr, flush=True))
+                if study.progress and processes.is_main else None)
     if not processes.distributed:
-        return fit_adapter(adapter, pair, seed, watch=held_out_error)
+        return fit_adapter(adapter, pair, seed, watch=held_out_error, progress=progress)
 
     def fit_and_export() -> tuple[dict[str, Any], dict[str, Any]]:
-        return fit_adapter(adapter, pair, seed, watch=held_out_error), adapter.export()
+        return fit_adapter(adapter, pair, seed, watch=held_out_error, progress=progress), adapter.export()
 
     fit, exported = processes.decided_on_main(fit_and_export)
     if not processes.is_main:

@@ -800,3 +800,12 @@ def test_streaming_needs_a_folder_of_npy_files_and_a_positive_row_count(rotated,
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--output", tmp_path,
                       "--set", "model_update.stream_rows=0", capsys=capsys)
     assert code == 2 and out.err.count("\n") == 1 and "stream_rows" in out.err
+
+
+def test_a_learned_fit_reports_on_stderr_unless_no_progress(rotated, tmp_path, capsys):
+    train, test = rotated
+    common = ["--train", train, "--test", test, "--adapter", "fct", "--set", "adapter_params.fct.max_steps=20"]
+    code, out = adapt(*common, "--output", tmp_path / "a", capsys=capsys)
+    assert code == 0 and "fit fct seed 42: used its whole budget after 20 steps in " in out.err
+    code, out = adapt(*common, "--output", tmp_path / "b", "--no-progress", capsys=capsys)
+    assert code == 0 and "fit fct" not in out.err

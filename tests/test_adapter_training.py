@@ -10,7 +10,7 @@ from benchmarks.adapter_study import WATCHING, PairedFeatures
 from benchmarks.record import unpack_hits
 from cl2r_bench.adapt import Study, evaluate_adapter
 from cl2r_bench.adapters import AdapterError, convergence_note, make_adapter
-from cl2r_bench.adapters.training import StepBudget, split_held_out, train_to_convergence
+from cl2r_bench.adapters.training import FitProgress, StepBudget, split_held_out, train_to_convergence
 from reporting.adapter_summary import paired_gain_interval
 
 
@@ -118,3 +118,20 @@ def test_the_former_epochs_parameter_is_one_line_naming_its_replacement(name):
 def test_budget_settings_are_checked_by_the_adapters_own_config(key, value):
     with pytest.raises(AdapterError, match=rf"adapter_params\.lambda_orth\.{key}"):
         make_adapter("lambda_orth", {"lambda_orth": {key: value}})
+
+
+def test_a_fit_reports_a_line_every_few_seconds_and_one_when_it_ends():
+    """A clock that advances 2 s per reading: a line at most every 5 s of it (every third check), each naming the
+    step of the budget, the watched score, the best so far, the time spent and the most the rest can take."""
+    ticks = iter(range(0, 10_000, 2))
+    lines = []
+    progress = FitProgress("fit fct seed 0", lines.append, clock=lambda: float(next(ticks)))
+    module, targets = Scalar(), pulled_apart(100, 0.5, seed=3)
+    budget = StepBudget(max_steps=1000, holdout=0.5, check_every=10, patience=5, batch_size=50, lr=0.01)
+    log = train_to_convergence(module, lambda idx: (module.w - targets[idx]).pow(2).mean(), 100, budget,
+                               torch.Generator().manual_seed(3), progress=progress)
+    checks = len(log["loss_curve"])
+    assert len(lines) == checks // 3 + 1                           # clock 0, then 2, 4, 6 (a line), ...
+    assert lines[0].startswith("fit fct seed 0: step 30 of 1000, held-out loss ") and "(best " in lines[0]
+    assert lines[0].endswith(f"6 s, at most {6 / 30 * 970:.0f} s more")
+    assert lines[-1].startswith(f"fit fct seed 0: converged after {log['steps']} steps in ")

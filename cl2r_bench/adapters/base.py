@@ -131,6 +131,8 @@ class Adapter(nn.Module):
         self.config = config if config is not None else self.Config()
         self.dims: tuple[int, int, int] | None = None
         self.held_out_watch: HeldOutWatch | None = None
+        self.fit_progress: Any = None
+        """A :class:`cl2r_bench.adapters.training.FitProgress` a learned fit reports to, or None."""
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> Adapter:
@@ -200,11 +202,13 @@ HeldOutWatch = Callable[["Adapter", torch.Tensor, torch.Tensor, torch.Tensor], f
 """``watch(adapter, old, new, labels)``: an error to minimise on held-out fitting items (lower is better)."""
 
 
-def fit_adapter(adapter: Adapter, pair: FeaturePair, seed: int, watch: HeldOutWatch | None = None) -> dict[str, Any]:
+def fit_adapter(adapter: Adapter, pair: FeaturePair, seed: int, watch: HeldOutWatch | None = None,
+                progress: Any = None) -> dict[str, Any]:
     """Build ``adapter`` for ``pair``'s dimensions, fit it with a generator seeded by ``seed``, freeze it; returns
     its fit log (a learned adapter's includes its convergence, :mod:`cl2r_bench.adapters.training`, judged by
-    ``watch`` on its held-out share when given, else by its own loss there)."""
-    adapter.held_out_watch = watch
+    ``watch`` on its held-out share when given, else by its own loss there, and reported to ``progress``, a
+    :class:`~cl2r_bench.adapters.training.FitProgress`, while it runs)."""
+    adapter.held_out_watch, adapter.fit_progress = watch, progress
     if not adapter.picks_rows:
         pair = pair.in_memory()
     torch.manual_seed(seed)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -110,13 +111,42 @@ def _held_out_loss(batch_loss: Callable[[torch.Tensor], torch.Tensor], held_out:
     return total / len(held_out)
 
 
+PROGRESS_SECONDS = 5.0
+"""At most one progress line per this many seconds while a learned adapter fits (:class:`FitProgress`)."""
+
+
+class FitProgress:
+    """One line every :data:`PROGRESS_SECONDS` (at a held-out check) while a fit runs, through ``write`` (stderr in
+    ``runner.py adapt``, also when it is not a terminal): the adapter, the step of the budget, the watched score
+    and the best so far, the time spent and the most the rest of the budget can take at the pace so far; and one
+    line when the fit ends. A slow fit is then told apart from a hung one."""
+
+    def __init__(self, label: str, write: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self.label, self.write, self.clock = label, write, clock
+        self.started = self.last = clock()
+
+    def check(self, step: int, max_steps: int, watched: str, value: float, best: float, best_step: int) -> None:
+        now = self.clock()
+        if now - self.last < PROGRESS_SECONDS:
+            return
+        self.last, spent = now, now - self.started
+        self.write(f"{self.label}: step {step} of {max_steps}, {watched} {value:.4g} (best {best:.4g} at step "
+                   f"{best_step}), {spent:.0f} s, at most {spent / step * (max_steps - step):.0f} s more")
+
+    def done(self, log: dict[str, Any]) -> None:
+        state = "converged" if log["converged"] else "used its whole budget"
+        self.write(f"{self.label}: {state} after {log['steps']} steps in {self.clock() - self.started:.0f} s "
+                   f"(best at step {log['best_step']})")
+
+
 def train_to_convergence(module: torch.nn.Module, batch_loss: Callable[[torch.Tensor], torch.Tensor], n: int,
                          budget: StepBudget, generator: torch.Generator,
-                         watch: Callable[[torch.Tensor], float] | None = None) -> dict[str, Any]:
+                         watch: Callable[[torch.Tensor], float] | None = None,
+                         progress: FitProgress | None = None) -> dict[str, Any]:
     """Train ``module``'s parameters with Adam on ``batch_loss(item indices)`` over ``n`` fitting items under
     ``budget`` (module docstring), judging convergence by ``watch(held-out indices)`` (lower is better; default:
-    the mean held-out ``batch_loss``); returns the convergence log: ``steps``, ``converged``, ``best_step``,
-    ``holdout_items`` and ``loss_curve``."""
+    the mean held-out ``batch_loss``) and reporting to ``progress`` at each check; returns the convergence log:
+    ``steps``, ``converged``, ``best_step``, ``holdout_items`` and ``loss_curve``."""
     def watched(held_out: torch.Tensor) -> float:
         if watch is None:
             return _held_out_loss(batch_loss, held_out, budget.batch_size)
@@ -148,9 +178,16 @@ def train_to_convergence(module: torch.nn.Module, batch_loss: Callable[[torch.Te
             curve.append([step, train_loss, value])
             converged = monitor.check(step, value)
             window = []
+            if progress is not None:
+                what = ("held-out " + ("retrieval error" if watch is not None else "loss") if len(held_out)
+                        else "training loss")
+                progress.check(step, budget.max_steps, what, value, monitor.best, monitor.best_step)
     monitor.restore_best()
-    return {"steps": step, "converged": converged, "best_step": monitor.best_step, "holdout_items": len(held_out),
-            "loss_curve": curve}
+    log = {"steps": step, "converged": converged, "best_step": monitor.best_step, "holdout_items": len(held_out),
+           "loss_curve": curve}
+    if progress is not None:
+        progress.done(log)
+    return log
 
 
 def convergence_note(name: str, fit: dict[str, Any], where: str = "") -> str | None:
@@ -203,7 +240,7 @@ class LearnedAdapter(Adapter):
                 idx = idx.to(device)
                 return self.held_out_watch(self, pair.old[idx], pair.new[idx], pair.labels[idx])
         log = train_to_convergence(self, lambda idx: self.batch_loss(data, idx.to(device)), len(data.old),
-                                   self.config, generator, watch)
+                                   self.config, generator, watch, self.fit_progress)
         with torch.no_grad():
             extra = self.fit_log(data)
         return {**extra, **log, "watched": "held-out loss" if watch is None else "held-out retrieval error"}
