@@ -86,7 +86,10 @@ class EmbeddingsError(DataError):
 
 
 ADAPT_KEYS = ("backfill_orders", "backfill_steps", "unmatched_queries", "per_class_cmc", "queries", "stream_rows",
-              "screen")
+              "screen", "unseen_classes")
+UNSEEN_CLASSES_SEED = 0
+"""The seed of the draw of ``model_update.unseen_classes`` (:func:`unseen_split`): one draw for every adapter and
+seed of a study, so that they are scored on the same classes."""
 
 
 def adapt_settings(assignments: list[str]) -> dict[str, Any]:
@@ -103,6 +106,12 @@ def adapt_settings(assignments: list[str]) -> dict[str, Any]:
     update = SimpleNamespace(**merged["model_update"])
     check_rules("model_update", update, at_least(1, "backfill_steps", "queries", "stream_rows"))
     check_choices("model_update", update, {"unmatched_queries": UNMATCHED_CONVENTIONS})
+    if not 0 <= update.unseen_classes < 1:
+        raise ConfigError(f"model_update.unseen_classes = {update.unseen_classes!r} must be a share in [0, 1) (e.g. "
+                          "0.5: half the classes are held out of fitting and scored)")
+    if update.unseen_classes and update.stream_rows is not None:
+        raise ConfigError("model_update.unseen_classes selects items in memory; leave model_update.stream_rows null "
+                          "with it, or split the classes into the two files yourself")
     if update.screen and update.stream_rows is None:
         raise ConfigError("model_update.screen screens a streamed gallery: add --set model_update.stream_rows=65536 "
                           "(with a folder of .npy files), or leave screen false")
@@ -299,15 +308,42 @@ def _check_rows(path: Path, name: str, x: np.ndarray, processes: Processes, stre
                               "have no direction to compare; drop or re-embed those items")
 
 
+def unseen_split(train: tuple, test: tuple, share: float, test_path: str | Path) -> tuple[tuple, tuple, int]:
+    """``(train, test, classes)``: with ``share`` > 0, that share of the classes both splits hold (a draw seeded by
+    :data:`UNSEEN_CLASSES_SEED`) leaves ``train`` and only they stay in ``test``, so the adapters are scored on
+    classes they never saw (the open-set protocol of metric learning); ``classes`` is how many were drawn."""
+    if not share:
+        return train, test, 0
+    shared = sorted(set(train[2].tolist()) & set(test[2].tolist()))
+    count = round(share * len(shared))
+    if count < 2 or count == len(shared):
+        raise EmbeddingsError(f"model_update.unseen_classes = {share} of the {len(shared)} classes both splits hold "
+                              f"draws {count}; choose a share that leaves at least 2 classes on each side")
+    drawn = np.random.default_rng(UNSEEN_CLASSES_SEED).permutation(shared)[:count]
+
+    def keep(split: tuple, mask: np.ndarray) -> tuple:
+        rows = np.flatnonzero(mask)
+        old, new, labels = split
+        return (*(torch.as_tensor(np.asarray(x)[rows]) for x in (old, new)), np.asarray(labels)[rows])
+
+    unseen_train = keep(train, ~np.isin(np.asarray(train[2]), drawn))
+    unseen_test = keep(test, np.isin(np.asarray(test[2]), drawn))
+    if len(set(unseen_test[2].tolist())) == len(unseen_test[2]):
+        raise EmbeddingsError(f"{test_path}: the drawn classes have one item each; lower model_update.unseen_classes")
+    return unseen_train, unseen_test, count
+
+
 def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_rows: int | None = None,
-                          processes: Processes = SINGLE, progress: bool = False) -> Study:
+                          processes: Processes = SINGLE, progress: bool = False, unseen_classes: float = 0.0) -> Study:
     """A :class:`Study` of the user's train and test embeddings, checked against each other; ``stream_rows``: the
     test split's features stay memory-mapped (:func:`read_embeddings`), and so do the train split's when it is a
     folder of ``.npy`` files (an adapter then reads the rows it fits on: :class:`cl2r_bench.adapters.FeaturePair`);
-    ``processes``: the processes that share the streamed splits' passes; ``progress``: :attr:`Study.progress`."""
+    ``processes``: the processes that share the streamed splits' passes; ``progress``: :attr:`Study.progress`;
+    ``unseen_classes``: the share of classes held out of fitting and alone scored (:func:`unseen_split`)."""
     train_rows = stream_rows if npy_folder(Path(train_path)) else None
     train = read_embeddings(train_path, train_rows, processes)
     test = read_embeddings(test_path, stream_rows, processes)
+    train, test, unseen = unseen_split(train, test, unseen_classes, test_path)
     for i, name in enumerate(("old", "new")):
         if train[i].shape[1] != test[i].shape[1]:
             raise EmbeddingsError(f"{name} has {train[i].shape[1]} dimensions in {train_path} but "
@@ -323,7 +359,7 @@ def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_
     about = {"train": str(train_path), "test": str(test_path), "train_items": len(labels[0]),
              "test_items": len(labels[1]), "old_dim": train[0].shape[1], "new_dim": train[1].shape[1],
              "classes": len(index), "test_classes": len(test_classes),
-             "test_classes_fitted": len(test_classes & set(classes))}
+             "test_classes_fitted": len(test_classes & set(classes)), "unseen_classes_drawn": unseen}
     return Study(Path(train_path).stem, PairedFeatures.normalised(train[0], train[1], labels[0]),
                  PairedFeatures.normalised(test[0], test[1], labels[1]), about, class_labels=list(index),
                  processes=processes, progress=progress)

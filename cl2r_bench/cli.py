@@ -396,7 +396,7 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
     folders = {key: Path(args.output) / "adapt" / study_name / key[0] / f"seed{key[1]}" for key in configs}
     kept = processes.decided_on_main(lambda: finished_records(folders, configs)) if args.resume else {}
     study = study_from_embeddings(args.train, args.test, settings["stream_rows"], processes,
-                                  progress=not args.no_progress)
+                                  progress=not args.no_progress, unseen_classes=settings["unseen_classes"])
     study.train, study.test = study.train.to(device), study.test.to(device)
     if not args.json:
         say(f"{study_name}: fitting on {study.about['train_items']} items, evaluating on "

@@ -355,10 +355,14 @@ class ModelUpdateSettings:
     queries: int | None
     stream_rows: int | None
     screen: bool
+    unseen_classes: float
 
     def __post_init__(self) -> None:
         check_rules("model_update", self, at_least(1, "backfill_steps", "fit_per_class", "test_per_class",
                                                    "encoder_batch_size", "queries"))
+        if self.unseen_classes:
+            raise ConfigError("model_update.unseen_classes holds classes out of the fitting split of runner.py adapt; "
+                              "a run picks its classes with model_update.protocol: leave it 0 here")
         if self.stream_rows is not None:
             raise ConfigError("model_update.stream_rows streams the .npy embeddings runner.py adapt reads; a run "
                               "embeds its splits itself: leave it null here")

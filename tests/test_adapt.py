@@ -809,3 +809,22 @@ def test_a_learned_fit_reports_on_stderr_unless_no_progress(rotated, tmp_path, c
     assert code == 0 and "fit fct seed 42: used its whole budget after 20 steps in " in out.err
     code, out = adapt(*common, "--output", tmp_path / "b", "--no-progress", capsys=capsys)
     assert code == 0 and "fit fct" not in out.err
+
+
+def test_unseen_classes_are_held_out_of_fitting_and_alone_scored(tmp_path, capsys):
+    paths = []
+    for split, seed in (("train", 1), ("test", 2)):
+        old, labels = clustered(10, 10, 8, seed)
+        np.savez(tmp_path / f"{split}.npz", old=old, new=old[:, ::-1].copy(), labels=labels)
+        paths.append(tmp_path / f"{split}.npz")
+    code, out = adapt("--train", paths[0], "--test", paths[1], "--adapter", "procrustes", "--json", "--output",
+                      tmp_path / "out", "--set", "model_update.unseen_classes=0.4", capsys=capsys)
+    assert code == 0, out.err
+    answer = json.loads(out.out.strip().splitlines()[-1])
+    assert answer["classes"].startswith("open set: none of the 4 test classes")
+    record = json.loads(next((tmp_path / "out").rglob("metrics.json")).read_text())
+    assert record["models"]["train_items"] == 6 * 10 and record["models"]["test_items"] == 4 * 10
+    assert record["models"]["unseen_classes_drawn"] == 4
+    code, out = adapt("--train", paths[0], "--test", paths[1], "--adapter", "none", "--output", tmp_path / "x",
+                      "--set", "model_update.unseen_classes=0.95", capsys=capsys)
+    assert code == 2 and "draws 10" in out.err and "Traceback" not in out.err
