@@ -35,6 +35,8 @@ def test_the_share_to_re_embed_is_the_first_beta_within_95_percent_of_full_backf
     assert reembed_share([0, 0.5, 1], [10.0, 60.0, 62.0]) == 0.5      # 0.95 x 62 = 58.9
     assert reembed_share([0, 0.5, 1], [59.0, 60.0, 62.0]) == 0.0
     assert reembed_share([0, 0.5, 1], [10.0, 20.0, 62.0]) == 1.0
+    assert reembed_share([0, 0.5, 1], [10.0, 60.0, 62.0], full=70.0) is None      # one target: 0.95 x new/new 70
+    assert reembed_share([0, 0.5, 1], [10.0, 60.0, 67.0], full=70.0) == 1.0
 
 
 def record(method: str, seed: int, *, cross: str | None, cross_top1: float, hits: np.ndarray, auc: float,
@@ -77,7 +79,7 @@ def test_one_row_per_adapter_says_whether_it_is_compatible():
 def test_the_recommendation_names_the_compatible_adapter_and_its_backfilling():
     line = recommendation(summarise(study()))
     assert line.startswith("deploy lambda_orth: its B/old beats old/old by +10.0 top-1 points (95% interval")
-    assert "re-embedding 50% of the gallery (random order) reaches 95% of full backfilling's top-1" in line
+    assert "re-embedding 50% of the gallery (random order) reaches 95% of new/new's top-1" in line
     text = summary_text(study())
     assert text.splitlines()[0].split()[:4] == ["adapter", "seeds", "cross", "case"]
     assert text.splitlines()[-1] == f"recommendation: {line}"
@@ -88,8 +90,8 @@ def test_without_a_compatible_adapter_the_recommendation_says_so_and_how_to_move
     records = [r for r in study() if r["method"] != "lambda_orth"]
     line = recommendation(summarise(records))
     assert line.startswith("no adapter is compatible here (best cross case: procrustes's B/old, +0.0 top-1 points")
-    assert line.endswith("with procrustes, re-embedding 100% of the gallery (random order) reaches 95% of full "
-                         "backfilling's top-1")
+    assert line.endswith("with procrustes, re-embedding 100% of the gallery (random order) reaches 95% of "
+                         "new/new's top-1")
 
 
 def test_a_variant_measured_on_fewer_seeds_is_named_apart_not_recommended():
