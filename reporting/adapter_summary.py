@@ -192,6 +192,70 @@ def models_line(verdict: ModelsVerdict | None) -> str:
             f"{verdict.gain:+.1f}{interval}")
 
 
+@dataclass(frozen=True)
+class Deployment:
+    """One way a team can serve after an upgrade, with what it costs: the encoders run per query, the stored vectors
+    rewritten without reading an image, the images embedded again, and the adapter's fit time."""
+
+    deployment: str
+    case: str
+    top1: float
+    query_encoders: str
+    vectors_rewritten: int
+    images_reembedded: int
+    fit_seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+DEPLOYMENTS = (
+    ("keep the old model", "old/old", "old", False, 0.0),
+    ("new queries through B against the untouched index", "B/old", "new + B", False, 0.0),
+    ("rewrite the stored vectors through F, no image read", "new/F", "new", True, 0.0),
+    ("re-embed every image with the new model", "new/new", "new", False, 1.0),
+)
+"""``(deployment, case, query encoders, vectors rewritten?, share of images re-embedded)``."""
+
+
+def deployments(row: AdapterSummary, records: list[dict[str, Any]]) -> list[Deployment]:
+    """The deployments ``row``'s adapter offers (those whose case its records hold), with the partial backfilling
+    that reaches 95 % of new/new (:attr:`AdapterSummary.reembed_share`; the gallery's other items are its old
+    vectors through F where the adapter has a forward map, as the backfilling curves are measured), cheapest
+    first; seed means of top-1."""
+    items = int((records[0].get("models") or {}).get("test_items") or records[0]["retrieval"]["queries"])
+    cases = [r["retrieval"]["cases"] for r in [x for x in records if x["method"] == row.adapter]]
+
+    def top1(case: str) -> float:
+        return float(np.mean([c[case]["top1"] for c in cases]))
+
+    found = []
+    for name, case, encoders, rewrites, share in DEPLOYMENTS:
+        if not all(c.get(case) for c in cases):
+            continue
+        fit = row.fit_seconds if case in ("B/old", "new/F") else 0.0
+        found.append(Deployment(name, case, top1(case), encoders, items if rewrites else 0, round(share * items), fit))
+    if row.reembed_share and row.reembed_share < 1:
+        curves = [r["retrieval"]["backfilling"] for r in records if r["method"] == row.adapter]
+        at = curves[0]["betas"].index(row.reembed_share)
+        value = float(np.mean([c["curves"][row.backfill_order]["top1"][at] for c in curves]))
+        images = round(row.reembed_share * items)
+        forward = all(c.get("F/F") for c in cases)
+        found.insert(-1, Deployment(
+            f"re-embed {row.reembed_share:.0%} of the images ({row.backfill_order} order), the others "
+            f"{'through F' if forward else 'as stored'}", "backfilled", value,
+            "new + B" if all(c.get("B/old") for c in cases) else "new", items - images if forward else 0, images,
+            row.fit_seconds))
+    return found
+
+
+def deployments_text(rows: list[Deployment]) -> str:
+    return tabulate([[d.deployment, d.case, f"{d.top1:.1f}", d.query_encoders, d.vectors_rewritten,
+                      d.images_reembedded, f"{d.fit_seconds:.1f}"] for d in rows],
+                    headers=("deployment", "case", "top-1", "encoders per query", "vectors rewritten",
+                             "images re-embedded", "fit s"), tablefmt="simple", disable_numparse=True)
+
+
 def ranked(rows: list[AdapterSummary]) -> list[AdapterSummary]:
     """``rows`` by top-1 gain, largest first; rows without a cross case last."""
     return sorted(rows, key=lambda r: math.inf if r.top1_gain is None else -r.top1_gain)
@@ -334,7 +398,21 @@ def summary_text(records: list[dict[str, Any]]) -> str:
                      disable_numparse=True)
     notes = [line for line in (models_line(verdict), classes_line(records), sampled_line(records),
                                unmatched_line(records)) if line]
-    return "\n".join([table, "", *notes, f"recommendation: {recommendation(rows, verdict)}"])
+    chosen = recommended(rows)
+    plan = ([f"deployments with {chosen.adapter}, and what each costs:", deployments_text(deployments(chosen, records)),
+             ""] if chosen is not None else [])
+    return "\n".join([table, "", *notes, *plan, f"recommendation: {recommendation(rows, verdict)}"])
+
+
+def recommended(rows: list[AdapterSummary]) -> AdapterSummary | None:
+    """The adapter the recommendation deploys (the compatible one with the largest gain, on the most seeds), else
+    the one whose gallery reaches 95 % of new/new soonest, else None."""
+    most_seeds = max((r.seeds for r in rows), default=0)
+    compatible = [r for r in ranked(rows) if r.compatible == "yes" and (r.seeds == most_seeds or r.seed_free)]
+    if compatible:
+        return compatible[0]
+    backfilled = [r for r in rows if r.reembed_share is not None]
+    return min(backfilled, key=lambda r: (r.reembed_share, -r.backfill_auc)) if backfilled else None
 
 
 def sampled_line(records: list[dict[str, Any]]) -> str:
@@ -348,10 +426,11 @@ def sampled_line(records: list[dict[str, Any]]) -> str:
 
 
 def summary_json(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The same answer as JSON: ``{"summary": [row, ...], "models": {...} | null, "classes": line | null,
-    "unmatched_queries": {...} | null, "recommendation": line}`` (``models``: :class:`ModelsVerdict`; ``classes``:
-    :func:`classes_line`)."""
+    """The same answer as JSON: ``{"summary": [row, ...], "models": {...} | null, "deployments": {adapter: [...]},
+    "classes": line | null, "unmatched_queries": {...} | null, "recommendation": line}`` (``models``:
+    :class:`ModelsVerdict`; ``deployments``: :func:`deployments`; ``classes``: :func:`classes_line`)."""
     rows, verdict = summarise(records), models_verdict(records)
     return {"summary": [r.as_dict() for r in rows], "models": verdict.as_dict() if verdict else None,
+            "deployments": {r.adapter: [d.as_dict() for d in deployments(r, records)] for r in rows},
             "classes": classes_line(records) or None, "unmatched_queries": unmatched(records),
             "recommendation": recommendation(rows, verdict)}

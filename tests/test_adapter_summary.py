@@ -142,3 +142,13 @@ def test_the_answer_says_whether_the_test_classes_were_fitted(fitted, start):
     records[0]["models"] = {"test_classes": 80, "test_classes_fitted": fitted}
     assert summary_json(records)["classes"].startswith(start)
     assert start in summary_text(records)
+
+
+def test_each_deployment_comes_with_its_cost():
+    records = with_new_new(study(), np.arange(N) < int(N * 0.7))
+    plan = summary_json(records)["deployments"]["lambda_orth"]
+    assert [(d["case"], d["top1"], d["query_encoders"], d["vectors_rewritten"], d["images_reembedded"]) for d in plan] \
+        == [("old/old", 50.0, "old", 0, 0), ("B/old", 60.0, "new + B", 0, 0),
+            ("backfilled", 67.0, "new + B", 0, N // 2), ("new/new", 70.0, "new", 0, N)]
+    assert plan[1]["fit_seconds"] == 2.0 and plan[0]["fit_seconds"] == 0.0
+    assert "deployments with lambda_orth, and what each costs:" in summary_text(records)
