@@ -570,16 +570,17 @@ EXPORT_FILES = {"backward": ("backward", "old_frame"), "forward": ("forward",)}
 def export_adapter(adapter: Adapter, directory: str | Path) -> list[Path]:
     """Write the fitted ``adapter`` to ``directory``: its state dict, a ``torch.export`` program (``.pt2``, loaded
     by ``torch.export.load(path).module()`` with torch alone, any number of rows) per map a production system
-    applies (the backward pair when the adapter has a backward map, else the forward map) and a README snippet;
+    applies (the backward pair where the adapter has a backward map, the forward map where it has one: every map
+    of every deployment the answer lists, partial backfilling through F included) and a README snippet for each;
     returns the files written. TorchScript is not written: torch 2.14 deprecates loading it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     old_dim, new_dim, _ = adapter.dims
     torch.save(adapter.export(), directory / "adapter_state.pt")
-    direction = "backward" if "backward" in adapter.directions else "forward"
+    directions = [d for d in ("backward", "forward") if d in adapter.directions]
     written = [directory / "adapter_state.pt"]
     rows = torch.export.Dim("rows", min=1)
-    for which in EXPORT_FILES[direction]:
+    for which in (name for direction in directions for name in EXPORT_FILES[direction]):
         width = new_dim if which == "backward" else old_dim
         program = torch.export.export(DeployedMap(adapter.cpu().eval(), which), (torch.randn(3, width),),
                                       dynamic_shapes=({0: rows},))
@@ -588,7 +589,8 @@ def export_adapter(adapter: Adapter, directory: str | Path) -> list[Path]:
     files = "".join(f"- `{p.name}`: a `torch.export` program, `torch.export.load(...).module()`.\n"
                     for p in written[1:])
     (directory / "README.md").write_text(EXPORT_README.format(name=adapter.name, old_dim=old_dim, new_dim=new_dim,
-                                                              files=files, snippet=SNIPPETS[direction]))
+                                                              files=files,
+                                                              snippet="\n\n".join(SNIPPETS[d] for d in directions)))
     return written + [directory / "README.md"]
 
 
