@@ -188,7 +188,7 @@ def section(scenario: str, dataset: str, pairs: list[tuple[Path, RunRecord]], li
     part.answers = study_answers(dataset, [r for r in records if adapter_study(r)])
     part.tables = [html_table(TABLE_TITLES[name], table) for name, tables in built.items() for table in tables]
     part.settings = settings_table(records)
-    part.matrices = [heat_table(grid) for grid in mean_matrices(records)]
+    part.matrices = [heat_table(grid) for grid in mean_matrices([r for r in records if not adapter_study(r)])]
     part.figures = figures(scenario, dataset, records)
     part.published = [html_table(table.title, table, "published") for table in published_tables(records)]
     labels = {id(r): label for (_, _, label), runs in experiment_groups(records).items() for r in runs}

@@ -829,3 +829,12 @@ def test_unseen_classes_are_held_out_of_fitting_and_alone_scored(tmp_path, capsy
     code, out = adapt("--train", paths[0], "--test", paths[1], "--adapter", "none", "--output", tmp_path / "x",
                       "--set", "model_update.unseen_classes=0.95", capsys=capsys)
     assert code == 2 and "draws 10" in out.err and "Traceback" not in out.err
+
+
+def test_the_report_of_an_adapt_study_has_no_stream_matrix_and_no_papers_rows(rotated, tmp_path, capsys):
+    train, test = rotated
+    assert adapt("--train", train, "--test", test, "--adapter", "procrustes", "--output", tmp_path / "out",
+                 capsys=capsys)[0] == 0
+    assert main(["report", str(tmp_path / "out"), "--out", str(tmp_path / "report.html")]) == 0
+    page = (tmp_path / "report.html").read_text()
+    assert "The answer" in page and "* = replacement" not in page and 'data-kind="published"' not in page

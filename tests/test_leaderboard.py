@@ -75,3 +75,8 @@ def test_published_rows_take_the_negative_flips_a_paper_gives(monkeypatch):
     assert rows[(figures["setting"], "er")][6:8] == pytest.approx([2.0, 30.0])
     assert rows[(figures["setting"], "dsimplex_hoc")][6:8] == [None, None]
     assert all(row[6:8] == [None, None] for (setting, _), row in rows.items() if setting != figures["setting"])
+
+
+def test_the_adapter_papers_rows_stand_beside_model_update_only():
+    from reporting.leaderboard import published_case_rows
+    assert published_case_rows({"model_update"}) and published_case_rows({"adapt"}) == []
