@@ -120,7 +120,7 @@ def test_the_answer_shows_both_models_and_says_do_not_upgrade_when_the_new_one_i
     assert answer["models"]["upgrade"] == "yes" and answer["models"]["interval"][0] > 0
     assert "the models: old/old top-1 50.0, new/new 70.0" in summary_text(better)
     assert answer["recommendation"].startswith("deploy lambda_orth")
-    worse = with_new_new(study(), np.arange(N) < int(N * 0.48))          # the rotation of issue 61: 48 against 50
+    worse = with_new_new(study(), np.arange(N) < int(N * 0.48))          # new/new 48 against old/old 50
     answer = summary_json(worse)
     assert answer["models"]["upgrade"] == "no"
     assert answer["recommendation"].startswith("do not upgrade: the new model with every item re-embedded "

@@ -448,7 +448,7 @@ def test_model_update_runs_every_adapter_and_reports_its_cases(tiny, tmp_path, c
         cross = next(top1[k] for k in ("B/old", "new/F", "new/old") if top1[k] is not None)
         assert record["compatibility_matrix"] == [[top1["old/old"] / 100, None], [cross / 100, top1["new/new"] / 100]]
         assert record["metrics"]["AC"] == float(cross > top1["old/old"])
-        assert set(record["retrieval"]["query_top1"]) <= {"old/old", "B/old", "new/F", "new/old"}
+        assert set(record["retrieval"]["query_top1"]) <= {"old/old", "B/old", "new/F", "new/old", "new/new"}
         hits = {case: unpack_hits(packed, record["retrieval"]["queries"])
                 for case, packed in record["retrieval"]["query_top1"].items()}
         flips = record["retrieval"]["negative_flips"]
