@@ -452,6 +452,15 @@ def older_width_in(state: dict[str, torch.Tensor]) -> int | None:
     return None if basis is None else basis.shape[0]
 
 
+def same_features(a: RetrievalModel, b: RetrievalModel) -> bool:
+    """Whether ``a`` and ``b`` give the same features: every weight but the learnable classifier's is equal (a task's
+    model before fine-tuning and its teacher, a copy of it; their classifiers may differ by the rows grown since)."""
+    state_a, state_b = feature_extractor_state(a), feature_extractor_state(b)
+    return state_a.keys() == state_b.keys() and all(
+        state_a[k].shape == state_b[k].shape and torch.equal(state_a[k], state_b[k].to(state_a[k].device))
+        for k in state_a)
+
+
 def feature_extractor_state(model: RetrievalModel) -> dict[str, torch.Tensor]:
     """The state dict without the learnable classifier: what a replacement checkpoint carries."""
     return {k: v for k, v in model.state_dict().items() if not k.startswith(CLASSIFIER_PREFIX)}

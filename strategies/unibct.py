@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.models import embed
+from cl2r_bench.models import embed, same_features
 from cl2r_bench.registry import check_choice
 
 from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
@@ -134,7 +134,8 @@ class UniBCT(Strategy):
         if self.config.refinement == "graph":
             if context.model is None:
                 raise ValueError("UniBCT's graph refinement needs the trained model: TaskContext.model must be given")
-            new = embed(context.model, data.images, amp=context.amp).to(old.device)
+            new = (F.normalize(old, dim=1) if same_features(context.model, context.teacher)
+                   else embed(context.model, data.images, amp=context.amp).to(old.device))
         limit = context.num_old_classes if self.config.centre_classes == "old" else context.num_seen_classes
         classes = labels[labels < limit].unique().tolist()
         if classes:

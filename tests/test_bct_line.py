@@ -296,3 +296,34 @@ def test_bt2_grows_the_feature_at_a_replacement_against_the_outgoing_model(tiny,
     record = json.loads((folder / "metrics.json").read_text())
     assert record["complete"] and all(v is None or 0 <= v <= 1 for row in record["compatibility_matrix"] for v in row)
     assert runner.main(["--config", str(tiny), "--strategy", "bt2", "--output", str(out), "--resume"]) == 0
+
+
+def test_unibct_does_not_embed_again_what_its_teacher_already_did(monkeypatch):
+    """A fine-tuning task's model is its teacher's copy: the new model's features are the teacher's, not a second
+    pass over the data; a model that differs is embedded."""
+    import copy
+
+    from cl2r_bench.data.datasets import ImageSet
+    from cl2r_bench.models import build_model
+    from strategies import TaskContext, unibct
+
+    torch.manual_seed(0)
+    model = build_model(backbone="small_cnn", head="learnable", num_classes=4, small_width=4, small_out_dim=8)
+    data = ImageSet(torch.randint(0, 255, (16, 3, 32, 32), dtype=torch.uint8), torch.arange(4).repeat(4))
+    teacher = copy.deepcopy(model)
+    model.head.grow(6)
+    context = TaskContext(index=1, num_old_classes=4, num_new_classes=2, teacher=teacher, new_data=data, model=model,
+                          teacher_classes=4, amp=False)
+    calls, original = [], unibct.embed
+    monkeypatch.setattr(unibct, "embed", lambda *a, **k: calls.append(1) or original(*a, **k))
+    shortcut = get_strategy("unibct").from_params({})
+    shortcut.before_task(context)
+    assert calls == [] and shortcut.prototypes is not None
+    monkeypatch.setattr(unibct, "same_features", lambda a, b: False)      # the long way: the model embedded
+    long_way = get_strategy("unibct").from_params({})
+    long_way.before_task(context)
+    assert calls == [1] and torch.allclose(long_way.prototypes, shortcut.prototypes, atol=1e-6)
+    monkeypatch.undo()
+    with torch.no_grad():
+        model.backbone.proj.weight.add_(0.1)
+    assert not unibct.same_features(model, teacher)
