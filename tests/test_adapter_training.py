@@ -1,6 +1,8 @@
 """Learned adapters trained to convergence (cl2r_bench/adapters/training.py): a step budget, early stopping on a
 held-out share with the best weights kept, a one-line note for a fit that ran out of steps, and λ-orth's defaults
 recovering a rotation as Procrustes does (docs/METHODS.md §7)."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -135,3 +137,14 @@ def test_a_fit_reports_a_line_every_few_seconds_and_one_when_it_ends():
     assert lines[0].startswith("fit fct seed 0: step 30 of 1000, held-out loss ") and "(best " in lines[0]
     assert lines[0].endswith(f"6 s, at most {6 / 30 * 970:.0f} s more")
     assert lines[-1].startswith(f"fit fct seed 0: converged after {log['steps']} steps in ")
+
+
+def test_the_fit_benchmark_prints_each_adapter_against_procrustes(capsys):
+    from tools.bench_adapter_fits import main
+    main(["--fit", "200", "--test", "100", "--old-dim", "8", "--new-dim", "12", "--classes", "5",
+          "--adapters", "procrustes", "--json"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("200 fitting x 8 -> 12 dims, 100 test items, 5 classes")
+    assert lines[1].startswith("procrustes   fit") and "(     1.0 x procrustes)" in lines[1]
+    row = json.loads(lines[-1])["rows"][0]
+    assert row["adapter"] == "procrustes" and row["cross_case"] == "B/old" and 0 <= row["top1"] <= 100
