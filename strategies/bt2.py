@@ -12,6 +12,8 @@ independently trained new model's ``phi_p``::
 normalised, ``phi_old`` the old model's normalised feature and ``C_old`` BCT's pseudo-classifier: the mean
 normalised old feature of every class, from the task's images. Weights and widths are the authors'
 (``YifeiZhou02/BT-2``, ``configs/cifar100_transfer.yaml``: λ1 = 1, λ2 = 10, λ3 = 5, ``to_add_dim`` 32, ``C`` 2).
+``added_dims`` must stay below the backbone's width: with as many or more, the old frame is the old branch alone
+and the new basis ``P`` meets no loss (so in the authors' code too).
 Their trainer reads ``phi_old`` and ``phi_p`` from tables built once under one random augmentation of each image;
 the suite runs both frozen models on the batch the new model sees (the same augmentation), as every other
 teacher-based strategy here.

@@ -25,12 +25,22 @@ def without_batch_norm(module: nn.Module) -> nn.Module:
     return module
 
 
+PARAMS = {"bt2": {"added_dims": 8}}
+"""BT² adds fewer dimensions than the 16-d features: with as many or more, the old frame is the old branch alone and
+the new basis P never meets a loss (a property of the method's widths, as in the authors' code)."""
+
+
 def main(out: str, name: str) -> None:
-    strategy = get_strategy(name).from_params({})
+    strategy = get_strategy(name).from_params(PARAMS.get(name, {}))
     torch.manual_seed(0)
-    model = without_batch_norm(build_model(backbone="small_cnn", head=strategy.head, num_classes=8, small_width=8,
-                                           small_out_dim=16, simplex_vertices_count=16))
-    teacher = copy.deepcopy(model)
+    def plain(head: str, **options) -> nn.Module:
+        return without_batch_norm(build_model(backbone="small_cnn", head=head, num_classes=8, small_width=8,
+                                              small_out_dim=16, simplex_vertices_count=16, **options))
+
+    model = plain(strategy.head, head_options=strategy.head_options())
+    teacher, independent = copy.deepcopy(model), None
+    if strategy.needs_independent:                  # BT²: a 16-d old model under a wider head, and an independent one
+        teacher, independent = plain("learnable"), plain("learnable")
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -44,10 +54,11 @@ def main(out: str, name: str) -> None:
     connect(processes, distributed, device)
     strategy.before_task(TaskContext(index=1, num_old_classes=4, num_new_classes=4, replacement=False,
                                      teacher_classes=4, teacher=teacher, new_data=new, memory=memory.items,
-                                     amp=False))
+                                     amp=False, model=model, independent=independent))
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     torch.manual_seed(1)
-    timing = train_task(model, strategy, new, memory, settings, teacher=teacher, processes=processes)
+    timing = train_task(model, strategy, new, memory, settings, teacher=teacher, independent=independent,
+                        processes=processes)
     if processes.is_main:
         torch.save({"loss": timing["final_loss"], "iterations": timing["iterations"], "images": timing["images"],
                     "world_size": processes.world_size,
