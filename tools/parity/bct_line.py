@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from strategies import Step, get_strategy
 from strategies.advbct import ElasticBoundary, discriminator
 from strategies.old_classes import class_regions
 from strategies.unibct import class_prototypes
-from tools.parity.common import ROOT, ParityError, reference_checkout
+from tools.parity.common import ROOT, ParityError, reference_checkout, run_reference_probe
 from tools.parity.steps import row
 
 WIDTH, CLASSES, OLD_CLASSES, PER_OLD_CLASS, BATCH = 256, 8, 6, 12, 16
@@ -166,15 +165,6 @@ def compare(reference: dict, inputs: dict) -> tuple[list[dict], list[dict]]:
     return rows, differences
 
 
-def run_probe(python: Path, advbct: Path, work: Path) -> dict:
-    command = [str(python), str(Path(__file__).with_name("bct_probe.py")), "--advbct", str(advbct),
-               "--work", str(work)]
-    done = subprocess.run(command, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
-    if done.returncode != 0:
-        raise ParityError(f"the reference probe failed: {done.stderr.strip().splitlines()[-1:]}")
-    return torch.load(work / "reference.pt", weights_only=False)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--advbct", required=True, help="a checkout of Ashespt/AdvBCT")
@@ -190,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         torch.save(inputs, work / "inputs.pt")
-        reference = run_probe(python, advbct, work)
+        reference = run_reference_probe(python, "bct_probe.py", "--advbct", advbct, work)
     rows, differences = compare(reference, inputs)
     Path(args.out).write_text(json.dumps({"reference": "Ashespt/AdvBCT", "rows": rows,
                                           "differences": differences}, indent=1) + "\n")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from torch import nn
 
 from cl2r_bench.models import BasisTransformationHead, class_means
 from strategies import Step, get_strategy
-from tools.parity.common import ROOT, ParityError, reference_checkout
+from tools.parity.common import ROOT, ParityError, reference_checkout, run_reference_probe
 from tools.parity.steps import row
 
 NEW_WIDTH, OLD_WIDTH, ADDED, CLASSES, BATCH, SCALE = 64, 48, 24, 6, 18, 2.0
@@ -117,14 +116,6 @@ def compare(reference: dict, inputs: dict) -> list[dict]:
     return rows
 
 
-def run_probe(python: Path, bt2: Path, work: Path) -> dict:
-    command = [str(python), str(Path(__file__).with_name("bt2_probe.py")), "--bt2", str(bt2), "--work", str(work)]
-    done = subprocess.run(command, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
-    if done.returncode != 0:
-        raise ParityError(f"the reference probe failed: {done.stderr.strip().splitlines()[-1:]}")
-    return torch.load(work / "reference.pt", weights_only=False)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bt2", required=True, help="a checkout of YifeiZhou02/BT-2")
@@ -144,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         torch.save(inputs, work / "inputs.pt")
-        reference = run_probe(python, bt2, work)
+        reference = run_reference_probe(python, "bt2_probe.py", "--bt2", bt2, work)
     rows = compare(reference, inputs)
     Path(args.out).write_text(json.dumps({"reference": "YifeiZhou02/BT-2", "rows": rows}, indent=1) + "\n")
     for r in rows:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pickle
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +22,16 @@ class ParityError(SystemExit):
     def __init__(self, message: str) -> None:
         print(f"error: {message}", file=sys.stderr)
         super().__init__(2)
+
+
+def run_reference_probe(python: Path, probe: str, checkout_flag: str, checkout: Path, work: Path) -> dict:
+    """Run ``tools/parity/<probe>`` under the reference's ``python`` (``checkout_flag`` ``checkout``, ``--work``
+    ``work``, a bare ``PATH``) and return the ``work/reference.pt`` it writes; a failure is one line."""
+    command = [str(python), str(Path(__file__).with_name(probe)), checkout_flag, str(checkout), "--work", str(work)]
+    done = subprocess.run(command, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    if done.returncode != 0:
+        raise ParityError(f"the reference probe failed: {done.stderr.strip().splitlines()[-1:]}")
+    return torch.load(work / "reference.pt", weights_only=False)
 
 
 def reference_checkout(path: str, marker: str, name: str) -> Path:
