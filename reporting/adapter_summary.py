@@ -224,7 +224,8 @@ def deployments(row: AdapterSummary, records: list[dict[str, Any]]) -> list[Depl
     vectors through F where the adapter has a forward map, as the backfilling curves are measured), cheapest
     first; seed means of top-1."""
     items = int((records[0].get("models") or {}).get("test_items") or records[0]["retrieval"]["queries"])
-    cases = [r["retrieval"]["cases"] for r in [x for x in records if x["method"] == row.adapter]]
+    own = [r for r in records if r["method"] == row.adapter]
+    cases = [r["retrieval"]["cases"] for r in own]
 
     def top1(case: str) -> float:
         return float(np.mean([c[case]["top1"] for c in cases]))
@@ -236,7 +237,7 @@ def deployments(row: AdapterSummary, records: list[dict[str, Any]]) -> list[Depl
         fit = row.fit_seconds if case in ("B/old", "new/F") else 0.0
         found.append(Deployment(name, case, top1(case), encoders, items if rewrites else 0, round(share * items), fit))
     if row.reembed_share and row.reembed_share < 1:
-        curves = [r["retrieval"]["backfilling"] for r in records if r["method"] == row.adapter]
+        curves = [r["retrieval"]["backfilling"] for r in own]
         at = curves[0]["betas"].index(row.reembed_share)
         value = float(np.mean([c["curves"][row.backfill_order]["top1"][at] for c in curves]))
         images = round(row.reembed_share * items)
