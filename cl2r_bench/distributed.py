@@ -34,7 +34,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from cl2r_bench.models import NonFiniteError, embed
+from cl2r_bench.models import NonFiniteError, embed_and_classify
 from cl2r_bench.settings import DistributedSettings
 
 T = TypeVar("T")
@@ -141,17 +141,24 @@ class Processes:
               amp: bool | str) -> torch.Tensor:
         """:func:`cl2r_bench.models.embed` of ``images``, each rank embedding its share; a non-finite feature on any
         rank raises :class:`NonFiniteError` on every rank."""
+        return self.embed_and_classify(model, images, batch_size=batch_size, amp=amp)[0]
+
+    def embed_and_classify(self, model: torch.nn.Module, images: torch.Tensor, *, batch_size: int,
+                           amp: bool | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`cl2r_bench.models.embed_and_classify` of ``images``, each rank running its share, as :meth:`embed`."""
         if not self.distributed or len(images) < self.world_size:
-            return embed(model, images, batch_size=batch_size, amp=amp)
+            return embed_and_classify(model, images, batch_size=batch_size, amp=amp)
         device = next(model.parameters()).device
         try:
-            part, problem = embed(model, images[self.share(len(images))], batch_size=batch_size, amp=amp), None
+            part, problem = embed_and_classify(model, images[self.share(len(images))], batch_size=batch_size,
+                                               amp=amp), None
         except NonFiniteError as exc:
             part, problem = None, exc
         if self.any(problem is not None, device):
             raise problem or NonFiniteError(f"another rank's model gives NaN or infinite features for "
                                             f"{len(images)} images")
-        return self.gather(part, self.shares(len(images)))
+        sizes = self.shares(len(images))
+        return self.gather(part[0], sizes), self.gather(part[1], sizes)
 
     def from_main(self, value: T) -> T:
         """Rank 0's ``value`` on every rank (any picklable object; the other ranks' ``value`` is ignored), so that

@@ -341,11 +341,22 @@ def embed(model: nn.Module, images: torch.Tensor, *, batch_size: int = 512,
     :func:`forward_in_batches` runs the model (METHODS.md §1, §3): the one function that embeds images, for the
     evaluation's galleries and queries and an adapter's fitting pairs. A model whose features hold NaN or
     infinities (a diverged run) raises :class:`NonFiniteError` instead of giving a result."""
-    features = torch.cat([F.normalize(f, dim=1) for _, f in forward_in_batches(model, images, batch_size=batch_size,
-                                                                              amp=amp)])
-    if not bool(torch.isfinite(features).all()):
+    return embed_and_classify(model, images, batch_size=batch_size, amp=amp)[0]
+
+
+def embed_and_classify(model: nn.Module, images: torch.Tensor, *, batch_size: int = 512,
+                       amp: bool | str = DEFAULT_AMP) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`embed`'s features and, from the same pass, the classifier's top output of each image (an index into
+    the model's outputs: compare with :meth:`RetrievalModel.class_targets`), so that a measure of both runs the
+    model over the images once."""
+    features, predicted = [], []
+    for logits, batch_features in forward_in_batches(model, images, batch_size=batch_size, amp=amp):
+        features.append(F.normalize(batch_features, dim=1))
+        predicted.append(logits.argmax(dim=1))
+    features_all = torch.cat(features)
+    if not bool(torch.isfinite(features_all).all()):
         raise NonFiniteError(f"the model gives NaN or infinite features for {len(images)} images")
-    return features
+    return features_all, torch.cat(predicted)
 
 
 SUMMED_ROWS = 4096

@@ -104,6 +104,11 @@ class Run:
         embeds its galleries and queries."""
         return self.processes.embed(model, images, batch_size=self.settings.evaluation.batch_size, amp=self.amp)
 
+    def embed_and_classify(self, model: torch.nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`embed`, with each image's top classifier output from the same pass."""
+        return self.processes.embed_and_classify(model, images, batch_size=self.settings.evaluation.batch_size,
+                                                 amp=self.amp)
+
     def execute(self) -> dict[str, Any]:
         """Train and evaluate the remaining tasks while holding the run folder's lock; returns the record. The data
         are read first, so missing or damaged data leave no run folder behind."""
@@ -185,7 +190,8 @@ class Run:
                                           ) from None
         if outgoing is None and self.stream.num_tasks > 1:
             outgoing = self._restore_model(self.stream.num_tasks - 2)
-        extra = self.scenario.finish(Finished(self.stream, outgoing, model, adapter, self.embed))
+        extra = self.scenario.finish(Finished(self.stream, outgoing, model, adapter, self.embed,
+                                                 self.embed_and_classify))
         record = self.record(evaluator, complete=True, seconds=time.perf_counter() - started, extra=extra)
         if evaluation.plots and self.main:
             save_plots(record, self.dir)

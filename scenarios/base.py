@@ -46,13 +46,15 @@ class ScenarioError(DataError):
 class Finished:
     """What :meth:`Scenario.finish` may measure after the last task: the last two deployed models, the last
     fitted adapter (or None), and the run's embedder (``embed(model, images)``: its batch size and
-    precision, each rank embedding its share under torchrun)."""
+    precision, each rank embedding its share under torchrun), also as ``embed_and_classify(model, images)``, which
+    adds each image's top classifier output from the same pass."""
 
     stream: Stream
     outgoing: RetrievalModel | None
     model: RetrievalModel
     adapter: Any
     embed: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+    embed_and_classify: Callable[[torch.nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Scenario:

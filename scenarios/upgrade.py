@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from benchmarks.adapter_study import PairedFeatures, Scoring, StudySplit, measure
@@ -31,7 +32,7 @@ from benchmarks.flips import classification_flips
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import Stream, Task, experience_images, single_experience
 from cl2r_bench.errors import ConfigError
-from cl2r_bench.models import RetrievalModel, forward_in_batches, load_state, replacement_family
+from cl2r_bench.models import RetrievalModel, load_state, replacement_family
 from cl2r_bench.training.pretrain import pretrained_replacement
 
 from .base import Finished, Scenario, check_class_budget, register_scenario, run_dataset, stream_from_settings
@@ -39,11 +40,10 @@ from .base import Finished, Scenario, check_class_budget, register_scenario, run
 TWO_MODEL_CASES = ("old/old", "new/old", "new/new")
 
 
-def predicted_correctly(model: RetrievalModel, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Whether ``model``'s classifier puts each image's class first (the old model's knows the old classes only, so
-    it misses every new-class image)."""
-    logits = torch.cat([batch for batch, _ in forward_in_batches(model, images)])
-    return (logits.argmax(dim=1) == model.class_targets(labels.to(logits.device))).cpu().numpy()
+def classified_correctly(model: RetrievalModel, predicted: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
+    """Whether ``model``'s classifier put each image's class first (``predicted``: its top outputs; the old model's
+    classifier knows the old classes only, so it misses every new-class image)."""
+    return (predicted == model.class_targets(labels.to(predicted.device))).cpu().numpy()
 
 
 @register_scenario("upgrade")
@@ -119,12 +119,14 @@ class Upgrade(Scenario):
         test = [experience_images(exp) for exp in stream.benchmark.test_stream]
         images = torch.cat([t.images for t in test])
         labels = torch.cat([t.labels for t in test]).to(images.device)
-        split = StudySplit(PairedFeatures(finished.embed(old, images), finished.embed(new, images), labels),
+        (old_features, old_predicted), (new_features, new_predicted) = (
+            finished.embed_and_classify(model, images) for model in (old, new))
+        split = StudySplit(PairedFeatures(old_features, new_features, labels),
                            scoring=Scoring.of(self.settings.model_update), old_frame_prefix=True)
         with torch.no_grad():
             study = measure(split, None, orders=[], steps=1, seed=self.settings.seed)
         cases = {case: study["cases"][case] for case in TWO_MODEL_CASES}
-        correct = [predicted_correctly(model, images, labels) for model in (old, new)]
+        correct = [classified_correctly(old, old_predicted, labels), classified_correctly(new, new_predicted, labels)]
         return {"two_model": {"cases": cases, "negative_flips": study["negative_flips"],
                               "classification": classification_flips(*correct),
                               "query_top1": study["query_top1"],

@@ -47,8 +47,27 @@ def test_the_new_model_trains_from_scratch_on_every_class_against_the_old_one(ti
     assert record_problem(record) is None
 
 
-def test_the_two_model_protocol_is_leave_one_out_on_the_test_split_with_its_flips(tiny, tmp_path):
+def test_the_two_model_protocol_is_leave_one_out_on_the_test_split_with_its_flips(tiny, tmp_path, monkeypatch):
+    from cl2r_bench.models import RetrievalModel
+    from scenarios.upgrade import Upgrade
+    seen: dict[int, int] = {}
+    finish = Upgrade.finish
+
+    def count(module, inputs, _output):
+        if isinstance(module, RetrievalModel):
+            seen[id(module)] = seen.get(id(module), 0) + len(inputs[0])
+
+    def counted_finish(self, finished):
+        hook = torch.nn.modules.module.register_module_forward_hook(count)
+        try:
+            return finish(self, finished)
+        finally:
+            hook.remove()
+
+    monkeypatch.setattr(Upgrade, "finish", counted_finish)
     record, _ = upgrade_run(tiny, tmp_path, "lce")
+    assert sorted(seen.values()) == [12 * 6, 12 * 6], \
+        "each model runs over the test split once, for its features and its classifier's flips together"
     two = record["two_model"]
     assert set(two["cases"]) == {"old/old", "new/old", "new/new"}
     assert two["queries"] == 12 * 6                    # every test image of the 12 classes is a query
