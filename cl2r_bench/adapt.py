@@ -308,29 +308,48 @@ def _check_rows(path: Path, name: str, x: np.ndarray, processes: Processes, stre
                               "have no direction to compare; drop or re-embed those items")
 
 
-def unseen_split(train: tuple, test: tuple, share: float, test_path: str | Path) -> tuple[tuple, tuple, int]:
-    """``(train, test, classes)``: with ``share`` > 0, that share of the classes both splits hold (a draw seeded by
-    :data:`UNSEEN_CLASSES_SEED`) leaves ``train`` and only they stay in ``test``, so the adapters are scored on
-    classes they never saw (the open-set protocol of metric learning); ``classes`` is how many were drawn."""
+def unseen_rows(train_labels: np.ndarray, test_labels: np.ndarray, share: float,
+                test_path: str | Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(train rows, test rows, classes)`` kept by the open-set protocol of metric learning: with ``share`` > 0,
+    that share of the classes both splits hold (a draw seeded by :data:`UNSEEN_CLASSES_SEED`) leaves the train split
+    and only they stay in the test split, so the adapters are scored on classes they never saw; ``classes`` is how
+    many were drawn (0 and every row where ``share`` is 0)."""
+    train_labels, test_labels = np.asarray(train_labels), np.asarray(test_labels)
     if not share:
-        return train, test, 0
-    shared = sorted(set(train[2].tolist()) & set(test[2].tolist()))
+        return np.arange(len(train_labels)), np.arange(len(test_labels)), 0
+    shared = sorted(set(train_labels.tolist()) & set(test_labels.tolist()))
     count = round(share * len(shared))
     if count < 2 or count == len(shared):
         raise EmbeddingsError(f"model_update.unseen_classes = {share} of the {len(shared)} classes both splits hold "
                               f"draws {count}; choose a share that leaves at least 2 classes on each side")
     drawn = np.random.default_rng(UNSEEN_CLASSES_SEED).permutation(shared)[:count]
+    test_rows = np.flatnonzero(np.isin(test_labels, drawn))
+    if len(set(test_labels[test_rows].tolist())) == len(test_rows):
+        raise EmbeddingsError(f"{test_path}: the drawn classes have one item each; lower model_update.unseen_classes")
+    return np.flatnonzero(~np.isin(train_labels, drawn)), test_rows, count
 
-    def keep(split: tuple, mask: np.ndarray) -> tuple:
-        rows = np.flatnonzero(mask)
+
+def unseen_split(train: tuple, test: tuple, share: float, test_path: str | Path) -> tuple[tuple, tuple, int]:
+    """``(train, test, classes)``: the ``(old, new, labels)`` splits cut to the rows :func:`unseen_rows` keeps."""
+    if not share:
+        return train, test, 0
+    train_rows, test_rows, count = unseen_rows(train[2], test[2], share, test_path)
+
+    def keep(split: tuple, rows: np.ndarray) -> tuple:
         old, new, labels = split
         return (*(torch.as_tensor(np.asarray(x)[rows]) for x in (old, new)), np.asarray(labels)[rows])
 
-    unseen_train = keep(train, ~np.isin(np.asarray(train[2]), drawn))
-    unseen_test = keep(test, np.isin(np.asarray(test[2]), drawn))
-    if len(set(unseen_test[2].tolist())) == len(unseen_test[2]):
-        raise EmbeddingsError(f"{test_path}: the drawn classes have one item each; lower model_update.unseen_classes")
-    return unseen_train, unseen_test, count
+    return keep(train, train_rows), keep(test, test_rows), count
+
+
+def class_overlap(train_labels: Any, test_labels: Any, unseen: int) -> dict[str, int]:
+    """What the summary's closed / open set line reads (:func:`reporting.adapter_summary.classes_line`): how many
+    test classes there are, how many of them the adapters were fitted on, and how many were held out by
+    ``model_update.unseen_classes``."""
+    test_classes = set(np.asarray(test_labels).tolist())
+    return {"test_classes": len(test_classes),
+            "test_classes_fitted": len(test_classes & set(np.asarray(train_labels).tolist())),
+            "unseen_classes_drawn": unseen}
 
 
 def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_rows: int | None = None,
@@ -355,11 +374,9 @@ def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_
     if len(set(test[2].tolist())) == len(test[2]):
         raise EmbeddingsError(f"{test_path}: every label occurs once, so no query has another item of its class "
                               "in the gallery; the test split needs classes with at least 2 items")
-    test_classes = set(test[2].tolist())
     about = {"train": str(train_path), "test": str(test_path), "train_items": len(labels[0]),
              "test_items": len(labels[1]), "old_dim": train[0].shape[1], "new_dim": train[1].shape[1],
-             "classes": len(index), "test_classes": len(test_classes),
-             "test_classes_fitted": len(test_classes & set(classes)), "unseen_classes_drawn": unseen}
+             "classes": len(index), **class_overlap(train[2], test[2], unseen)}
     return Study(Path(train_path).stem, PairedFeatures.normalised(train[0], train[1], labels[0]),
                  PairedFeatures.normalised(test[0], test[1], labels[1]), about, class_labels=list(index),
                  processes=processes, progress=progress)
@@ -597,22 +614,28 @@ def export_adapter(adapter: Adapter, directory: str | Path) -> list[Path]:
 def encoder_study(settings: Any, device: torch.device, log: Any = print) -> Study:
     """The :class:`Study` of ``model_update.old`` / ``new`` on the run's data set at its native resolution: the
     first ``fit_per_class`` train-split images per class to fit on, the first ``test_per_class`` test-split
-    images per class to measure on, each embedded once per encoder (:mod:`cl2r_bench.feature_cache`). Both
-    encoders are built before the data are read, so a spec that cannot be built fails first."""
+    images per class to measure on, each embedded once per encoder (:mod:`cl2r_bench.feature_cache`); with
+    ``model_update.unseen_classes``, the open set of :func:`unseen_rows`. Both encoders are built before the data are
+    read, so a spec that cannot be built fails first."""
     update = settings.model_update
     encoders, data, splits = study_images(settings)
     raw, seconds = embedded(settings, encoders, splits, device, log)
-    paired = {split: PairedFeatures.normalised(raw["old", split], raw["new", split], images.labels).to(device)
-              for split, images in splits.items()}
+    train_rows, test_rows, unseen = unseen_rows(splits["train"].labels, splits["test"].labels, update.unseen_classes,
+                                                f"the {settings.dataset} test split")
+    rows = {"train": torch.as_tensor(train_rows), "test": torch.as_tensor(test_rows)}
+    labels = {split: images.labels[rows[split]] for split, images in splits.items()}
+    paired = {split: PairedFeatures.normalised(raw["old", split][rows[split]], raw["new", split][rows[split]],
+                                               labels[split]).to(device) for split in splits}
     about = {"old": encoders["old"].describe(), "new": encoders["new"].describe(),
-             "data": {"dataset": settings.dataset, "train_items": len(splits["train"]),
-                      "test_items": len(splits["test"]), "fit_per_class": update.fit_per_class,
-                      "test_per_class": update.test_per_class}}
+             "data": {"dataset": settings.dataset, "train_items": len(labels["train"]),
+                      "test_items": len(labels["test"]), "fit_per_class": update.fit_per_class,
+                      "test_per_class": update.test_per_class},
+             **class_overlap(labels["train"], labels["test"], unseen)}
     classifier = encoders["new"].classifier
     zero_shot = None
     imagenet = imagenet_classes(data.class_names) if classifier is not None else None
     if imagenet is not None and classifier.weight.shape[0] == IMAGENET_CLASSES:
-        zero_shot = ZeroShot(raw["new", "test"].to(device), imagenet[splits["test"].labels].to(device),
+        zero_shot = ZeroShot(raw["new", "test"][rows["test"]].to(device), imagenet[labels["test"]].to(device),
                              classifier.to(device))
     return Study(settings.dataset, paired["train"], paired["test"], about, zero_shot, seconds,
                  progress=settings.training.progress)

@@ -360,9 +360,13 @@ class ModelUpdateSettings:
     def __post_init__(self) -> None:
         check_rules("model_update", self, at_least(1, "backfill_steps", "fit_per_class", "test_per_class",
                                                    "encoder_batch_size", "queries"))
-        if self.unseen_classes:
-            raise ConfigError("model_update.unseen_classes holds classes out of the fitting split of runner.py adapt; "
-                              "a run picks its classes with model_update.protocol: leave it 0 here")
+        if not 0 <= self.unseen_classes < 1:
+            raise ConfigError(f"model_update.unseen_classes = {self.unseen_classes!r} must be a share in [0, 1) "
+                              "(e.g. 0.5: half the classes are held out of fitting and scored)")
+        if self.unseen_classes and not self.leave_one_out:
+            raise ConfigError("model_update.unseen_classes holds classes out of the fitting split of runner.py adapt "
+                              "and of two encoders' leave-one-out study (model_update.old / new); a run that trains "
+                              "its two models picks its classes with the stream settings: leave it 0 here")
         if self.stream_rows is not None:
             raise ConfigError("model_update.stream_rows streams the .npy embeddings runner.py adapt reads; a run "
                               "embeds its splits itself: leave it null here")

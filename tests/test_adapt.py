@@ -321,6 +321,15 @@ def test_model_update_on_two_encoders_embeds_each_split_once_for_every_adapter(e
     assert len(list(cache.glob("*.pt"))) == 4
     assert main(["leaderboard", "--results", str(out), "--table", "backfilling", "--format", "csv"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == 2 + len(list_adapters())
+    assert by_name["none"]["models"]["test_classes"] == by_name["none"]["models"]["test_classes_fitted"] == 5
+    open_set = tmp_path / "open"
+    elsewhere = [str(open_set) if arg == str(out) else arg for arg in common]
+    assert main([*elsewhere, "--adapter", "procrustes", "--set", "model_update.unseen_classes=0.4"]) == 0
+    assert "embedded in" not in capsys.readouterr().out, "the open set reuses the cached features"
+    (record,) = [json.loads(p.read_text()) for p in open_set.rglob("metrics.json")]
+    about, retrieval = record["models"], record["retrieval"]
+    assert (about["unseen_classes_drawn"], about["test_classes"], about["test_classes_fitted"]) == (2, 2, 0)
+    assert retrieval["queries"] == 2 * 4 and retrieval["fitting_items"] == 3 * 8
 
 
 def test_encoder_specs_are_checked_before_any_data_is_read(tmp_path, capsys):

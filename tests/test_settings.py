@@ -61,7 +61,9 @@ def bad_paths(tmp_path):
             (["--set", f"model_update.feature_cache={afile}"], "model_update.feature_cache"),
             (["--config", str(tmp_path / "latin1.yaml")], "is not UTF-8 text (byte 0xff at position 0)"),
             (["--epochs", "abc"], "argument --epochs: invalid int value: 'abc'"),
-            (["--set", "model_update.screen=true"], "a run ranks in memory: leave it false here")]
+            (["--set", "model_update.screen=true"], "a run ranks in memory: leave it false here"),
+            (["--set", "model_update.unseen_classes=0.5"], "picks its classes with the stream settings"),
+            (["--set", "model_update.unseen_classes=1.5"], "must be a share in [0, 1)")]
 
 
 def test_bad_paths_files_and_values_are_one_line_before_anything_runs(tmp_path, capsys):
