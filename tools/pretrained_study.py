@@ -12,6 +12,9 @@ whose record is complete, so an interrupted study continues where it stopped.
 
     python -m tools.pretrained_study --data-root DATA [--output results/pretrained] [--seeds 0 1 2]
 
+``--unseen-classes 0.5`` runs the open set (``model_update.unseen_classes``: half of the classes, a seeded draw, are
+held out of fitting and alone scored) into ``OUTPUT/open-set/``, from the same weights and feature cache.
+
 Then :mod:`tools.pretrained_report` writes the tables and the figure.
 """
 from __future__ import annotations
@@ -82,7 +85,7 @@ def run_config(args: argparse.Namespace, pair: dict[str, str], dataset: str, ada
              "adapter_params": {"lambda_orth": LAMBDA_VARIANTS[adapter]} if adapter in LAMBDA_VARIANTS else {},
              "training": {"progress": False},
              "model_update": {"old": pair["old"], "new": pair["new"], "protocol": "leave_one_out",
-                              "backfill_orders": list(BACKFILL_ORDERS),
+                              "backfill_orders": list(BACKFILL_ORDERS), "unseen_classes": args.unseen_classes,
                               "feature_cache": str(Path(args.output) / "feature_cache"), **DATASETS[dataset]}}
     return resolve([("pretrained study", layer)])
 
@@ -97,9 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--ablation-seeds", type=int, default=1, help="seeds of the λ ablation (the first N of "
                         "--seeds; strict orthogonality's matrix exponential is slow on a CPU)")
+    parser.add_argument("--unseen-classes", type=float, default=0.0, help="the open set: this share of the classes "
+                        "held out of fitting and alone scored, runs under OUTPUT/open-set/ (docs/adapters.md)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     output = Path(args.output)
+    runs = output / "open-set" if args.unseen_classes else output
     lite = {v: lite_weights(v, output / "weights") for v in ("lite0", "lite2")}
     pairs = {"lite0-lite2": {"old": f"timm:tf_efficientnet_lite0@{lite['lite0']}",
                              "new": f"timm:tf_efficientnet_lite2@{lite['lite2']}"}}
@@ -107,15 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         pairs["resnet18-lite2"] = {"old": f"suite:{suite_resnet(args.data_root, output / 'models', print)}",
                                    "new": pairs["lite0-lite2"]["new"]}
     timings: list[dict[str, Any]] = []
-    timing_file = output / f"study_timing_{int(time.time())}.json"
+    timing_file = runs / f"study_timing_{int(time.time())}.json"
     for pair_name in args.pairs:
         for dataset in args.datasets:
-            first = assemble(run_config(args, pairs[pair_name], dataset, "none", args.seeds[0], output / pair_name))
+            first = assemble(run_config(args, pairs[pair_name], dataset, "none", args.seeds[0], runs / pair_name))
             study = encoder_study(first.settings, first.device, print)
             ablation = list(LAMBDA_VARIANTS) if (pair_name, dataset) == ("lite0-lite2", "tinyimagenet") else []
             for adapter in ["none", *list_adapters(), *ablation]:
                 for seed in args.seeds[:args.ablation_seeds] if adapter in LAMBDA_VARIANTS else args.seeds:
-                    parts = assemble(run_config(args, pairs[pair_name], dataset, adapter, seed, output / pair_name))
+                    parts = assemble(run_config(args, pairs[pair_name], dataset, adapter, seed, runs / pair_name))
                     if holds_complete_record(parts.directory):
                         continue
                     with RunFolder(parts.directory, resume=False, overwrite=True).writing(parts.config):
