@@ -335,8 +335,9 @@ def backfill_phrase(row: AdapterSummary) -> str:
     return f"re-embedding {row.reembed_share:.0%} of the gallery ({row.backfill_order} order) reaches {target}"
 
 
-SUMMARY_COLUMNS = ("adapter", "seeds", "cross case", "compatible", "top-1 gain (95% interval)", "mAP gain",
-                   "backfill AUC (order)", "re-embed for 95%", "fit s", "converged")
+SUMMARY_COLUMNS = ("adapter", "compatible", "top-1 gain (95% interval)", "re-embed for 95%", "cross case", "mAP gain",
+                   "backfill AUC (order)", "seeds", "fit s", "converged")
+"""The deciding columns first (whether, by how much, what re-embedding it takes), so they show on a narrow screen."""
 
 
 def summary_cells(row: AdapterSummary) -> list[str]:
@@ -346,10 +347,10 @@ def summary_cells(row: AdapterSummary) -> list[str]:
 
     interval = f" ({row.top1_interval[0]:+.1f}, {row.top1_interval[1]:+.1f})" if row.top1_interval else ""
     seeds = f"{row.seeds} (one fit)" if row.seed_free else str(row.seeds)
-    return [row.adapter, seeds, row.cross_case or "-", row.compatible, signed(row.top1_gain) + interval,
+    return [row.adapter, row.compatible, signed(row.top1_gain) + interval,
+            "-" if row.reembed_share is None else f"{row.reembed_share:.0%}", row.cross_case or "-",
             signed(row.mAP_gain), "-" if row.backfill_auc is None else f"{row.backfill_auc:.1f} ({row.backfill_order})",
-            "-" if row.reembed_share is None else f"{row.reembed_share:.0%}", f"{row.fit_seconds:.1f}",
-            {True: "yes", False: "NO", None: "-"}[row.converged]]
+            seeds, f"{row.fit_seconds:.1f}", {True: "yes", False: "NO", None: "-"}[row.converged]]
 
 
 def unmatched(records: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -184,17 +184,41 @@ def backfilling_curves(record: RunRecord) -> tuple[list[float], dict[str, list[f
     return fill.get("betas", []), curves
 
 
-def backfilling_figure(plt, title: str, runs: list[RunRecord]):
+NO_ADAPTER = "none"
+"""The study's row without an adapter: its curve starts at the stale gallery's new/old, far below the adapters'
+curves, so it is left out of the scale they are drawn on (:func:`backfilling_scale`)."""
+
+
+def backfilling_scale(curves: list[list[float]], baseline: float | None = None) -> tuple[float, float]:
+    """One top-1 range (%) for a group of backfilling curves, with a margin, so that curves drawn apart compare
+    and the adapters' curves stay distinguishable (the caller leaves :data:`NO_ADAPTER`'s out; a curve below the
+    range is clipped and says where it starts)."""
+    values = [v for curve in curves for v in curve] + ([] if baseline is None else [baseline])
+    low, high = min(values), max(values)
+    margin = max(0.08 * (high - low), 0.5)
+    return low - margin, high + margin
+
+
+def _clipped_label(label: str, curve: list[float], scale: tuple[float, float] | None) -> str:
+    if scale is not None and min(curve) < scale[0]:
+        return f"{label}, from {curve[0]:.1f} (below the scale)"
+    return label
+
+
+def backfilling_figure(plt, title: str, runs: list[RunRecord], scale: tuple[float, float] | None = None):
     """Top-1 accuracy against the backfilled fraction β for each order, the mean over ``runs`` (one experiment's
-    seeds) with its area under the curve."""
+    seeds) with its area under the curve; ``scale``: the group's top-1 range (:func:`backfilling_scale`), so that
+    the figures of one study share their axis."""
     fig, ax = plt.subplots(figsize=(5, 3.5))
     curves = [backfilling_curves(r) for r in runs]
     betas = curves[0][0]
     for order in curves[0][1]:
         values = np.array([c[order] for _, c in curves if order in c], dtype=float)
         mean = values.mean(axis=0)
-        ax.plot(betas, mean, marker="o", markersize=3,
-                label=f"{order} (area {area_under_curve(betas, list(mean)):.1f})")
+        label = f"{order} (area {area_under_curve(betas, list(mean)):.1f})"
+        ax.plot(betas, mean, marker="o", markersize=3, label=_clipped_label(label, list(mean), scale))
+    if scale is not None:
+        ax.set_ylim(*scale)
     ax.set_xlabel("backfilled fraction β")
     ax.set_ylabel("top-1 accuracy (%)")
     ax.set_title(title, fontsize=9)
@@ -203,43 +227,69 @@ def backfilling_figure(plt, title: str, runs: list[RunRecord]):
     return fig
 
 
-def study_figure(plt, title: str, rows: list[AdapterSummary], runs: list[RunRecord]):
-    """An adapter study at a glance: left, each adapter's cross case (what the system serves without backfilling)
-    against old/old, with the 95 % interval of the paired gain; right, each adapter's backfilling curve in its best
-    order (the seeds' mean, where every seed's record holds the curve), from the stale gallery at β = 0 to full
-    backfilling at β = 1."""
-    baseline = runs[0]["retrieval"]["cases"]["old/old"]["top1"]
-    fig, (bars, curves) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.32 * max(len(rows), 4)),
-                                       gridspec_kw={"width_ratios": [1, 1.2]})
+def cross_case_figure(plt, title: str, rows: list[AdapterSummary], baseline: float):
+    """Each adapter's cross case (what the system serves without backfilling) against old/old (dashed), with the
+    95 % interval of the paired gain, on an axis that holds the reference line, every bar and every interval."""
     shown = [r for r in rows if r.top1_gain is not None]
-    colours = {r.adapter: plt.cm.tab10(i % 10) for i, r in enumerate(rows)}
+    fig, bars = plt.subplots(figsize=(5.5, 0.9 + 0.32 * max(len(shown), 4)))
+    ends = [baseline]
     for y, row in enumerate(shown):
         low, high = row.top1_interval or (row.top1_gain, row.top1_gain)
-        bars.barh(y, row.top1_gain, left=baseline, color=colours[row.adapter],
+        bars.barh(y, row.top1_gain, left=baseline, color=_adapter_colour(plt, rows, row.adapter),
                   xerr=[[row.top1_gain - low], [high - row.top1_gain]], capsize=3)
-    bars.axvline(baseline, color="black", linestyle="--", linewidth=1, label=f"old/old {baseline:.1f}")
+        ends += [baseline + low, baseline + high, baseline + row.top1_gain]
+    margin = max(0.06 * (max(ends) - min(ends)), 0.5)
+    bars.set_xlim(min(ends) - margin, max(ends) + margin)
+    bars.axvline(baseline, color="black", linestyle="--", linewidth=1)
     bars.set_yticks(range(len(shown)), [f"{r.adapter} ({r.cross_case})" for r in shown], fontsize=8)
     bars.invert_yaxis()
-    bars.set_xlabel("top-1 (%) without backfilling")
-    bars.legend(fontsize=7, loc="lower right")
-    by_method = {}
+    bars.set_xlabel(f"top-1 (%) without backfilling; dashed: old/old {baseline:.1f}")
+    bars.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _adapter_colour(plt, rows: list[AdapterSummary], adapter: str) -> Any:
+    """One colour per adapter of a study, the same in both of its figures."""
+    return plt.cm.tab10([r.adapter for r in rows].index(adapter) % 10)
+
+
+def best_order_curves(rows: list[AdapterSummary], runs: list[RunRecord]) -> dict[str, tuple[list[float], list[float]]]:
+    """``{adapter: (betas, top-1)}``: each adapter's backfilling curve in its best order, the mean over its seeds,
+    where every seed's record holds it."""
+    by_method: dict[str, list[RunRecord]] = {}
     for run in runs:
         by_method.setdefault(run["method"], []).append(run)
+    out = {}
     for row in rows:
         if row.backfill_order is None:
             continue
         fills = [r["retrieval"]["backfilling"] for r in by_method[row.adapter]]
         drawn = [(f.get("curves") or {}).get(row.backfill_order) for f in fills]
-        if None in drawn:
-            continue
-        mean = np.mean([c["top1"] for c in drawn], axis=0)
-        curves.plot(fills[0]["betas"], mean, marker="o", markersize=2.5, color=colours[row.adapter],
-                    label=f"{row.adapter} ({row.backfill_order})")
+        if None not in drawn:
+            out[row.adapter] = (fills[0]["betas"], list(np.mean([c["top1"] for c in drawn], axis=0)))
+    return out
+
+
+def best_curves_figure(plt, title: str, rows: list[AdapterSummary], runs: list[RunRecord], baseline: float):
+    """Each adapter's backfilling curve in its best order (:func:`best_order_curves`), from the stale gallery at
+    β = 0 to full backfilling at β = 1, against old/old (dashed), on the adapters' scale (:func:`backfilling_scale`:
+    the no-adapter curve, far below, is clipped); the legend sits under the axes, over no curve."""
+    fig, curves = plt.subplots(figsize=(5.5, 3.6 + 0.14 * len(rows)))
+    drawn = best_order_curves(rows, runs)
+    adapters = [c for name, (_, c) in drawn.items() if name != NO_ADAPTER]
+    scale = backfilling_scale(adapters or [c for _, c in drawn.values()], baseline) if drawn else None
+    order = {row.adapter: row.backfill_order for row in rows}
+    for name, (betas, curve) in drawn.items():
+        curves.plot(betas, curve, marker="o", markersize=2.5, color=_adapter_colour(plt, rows, name),
+                    label=_clipped_label(f"{name} ({order[name]})", curve, scale))
+    if scale is not None:
+        curves.set_ylim(*scale)
     curves.axhline(baseline, color="black", linestyle="--", linewidth=1)
-    curves.set_xlabel("backfilled fraction β")
+    curves.set_xlabel(f"backfilled fraction β; dashed: old/old {baseline:.1f}")
     curves.set_ylabel("top-1 (%)")
-    curves.legend(fontsize=7, loc="lower right")
-    fig.suptitle(title, fontsize=10)
+    curves.set_title(title, fontsize=9)
+    curves.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     fig.tight_layout()
     return fig
 
@@ -257,7 +307,7 @@ def png_bytes(draw: Callable[..., Any], *args: Any) -> bytes:
     plt = _pyplot()
     fig = draw(plt, *args)
     out = io.BytesIO()
-    fig.savefig(out, format="png", dpi=110)
+    fig.savefig(out, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return out.getvalue()
 

@@ -50,14 +50,18 @@ from .leaderboard import (
     short_model_name,
 )
 from .plots import (
+    NO_ADAPTER,
     backfilling_curves,
     backfilling_figure,
+    backfilling_scale,
+    best_curves_figure,
+    cross_case_figure,
     curves_figure,
     experiment_series,
     png_bytes,
-    study_figure,
     viridis,
 )
+from .stream_verdict import stream_verdict
 
 REPORT_TABLES = ("main", "noise", "replacements", "across", "retrieval", "backfilling", "two_model", "timing")
 TABLE_TITLES = {"main": "Leaderboard", "noise": "Noise-aware AC", "replacements": "Replacement models' own accuracy",
@@ -102,12 +106,12 @@ class RunLink:
 @dataclass
 class StudyAnswer:
     """The opening of an adapter study (one data set, one pair of models): its summary table, its recommendation,
-    its figure, and the models' full specs behind their short names."""
+    its figures (the cross cases, the backfilling curves), and the models' full specs behind their short names."""
 
     title: str
     summary: HtmlTable
     recommendation: str
-    figure: Figure
+    figures: list[Figure]
     models: list[tuple[str, str]]
 
 
@@ -116,11 +120,13 @@ class Section:
     scenario: str
     dataset: str
     anchor: str
+    verdict: str = ""
     answers: list[StudyAnswer] = field(default_factory=list)
     tables: list[HtmlTable] = field(default_factory=list)
     settings: HtmlTable | None = None
     matrices: list[HtmlTable] = field(default_factory=list)
     figures: list[Figure] = field(default_factory=list)
+    grid: list[Figure] = field(default_factory=list)
     published: list[HtmlTable] = field(default_factory=list)
     runs: list[RunLink] = field(default_factory=list)
 
@@ -185,11 +191,14 @@ def section(scenario: str, dataset: str, pairs: list[tuple[Path, RunRecord]], li
     records = [record for _, record in pairs]
     built = build(records, "github", REPORT_TABLES)
     part = Section(scenario, dataset, anchor=f"{scenario}-{dataset}".replace(" ", "-"))
+    part.verdict = stream_verdict([r for r in records if not adapter_study(r)])
     part.answers = study_answers(dataset, [r for r in records if adapter_study(r)])
-    part.tables = [html_table(TABLE_TITLES[name], table) for name, tables in built.items() for table in tables]
+    part.tables = [html_table(TABLE_TITLES[name], table, hidden=SECTION_COLUMNS) for name, tables in built.items()
+                   for table in tables]
     part.settings = settings_table(records)
     part.matrices = [heat_table(grid) for grid in mean_matrices([r for r in records if not adapter_study(r)])]
     part.figures = figures(scenario, dataset, records)
+    part.grid = backfilling_grid(dataset, records)
     part.published = [html_table(table.title, table, "published") for table in published_tables(records)]
     labels = {id(r): label for (_, _, label), runs in experiment_groups(records).items() for r in runs}
     part.runs = [run_link(path, labels[id(record)], record, links_from)
@@ -210,10 +219,14 @@ def study_answers(dataset: str, records: list[RunRecord]) -> list[StudyAnswer]:
                  for row in rows]
         old, new = model_specs(runs[0])
         title = f"{label} · {dataset}"
+        baseline = runs[0]["retrieval"]["cases"]["old/old"]["top1"]
+        drawn = [Figure(f"{title}: cross case against old/old",
+                        encode(png_bytes(cross_case_figure, title, rows, baseline))),
+                 Figure(f"{title}: each adapter's backfilling in its best order",
+                        encode(png_bytes(best_curves_figure, title, rows, runs, baseline)))]
         answers.append(StudyAnswer(
-            title, HtmlTable(f"The answer: {title}", list(SUMMARY_COLUMNS), cells, "summary", {0, 2, 3}),
-            recommendation(rows, models_verdict(runs)), Figure(f"{title}: cross case against old/old, and backfilling",
-                                         encode(png_bytes(study_figure, title, rows, runs))),
+            title, HtmlTable(f"The answer: {title}", list(SUMMARY_COLUMNS), cells, "summary", {0, 1, 4}),
+            recommendation(rows, models_verdict(runs)), drawn,
             [] if old is None else [(short_model_name(old), old), (short_model_name(new), new)]))
     return answers
 
@@ -223,16 +236,21 @@ def summary_sort_keys(row: AdapterSummary) -> list[str | float]:
     def number(value: float | None) -> str | float:
         return "" if value is None else float(value)
 
-    return [row.adapter, float(row.seeds), row.cross_case or "", row.compatible, number(row.top1_gain),
-            number(row.mAP_gain), number(row.backfill_auc), number(row.reembed_share), row.fit_seconds,
-            str(row.converged)]
+    return [row.adapter, row.compatible, number(row.top1_gain), number(row.reembed_share), row.cross_case or "",
+            number(row.mAP_gain), number(row.backfill_auc), float(row.seeds), row.fit_seconds, str(row.converged)]
 
 
-def html_table(title: str, table: Table, kind: str = "measured") -> HtmlTable:
-    return HtmlTable(title, [c.title for c in table.columns],
-                     [[html_cell(value, column) for value, column in zip(row, table.columns, strict=True)]
-                      for row in table.rows],
-                     kind, {i for i, c in enumerate(table.columns) if c.kind == Kind.TEXT})
+SECTION_COLUMNS = ("scenario", "dataset")
+"""Columns a section's own tables leave out: the section's heading names them (published rows keep theirs)."""
+
+
+def html_table(title: str, table: Table, kind: str = "measured", hidden: tuple[str, ...] = ()) -> HtmlTable:
+    """The page's table of a leaderboard table, without the columns titled in ``hidden``."""
+    shown = [i for i, c in enumerate(table.columns) if c.title not in hidden]
+    columns = [table.columns[i] for i in shown]
+    return HtmlTable(title, [c.title for c in columns],
+                     [[html_cell(row[i], table.columns[i]) for i in shown] for row in table.rows],
+                     kind, {n for n, c in enumerate(columns) if c.kind == Kind.TEXT})
 
 
 def html_cell(value: Any, column: Column) -> HtmlCell:
@@ -284,21 +302,31 @@ def heat_table(grid: Table) -> HtmlTable:
 
 
 def figures(scenario: str, dataset: str, records: list[RunRecord]) -> list[Figure]:
-    """The AC_t / AA_t curves of every stream experiment in one figure, and the backfilling curves of each adapter
-    experiment that has them."""
-    out = []
-    studied = [adapter_study(r) for r in records]
-    stream = [r for r, study in zip(records, studied, strict=True) if not study]
-    if stream:
-        series = experiment_series(experiment_groups(stream))[(scenario, dataset)]
-        png = png_bytes(curves_figure, scenario, dataset, series)
-        out.append(Figure("AC_t and AA_t of every experiment", encode(png)))
-    studies = [r for r, study in zip(records, studied, strict=True) if study]
-    for (_, _, label), runs in experiment_groups(studies).items():
+    """The AC_t / AA_t curves of every stream experiment in one figure."""
+    stream = [r for r in records if not adapter_study(r)]
+    if not stream:
+        return []
+    series = experiment_series(experiment_groups(stream))[(scenario, dataset)]
+    return [Figure("AC_t and AA_t of every experiment", encode(png_bytes(curves_figure, scenario, dataset, series)))]
+
+
+def backfilling_grid(dataset: str, records: list[RunRecord]) -> list[Figure]:
+    """The backfilling curves of each adapter experiment that has them, every order, on one top-1 scale per pair of
+    models (:func:`reporting.plots.backfilling_scale`, without the no-adapter curve), for the page's grid."""
+    studies: dict[str, dict[str, list[RunRecord]]] = {}
+    for (_, _, label), runs in experiment_groups([r for r in records if adapter_study(r)]).items():
         drawn = [r for r in runs if backfilling_curves(r)[1]]
         if drawn:
+            studies.setdefault(models_label(drawn[0]), {})[label] = drawn
+    out = []
+    for experiments in studies.values():
+        curves = {label: [c for r in runs for c in backfilling_curves(r)[1].values()]
+                  for label, runs in experiments.items()}
+        adapters = [c for label, runs in experiments.items() if runs[0]["method"] != NO_ADAPTER for c in curves[label]]
+        scale = backfilling_scale(adapters or [c for cs in curves.values() for c in cs])
+        for label, runs in experiments.items():
             title = f"{label} · {dataset} ({len(runs)} seed{'s' * (len(runs) > 1)})"
-            out.append(Figure(f"Backfilling: {title}", encode(png_bytes(backfilling_figure, title, drawn))))
+            out.append(Figure(f"Backfilling: {title}", encode(png_bytes(backfilling_figure, title, runs, scale))))
     return out
 
 

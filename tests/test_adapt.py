@@ -89,7 +89,7 @@ def test_a_list_of_adapters_ends_in_one_summary_table_and_a_recommendation(rotat
     assert warning[0].endswith("--set adapter_params.lambda_orth.max_steps=12")
     table = lines[lines.index(next(line for line in lines if line.startswith("adapter "))):]
     assert [row.split()[0] for row in table[2:5]] == ["none", "procrustes", "lambda_orth"]
-    assert table[2].split()[2:4] == ["new/old", "no"] and table[4].split()[-1] == "NO"
+    assert table[2].split()[1] == "no" and "new/old" in table[2].split() and table[4].split()[-1] == "NO"
     assert next(line for line in lines if line.startswith("recommendation: "))
 
 

@@ -81,7 +81,7 @@ def test_the_recommendation_names_the_compatible_adapter_and_its_backfilling():
     assert line.startswith("deploy lambda_orth: its B/old beats old/old by +10.0 top-1 points (95% interval")
     assert "re-embedding 50% of the gallery (random order) reaches 95% of new/new's top-1" in line
     text = summary_text(study())
-    assert text.splitlines()[0].split()[:4] == ["adapter", "seeds", "cross", "case"]
+    assert text.splitlines()[0].split()[:4] == ["adapter", "compatible", "top-1", "gain"], "deciding columns first"
     assert text.splitlines()[-1] == f"recommendation: {line}"
     assert summary_json(study())["recommendation"] == line
 

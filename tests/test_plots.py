@@ -155,3 +155,27 @@ def test_saved_records_round_trip_through_json(tmp_path, capsys):
     assert runner.main(["plot", str(tmp_path)]) == 0
     assert is_png(tmp_path / "big/seed1/compatibility_matrix.png")
     assert is_png(tmp_path / "plots" / "iamcl2r_synthetic_summary.png")
+
+
+def test_the_cross_case_axis_holds_old_old_every_bar_and_every_interval():
+    """All gains below old/old used to end the axis at the reference line; now it holds every bar's end and
+    interval with a margin, and the reference is named on the axis, not in a legend over a bar."""
+    from reporting.adapter_summary import AdapterSummary
+
+    def row(name: str, gain: float, low: float, high: float) -> AdapterSummary:
+        return AdapterSummary(name, 3, False, "B/old", "no", gain, (low, high), None, None, None, None, 1.0, None)
+
+    plt = plots._pyplot()
+    fig = plots.cross_case_figure(plt, "t", [row("a", -4.0, -6.0, -2.0), row("b", -9.0, -12.5, -7.0)], 50.0)
+    left, right = fig.axes[0].get_xlim()
+    assert left < 50 - 12.5 and right > 50.0 and not fig.axes[0].get_legend()
+    assert "old/old 50.0" in fig.axes[0].get_xlabel()
+    plt.close(fig)
+
+
+def test_one_backfilling_scale_leaves_the_no_adapter_curve_out_and_says_where_it_starts():
+    adapters = [[60.0, 62.0, 64.0], [58.0, 61.0, 64.0]]
+    low, high = plots.backfilling_scale(adapters, baseline=55.0)
+    assert low < 55.0 < 64.0 < high and high - low < 15, "the adapters' curves fill the axis"
+    assert plots._clipped_label("none", [8.0, 40.0, 64.0], (low, high)) == "none, from 8.0 (below the scale)"
+    assert plots._clipped_label("a", adapters[0], (low, high)) == "a"

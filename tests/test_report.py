@@ -57,9 +57,16 @@ def test_the_report_holds_every_experiment_the_published_rows_apart_and_links_to
     published = page[page.index('data-kind="published"'):]
     assert "IAM-CL2R authors&#39; released runs" in published and ">0.952<" in published
     assert "apple/ml-fct README" in page
-    # AC_t / AA_t curves; the backfilling and the answer (cross case, curves) of both adapter studies: the
-    # model_update run along a stream and the leave-one-out one
-    assert page.count("data:image/png;base64,") == 5
+    # AC_t / AA_t curves; the backfilling of both adapter studies (the model_update run along a stream and the
+    # leave-one-out one) and each one's answer in two figures (cross cases, curves)
+    assert page.count("data:image/png;base64,") == 7
+    section = page[page.index('id="iamcl2r-synthetic"'):]
+    section = section[:section.index("</section>")]
+    verdict = section[section.index("The answer:"):section.index("<table")]
+    assert "most compatible: er (AC 1.000" in verdict and "2 seeds" in verdict, "the stream section opens with it"
+    measured = section[:section.index('data-kind="published"')]
+    assert "Leaderboard" in measured and ">scenario</th>" not in measured and ">dataset</th>" not in measured, \
+        "the heading names them"
     answer = page[page.index('<div class="answer">'):]
     assert answer.index("Recommendation:") < answer.index('class="sortable summary"') < answer.index("<figure>")
     assert ">procrustes<" in answer[:answer.index("</table>")]
@@ -121,12 +128,12 @@ def test_the_page_in_a_real_browser_has_every_row_decodes_every_image_and_sorts(
         page.goto(out.as_uri())
         page.wait_for_load_state("load")
         images = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete && i.naturalWidth > 0)")
-        assert images == [True] * 5
+        assert images == [True] * 7
         fits = page.eval_on_selector_all("table.summary",
                                          "ts => ts.map(t => t.scrollWidth <= t.parentElement.clientWidth)")
         assert fits == [True, True] and page.evaluate("document.documentElement.scrollWidth") <= 1400  # no page scroll
         board = page.locator("section#iamcl2r-synthetic table").first
-        strategies = lambda: board.locator("tbody tr td:nth-child(3)").all_inner_texts()  # noqa: E731
+        strategies = lambda: board.locator("tbody tr td:nth-child(1)").all_inner_texts()  # noqa: E731
         assert strategies() == ["er", "dsimplex_hoc"]  # the leaderboard's order: AC, highest first
         heading = board.locator("th", has_text="AC").first
         heading.click()
@@ -134,6 +141,10 @@ def test_the_page_in_a_real_browser_has_every_row_decodes_every_image_and_sorts(
         heading.click()
         assert heading.get_attribute("aria-sort") == "descending" and strategies() == ["er", "dsimplex_hoc"]
         page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+        page.set_viewport_size({"width": 390, "height": 800})
+        deciding = page.eval_on_selector("table.summary", """t => Array.from(t.tHead.rows[0].cells).slice(0, 3)
+            .map(c => c.getBoundingClientRect().right)""")
+        assert max(deciding) <= 390, f"adapter, compatible and top-1 gain show at 390 px: {deciding}"
         browser.close()
     assert (tmp_path / "report.png").stat().st_size > 10_000
 
@@ -145,7 +156,7 @@ def test_an_adapter_study_without_backfilling_curves_has_no_figure_and_breaks_no
     put(results / "model_update/synthetic/procrustes/seed1", record, config=False)
     out, runs, skipped = write_report(results, tmp_path / "report.html")
     assert runs == 6 and len(skipped) == 1, skipped
-    assert out.read_text().count("data:image/png;base64,") == 5  # as without it: no curve, no figure
+    assert out.read_text().count("data:image/png;base64,") == 7  # as without it: no curve, no figure
 
 
 def test_the_report_never_writes_over_a_file_it_did_not_create(results, tmp_path, capsys):

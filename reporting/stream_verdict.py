@@ -1,0 +1,50 @@
+"""The opening line of a stream study's report section: which strategy keeps the most compatible pairs, which has
+the best accuracy, and which keep no pair compatible beyond noise (docs/METHODS.md §2 for AC / AA / ACA, §5 for the
+noise-aware AC). It reads the leaderboard's rows, so the line and the tables below it cannot disagree."""
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.record import RunRecord
+
+from .leaderboard import leaderboard_rows, noise_rows
+
+
+def _mean(cell: Any) -> float | None:
+    return None if cell is None else float(cell[0])
+
+
+def stream_verdict(records: list[RunRecord]) -> str:
+    """One paragraph on a section's stream experiments (means over seeds): the most compatible experiment (by the
+    share of pairs compatible beyond noise where the runs measured it, else by AC; then AA), the most accurate one
+    when it differs, and the experiments with no pair compatible beyond noise; empty without stream records."""
+    rows = leaderboard_rows(records)
+    if not rows:
+        return ""
+    beyond = {row[2]: row[5] for row in noise_rows(records)}
+    summary = {row[2]: {"AC": _mean(row[3]), "AA": _mean(row[4]), "ACA": _mean(row[5]), "seeds": row[-1],
+                        "beyond": beyond.get(row[2])} for row in rows}
+
+    def described(name: str) -> str:
+        item = summary[name]
+        parts = [f"AC {item['AC']:.3f}"]
+        if item["beyond"] is not None:
+            parts.append(f"{item['beyond']:.3f} beyond noise")
+        parts += [f"AA {item['AA']:.1f} %" if item["AA"] is not None else "",
+                  f"ACA {item['ACA']:.1f} %" if item["ACA"] is not None else "",
+                  f"{item['seeds']} seed{'s' * (item['seeds'] > 1)}"]
+        return f"{name} ({', '.join(p for p in parts if p)})"
+
+    def compatibility(name: str) -> tuple[float, float]:
+        item = summary[name]
+        return (item["beyond"] if item["beyond"] is not None else item["AC"] or 0.0), item["AA"] or 0.0
+
+    most_compatible = max(summary, key=compatibility)
+    most_accurate = max(summary, key=lambda name: summary[name]["AA"] or 0.0)
+    lines = [f"most compatible: {described(most_compatible)}."]
+    if most_accurate != most_compatible:
+        lines.append(f"Most accurate: {described(most_accurate)}.")
+    never = [name for name, item in summary.items() if item["beyond"] == 0.0]
+    if never:
+        lines.append(f"No pair compatible beyond noise: {', '.join(sorted(never))}.")
+    return " ".join(lines)
