@@ -250,6 +250,39 @@ def deployments(row: AdapterSummary, records: list[dict[str, Any]]) -> list[Depl
     return found
 
 
+def chosen_deployment(plan: list[Deployment], verdict: ModelsVerdict | None) -> str:
+    """The deployment to run, by a cost rule, in one line (empty without a plan): keep the old model when the new
+    model is not above it beyond noise (``verdict``); otherwise the cheapest of ``plan`` (listed cheapest first:
+    nothing rewritten, stored vectors rewritten, a share of the images re-embedded, every image re-embedded) whose
+    top-1 reaches :data:`BACKFILL_TARGET` of new/new's and lies above old/old's; re-embedding everything when none
+    does. Cost ranks before accuracy: a cheaper deployment past the target wins over a better, dearer one."""
+    cases = {d.case: d for d in plan}
+    if not plan or "old/old" not in cases:
+        return ""
+    old = cases["old/old"]
+    if verdict is not None and verdict.upgrade == "no":
+        return f"{old.deployment} (old/old, top-1 {old.top1:.1f}): the new model is not better beyond noise"
+    full = cases.get("new/new")
+    if full is None:
+        return ""
+    target = BACKFILL_TARGET * full.top1
+    chosen = next(d for d in plan if d.case == "new/new" or (d.case != "old/old" and d.top1 >= target
+                                                                and d.top1 > old.top1))
+    costs = (f"{chosen.query_encoders} per query, {chosen.vectors_rewritten} vectors rewritten, "
+             f"{chosen.images_reembedded} images re-embedded")
+    reach = f"{BACKFILL_TARGET:.0%} of new/new ({target:.1f}) above old/old ({old.top1:.1f})"
+    why = f"no cheaper deployment reaches {reach}" if chosen.case == "new/new" else f"the cheapest that reaches {reach}"
+    return f"{chosen.deployment} ({chosen.case}, top-1 {chosen.top1:.1f}): {why}; it costs {costs}"
+
+
+def recommended_deployment(rows: list[AdapterSummary], records: list[dict[str, Any]],
+                           verdict: ModelsVerdict | None) -> str:
+    """:func:`chosen_deployment` among the deployments of the recommended adapter (:func:`recommended`), or an
+    empty line when no adapter is recommended."""
+    chosen = recommended(rows)
+    return chosen_deployment(deployments(chosen, records), verdict) if chosen is not None else ""
+
+
 def deployments_text(rows: list[Deployment]) -> str:
     return tabulate([[d.deployment, d.case, f"{d.top1:.1f}", d.query_encoders, d.vectors_rewritten,
                       d.images_reembedded, f"{d.fit_seconds:.1f}"] for d in rows],
@@ -401,9 +434,11 @@ def summary_text(records: list[dict[str, Any]]) -> str:
     notes = [line for line in (models_line(verdict), classes_line(records), sampled_line(records),
                                unmatched_line(records)) if line]
     chosen = recommended(rows)
-    plan = ([f"deployments with {chosen.adapter}, and what each costs:", deployments_text(deployments(chosen, records)),
-             ""] if chosen is not None else [])
-    return "\n".join([table, "", *notes, *plan, f"recommendation: {recommendation(rows, verdict)}"])
+    plan = deployments(chosen, records) if chosen is not None else []
+    listed = [f"deployments with {chosen.adapter}, and what each costs:", deployments_text(plan), ""] if plan else []
+    choice = recommended_deployment(rows, records, verdict)
+    return "\n".join([table, "", *notes, *listed, *([f"deployment: {choice}"] if choice else []),
+                      f"recommendation: {recommendation(rows, verdict)}"])
 
 
 def recommended(rows: list[AdapterSummary]) -> AdapterSummary | None:
@@ -429,10 +464,12 @@ def sampled_line(records: list[dict[str, Any]]) -> str:
 
 def summary_json(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The same answer as JSON: ``{"summary": [row, ...], "models": {...} | null, "deployments": {adapter: [...]},
-    "classes": line | null, "unmatched_queries": {...} | null, "recommendation": line}`` (``models``:
-    :class:`ModelsVerdict`; ``deployments``: :func:`deployments`; ``classes``: :func:`classes_line`)."""
+    "deployment": line | null, "classes": line | null, "unmatched_queries": {...} | null, "recommendation": line}``
+    (``models``: :class:`ModelsVerdict`; ``deployments``: :func:`deployments`; ``deployment``:
+    :func:`chosen_deployment` for the recommended adapter; ``classes``: :func:`classes_line`)."""
     rows, verdict = summarise(records), models_verdict(records)
     return {"summary": [r.as_dict() for r in rows], "models": verdict.as_dict() if verdict else None,
             "deployments": {r.adapter: [d.as_dict() for d in deployments(r, records)] for r in rows},
+            "deployment": recommended_deployment(rows, records, verdict) or None,
             "classes": classes_line(records) or None, "unmatched_queries": unmatched(records),
             "recommendation": recommendation(rows, verdict)}

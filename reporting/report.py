@@ -31,6 +31,7 @@ from .adapter_summary import (
     models_verdict,
     ranked,
     recommendation,
+    recommended_deployment,
     summarise,
     summary_cells,
 )
@@ -111,6 +112,7 @@ class StudyAnswer:
     title: str
     summary: HtmlTable
     recommendation: str
+    deployment: str
     figures: list[Figure]
     models: list[tuple[str, str]]
 
@@ -214,7 +216,7 @@ def study_answers(dataset: str, records: list[RunRecord]) -> list[StudyAnswer]:
         studies.setdefault(models_label(record), []).append(record)
     answers = []
     for label, runs in studies.items():
-        rows = ranked(summarise(runs))
+        rows, verdict = ranked(summarise(runs)), models_verdict(runs)
         cells = [[HtmlCell(text, sort) for text, sort in zip(summary_cells(row), summary_sort_keys(row), strict=True)]
                  for row in rows]
         old, new = model_specs(runs[0])
@@ -226,7 +228,7 @@ def study_answers(dataset: str, records: list[RunRecord]) -> list[StudyAnswer]:
                         encode(png_bytes(best_curves_figure, title, rows, runs, baseline)))]
         answers.append(StudyAnswer(
             title, HtmlTable(f"The answer: {title}", list(SUMMARY_COLUMNS), cells, "summary", {0, 1, 4}),
-            recommendation(rows, models_verdict(runs)), drawn,
+            recommendation(rows, verdict), recommended_deployment(rows, runs, verdict), drawn,
             [] if old is None else [(short_model_name(old), old), (short_model_name(new), new)]))
     return answers
 

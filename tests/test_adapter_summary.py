@@ -152,3 +152,32 @@ def test_each_deployment_comes_with_its_cost():
             ("backfilled", 67.0, "new + B", 0, N // 2), ("new/new", 70.0, "new", 0, N)]
     assert plan[1]["fit_seconds"] == 2.0 and plan[0]["fit_seconds"] == 0.0
     assert "deployments with lambda_orth, and what each costs:" in summary_text(records)
+    chosen = "re-embed 50% of the images (random order), the others as stored (backfilled, top-1 67.0)"
+    assert summary_json(records)["deployment"].startswith(chosen), "B/old's 60.0 is short of 0.95 × 70.0 = 66.5"
+    assert f"deployment: {chosen}" in summary_text(records)
+
+
+def test_the_chosen_deployment_is_the_cheapest_that_reaches_95_percent_of_new_new_above_old_old():
+    from reporting.adapter_summary import Deployment, ModelsVerdict, chosen_deployment
+
+    def plan(b_old: float, new_f: float, backfilled: float) -> list:
+        return [Deployment("keep the old model", "old/old", 50.0, "old", 0, 0, 0.0),
+                Deployment("through B", "B/old", b_old, "new + B", 0, 0, 3.0),
+                Deployment("through F", "new/F", new_f, "new", 1000, 0, 3.0),
+                Deployment("re-embed 40%", "backfilled", backfilled, "new + B", 600, 400, 3.0),
+                Deployment("re-embed all", "new/new", 62.0, "new", 0, 1000, 0.0)]
+
+    upgrade = ModelsVerdict(50.0, 62.0, 12.0, (9.0, 15.0), "yes")
+    target = "95% of new/new (58.9) above old/old (50.0)"          # 0.95 × 62.0 = 58.9
+    assert chosen_deployment(plan(60.0, 61.0, 61.5), upgrade).startswith(
+        f"through B (B/old, top-1 60.0): the cheapest that reaches {target}; it costs new + B per query, "
+        "0 vectors rewritten, 0 images re-embedded")
+    assert chosen_deployment(plan(56.0, 59.0, 61.5), upgrade).startswith("through F (new/F, top-1 59.0)")
+    assert chosen_deployment(plan(56.0, 58.0, 60.0), upgrade).startswith("re-embed 40% (backfilled, top-1 60.0)")
+    assert chosen_deployment(plan(56.0, 58.0, 58.5), upgrade).startswith(
+        f"re-embed all (new/new, top-1 62.0): no cheaper deployment reaches {target}")
+    stay = ModelsVerdict(50.0, 50.5, 0.5, (-1.0, 2.0), "no")
+    assert chosen_deployment(plan(60.0, 61.0, 61.5), stay).startswith("keep the old model (old/old, top-1 50.0)")
+    low_target = plan(49.0, 48.0, 47.0)
+    low_target[-1] = Deployment("re-embed all", "new/new", 51.0, "new", 0, 1000, 0.0)   # target 48.5 < old/old
+    assert chosen_deployment(low_target, upgrade).startswith("re-embed all"), "below old/old is no upgrade"
