@@ -1,8 +1,14 @@
+import os
 import pathlib
 import sys
 
 import pytest
 import yaml
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One thread per worker (and per process it starts): the workers share the machine's cores, and two
+    # multi-threaded workers on two cores slow each other down more than one thread each.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from reporting.published import IAMCL2R_RELEASED
 
@@ -10,13 +16,18 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 SLOW_FIXTURES = {"tiny"}
+LONGEST_FILES = ("test_slurm.py", "test_distributed.py")
+"""The files that take longest, run first: the README's ``-n 2 --dist loadfile --no-loadscope-reorder`` runs each
+file on one worker, in collection order, so the other worker works through the rest meanwhile."""
 
 
 def pytest_collection_modifyitems(items):
-    """Every test that runs the suite end to end on :data:`TINY` is slow; others mark themselves."""
+    """Every test that runs the suite end to end on :data:`TINY` is slow; others mark themselves. The files of
+    :data:`LONGEST_FILES` go first."""
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.path.name not in LONGEST_FILES)
 
 # A 3-task IAM-CL2R run on generated data in a few seconds: replacements at tasks 0 and 2.
 TINY = {
@@ -58,3 +69,19 @@ def interrupt_run_at(monkeypatch, task: int):
 
     monkeypatch.setattr(experiment.Run, "_run_task", stop)
     return lambda: monkeypatch.setattr(experiment.Run, "_run_task", original)
+
+
+@pytest.fixture(scope="session")
+def encoder_files(tmp_path_factory):
+    """Two small timm models of different widths (EfficientNet 256-d, ResNet 96-d) with random weights."""
+    import timm
+    import torch
+
+    folder = tmp_path_factory.mktemp("encoders")
+    files = []
+    for seed, name in ((0, "test_efficientnet"), (1, "test_resnet")):
+        torch.manual_seed(seed)
+        path = folder / f"{name}.pth"
+        torch.save(timm.create_model(name).state_dict(), path)
+        files.append(f"timm:{name}@{path}")
+    return files

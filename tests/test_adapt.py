@@ -10,6 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.data_files import write_cifar100
+from helpers.launching import launched, torchrun
+from helpers.progress_bars import RecordedBar
 
 from benchmarks import ranking
 from cl2r_bench.cli import main
@@ -278,21 +281,6 @@ def test_train_and_test_of_other_widths_or_a_test_without_repeats_are_one_line(t
     assert "layers" in capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def encoder_files(tmp_path_factory):
-    """Two small timm models of different widths (EfficientNet 256-d, ResNet 96-d) with random weights."""
-    import timm
-
-    folder = tmp_path_factory.mktemp("encoders")
-    files = []
-    for seed, name in ((0, "test_efficientnet"), (1, "test_resnet")):
-        torch.manual_seed(seed)
-        path = folder / f"{name}.pth"
-        torch.save(timm.create_model(name).state_dict(), path)
-        files.append(f"timm:{name}@{path}")
-    return files
-
-
 @pytest.mark.slow
 def test_model_update_on_two_encoders_embeds_each_split_once_for_every_adapter(encoder_files, tmp_path, capsys):
     old, new = encoder_files
@@ -356,7 +344,6 @@ def test_the_papers_command_with_download_runs_on_the_libraries_own_download_pat
     import threading
 
     import torchvision
-    from test_data import write_cifar100
 
     from cl2r_bench.data import cifar
 
@@ -671,7 +658,6 @@ def test_each_ranking_of_a_study_has_a_progress_bar_named_after_it_unless_told_n
     """In memory and streamed, each ranking of a study has a bar named after what it ranks, counting every pair of
     the sampled queries and the gallery: the backfilling curves first (their two ends are new/new and new/F, not
     ranked again), then each other case; ``--no-progress`` disables them all."""
-    from test_ranking import RecordedBar
 
     made: list[RecordedBar] = []
     monkeypatch.setattr(ranking, "tqdm", lambda **kwargs: RecordedBar(made, **kwargs))
@@ -699,7 +685,6 @@ def test_two_torchrun_processes_share_a_streamed_study_and_write_the_one_process
     equals the one-process run's (both on one thread per process, as a learned fit's rounding depends on the
     threads); the summary is printed once. In chunks of 16 rows each process has 4 of the 8; in one chunk of 120,
     the second process has none and takes part all the same. Screened, each process screens its share."""
-    from test_distributed import torchrun
 
     train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
     arguments = ["adapt", "--train", train, "--test", test, *SHARED_STUDY, "--device", "cpu",
@@ -725,7 +710,6 @@ def test_two_torchrun_processes_share_a_streamed_study_and_write_the_one_process
 def test_a_shared_study_refuses_bad_input_on_every_process_in_one_line(rotated, tmp_path, monkeypatch, capsys):
     """A NaN in the second process's share is found there and refused by both (each prints the line; torchrun
     interleaves their output); a study that does not stream is refused before anything is read."""
-    from test_distributed import launched, torchrun
 
     train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
     old = np.load(test / "old.npy")
@@ -766,7 +750,6 @@ def test_a_fit_that_fails_on_rank_0_is_raised_on_every_process(rotated, tmp_path
     """In a shared study only rank 0 fits; when that fit raises, the other process raises the same error instead of
     waiting for weights that never come, and nothing is written. Rank 1's fit would raise another message, so rank
     1's line can only come from rank 0's error."""
-    from test_distributed import torchrun
 
     train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
     script = tmp_path / "failing_fit.py"
@@ -783,7 +766,6 @@ def test_a_shared_study_resumes_on_every_process_alike(rotated, tmp_path, capsys
     """Under torchrun, ``--resume`` is decided on rank 0 and followed by both processes: the record an earlier
     one-process run finished is kept, the missing one is measured by the two together, and its record equals the
     one-process record (a process that skipped what the other measured would wait for it forever)."""
-    from test_distributed import torchrun
 
     train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
     study = ["adapt", "--train", train, "--test", test, "--adapter", "none", "procrustes", "--device", "cpu",

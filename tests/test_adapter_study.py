@@ -4,35 +4,17 @@ orthogonal map keeps exactly."""
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
+from helpers.adapter_pairs import fitted, rotated_pair
 from torch import nn
 
 from benchmarks.adapter_study import PairedFeatures, StudySplit, backfilling, case_scores, zero_shot_retention
 from benchmarks.record import PAPER_CASES
 from benchmarks.retrieval import gallery_hits
-from cl2r_bench.adapters import FeaturePair, fit_adapter, make_adapter
-
-FAST = {"lambda_orth": {"max_steps": 4}, "fct": {"max_steps": 4}, "fastfill": {"max_steps": 4}}
-
-
-def rotated_pair(n: int = 120, dim: int = 8, seed: int = 0) -> tuple[PairedFeatures, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    labels = torch.arange(n) % 4
-    old = torch.randn(4, dim, generator=generator)[labels] + 0.5 * torch.randn(n, dim, generator=generator)
-    rotation = torch.linalg.qr(torch.randn(dim, dim, generator=generator))[0]
-    return PairedFeatures.normalised(old, old @ rotation, labels), rotation
 
 
 def paper_cases(pair: PairedFeatures, adapter) -> dict:
     """Top-1 / top-5 / mAP of every case, leave-one-out on ``pair``."""
     return {case: None if r is None else r.as_dict() for case, r in case_scores(StudySplit(pair), adapter).items()}
-
-
-def fitted(name: str, pair: PairedFeatures):
-    adapter = make_adapter(name, FAST)
-    rows = F.normalize(torch.stack([pair.new[pair.labels == c].mean(0) for c in range(4)]), dim=1)
-    fit_adapter(adapter, FeaturePair(pair.old, pair.new, pair.labels, new_classifier=rows), seed=0)
-    return adapter
 
 
 @pytest.mark.parametrize("name, produced", [

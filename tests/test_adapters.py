@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from conftest import interrupt_run_at
+from helpers.adapter_pairs import SHORT_FITS
 from torch import nn
 
 from benchmarks.adapter_study import (
@@ -37,10 +38,6 @@ from cl2r_bench.assembly import assemble
 from cl2r_bench.config import CONFIG_DIR, resolve
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.models import normalize
-
-FAST = {"lambda_orth": {"max_steps": 240, "batch_size": 256, "lr": 0.01, "holdout": 0.0},
-        "fct": {"max_steps": 240, "hidden": 128, "holdout": 0.0},
-        "fastfill": {"max_steps": 240, "hidden": 128, "holdout": 0.0}}
 
 
 def run_cli(*args):
@@ -180,7 +177,7 @@ def clustered_spaces(seed=0, n=1200, d=32, classes=8, spread=1.2):
 def test_every_adapter_beats_the_untransformed_cross_model_entry(name):
     old, new, labels, classifier = clustered_spaces()
     fit, test = slice(0, 900), slice(900, None)
-    adapter = make_adapter(name, FAST)
+    adapter = make_adapter(name, SHORT_FITS)
     fit_adapter(adapter, FeaturePair(old[fit], new[fit], labels[fit], classifier), seed=0)
     items = PairedFeatures(old[test], new[test], labels[test])
     cases = {c: None if r is None else r.top1 for c, r in case_scores(StudySplit(items, items, "templates"),
@@ -274,7 +271,7 @@ def test_fastfill_uncertainty_ranks_noisy_items_first():
     noisy[::4] = True
     corrupted = old.clone()
     corrupted[noisy] = F.normalize(torch.randn(int(noisy.sum()), old.shape[1]), dim=1)
-    adapter = make_adapter("fastfill", FAST)
+    adapter = make_adapter("fastfill", SHORT_FITS)
     fit_adapter(adapter, FeaturePair(corrupted[:900], new[:900], labels[:900], classifier), seed=0)
     with torch.no_grad():
         sigma = adapter.uncertainty(corrupted[900:])
@@ -285,7 +282,7 @@ def test_fastfill_uncertainty_ranks_noisy_items_first():
 def test_fastfill_needs_the_new_classifier():
     old, new, labels, _ = clustered_spaces()
     with pytest.raises(AdapterError, match="classifier"):
-        fit_adapter(make_adapter("fastfill", FAST), FeaturePair(old, new, labels), seed=0)
+        fit_adapter(make_adapter("fastfill", SHORT_FITS), FeaturePair(old, new, labels), seed=0)
 
 
 def test_fct_uses_side_information():
@@ -294,7 +291,7 @@ def test_fct_uses_side_information():
     truncated = torch.cat([old[:, :8], torch.zeros(len(old), 8)], dim=1)
     errors = {}
     for side in (None, old[:, 8:]):
-        adapter = make_adapter("fct", FAST)
+        adapter = make_adapter("fct", SHORT_FITS)
         fit_adapter(adapter, FeaturePair(truncated[:900], new[:900], labels[:900],
                                          side=None if side is None else side[:900]), seed=0)
         with torch.no_grad():
@@ -305,7 +302,7 @@ def test_fct_uses_side_information():
 
 def test_backfilling_endpoints_and_area():
     old, new, labels, classifier = clustered_spaces()
-    adapter = make_adapter("fastfill", FAST)
+    adapter = make_adapter("fastfill", SHORT_FITS)
     fit_adapter(adapter, FeaturePair(old[:900], new[:900], labels[:900], classifier), seed=0)
     split = StudySplit(PairedFeatures(old[900:1000], new[900:1000], labels[900:1000]),
                        PairedFeatures(old[1000:], new[1000:], labels[1000:]), "images")
@@ -426,7 +423,7 @@ def test_adapter_errors_name_the_setting():
 
 def model_update_config(tiny, tmp_path):
     cfg = yaml.safe_load(tiny.read_text())
-    cfg.update(scenario="model_update", adapter_params=FAST)
+    cfg.update(scenario="model_update", adapter_params=SHORT_FITS)
     cfg["stream"]["num_tasks"] = 2
     path = tmp_path / "update.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -4,15 +4,14 @@ results and resumes after being killed, and a bad launch is one line before anyt
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from helpers.launching import TORCHRUN, free_port, launched, torchrun
 
 from cl2r_bench import cli
 from cl2r_bench.data.datasets import ImageSet
@@ -21,19 +20,6 @@ from cl2r_bench.settings import DistributedSettings
 from cl2r_bench.training.engine import DeviceBatches
 
 TESTS = Path(__file__).resolve().parent
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-
-
-def torchrun(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    return subprocess.run([*TORCHRUN, "--master_port", str(free_port()), *args], capture_output=True, text=True,
-                          env=env, timeout=300, **kwargs)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_shares_split_a_count_into_contiguous_parts_the_first_ranks_one_larger():
@@ -194,12 +180,6 @@ def test_a_rank_other_than_0_takes_rank_0s_decision_not_its_own_view_of_the_fold
         with RunFolder(folder, resume=True, overwrite=False, writer=False).writing(
                 {}, FromMain((RunError("refused by rank 0"), False))):
             pass
-
-
-def launched(monkeypatch, rank: int = 0, port: int | None = None) -> None:
-    for name, value in {"RANK": rank, "WORLD_SIZE": 2, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": 2,
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port or free_port()}.items():
-        monkeypatch.setenv(name, str(value))
 
 
 @pytest.mark.parametrize("args, message", [

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_adapt import encoder_files  # noqa: F401, F811 - the fixture of two random timm encoders
+from helpers.launching import CLUSTER, SMALL, torchrun
 
 from cl2r_bench.cli import main
 
@@ -16,7 +16,7 @@ TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
-def study(encoder_files):  # noqa: F811 - the imported fixture, requested by name
+def study(encoder_files):
     """The settings of a small study on synthetic data: two random timm encoders (test_adapt's), 5 classes."""
     old, new = encoder_files
     return ["--scenario", "model_update", "--dataset", "synthetic", "--device", "cpu", "--no-progress",
@@ -38,7 +38,6 @@ def test_two_torchrun_ranks_embed_the_shards_between_them_and_the_study_finds_th
     """Each of the four splits (2 encoders x train / test) in 3 shards: every shard is embedded exactly once by one
     of the two ranks (a rank that takes part in a split says how many of its shards it embedded; which rank does
     how many depends on which starts first), and the study then embeds nothing."""
-    from test_distributed import torchrun
 
     cache = tmp_path / "features"
     done = torchrun(str(TESTS.parent / "runner.py"), "embed", *study, "--set", f"model_update.feature_cache={cache}",
@@ -59,7 +58,6 @@ def test_embed_refuses_what_is_not_a_two_encoder_study_in_one_line(tmp_path, cap
 
 @pytest.mark.slurm
 def test_a_slurm_job_array_embeds_the_shards_and_the_study_finds_them(study, tmp_path, monkeypatch, capsys):
-    from test_slurm import CLUSTER, SMALL
 
     pytest.importorskip("submitit")
     if shutil.which("sbatch") is None or not (CLUSTER.parent / "slurmctld.pid").exists():

@@ -6,7 +6,7 @@ import io
 import math
 
 import pytest
-from test_leaderboard_input import retrieval_record, update_record, valid_record, write
+from helpers.records import retrieval_record, update_record, valid_record, write
 
 from cl2r_bench import cli as runner
 from reporting.leaderboard import TABLES, Column, Kind, Table, render

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_data import write_cifar10
+from helpers.data_files import write_cifar10
 
 from cl2r_bench import cli as runner
 from cl2r_bench.config import resolve

@@ -3,19 +3,11 @@ and an adapter study's flips from the very per-query hits of its cases."""
 import numpy as np
 import pytest
 import torch
-from test_adapter_study import fitted, rotated_pair
+from helpers.adapter_pairs import fitted, rotated_pair
+from helpers.hits import H00, H10, H11, H20, H21, H22
 
 from benchmarks.adapter_study import PairedFeatures, StudySplit, case_scores, measure
 from benchmarks.flips import negative_flip_rate, negative_flips
-
-T, F = True, False
-H00 = np.array([T, T, T, F, F])
-H10 = np.array([T, F, T, T, F])
-H11 = np.array([F, F, T, T, T])
-H20 = np.array([F, F, F, F, F])
-H21 = np.array([F, F, F, T, F])
-H22 = np.array([T, T, T, T, T])
-"""Five queries, three models: hits ``[t][k]`` of queries of model t against the gallery of model k."""
 
 
 def test_a_negative_flip_is_a_query_the_old_entry_hits_and_the_new_one_misses():

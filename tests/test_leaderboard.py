@@ -3,7 +3,7 @@ spread for a value that no seed changes, and the negative flip rates of measured
 import math
 
 import pytest
-from test_leaderboard_input import DELETE, changed, valid_record
+from helpers.records import DELETE, changed, valid_record
 
 from reporting import leaderboard
 from reporting.leaderboard import (

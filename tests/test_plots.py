@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from test_leaderboard_input import DELETE, changed, update_record, valid_record, write
+from helpers.records import DELETE, changed, update_record, valid_record, write
 
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics

@@ -7,13 +7,13 @@ import time
 
 import pytest
 import torch
+from helpers.data_files import write_tiny_imagenet
 
 from cl2r_bench.data.datasets import DataError
 from cl2r_bench.files import exclusive
 
 
 def test_a_damaged_plateau_progress_file_or_image_cache_is_one_line(tmp_path):
-    from test_data import write_tiny_imagenet
 
     from cl2r_bench.data.tiny_imagenet import read_tiny_imagenet
     from cl2r_bench.models import CheckpointError, build_model

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers.progress_bars import RecordedBar
 
 from benchmarks import ranking
 from benchmarks.gallery_rows import NpyRows, TensorRows
@@ -302,20 +303,6 @@ def test_a_backfilling_curve_over_a_streamed_gallery_equals_the_whole_one():
             assert_same_scores(step_streamed, step_whole)
 
 
-class RecordedBar:
-    """A stand-in for tqdm that keeps what a ranking tells its progress bar (:func:`ranking.progress_bar`)."""
-
-    def __init__(self, made: list, *, total: int, desc: str | None, disable: bool | None, **_) -> None:
-        self.total, self.desc, self.disable, self.done, self.closed = total, desc, disable, 0, False
-        made.append(self)
-
-    def update(self, pairs: int) -> None:
-        self.done += pairs
-
-    def close(self) -> None:
-        self.closed = True
-
-
 @pytest.mark.parametrize("streamed", [False, True])
 def test_a_ranking_counts_every_pair_it_compares_on_its_progress_bar(monkeypatch, streamed):
     """In memory and streamed (several query blocks, chunks of 40 rows), a ranking's bar is labelled as asked,
@@ -372,7 +359,6 @@ def test_the_vectorised_counting_of_a_streamed_gallery_equals_the_compiled_one(m
     for curve_compiled, curve_vectorised in zip(compiled, curve(), strict=True):
         for step_compiled, step_vectorised in zip(curve_compiled, curve_vectorised, strict=True):
             assert_same_scores(step_vectorised, step_compiled)
-
 
 
 @pytest.mark.parametrize("compiled", [True, False])

@@ -4,8 +4,8 @@ import typing
 from typing import Annotated, TypedDict
 
 import pytest
-from test_flips import H00, H10, H11, H20, H21, H22
-from test_leaderboard_input import MATRIX, changed, update_record, valid_record, write
+from helpers.hits import H00, H10, H11, H20, H21, H22
+from helpers.records import MATRIX, changed, update_record, valid_record, write
 from typing_extensions import NotRequired
 
 from benchmarks.flips import negative_flips

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_leaderboard_input import changed, retrieval_record, update_record, valid_record
+from helpers.records import changed, retrieval_record, update_record, valid_record
 
 from cl2r_bench import cli
 from reporting.published import IAMCL2R_RELEASED

@@ -19,13 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers.launching import CLUSTER, SMALL
+from helpers.records import valid_record
 
 from cl2r_bench import cli, slurm
 from cl2r_bench.errors import UsageError
 from cl2r_bench.sweep import Job
-
-CLUSTER = Path(os.environ.get("CL2R_SLURM_DIR", "/tmp/cl2r-slurm")) / "slurm.conf"
-SMALL = ["--gpus-per-job", "0", "--cpus-per-job", "1", "--mem-per-job", "1", "--time", "10"]
 
 
 def slurm_sweep(out, *args):
@@ -163,7 +162,6 @@ def jobs_in(tmp_path, *names):
 
 def complete(job):
     """A finished run's record in the job's folder (a record the leaderboard accepts, as the sweep checks)."""
-    from test_leaderboard_input import valid_record
 
     job.directory.mkdir(parents=True)
     (job.directory / "metrics.json").write_text(json.dumps(valid_record()))

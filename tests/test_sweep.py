@@ -5,6 +5,7 @@ import os
 import sys
 
 import pytest
+from helpers.records import valid_record
 
 from cl2r_bench import cli
 
@@ -201,7 +202,6 @@ def test_a_sweep_reruns_a_point_whose_record_the_leaderboard_would_reject(tmp_pa
     (folder / "metrics.json").write_text('{"complete": true}')
     job = Job(folder, "run", tmp_path / "job.yaml", tmp_path / "job.log")
     assert job.status() == "new"
-    from test_leaderboard_input import valid_record
 
     (folder / "metrics.json").write_text(json.dumps(valid_record()))
     assert job.status() == "complete"

@@ -1,0 +1,28 @@
+"""A rotated pair of feature sets of four classes, and an adapter fitted on it in a few steps."""
+import torch
+import torch.nn.functional as F
+
+from benchmarks.adapter_study import PairedFeatures
+from cl2r_bench.adapters import FeaturePair, fit_adapter, make_adapter
+
+FEW_STEPS = {"lambda_orth": {"max_steps": 4}, "fct": {"max_steps": 4}, "fastfill": {"max_steps": 4}}
+"""The learned adapters in a few steps: fits that exercise the code, not ones that converge."""
+SHORT_FITS = {"lambda_orth": {"max_steps": 240, "batch_size": 256, "lr": 0.01, "holdout": 0.0},
+        "fct": {"max_steps": 240, "hidden": 128, "holdout": 0.0},
+        "fastfill": {"max_steps": 240, "hidden": 128, "holdout": 0.0}}
+"""The learned adapters to a usable fit on small pairs, without a held-out share."""
+
+
+def rotated_pair(n: int = 120, dim: int = 8, seed: int = 0) -> tuple[PairedFeatures, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % 4
+    old = torch.randn(4, dim, generator=generator)[labels] + 0.5 * torch.randn(n, dim, generator=generator)
+    rotation = torch.linalg.qr(torch.randn(dim, dim, generator=generator))[0]
+    return PairedFeatures.normalised(old, old @ rotation, labels), rotation
+
+
+def fitted(name: str, pair: PairedFeatures):
+    adapter = make_adapter(name, FEW_STEPS)
+    rows = F.normalize(torch.stack([pair.new[pair.labels == c].mean(0) for c in range(4)]), dim=1)
+    fit_adapter(adapter, FeaturePair(pair.old, pair.new, pair.labels, new_classifier=rows), seed=0)
+    return adapter
