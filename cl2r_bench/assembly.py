@@ -20,12 +20,12 @@ from cl2r_bench.distributed import SINGLE, Processes, place
 from cl2r_bench.encoders import encoder_model
 from cl2r_bench.errors import ConfigError, PartError, safe_name, writable_folder
 from cl2r_bench.models import RetrievalModel, build_model, head_over, replacement_family
+from cl2r_bench.plugins import load_plugin
 from cl2r_bench.settings import RunSettings
 from cl2r_bench.tracking import Tracker, make_tracker
 from cl2r_bench.training.trainers import Trainer, make_trainer, strategy_parameters
 from scenarios import get_scenario
 from scenarios.base import Scenario
-from strategies import load_plugin
 
 
 @dataclass
@@ -121,7 +121,8 @@ def assemble(config: dict[str, Any]) -> Assembly:
 
 
 def load_plugins(paths: list[str]) -> None:
-    """Import the user's strategy files (``plugins``), whose strategies then join the registry."""
+    """Import the user's plug-in files (``plugins``, :func:`cl2r_bench.plugins.load_plugin`), whose parts then join
+    their registries."""
     for path in paths:
         load_plugin(path)
 

@@ -25,6 +25,10 @@ class PartError(ValueError):
     """An unknown strategy, adapter or scenario, or invalid parameters of one (a one-line message)."""
 
 
+class PluginError(PartError):
+    """A plug-in file that is missing, fails to import or exits while it is imported (:mod:`cl2r_bench.plugins`)."""
+
+
 def safe_name(name: object, setting: str) -> str:
     """``name`` when it can be one path component (letters, digits and ``_ . + = , -``, not starting with a dot,
     at most 100 characters), else a :class:`ConfigError`: no setting may lead a run to write or delete outside its

@@ -7,9 +7,8 @@ from .base import (
                    TaskContext,
                    get_strategy,
                    list_strategies,
-                   load_plugin,
                    register_strategy,
 )
 
-__all__ = ["Step", "Strategy", "StrategyError", "TaskContext", "get_strategy", "list_strategies", "load_plugin",
+__all__ = ["Step", "Strategy", "StrategyError", "TaskContext", "get_strategy", "list_strategies",
            "register_strategy"]

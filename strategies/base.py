@@ -41,14 +41,9 @@ model deployed before it (whose classifier knows the old classes). A task that s
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import sys
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -270,44 +265,3 @@ STRATEGIES = Registry("strategy", StrategyError, _check_head)
 register_strategy = STRATEGIES.register
 get_strategy = STRATEGIES.get
 list_strategies = STRATEGIES.names
-
-
-def load_plugin(path: str) -> None:
-    """Import a strategy file from outside the package; its ``@register_strategy`` classes join the registry.
-
-    Each file is its own module (named after its resolved path, so two files of one name both load, and loading
-    one file again does nothing). Raises :class:`StrategyError` with one line when the file is missing, fails to
-    import (naming the plugin's line) or calls ``sys.exit`` while it is imported.
-    """
-    file = Path(path)
-    if not file.is_file():
-        state = "is a folder" if file.is_dir() else "does not exist"
-        raise StrategyError(f"plugin {path} {state}; pass the path of a Python file that registers a strategy")
-    resolved = file.resolve()
-    module_name = f"cl2r_plugin_{file.stem}_{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}"
-    if module_name in sys.modules:
-        return
-    spec = importlib.util.spec_from_file_location(module_name, resolved)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except StrategyError:
-        del sys.modules[module_name]
-        raise
-    except SystemExit as exc:
-        del sys.modules[module_name]
-        raise StrategyError(f"plugin {path} called sys.exit({exc.code!r}) while being imported{_line_in(exc, resolved)}"
-                            "; a plugin file defines and registers strategies, it does not exit") from None
-    except Exception as exc:  # noqa: BLE001 - any failure in user code is reported in one line
-        del sys.modules[module_name]
-        raise StrategyError(f"plugin {path} failed to import{_line_in(exc, resolved)}: {type(exc).__name__}: {exc}"
-                            ) from None
-
-
-def _line_in(exc: BaseException, file: Path) -> str:
-    """`` (line N)``: the last line of ``file`` in ``exc``'s traceback, or nothing (e.g. a syntax error names its
-    line itself)."""
-
-    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == str(file)]
-    return f" (line {lines[-1]})" if lines else ""

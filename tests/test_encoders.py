@@ -386,7 +386,7 @@ class PooledFamily(EncoderFamily):
 def test_an_encoder_family_is_one_file_loaded_as_a_plugin(tmp_path):
     """docs/plugins.md: a family from outside the suite registers itself when its file is loaded (--plugin)."""
     from cl2r_bench.encoders import ENCODER_FAMILIES, is_spec
-    from strategies import load_plugin
+    from cl2r_bench.plugins import load_plugin
 
     path = tmp_path / "pooled_family.py"
     path.write_text(PLUGIN_FAMILY)

@@ -116,7 +116,8 @@ def test_a_loss_that_cannot_train_is_one_line_naming_the_strategy_and_where(stra
 
 
 def test_two_plugin_files_of_one_name_both_load_and_loading_one_again_does_nothing(tmp_path):
-    from strategies import list_strategies, load_plugin
+    from cl2r_bench.plugins import load_plugin
+    from strategies import list_strategies
 
     for folder, name in (("a", "t29_first"), ("b", "t29_second")):
         (tmp_path / folder).mkdir()

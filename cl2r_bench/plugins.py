@@ -1,0 +1,56 @@
+"""Plug-ins from outside the suite (``--plugin FILE`` or ``plugins:`` in a config; docs/plugins.md): a Python file
+that registers strategies, scenarios, adapters, encoder families or data sets with their registries' decorators.
+Loading it is all the suite does; the file's decorators do the rest."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+
+from cl2r_bench.errors import PartError, PluginError
+
+PLUGIN_KINDS = "a strategy, scenario, adapter, encoder family or data set"
+
+
+def load_plugin(path: str) -> None:
+    """Import a plug-in file from outside the package; the parts it registers join their registries.
+
+    Each file is its own module (named after its resolved path, so two files of one name both load, and loading
+    one file again does nothing). Raises :class:`PluginError` with one line when the file is missing, fails to
+    import (naming the plugin's line) or calls ``sys.exit`` while it is imported; a registry's own one-line error
+    (a duplicate name, a part that breaks its kind's contract) passes through as it is.
+    """
+    file = Path(path)
+    if not file.is_file():
+        state = "is a folder" if file.is_dir() else "does not exist"
+        raise PluginError(f"plugin {path} {state}; pass the path of a Python file that registers {PLUGIN_KINDS}")
+    resolved = file.resolve()
+    module_name = f"cl2r_plugin_{file.stem}_{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}"
+    if module_name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(module_name, resolved)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except PartError:
+        del sys.modules[module_name]
+        raise
+    except SystemExit as exc:
+        del sys.modules[module_name]
+        raise PluginError(f"plugin {path} called sys.exit({exc.code!r}) while being imported{_line_in(exc, resolved)}"
+                          "; a plugin file defines and registers its parts, it does not exit") from None
+    except Exception as exc:  # noqa: BLE001 - any failure in user code is reported in one line
+        del sys.modules[module_name]
+        raise PluginError(f"plugin {path} failed to import{_line_in(exc, resolved)}: {type(exc).__name__}: {exc}"
+                          ) from None
+
+
+def _line_in(exc: BaseException, file: Path) -> str:
+    """`` (line N)``: the last line of ``file`` in ``exc``'s traceback, or nothing (e.g. a syntax error names its
+    line itself)."""
+
+    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == str(file)]
+    return f" (line {lines[-1]})" if lines else ""
