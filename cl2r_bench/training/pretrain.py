@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from cl2r_bench.data.datasets import DataSplits, ImageSet
 from cl2r_bench.data.streams import first_per_class, relabel
@@ -43,8 +44,7 @@ from cl2r_bench.models import (
 )
 from cl2r_bench.settings import SPEED_OPTIONS, PlateauSettings, TrainSettings
 from cl2r_bench.training.loop import train_task
-from strategies.base import Strategy
-from strategies.er import ExperienceReplay
+from strategies.base import Step, Strategy
 
 
 def cache_path(cache_dir: str | Path, spec: dict[str, Any]) -> Path:
@@ -158,7 +158,7 @@ def pretrain_model(data: DataSplits, classes: list[int], *, head: str, model_kwa
     subset.images, subset.labels = subset.images.to(device), subset.labels.to(device)
     model = build_model(head=head, num_classes=len(classes), **model_kwargs, mean=data.mean, std=data.std,
                         input_size=int(data.train.images.shape[-1])).to(device)
-    strategy: Strategy = ExperienceReplay(None)
+    strategy = CrossEntropy(None)
     description = f"pretrain {head} on {len(classes)} classes"
     if plateau is None:
         train_task(model, strategy, subset, None, settings, description=description)
@@ -170,6 +170,14 @@ def pretrain_model(data: DataSplits, classes: list[int], *, head: str, model_kwa
         train_task(model, strategy, subset, None, settings, description=description, epoch_hook=hook)
     model.load_state_dict(hook.best_state)
     return model, {"schedule": "plateau", **asdict(hook.progress), "validation_images": len(validation)}
+
+
+class CrossEntropy(Strategy):
+    """The pretraining objective: cross-entropy on the model's own classifier, nothing else (METHODS.md §4). Not
+    registered: the suite's own objective, not a strategy a run can name."""
+
+    def loss(self, step: Step) -> torch.Tensor:
+        return F.cross_entropy(step.logits, step.targets)
 
 
 def save_state(state: dict[str, torch.Tensor], path: Path) -> None:
