@@ -31,22 +31,23 @@ from cl2r_bench.config import config_text
 from cl2r_bench.errors import UsageError
 from cl2r_bench.feature_cache import Sharding
 from cl2r_bench.files import atomic_write_text
+from cl2r_bench.limits import count_argument
 
 
 def add_embed_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shards", type=int, default=1, metavar="K", help="pieces each split is embedded in "
-                        "(default %(default)s); the same K for every worker of one embedding")
+    parser.add_argument("--shards", type=count_argument, default=1, metavar="K", help="pieces each split is "
+                        "embedded in, at most its images (default %(default)s); the same K for every worker of one "
+                        "embedding")
     parser.add_argument("--launcher", default="local", choices=("local", "slurm"),
                         help="local: this process (or each torchrun rank) is a worker; slurm: one job array")
-    parser.add_argument("--workers", type=int, metavar="N", help="--launcher slurm: array tasks (default: --shards)")
+    parser.add_argument("--workers", type=count_argument, metavar="N",
+                        help="--launcher slurm: array tasks (default: --shards)")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--done-file", help=argparse.SUPPRESS)
 
 
 def this_worker(args: argparse.Namespace) -> Sharding:
     """This process's part: the array task's ``--worker`` of ``--workers``, else the torchrun rank, else all."""
-    if args.shards < 1:
-        raise UsageError(f"--shards must be at least 1, not {args.shards}")
     if args.worker is not None:
         workers = args.workers or args.shards
         if not 0 <= args.worker < workers:
@@ -63,6 +64,10 @@ def embed_study(parts: Any, sharding: Sharding, log: Any = print) -> None:
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     encoders, _, splits = study_images(settings)
+    smallest = min(splits.items(), key=lambda item: len(item[1]))
+    if sharding.shards > len(smallest[1]):
+        raise UsageError(f"--shards {sharding.shards} is more than the {len(smallest[1])} images of the "
+                         f"{smallest[0]} split; give at most {len(smallest[1])} (a shard holds at least one image)")
     embedded(settings, encoders, splits, device, log, sharding)
 
 

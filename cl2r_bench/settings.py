@@ -27,7 +27,7 @@ import yaml
 
 from cl2r_bench.config import CONFIG_DIR, choices
 from cl2r_bench.errors import ConfigError, safe_name
-from cl2r_bench.limits import seed_problem
+from cl2r_bench.limits import COUNT_MAX, seed_problem
 from cl2r_bench.models import BACKBONES
 
 VERIFY_MODES = ("warn", "strict", "off")
@@ -53,7 +53,11 @@ Rule = tuple[str, Callable[[Any], bool], str]
 
 
 def at_least(bound: int, *keys: str) -> list[Rule]:
-    return [(key, lambda value: value >= bound, f"at least {bound}") for key in keys]
+    """Each of ``keys`` at least ``bound``; a count (a bound of 1 or more) also at most :data:`COUNT_MAX`, the same
+    ceiling as a count on the command line, so that no setting asks for more than a 32-bit count."""
+    if bound < 1:
+        return [(key, lambda value: value >= bound, f"at least {bound}") for key in keys]
+    return [(key, lambda value: bound <= value <= COUNT_MAX, f"from {bound} to {COUNT_MAX}") for key in keys]
 
 
 def above_zero(*keys: str) -> list[Rule]:

@@ -52,8 +52,17 @@ def test_two_torchrun_ranks_embed_the_shards_between_them_and_the_study_finds_th
 def test_embed_refuses_what_is_not_a_two_encoder_study_in_one_line(tmp_path, capsys):
     assert main(["embed", "--scenario", "cl2r", "--dataset", "synthetic", "--shards", "2"]) == 2
     assert "runner.py embed embeds one model-update study of two encoders" in capsys.readouterr().err
-    assert main(["embed", "--scenario", "model_update", "--shards", "0"]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+    for shards in ("0", "1000000000000"):
+        assert main(["embed", "--scenario", "model_update", "--shards", shards]) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_more_shards_than_images_is_one_line_before_anything_is_embedded(study, tmp_path, capsys):
+    cache = tmp_path / "cache"
+    assert main(["embed", *study, "--set", f"model_update.feature_cache={cache}", "--shards", "21"]) == 2
+    err = capsys.readouterr().err
+    assert "--shards 21 is more than the 20 images of the test split; give at most 20" in err, err
+    assert not cache.exists() or not list(cache.glob("*.pt")), "nothing embedded"
 
 
 @pytest.mark.slurm
