@@ -125,13 +125,19 @@ class LockHolder:
             return "an empty or unreadable lock file"
         return f"pid {self.pid} on host {self.host}"
 
-    def stale(self, lease: float) -> bool:
-        """Empty past the grace period, dead on this host, or silent for longer than ``lease``."""
+    def stale(self, lease: float) -> str | None:
+        """Why the lock is stale, or None while its holder may still hold it: empty or unreadable past the grace
+        period, naming this very process (which is not holding it: a pid reused after a restart), its holder dead
+        on this host, or no heartbeat for longer than ``lease``."""
         if self.pid is None:
-            return self.heartbeat_age > EMPTY_GRACE_SECONDS
+            if self.heartbeat_age > EMPTY_GRACE_SECONDS:
+                return f"empty or unreadable for {self.heartbeat_age:.0f} s"
+            return None
         if self.host == socket.gethostname():
-            return not _alive(self.pid)
-        return self.heartbeat_age > lease
+            if self.pid == os.getpid():
+                return f"it names this very process (pid {self.pid}), which does not hold it: a pid reused"
+            return None if _alive(self.pid) else f"its holder, pid {self.pid}, is gone"
+        return f"no heartbeat for {self.heartbeat_age:.0f} s" if self.heartbeat_age > lease else None
 
 
 def _alive(pid: int) -> bool:
@@ -148,11 +154,16 @@ def read_holder(lock_path: Path) -> LockHolder | None:
     """The holder of ``lock_path`` (lines ``pid`` and ``host``), or None when no lock file exists."""
     try:
         age = time.time() - lock_path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return LockHolder(None, "", 0.0)
+    try:
         lines = lock_path.read_text(encoding="utf-8").split("\n")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError):
-        return LockHolder(None, "", 0.0)
+        return LockHolder(None, "", age)
     try:
         return LockHolder(int(lines[0]), lines[1].strip(), age)
     except (ValueError, IndexError):
@@ -175,20 +186,21 @@ def _try_create(lock_path: Path) -> bool:
     return True
 
 
-def _take_over_if_stale(lock_path: Path, lease: float) -> bool:
+def _take_over_if_stale(lock_path: Path, lease: float) -> str | None:
     """Delete ``lock_path`` when it is stale, deciding under a short takeover lock (so two takers never delete each
-    other's fresh lock); True when it is gone."""
+    other's fresh lock); the reason it was stale once it is gone (``"gone"`` when it went by itself), else None."""
     guard = lock_path.with_name(lock_path.name + ".takeover")
     guard_holder = read_holder(guard)
     if guard_holder is not None and guard_holder.heartbeat_age > EMPTY_GRACE_SECONDS:
         guard.unlink(missing_ok=True)
     if not _try_create(guard):
-        return False
+        return None
     try:
         holder = read_holder(lock_path)
-        if holder is not None and holder.stale(lease):
+        reason = holder.stale(lease) if holder is not None else "gone"
+        if reason and holder is not None:
             lock_path.unlink(missing_ok=True)
-        return read_holder(lock_path) is None
+        return reason if read_holder(lock_path) is None else None
     finally:
         guard.unlink(missing_ok=True)
 
@@ -206,15 +218,19 @@ def exclusive(lock_path: str | Path, what: str, *, wait: Callable[[str], Any] | 
     systems, where ``flock`` does not) holding the holder's pid, host and start time, whose modification time is
     its heartbeat, refreshed by a thread every ``lease / 4`` seconds.
 
-    A stale lock (:meth:`LockHolder.stale`: empty for :data:`EMPTY_GRACE_SECONDS`, its holder dead on this host, or
-    no heartbeat for ``lease`` seconds) is taken over. A live holder makes this a :class:`FolderBusyError`, or,
+    A stale lock (:meth:`LockHolder.stale`: empty or unreadable for :data:`EMPTY_GRACE_SECONDS`, naming this very
+    process, its holder dead on this host, or no heartbeat for ``lease`` seconds) is taken over, and ``wait`` says
+    which. A live holder makes this a :class:`FolderBusyError`, or,
     given ``wait`` (a logging function), a wait until it lets go or goes stale; both name the holder, the lock file
     and how to clear it."""
     lock_path = Path(lock_path)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     said = False
     while not _try_create(lock_path):
-        if _take_over_if_stale(lock_path, lease):
+        reason = _take_over_if_stale(lock_path, lease)
+        if reason:
+            if wait is not None and reason != "gone":
+                wait(f"took over the stale lock {lock_path} of {what}: {reason}")
             continue
         clear = (f"if that process is gone, delete {lock_path} (a lock without a heartbeat for {lease:.0f} s is "
                  "taken over by itself)")

@@ -3,6 +3,7 @@ taken over after its lease, a live holder keeps its lock by its heartbeat, and e
 how to clear it. The other core is kept busy: a guarantee that holds only on an idle machine is not one."""
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -43,6 +44,31 @@ def test_an_empty_lock_left_by_a_writer_killed_before_filling_it_is_taken_over(t
     aged(lock, EMPTY_GRACE_SECONDS + 1)
     with exclusive(lock, "the entry"):
         assert read_holder(lock).pid == os.getpid()
+    assert not lock.exists()
+
+
+def test_an_unreadable_lock_goes_stale_and_the_waiting_line_says_why(tmp_path, busy_core):
+    """Bytes that are not UTF-8 once hid the lock's age, so a ten-minute-old one was waited on for ever."""
+    lock = tmp_path / "entry.lock"
+    lock.write_bytes(b"\xff\xfe\x00garbage")
+    aged(lock, 600)
+    said = []
+    with exclusive(lock, "the entry", wait=said.append):
+        assert read_holder(lock).pid == os.getpid()
+    assert len(said) == 1 and said[0].startswith(f"took over the stale lock {lock} of the entry: empty or unreadable "
+                                                 "for 60"), said
+
+
+def test_a_lock_that_names_this_very_process_is_a_reused_pid_and_is_taken_over(tmp_path, busy_core):
+    """A lock left by an earlier container whose pid this process now has: alive by its pid, but this process does
+    not hold it."""
+    lock = tmp_path / "entry.lock"
+    lock.write_text(f"{os.getpid()}\n{socket.gethostname()}\n{time.time() - 5:.3f}\n")
+    said = []
+    with exclusive(lock, "the entry", wait=said.append):
+        pass
+    assert said == [f"took over the stale lock {lock} of the entry: it names this very process (pid {os.getpid()}), "
+                    "which does not hold it: a pid reused"]
     assert not lock.exists()
 
 
