@@ -20,7 +20,6 @@ train split (a nearest-class-mean classifier: the suite's choice, the same for e
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -49,7 +48,7 @@ from benchmarks.adapter_study import (
     zero_shot_retention,
 )
 from benchmarks.gallery_rows import NpyRows
-from benchmarks.record import cross_case, leave_one_out_record
+from benchmarks.record import RecordError, cross_case, leave_one_out_record, read_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
 from cl2r_bench.adapters.training import FitProgress
 from cl2r_bench.config import (
@@ -510,17 +509,22 @@ def adapt_config(train: str | Path, test: str | Path, name: str, seed: int, sett
 
 def finished_record(folder: Path, config: dict[str, Any]) -> dict[str, Any] | None:
     """The record an earlier ``runner.py adapt`` finished in ``folder`` (``metrics.json``, written last) with the
-    same ``config`` (its ``config.yaml``), for ``--resume`` to keep; None where it finished none. A record measured
-    with other settings is a :class:`UsageError` naming the first that differs: keeping it would mix two studies in
-    one summary."""
+    same ``config`` (its ``config.yaml``), for ``--resume`` to keep; None where it finished none. Only a record the
+    record schema accepts (:func:`benchmarks.record.read_record`) is finished; any other is a :class:`UsageError`
+    naming the file and its problem, as is a record measured with other settings (naming the first that differs:
+    keeping it would mix two studies in one summary)."""
     if not (folder / "metrics.json").exists():
         return None
     try:
+        record = read_record(folder / "metrics.json")
+    except RecordError as exc:
+        raise UsageError(f"--resume: {exc.path} is not a finished record ({exc.problem[:160]}); delete {folder} to "
+                         "measure it again") from None
+    try:
         earlier = flatten(read_yaml(folder / "config.yaml"))
-        record = json.loads((folder / "metrics.json").read_text())
     except (OSError, ValueError) as exc:
-        raise UsageError(f"--resume: the record in {folder} cannot be read ({str(exc).splitlines()[0][:120]}); "
-                         "delete that folder to measure it again") from None
+        raise UsageError(f"--resume: the config beside the record in {folder} cannot be read "
+                         f"({str(exc).splitlines()[0][:120]}); delete that folder to measure it again") from None
     now = flatten(load_yaml(config_text(config)))
     changed = differing(earlier, now)
     if changed:

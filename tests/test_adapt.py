@@ -486,9 +486,11 @@ def test_a_resumed_study_keeps_what_an_earlier_run_finished_and_measures_only_th
         code, out = adapt(*study, "--resume", *other, capsys=capsys)
         assert code == 2 and out.err.count("\n") == 1 and out.out == "", out.err
         assert ("model_update.backfill_steps = 10 where this run has 5" in out.err) == (other[0] == "--set")
-    (folder / "none" / "seed42" / "metrics.json").write_text('{"cut short')
-    code, out = adapt(*study, "--resume", capsys=capsys)
-    assert code == 2 and out.err.count("\n") == 1 and "none/seed42 cannot be read" in out.err, out.err
+    for damaged in ('{"cut short', "{}"):            # "{}" once passed as finished, then a KeyError traceback
+        (folder / "none" / "seed42" / "metrics.json").write_text(damaged)
+        code, out = adapt(*study, "--resume", capsys=capsys)
+        assert code == 2 and out.err.count("\n") == 1 and "none/seed42/metrics.json is not a finished record" in \
+            out.err and "Traceback" not in out.err, out.err
     assert measured == ["fastfill"]
 
 
