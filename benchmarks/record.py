@@ -143,7 +143,26 @@ def _areas(value: Any) -> bool:
     return _object(value) and all(_within(0, 100)(value.get(k)) for k in ("top1_auc", precision))
 
 
+def _packed(value: Any) -> bool:
+    """Per-query hits by case, each packed by :func:`pack_hits` (base64 text)."""
+    return _object(value) and all(isinstance(hits, str) for hits in value.values())
+
+
+def _curves(value: Any) -> bool:
+    """CMC top-1 ... top-k in percent by case."""
+    return _object(value) and all(isinstance(curve, list) and all(map(_within(0, 100), curve))
+                                  for curve in value.values())
+
+
+def _counts(value: Any) -> bool:
+    return _object(value) and all(map(_count, value.values()))
+
+
 NAME = Read("a non-empty string", _text, required=True)
+COUNT = Read("a whole number from 0", _count)
+PACKED_HITS = Read("an object of per-query hits packed as base64 text", _packed)
+CMC_CURVES = Read("an object of CMC curves (lists of percentages)", _curves)
+CONVENTION = Read("'miss' or 'exclude'", lambda value: value in ("miss", "exclude"))
 FRACTION = "a fraction in [0, 1]"
 OPTIONAL_FRACTION = Read("null or a fraction in [0, 1]", _optional(_within(0, 1)))
 INTERVAL = "[low, high], fractions in [0, 1]"
@@ -375,19 +394,19 @@ class Retrieval(TypedDict):
     queries (``sampling_interval``), and the ``fitting_items`` (leave-one-out) or the ``gallery_items`` and
     ``gallery_mode`` (stream)."""
     cases: Annotated[RetrievalCases, Read("an object of cases", _object, required=True)]
-    query_top1: NotRequired[dict[str, str]]
+    query_top1: NotRequired[Annotated[dict[str, str], PACKED_HITS]]
     negative_flips: NotRequired[Annotated[NegativeFlips, Read(FLIPS, _object)]]
     backfilling: Annotated[StudyBackfilling, Read("an object with 'auc'", _object, required=True)]
     zero_shot: dict[str, float] | None
-    cmc: NotRequired[dict[str, list[float]]]
-    queries_without_match: NotRequired[int]
-    unmatched_queries: NotRequired[Literal["miss", "exclude"]]
+    cmc: NotRequired[Annotated[dict[str, list[float]], CMC_CURVES]]
+    queries_without_match: NotRequired[Annotated[int, COUNT]]
+    unmatched_queries: NotRequired[Annotated[Literal["miss", "exclude"], CONVENTION]]
     per_class_cmc: NotRequired[dict[str, dict[str, list[float] | list[int]]]]
-    sampled_queries: NotRequired[dict[str, int]]
+    sampled_queries: NotRequired[Annotated[dict[str, int], Read("an object of counts", _counts)]]
     sampling_interval: NotRequired[dict[str, dict[str, list[float]]]]
-    queries: int
-    fitting_items: NotRequired[int]
-    gallery_items: NotRequired[int]
+    queries: Annotated[int, dataclasses.replace(COUNT, required=True)]
+    fitting_items: NotRequired[Annotated[int, COUNT]]
+    gallery_items: NotRequired[Annotated[int, COUNT]]
     gallery_mode: NotRequired[Literal["templates", "images"]]
 
 
@@ -402,11 +421,11 @@ class TwoModel(TypedDict):
     ``relative_nfr``, fractions)."""
     cases: Annotated[RetrievalCases, Read("an object of cases", _object, required=True)]
     negative_flips: Annotated[NegativeFlips, Read(FLIPS, _object)]
-    query_top1: dict[str, str]
-    cmc: dict[str, list[float]]
-    queries: int
-    queries_without_match: int
-    unmatched_queries: Literal["miss", "exclude"]
+    query_top1: Annotated[dict[str, str], PACKED_HITS]
+    cmc: Annotated[dict[str, list[float]], CMC_CURVES]
+    queries: Annotated[int, dataclasses.replace(COUNT, required=True)]
+    queries_without_match: Annotated[int, COUNT]
+    unmatched_queries: Annotated[Literal["miss", "exclude"], CONVENTION]
     classification: NotRequired[dict[str, float | None]]
 
 

@@ -37,6 +37,10 @@ BAD_FILES = {
                        "'negative_flips.self' has 1 rates; it must have 2"),
     "study_flips_per_pair": (lambda: changed(retrieval_record(10), "retrieval.negative_flips.cross", [0.0, 0.1]),
                              "'retrieval.negative_flips.cross' has 2 rates; it must have 1"),
+    "unmatched_as_text": (lambda: changed(retrieval_record(11), "retrieval.queries_without_match", "many"),
+                          "'retrieval.queries_without_match' is 'many'; it must be a whole number"),
+    "hits_as_number": (lambda: changed(retrieval_record(12), "retrieval.query_top1", {"B/old": 5}),
+                       "'retrieval.query_top1' is {'B/old': 5}; it must be an object of per-query hits"),
 }
 
 
