@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cl2r_bench.data.datasets import DataError
 from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.errors import ConfigError
 
@@ -196,6 +197,10 @@ class TensorRows(GalleryRows):
         return id(self.features)
 
 
+class GalleryReadError(DataError):
+    """A streamed gallery file that fails while it is read (cut short, removed, unreadable): one line naming it."""
+
+
 class NpyRows(GalleryRows):
     """A 2-D float ``.npy`` file (module docstring): a range of rows is read from the file into a buffer of its own,
     a set of rows through a memory map made for that read."""
@@ -214,12 +219,20 @@ class NpyRows(GalleryRows):
         super().__init__(items, int(stored_width), device, transforms, chunk_rows, processes)
 
     def raw(self, index: slice | np.ndarray) -> torch.Tensor:
-        if isinstance(index, slice) and self.offset is not None:
-            start, stop, _ = index.indices(self.items)
-            return torch.from_numpy(self.read_range(start, max(stop, start)))
-        mapped = np.load(self.path, mmap_mode="r")
-        rows = np.array(mapped[index], dtype=np.float32)
-        del mapped
+        """Rows of the file; any failure to read them (the file cut short, removed or unreadable while the study
+        runs) is a :class:`GalleryReadError` naming it."""
+        try:
+            if isinstance(index, slice) and self.offset is not None:
+                start, stop, _ = index.indices(self.items)
+                return torch.from_numpy(self.read_range(start, max(stop, start)))
+            mapped = np.load(self.path, mmap_mode="r")
+            rows = np.array(mapped[index], dtype=np.float32)
+            del mapped
+        except GalleryReadError:
+            raise
+        except (OSError, ValueError) as exc:
+            raise GalleryReadError(f"{self.path} could not be read while the study ran ({exc}); check the file, "
+                                   "or write it again") from None
         return torch.from_numpy(rows)
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
@@ -254,7 +267,7 @@ def read_into(path: Path, buffer: memoryview, offset: int, stop: int) -> None:
         while done < len(buffer):
             got = file.readinto(buffer[done:])
             if not got:
-                raise OSError(f"{path} ended before row {stop}: the file was cut short; write it again")
+                raise GalleryReadError(f"{path} ended before row {stop}: the file was cut short; write it again")
             done += got
 
 

@@ -92,8 +92,10 @@ def test_ranges_are_read_as_stored_and_a_file_cut_short_is_named(gallery, tmp_pa
     assert torch.equal(torch.cat([chunk for _, chunk in rows.chunks(40)]), features)
     with (tmp_path / "gallery.npy").open("r+b") as file:
         file.truncate(file.seek(0, 2) - 64)
-    with pytest.raises(OSError, match="ended before row 150: the file was cut short"):
+    with pytest.raises(gallery_rows.GalleryReadError, match="ended before row 150: the file was cut short"):
         rows.read(100, 150)
+    with pytest.raises(gallery_rows.GalleryReadError, match="could not be read while the study ran"):
+        rows.raw(np.array([3, 149]))        # rows picked through a memory map of the shorter file
 
 
 def test_a_temporary_folder_without_room_for_a_mapped_gallery_is_named_before_anything_is_written(gallery,
