@@ -67,7 +67,7 @@ from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.encoders import Encoder, build_encoder
 from cl2r_bench.errors import ConfigError, UsageError
 from cl2r_bench.feature_cache import ONE_PIECE, Sharding, cached_features
-from cl2r_bench.files import device_description
+from cl2r_bench.files import atomic_write, atomic_write_text, device_description
 from cl2r_bench.settings import (
     UNMATCHED_CONVENTIONS,
     DistributedSettings,
@@ -593,11 +593,12 @@ def export_adapter(adapter: Adapter, directory: str | Path) -> list[Path]:
     by ``torch.export.load(path).module()`` with torch alone, any number of rows) per map a production system
     applies (the backward pair where the adapter has a backward map, the forward map where it has one: every map
     of every deployment the answer lists, partial backfilling through F included) and a README snippet for each;
-    returns the files written. TorchScript is not written: torch 2.14 deprecates loading it."""
+    returns the files written. Each file is written atomically (:func:`cl2r_bench.files.atomic_write`): a link in
+    its place is replaced, never followed. TorchScript is not written: torch 2.14 deprecates loading it."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     old_dim, new_dim, _ = adapter.dims
-    torch.save(adapter.export(), directory / "adapter_state.pt")
+    state = adapter.export()
+    atomic_write(directory / "adapter_state.pt", lambda f: torch.save(state, f))
     directions = [d for d in ("backward", "forward") if d in adapter.directions]
     written = [directory / "adapter_state.pt"]
     rows = torch.export.Dim("rows", min=1)
@@ -605,13 +606,13 @@ def export_adapter(adapter: Adapter, directory: str | Path) -> list[Path]:
         width = new_dim if which == "backward" else old_dim
         program = torch.export.export(DeployedMap(adapter.cpu().eval(), which), (torch.randn(3, width),),
                                       dynamic_shapes=({0: rows},))
-        torch.export.save(program, directory / f"{which}.pt2")
+        atomic_write(directory / f"{which}.pt2", lambda f, program=program: torch.export.save(program, f))
         written.append(directory / f"{which}.pt2")
     files = "".join(f"- `{p.name}`: a `torch.export` program, `torch.export.load(...).module()`.\n"
                     for p in written[1:])
-    (directory / "README.md").write_text(EXPORT_README.format(name=adapter.name, old_dim=old_dim, new_dim=new_dim,
-                                                              files=files,
-                                                              snippet="\n\n".join(SNIPPETS[d] for d in directions)))
+    atomic_write_text(directory / "README.md", EXPORT_README.format(
+        name=adapter.name, old_dim=old_dim, new_dim=new_dim, files=files,
+        snippet="\n\n".join(SNIPPETS[d] for d in directions)))
     return written + [directory / "README.md"]
 
 

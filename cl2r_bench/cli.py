@@ -390,6 +390,8 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
     for name in names:
         if name != "none":
             settings["adapter_params"][name] = make_adapter(name, settings["adapter_params"]).parameters_used()
+            if args.export is not None:
+                writable_folder(Path(args.export) / name, "--export")
     study_name = safe_name(args.name or Path(args.train).stem, "--name")
     configs = {(name, seed): adapt_config(args.train, args.test, name, seed, settings)
                for name in names for seed in args.seeds}

@@ -183,6 +183,27 @@ def test_every_exported_map_gives_the_adapters_features_and_loads_with_torch_alo
             torch.testing.assert_close(features, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_an_export_folder_that_cannot_take_it_is_refused_first_and_links_are_replaced_not_followed(rotated,
+                                                                                                   tmp_path, capsys):
+    train, test = rotated
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "procrustes").write_text("a file where the adapter's folder goes")
+    code, out = adapt("--train", train, "--test", test, "--adapter", "procrustes", "--output", tmp_path / "a",
+                      "--export", blocked, capsys=capsys)
+    assert code == 2 and "procrustes is a file" in out.err and "Traceback" not in out.err, out.err
+    assert not (tmp_path / "a").exists(), "refused before the study"
+    outside = tmp_path / "outside.pt"
+    outside.write_bytes(b"not the suite's to overwrite")
+    exported = tmp_path / "exported" / "procrustes"
+    exported.mkdir(parents=True)
+    (exported / "adapter_state.pt").symlink_to(outside)
+    assert adapt("--train", train, "--test", test, "--adapter", "procrustes", "--output", tmp_path / "b",
+                 "--export", tmp_path / "exported", capsys=capsys)[0] == 0
+    assert outside.read_bytes() == b"not the suite's to overwrite"
+    assert not (exported / "adapter_state.pt").is_symlink() and torch.load(exported / "adapter_state.pt")
+
+
 def arrays(npz: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``old``, ``new`` and ``labels`` of a ``.npz`` file."""
     with np.load(npz) as z:
