@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cl2r_bench.adapters.protocol import FeatureAdapter
+from cl2r_bench.errors import ConfigError
 from cl2r_bench.models import class_means
 from cl2r_bench.settings import BACKFILL_ORDERS, GALLERY_MODES, UNMATCHED_CONVENTIONS
 
@@ -165,6 +166,20 @@ class StudySplit:
     def __post_init__(self) -> None:
         if self.mode not in GALLERY_MODES:
             raise ValueError(f"unknown gallery mode {self.mode!r}; choose from {list(GALLERY_MODES)}")
+        self.check_counted_queries()
+
+    def check_counted_queries(self) -> None:
+        """A one-line :class:`~cl2r_bench.errors.ConfigError` when a leave-one-out sample of queries holds only
+        queries without another item of their class and ``unmatched_queries`` is ``exclude``: no query would be
+        left to count, and every figure would be 0 / 0 (the whole split in that state is refused where it is
+        read)."""
+        if self.gallery is not None or self.sample is None or self.scoring.unmatched_queries != "exclude":
+            return
+        _, index, counts = self.queries.labels.unique(return_inverse=True, return_counts=True)
+        if bool((counts[index[self.sample.to(index.device)]] == 1).all()):
+            raise ConfigError(f"every one of the {len(self.sample)} sampled queries has no other item of its class, so "
+                              "with model_update.unmatched_queries=exclude no query is left to count; sample more "
+                              "queries (--queries) or count them as misses (unmatched_queries=miss)")
 
     @property
     def gallery_items(self) -> PairedFeatures:
@@ -455,13 +470,15 @@ def measure(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[s
 def per_class_cmc(scores: RetrievalScores, labels: torch.Tensor,
                   class_labels: list[int] | None = None) -> dict[str, list[float] | list[int]]:
     """CMC top-1 and top-5 (percent) of each query class, with its ``labels`` (the split's class indices, or
-    ``class_labels`` of them: the user's own) and its ``queries``: the FCT authors' per-class view, under the
-    study's convention for queries without a match."""
+    ``class_labels`` of them: the user's own) and its ``queries``, those CMC counts (all of the class's under
+    ``miss``, its matched ones under ``exclude``), so that the per-class figures weighted by them give the case's
+    own: the FCT authors' per-class view, under the study's convention for queries without a match. A class none
+    of whose queries is counted has null figures (:meth:`RetrievalScores.per_class_cmc`)."""
     labels = labels.cpu().numpy()
     classes = sorted(set(labels.tolist()))
     top1, top5 = scores.per_class_cmc(labels, 1), scores.per_class_cmc(labels, 5)
     return {"labels": classes if class_labels is None else [class_labels[c] for c in classes],
-            "queries": [int((labels == c).sum()) for c in classes],
+            "queries": [scores.of_queries(labels == c).counted_queries for c in classes],
             "top1": [top1[c] for c in classes], "top5": [top5[c] for c in classes]}
 
 

@@ -186,11 +186,21 @@ class RetrievalScores:
             bounds[name] = np.percentile(means, [tail, 100 - tail]).tolist()
         return bounds
 
-    def per_class_cmc(self, labels: np.ndarray, k: int = 1) -> dict[int, float]:
-        """CMC top-``k`` of each query label's queries, in percent, under the same convention."""
-        return {int(c): RetrievalScores(self.first_rank[labels == c], self.ap[labels == c],
-                                        self.ap_at_r[labels == c], self.unmatched_queries, self.exact_depth).cmc(k)
-                for c in np.unique(labels)}
+    def of_queries(self, mask: np.ndarray) -> RetrievalScores:
+        """These scores restricted to the queries of ``mask``, under the same convention."""
+        return RetrievalScores(self.first_rank[mask], self.ap[mask], self.ap_at_r[mask], self.unmatched_queries,
+                               self.exact_depth)
+
+    @property
+    def counted_queries(self) -> int:
+        """How many queries CMC counts: all under ``miss``, the matched ones under ``exclude``."""
+        return len(self.counted_first_ranks)
+
+    def per_class_cmc(self, labels: np.ndarray, k: int = 1) -> dict[int, float | None]:
+        """CMC top-``k`` of each query label's queries, in percent, under the same convention; None for a label none
+        of whose queries CMC counts (every one unmatched, under ``exclude``): no figure, rather than 0.0."""
+        scores = {int(c): self.of_queries(labels == c) for c in np.unique(labels)}
+        return {c: part.cmc(k) if part.counted_queries else None for c, part in scores.items()}
 
 
 def cmc_at(first_rank: np.ndarray, k: int) -> float:

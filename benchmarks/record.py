@@ -401,7 +401,7 @@ class Retrieval(TypedDict):
     cmc: NotRequired[Annotated[dict[str, list[float]], CMC_CURVES]]
     queries_without_match: NotRequired[Annotated[int, COUNT]]
     unmatched_queries: NotRequired[Annotated[Literal["miss", "exclude"], CONVENTION]]
-    per_class_cmc: NotRequired[dict[str, dict[str, list[float] | list[int]]]]
+    per_class_cmc: NotRequired[dict[str, dict[str, list[float | None] | list[int]]]]
     sampled_queries: NotRequired[Annotated[dict[str, int], Read("an object of counts", _counts)]]
     sampling_interval: NotRequired[dict[str, dict[str, list[float]]]]
     queries: Annotated[int, dataclasses.replace(COUNT, required=True)]

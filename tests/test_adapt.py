@@ -531,7 +531,7 @@ def test_queries_without_a_match_are_counted_and_their_convention_is_a_setting(t
     for convention in ("miss", "exclude"):
         code, out = adapt("--train", paths[0], "--test", paths[1], "--adapter", "none", "--output",
                           tmp_path / convention, "--set", f"model_update.unmatched_queries={convention}",
-                          capsys=capsys)
+                          "--set", "model_update.per_class_cmc=true", capsys=capsys)
         assert code == 0, out.err
         record = json.loads((tmp_path / convention / "adapt" / "train" / "none" / "seed42" / "metrics.json")
                             .read_text())
@@ -542,6 +542,12 @@ def test_queries_without_a_match_are_counted_and_their_convention_is_a_setting(t
         results[convention] = retrieval["cases"]["old/old"]
         assert ("2 of 120 queries have no other item of their class: counted as misses" in out.out) == \
             (convention == "miss")
+        per_class = retrieval["per_class_cmc"]["old/old"]
+        lonely = [per_class["labels"].index(label) for label in (7, 8)]
+        assert [per_class["top1"][i] for i in lonely] == ([0.0, 0.0] if convention == "miss" else [None, None])
+        counted = [(q, v) for q, v in zip(per_class["queries"], per_class["top1"], strict=True) if v is not None]
+        assert sum(q * v for q, v in counted) / sum(q for q, _ in counted) == pytest.approx(
+            retrieval["cases"]["old/old"]["top1"]), "the counted classes add up to the whole under both conventions"
     assert results["exclude"]["top1"] == pytest.approx(results["miss"]["top1"] * 120 / 118)
     assert results["exclude"]["mAP"] == results["miss"]["mAP"]
     code, out = adapt("--train", paths[0], "--test", paths[1], "--adapter", "none", "--output", tmp_path,

@@ -116,3 +116,16 @@ def test_the_sampling_interval_of_a_query_sample_covers_the_all_queries_figure()
         for name, value in (("top1", full.top1), ("mAP", full.mAP)):
             covered[name] += interval[name][0] <= value <= interval[name][1]
     assert min(covered.values()) >= 34, covered
+
+
+def test_a_sample_of_queries_none_of_which_has_a_match_is_refused_under_exclude():
+    """Under unmatched_queries=exclude such a sample would leave no query to count: 0 / 0 shown as 0.0."""
+    from benchmarks.adapter_study import Scoring
+    from cl2r_bench.errors import ConfigError
+
+    labels = torch.tensor([0, 1, 2, 3, 3])
+    pair = PairedFeatures.normalised(torch.randn(5, 4), torch.randn(5, 4), labels)
+    with pytest.raises(ConfigError, match="every one of the 2 sampled queries has no other item of its class"):
+        StudySplit(pair, scoring=Scoring("exclude", False, 2, False), sample=torch.tensor([0, 2]))
+    StudySplit(pair, scoring=Scoring("exclude", False, 2, False), sample=torch.tensor([0, 3]))
+    StudySplit(pair, scoring=Scoring("miss", False, 2, False), sample=torch.tensor([0, 2]))
