@@ -755,7 +755,7 @@ def test_a_shared_study_refuses_bad_input_on_every_process_in_one_line(rotated, 
 
 
 FAILING_FIT = """import os, sys
-import cl2r_bench.adapt
+import cl2r_bench.adapt.study
 from cl2r_bench.cli import main
 
 
@@ -765,7 +765,7 @@ def failing_fit(*args, **kwargs):
     raise RuntimeError("the fit failed on purpose")
 
 
-cl2r_bench.adapt.fit_adapter = failing_fit
+cl2r_bench.adapt.study.fit_adapter = failing_fit
 try:
     code = main()
 except RuntimeError as failure:
