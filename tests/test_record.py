@@ -1,4 +1,4 @@
-"""The run record's schema (``benchmarks/record.py``): reading a ``metrics.json`` either gives the complete record
+"""The run record's schema (``benchmarks/record/``): reading a ``metrics.json`` either gives the complete record
 or fails in one line naming the file, and the ``TypedDict`` s name every field the metric writers produce."""
 import typing
 from typing import Annotated, TypedDict
