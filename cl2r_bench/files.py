@@ -109,6 +109,9 @@ older than this is stale, wherever its holder runs."""
 EMPTY_GRACE_SECONDS = 10.0
 """An empty or unreadable lock file older than this is stale (its writer died between creating and filling it)."""
 POLL_SECONDS = 0.5
+HELD_HERE: set[Path] = set()
+"""The lock files this process holds (:func:`exclusive`): a lock that names this process and is not among them was
+left by an earlier process with the same pid (a container restarted), so it is stale."""
 
 
 @dataclass(frozen=True)
@@ -125,16 +128,16 @@ class LockHolder:
             return "an empty or unreadable lock file"
         return f"pid {self.pid} on host {self.host}"
 
-    def stale(self, lease: float) -> str | None:
+    def stale(self, lease: float, lock_path: Path | None = None) -> str | None:
         """Why the lock is stale, or None while its holder may still hold it: empty or unreadable past the grace
-        period, naming this very process (which is not holding it: a pid reused after a restart), its holder dead
-        on this host, or no heartbeat for longer than ``lease``."""
+        period, naming this very process while it does not hold ``lock_path`` (:data:`HELD_HERE`: a pid reused after
+        a restart), its holder dead on this host, or no heartbeat for longer than ``lease``."""
         if self.pid is None:
             if self.heartbeat_age > EMPTY_GRACE_SECONDS:
                 return f"empty or unreadable for {self.heartbeat_age:.0f} s"
             return None
         if self.host == socket.gethostname():
-            if self.pid == os.getpid():
+            if self.pid == os.getpid() and lock_path is not None and lock_path.resolve() not in HELD_HERE:
                 return f"it names this very process (pid {self.pid}), which does not hold it: a pid reused"
             return None if _alive(self.pid) else f"its holder, pid {self.pid}, is gone"
         return f"no heartbeat for {self.heartbeat_age:.0f} s" if self.heartbeat_age > lease else None
@@ -197,7 +200,7 @@ def _take_over_if_stale(lock_path: Path, lease: float) -> str | None:
         return None
     try:
         holder = read_holder(lock_path)
-        reason = holder.stale(lease) if holder is not None else "gone"
+        reason = holder.stale(lease, lock_path) if holder is not None else "gone"
         if reason and holder is not None:
             lock_path.unlink(missing_ok=True)
         return reason if read_holder(lock_path) is None else None
@@ -240,6 +243,8 @@ def exclusive(lock_path: str | Path, what: str, *, wait: Callable[[str], Any] | 
             wait(f"waiting for {lock_holder(lock_path)}, which holds {what}; {clear}")
             said = True
         time.sleep(POLL_SECONDS)
+    held = lock_path.resolve()
+    HELD_HERE.add(held)
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(lock_path, lease / 4, stop), daemon=True)
     beat.start()
@@ -248,6 +253,7 @@ def exclusive(lock_path: str | Path, what: str, *, wait: Callable[[str], Any] | 
     finally:
         stop.set()
         beat.join()
+        HELD_HERE.discard(held)
         holder = read_holder(lock_path)
         if holder is not None and holder.pid == os.getpid() and holder.host == socket.gethostname():
             lock_path.unlink(missing_ok=True)
