@@ -238,20 +238,34 @@ def _tag(settings: dict[str, Any], differing: list[str]) -> str:
     return " [" + "; ".join(shown) + ("; ..." if len(differing) > 3 else "") + "]"
 
 
+def _same_experiment(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two runs' settings (:func:`experiment_settings`) agree on every key both have: a key one of them
+    lacks is a setting added to the suite after that run, whose default it ran with, so it tells nothing apart."""
+    return all(json.dumps(one[k], sort_keys=True, default=str) == json.dumps(other[k], sort_keys=True, default=str)
+               for k in one.keys() & other.keys())
+
+
 def experiment_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
-    """Runs grouped by experiment (:func:`experiment_settings`): runs that differ only by seed are one group;
-    when one name covers several experiments, each label gets a tag of the settings that tell them apart."""
-    experiments: dict[tuple[str, str, str], dict[str, list[RunRecord]]] = defaultdict(lambda: defaultdict(list))
+    """Runs grouped by experiment (:func:`experiment_settings`): runs that differ only by seed, or by a setting one
+    of them predates (:func:`_same_experiment`), are one group; when one name covers several experiments, each
+    label gets a tag of the settings that tell them apart."""
+    experiments: dict[tuple[str, str, str], list[tuple[dict[str, Any], list[RunRecord]]]] = defaultdict(list)
     for r in records:
-        identity = json.dumps(experiment_settings(r), sort_keys=True, default=str)
-        experiments[(r["scenario"], r["dataset"], r.get("method", r["strategy"]))][identity].append(r)
+        settings = experiment_settings(r)
+        found = experiments[(r["scenario"], r["dataset"], r.get("method", r["strategy"]))]
+        match = next((group for group in found if _same_experiment(group[0], settings)), None)
+        if match is None:
+            found.append((settings, [r]))
+        else:
+            match[0].update(settings)
+            match[1].append(r)
     groups: dict[tuple[str, str, str], list[RunRecord]] = {}
-    for (scenario, dataset, name), by_identity in experiments.items():
-        settings = [json.loads(identity) for identity in by_identity]
-        keys = sorted(set().union(*settings))
-        differing = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in settings}) > 1]
-        for identity, runs in by_identity.items():
-            label = name + (_tag(json.loads(identity), differing) if len(by_identity) > 1 else "")
+    for (scenario, dataset, name), found in experiments.items():
+        keys = sorted(set().union(*(settings for settings, _ in found)))
+        differing = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True, default=str)
+                                             for s, _ in found}) > 1]
+        for settings, runs in found:
+            label = name + (_tag(settings, differing) if len(found) > 1 else "")
             groups[(scenario, dataset, label)] = runs
     return dict(sorted(groups.items()))
 

@@ -80,3 +80,14 @@ def test_published_rows_take_the_negative_flips_a_paper_gives(monkeypatch):
 def test_the_adapter_papers_rows_stand_beside_model_update_only():
     from reporting.leaderboard import published_case_rows
     assert published_case_rows({"model_update"}) and published_case_rows({"adapt"}) == []
+
+
+def test_a_setting_a_run_predates_does_not_split_its_seeds_but_a_different_value_does():
+    """Seed 1 ran before ``training.new_option`` existed (its config lacks it), seed 2 with its default: one
+    experiment of two seeds. A third run with another value of a setting both have is an experiment of its own."""
+    older = changed(valid_record(1), "config.training", {"epochs": 1, "progress": False})
+    newer = changed(valid_record(2), "config.training", {"epochs": 1, "progress": False, "new_option": 0.0})
+    other = changed(valid_record(3), "config.training", {"epochs": 5, "progress": False, "new_option": 0.0})
+    groups = leaderboard.experiment_groups([older, newer, other])
+    assert sorted((label, [r["seed"] for r in runs]) for (_, _, label), runs in groups.items()) == [
+        ("er [training.epochs=1]", [1, 2]), ("er [training.epochs=5]", [3])]
