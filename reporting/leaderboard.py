@@ -29,6 +29,7 @@ Counts (seeds, pairs, queries, classes, task indices) are written as integers in
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import re
@@ -55,7 +56,7 @@ from benchmarks.record import (
 from benchmarks.record import (
     record_problem as record_problem,  # re-exported: the leaderboard's check, defined with the schema
 )
-from cl2r_bench.config import flatten
+from cl2r_bench.config import CONFIG_DIR, flatten, read_yaml
 from cl2r_bench.settings import BACKFILL_ORDERS
 
 from .published import (
@@ -238,11 +239,26 @@ def _tag(settings: dict[str, Any], differing: list[str]) -> str:
     return " [" + "; ".join(shown) + ("; ..." if len(differing) > 3 else "") + "]"
 
 
+@functools.cache
+def default_settings() -> dict[str, Any]:
+    """The suite's default settings (``configs/default.yaml``), flattened."""
+    return flatten(read_yaml(CONFIG_DIR / "default.yaml"))
+
+
 def _same_experiment(one: dict[str, Any], other: dict[str, Any]) -> bool:
-    """Whether two runs' settings (:func:`experiment_settings`) agree on every key both have: a key one of them
-    lacks is a setting added to the suite after that run, whose default it ran with, so it tells nothing apart."""
-    return all(json.dumps(one[k], sort_keys=True, default=str) == json.dumps(other[k], sort_keys=True, default=str)
-               for k in one.keys() & other.keys())
+    """Whether two runs' settings (:func:`experiment_settings`) agree: on every key both have, and on a key one of
+    them lacks (a setting added to the suite after that run) the other holds its default (``configs/default.yaml``),
+    which the older run ran with. A part's parameter that one record lacks is a difference: its default is the
+    part's own, which the records do not say."""
+    def same(key: str) -> bool:
+        missing = object()
+        values = [one.get(key, missing), other.get(key, missing)]
+        if missing in values:
+            present = next(v for v in values if v is not missing)
+            values = [present, default_settings().get(key, missing)]
+        return json.dumps(values[0], sort_keys=True, default=str) == json.dumps(values[1], sort_keys=True, default=str)
+
+    return all(same(key) for key in one.keys() | other.keys())
 
 
 def experiment_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
@@ -429,11 +445,14 @@ def _mean_matrices(records: list[RunRecord]) -> dict[tuple[str, str, str], tuple
 def models_label(record: RunRecord) -> str:
     """``old → new`` encoders of a leave-one-out record by short name (:func:`short_model_name`; the full specs are
     in the record's ``models`` and in the report's settings), ``embeddings`` for the user's own, or ``trained on
-    the stream`` for a ``model_update`` run along a stream (its models are in ``replacement_models``)."""
+    the stream`` for a ``model_update`` run along a stream (its models are in ``replacement_models``); with ``, open
+    set`` where classes were held out of fitting (``model_update.unseen_classes``), so that a study scored on unseen
+    classes is never summarised with one of the same models scored on fitted classes."""
     if record.get("protocol") == "stream":
         return STREAM_MODELS
     old, new = model_specs(record)
-    return "embeddings" if old is None else f"{short_model_name(old)} → {short_model_name(new)}"
+    label = "embeddings" if old is None else f"{short_model_name(old)} → {short_model_name(new)}"
+    return label + (", open set" if (record.get("models") or {}).get("unseen_classes_drawn") else "")
 
 
 STREAM_MODELS = "trained on the stream"

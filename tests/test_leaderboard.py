@@ -40,6 +40,7 @@ def test_a_study_is_labelled_by_its_encoders_short_names():
                          "new": {"spec": "timm:tf_efficientnet_lite2"}}}
     assert models_label(record) == "Lite0 → Lite2" and models_label({"models": {"train": "a.npz"}}) == "embeddings"
     assert models_label({"protocol": "stream"}) == "trained on the stream"
+    assert models_label({"models": {"train": "a.npz", "unseen_classes_drawn": 4}}) == "embeddings, open set"
 
 
 def test_a_value_no_seed_changes_has_no_spread():
@@ -82,12 +83,15 @@ def test_the_adapter_papers_rows_stand_beside_model_update_only():
     assert published_case_rows({"model_update"}) and published_case_rows({"adapt"}) == []
 
 
-def test_a_setting_a_run_predates_does_not_split_its_seeds_but_a_different_value_does():
-    """Seed 1 ran before ``training.new_option`` existed (its config lacks it), seed 2 with its default: one
-    experiment of two seeds. A third run with another value of a setting both have is an experiment of its own."""
-    older = changed(valid_record(1), "config.training", {"epochs": 1, "progress": False})
-    newer = changed(valid_record(2), "config.training", {"epochs": 1, "progress": False, "new_option": 0.0})
-    other = changed(valid_record(3), "config.training", {"epochs": 5, "progress": False, "new_option": 0.0})
+def test_a_setting_a_run_predates_splits_its_seeds_only_when_the_other_run_left_its_default():
+    """Seed 1 ran before ``model_update.unseen_classes`` existed (its config lacks it), seed 2 with the default 0.0:
+    one experiment of two seeds. Seed 3 held half the classes out (0.5): an experiment of its own, though seed 1
+    lacks the key. A part's parameter one record lacks (its default is the part's, not in default.yaml) splits."""
+    older = changed(valid_record(1), "config.model_update", {"head": "learnable"})
+    newer = changed(valid_record(2), "config.model_update", {"head": "learnable", "unseen_classes": 0.0})
+    other = changed(valid_record(3), "config.model_update", {"head": "learnable", "unseen_classes": 0.5})
     groups = leaderboard.experiment_groups([older, newer, other])
     assert sorted((label, [r["seed"] for r in runs]) for (_, _, label), runs in groups.items()) == [
-        ("er [training.epochs=1]", [1, 2]), ("er [training.epochs=5]", [3])]
+        ("er [model_update.unseen_classes=0.0]", [1, 2]), ("er [model_update.unseen_classes=0.5]", [3])]
+    param = changed(valid_record(4), "config.strategy_params", {"er": {"new_param": "x"}})
+    assert len(leaderboard.experiment_groups([older, param])) == 2
