@@ -31,6 +31,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import itertools
 import json
 import re
 from collections import defaultdict
@@ -245,20 +246,22 @@ def default_settings() -> dict[str, Any]:
     return flatten(read_yaml(CONFIG_DIR / "default.yaml"))
 
 
-def _same_experiment(one: dict[str, Any], other: dict[str, Any]) -> bool:
-    """Whether two runs' settings (:func:`experiment_settings`) agree: on every key both have, and on a key one of
-    them lacks (a setting added to the suite after that run) the other holds its default (``configs/default.yaml``),
-    which the older run ran with. A part's parameter that one record lacks is a difference: its default is the
-    part's own, which the records do not say."""
-    def same(key: str) -> bool:
-        missing = object()
-        values = [one.get(key, missing), other.get(key, missing)]
-        if missing in values:
-            present = next(v for v in values if v is not missing)
-            values = [present, default_settings().get(key, missing)]
-        return json.dumps(values[0], sort_keys=True, default=str) == json.dumps(values[1], sort_keys=True, default=str)
+MISSING = object()
 
-    return all(same(key) for key in one.keys() | other.keys())
+
+def _agree(key: str, one: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two runs' settings agree on ``key``; where one of them lacks it (a setting added to the suite after
+    that run), the other must hold its default (``configs/default.yaml``), which the older run ran with. A part's
+    parameter one record lacks disagrees: its default is the part's own, which the records do not say."""
+    values = [one.get(key, MISSING), other.get(key, MISSING)]
+    if MISSING in values:
+        values = [next(v for v in values if v is not MISSING), default_settings().get(key, MISSING)]
+    return json.dumps(values[0], sort_keys=True, default=str) == json.dumps(values[1], sort_keys=True, default=str)
+
+
+def _same_experiment(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two runs' settings (:func:`experiment_settings`) agree on every key (:func:`_agree`)."""
+    return all(_agree(key, one, other) for key in one.keys() | other.keys())
 
 
 def experiment_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
@@ -278,8 +281,8 @@ def experiment_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], li
     groups: dict[tuple[str, str, str], list[RunRecord]] = {}
     for (scenario, dataset, name), found in experiments.items():
         keys = sorted(set().union(*(settings for settings, _ in found)))
-        differing = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True, default=str)
-                                             for s, _ in found}) > 1]
+        differing = [k for k in keys if not all(_agree(k, first, other) for (first, _), (other, _) in
+                                                itertools.combinations(found, 2))]
         for settings, runs in found:
             label = name + (_tag(settings, differing) if len(found) > 1 else "")
             groups[(scenario, dataset, label)] = runs

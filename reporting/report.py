@@ -62,7 +62,7 @@ from .plots import (
     png_bytes,
     viridis,
 )
-from .stream_verdict import stream_verdict
+from .stream_verdict import stream_verdict, two_model_verdict
 
 REPORT_TABLES = ("main", "noise", "replacements", "across", "retrieval", "backfilling", "two_model", "timing")
 TABLE_TITLES = {"main": "Leaderboard", "noise": "Noise-aware AC", "replacements": "Replacement models' own accuracy",
@@ -193,7 +193,8 @@ def section(scenario: str, dataset: str, pairs: list[tuple[Path, RunRecord]], li
     records = [record for _, record in pairs]
     built = build(records, "github", REPORT_TABLES)
     part = Section(scenario, dataset, anchor=f"{scenario}-{dataset}".replace(" ", "-"))
-    part.verdict = stream_verdict([r for r in records if not adapter_study(r)])
+    stream = [r for r in records if not adapter_study(r)]
+    part.verdict = two_model_verdict(stream) or stream_verdict(stream)
     part.answers = study_answers(dataset, [r for r in records if adapter_study(r)])
     part.tables = [html_table(TABLE_TITLES[name], table, hidden=SECTION_COLUMNS) for name, tables in built.items()
                    for table in tables]

@@ -1,13 +1,18 @@
 """The opening line of a stream study's report section: which strategy keeps the most compatible pairs, which has
 the best accuracy, and which keep no pair compatible beyond noise (docs/METHODS.md §2 for AC / AA / ACA, §5 for the
-noise-aware AC). It reads the leaderboard's rows, so the line and the tables below it cannot disagree."""
+noise-aware AC); for the two-model protocol (``upgrade``, §6c), whether any new model beats the old one on its
+gallery. It reads the leaderboard's rows and groups, so the line and the tables below it cannot disagree."""
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from benchmarks.record import RunRecord
 
-from .leaderboard import leaderboard_rows, noise_rows
+from .leaderboard import experiment_groups, leaderboard_rows, noise_rows
+
+TWO_MODEL_CASES = ("old/old", "new/old", "new/new")
 
 
 def _mean(cell: Any) -> float | None:
@@ -48,3 +53,28 @@ def stream_verdict(records: list[RunRecord]) -> str:
     if never:
         lines.append(f"No pair compatible beyond noise: {', '.join(sorted(never))}.")
     return " ".join(lines)
+
+
+def two_model_verdict(records: list[RunRecord]) -> str:
+    """One paragraph on a section's two-model (``upgrade``) experiments, means over seeds: how many meet the BCT
+    criterion (new/old top-1 above old/old), and which comes closest; the per-task matrix of a two-task run says
+    little, so the stream's AC is not the answer here. Empty without ``two_model`` records."""
+    groups = {label: [r["two_model"]["cases"] for r in runs if r.get("two_model")]
+              for (_, _, label), runs in experiment_groups(records).items()}
+    means = {label: {case: float(np.mean([c[case]["top1"] for c in cases])) for case in TWO_MODEL_CASES}
+             for label, cases in groups.items() if cases}
+    if not means:
+        return ""
+    def gap(label: str) -> float:
+        return means[label]["new/old"] - means[label]["old/old"]
+
+    best = max(means, key=gap)
+    seeds = {label: len(cases) for label, cases in groups.items()}
+    above = sorted(label for label in means if gap(label) > 0)
+    head = (f"{len(above)} of {len(means)} experiments meet the BCT criterion (new/old top-1 above old/old): "
+            f"{', '.join(above)}." if above else
+            "no experiment meets the BCT criterion (new/old top-1 above old/old), on the means over seeds.")
+    closest = (f"Closest: {best}, new/old {means[best]['new/old']:.2f} against old/old {means[best]['old/old']:.2f} "
+               f"({gap(best):+.2f} points; new/new {means[best]['new/new']:.2f}; "
+               f"{seeds[best]} seed{'s' * (seeds[best] > 1)}).")
+    return f"{head} {closest} The two-model table below has every experiment."

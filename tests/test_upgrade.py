@@ -91,6 +91,14 @@ def test_leaderboard_has_the_two_model_table_and_bt2_published_rows(tiny, tmp_pa
     assert ["bt2", "new/old", 38.7, 64.6, 27.7] == published[-2][1:6]
     ml_fct = [r for t in built["published"] for r in t.rows if r[-1] == "apple/ml-fct README"]
     assert [r[1:6] for r in ml_fct] == [["er", "old/old", 32.9, 59.3, 16.1], ["er", "new/new", 56.4, 77.5, 36.5]]
+    from reporting.stream_verdict import two_model_verdict
+
+    cases = record["two_model"]["cases"]
+    verdict = two_model_verdict([record])
+    gap = cases["new/old"]["top1"] - cases["old/old"]["top1"]
+    assert verdict.startswith("1 of 1 experiments meet" if gap > 0 else "no experiment meets the BCT criterion")
+    assert f"Closest: er, new/old {cases['new/old']['top1']:.2f} against old/old {cases['old/old']['top1']:.2f}" \
+        in verdict, "an upgrade section's answer is the two-model protocol, not its two-task matrix's AC"
 
 
 @pytest.mark.parametrize("flags, message", [
