@@ -254,6 +254,8 @@ def _agree(key: str, one: dict[str, Any], other: dict[str, Any]) -> bool:
     that run), the other must hold its default (``configs/default.yaml``), which the older run ran with. A part's
     parameter one record lacks disagrees: its default is the part's own, which the records do not say."""
     values = [one.get(key, MISSING), other.get(key, MISSING)]
+    if values == [MISSING, MISSING]:
+        return True
     if MISSING in values:
         values = [next(v for v in values if v is not MISSING), default_settings().get(key, MISSING)]
     return json.dumps(values[0], sort_keys=True, default=str) == json.dumps(values[1], sort_keys=True, default=str)

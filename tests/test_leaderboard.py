@@ -95,3 +95,4 @@ def test_a_setting_a_run_predates_splits_its_seeds_only_when_the_other_run_left_
         ("er [model_update.unseen_classes=0.0]", [1, 2]), ("er [model_update.unseen_classes=0.5]", [3])]
     param = changed(valid_record(4), "config.strategy_params", {"er": {"new_param": "x"}})
     assert len(leaderboard.experiment_groups([older, param])) == 2
+    assert len(leaderboard.experiment_groups([older, newer, other, param])) == 3, "a key two groups both lack"
