@@ -21,7 +21,7 @@ from benchmarks.record import unpack_hits
 from cl2r_bench.adapt import Study, encoder_study, evaluate_adapter
 from cl2r_bench.assembly import assemble
 from reporting.adapter_summary import paired_gain_interval
-from tools.pretrained_study import lite_weights, run_config
+from tools.pretrained_study import lite_pair, run_config
 
 ADAPTERS = ("none", "procrustes", "least_squares", "irp")
 
@@ -29,8 +29,7 @@ ADAPTERS = ("none", "procrustes", "least_squares", "irp")
 def lite_study(args: argparse.Namespace, share: float) -> Study:
     """The Lite0 -> Lite2 Tiny ImageNet study, with ``share`` of its classes held out of fitting."""
     output = Path(args.output)
-    lite = {v: lite_weights(v, output / "weights") for v in ("lite0", "lite2")}
-    pair = {"old": f"timm:tf_efficientnet_lite0@{lite['lite0']}", "new": f"timm:tf_efficientnet_lite2@{lite['lite2']}"}
+    pair = lite_pair(output)
     config = argparse.Namespace(data_root=args.data_root, device="cpu", unseen_classes=share, output=str(output))
     parts = assemble(run_config(config, pair, "tinyimagenet", "none", 0, Path(args.output) / "open-set-control"))
     return encoder_study(parts.settings, parts.device, lambda *_: None)

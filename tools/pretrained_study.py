@@ -58,6 +58,12 @@ def lite_weights(variant: str, folder: Path) -> Path:
     return path
 
 
+def lite_pair(output: Path) -> dict[str, str]:
+    """The Lite0 -> Lite2 pair's encoder specs, their weights converted once under ``output/weights``."""
+    lite = {v: lite_weights(v, output / "weights") for v in ("lite0", "lite2")}
+    return {"old": f"timm:tf_efficientnet_lite0@{lite['lite0']}", "new": f"timm:tf_efficientnet_lite2@{lite['lite2']}"}
+
+
 def suite_resnet(data_root: str, cache_dir: Path, log: Any) -> Path:
     """The suite's ResNet-18 on all 200 Tiny ImageNet classes at 32x32, its classifier kept (cached)."""
     from cl2r_bench.data.datasets import load_dataset
@@ -106,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     output = Path(args.output)
     runs = output / "open-set" if args.unseen_classes else output
-    lite = {v: lite_weights(v, output / "weights") for v in ("lite0", "lite2")}
-    pairs = {"lite0-lite2": {"old": f"timm:tf_efficientnet_lite0@{lite['lite0']}",
-                             "new": f"timm:tf_efficientnet_lite2@{lite['lite2']}"}}
+    pairs = {"lite0-lite2": lite_pair(output)}
     if "resnet18-lite2" in args.pairs:
         pairs["resnet18-lite2"] = {"old": f"suite:{suite_resnet(args.data_root, output / 'models', print)}",
                                    "new": pairs["lite0-lite2"]["new"]}
