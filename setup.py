@@ -41,8 +41,10 @@ setup(
         "timm>=1.0",
         "jinja2",
         "numba",
+        "scikit-learn",              # k-means of mini_vec2vec (as its reference code; also an Avalanche dependency)
+        "scipy",                     # the quadratic assignment of mini_vec2vec (as its reference code)
     ],
-    extras_require={"test": ["pytest", "pytest-xdist", "tensorboard", "submitit", "scikit-learn", *LITE_WEIGHTS,
+    extras_require={"test": ["pytest", "pytest-xdist", "tensorboard", "submitit", *LITE_WEIGHTS,
                              *OPEN_CLIP, *CHECKS, *BROWSER, *LARGE],
                     "tensorboard": ["tensorboard"],
                     "imagenet-lite": LITE_WEIGHTS,

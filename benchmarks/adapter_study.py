@@ -26,14 +26,18 @@ Cases, ``query/gallery`` (λ-orth Table 1b), each computed only where both sides
 * ``F/F``: forward-adapted old queries against the forward-adapted old gallery;
 * ``new/F``: the new model's own queries on F(old), where F maps into the new model's space (FCT, FastFill,
   the translation baselines);
-* ``F/old``, ``B/F``: where F maps into the old frame, as λ-orth's F does (into B's frame).
+* ``F/old``, ``B/F``: where F maps into the old frame, as λ-orth's F does (into B's frame);
+* ``old+new/old``: each query embedded by both models and combined by the adapter (SLERP's dual query) against the
+  old gallery in the adapter's old frame: the deployment that keeps the old encoder running.
 
 Backfilling: queries are the new model's features in the adapter's new frame (B(new) for λ-orth); the gallery
 starts as the stale F(old) (the old features without a forward map) and the first β of it, in the order's
 sequence (:func:`backfill_order`), is replaced by the fresh new-frame features; top-1 and mAP against
-β = 0, 1/s, ..., 1 and their area (trapezoid rule). Orders: ``random``; ``uncertainty`` (FastFill's σ², largest
-first; only for adapters that predict it); ``class_mean_distance`` / ``class_mean_cosine`` (λ-orth: the L2 / cosine
-distance of each stale gallery item to its class mean of the stale gallery, largest first).
+β = 0, 1/s, ..., 1 and their area (trapezoid rule). An adapter with neither map (a dual query only) has no curve of
+its own: its queries need the old gallery, and the adapter-free curve is the study's ``none``. Orders: ``random``;
+``uncertainty`` (FastFill's σ², largest first; only for adapters that predict it); ``class_mean_distance`` /
+``class_mean_cosine`` (λ-orth: the L2 / cosine distance of each stale gallery item to its class mean of the stale
+gallery, largest first).
 
 Zero-shot retention (λ-orth's "ZS"): how much the backward map distorts the new model's own space. Its classifier
 (rows w_c, biases) scores the raw features h, then the same classifier moved with the features by B's linear part
@@ -57,11 +61,11 @@ from cl2r_bench.errors import ConfigError
 from cl2r_bench.models import class_means
 from cl2r_bench.settings import BACKFILL_ORDERS, GALLERY_MODES, UNMATCHED_CONVENTIONS
 
-from .flips import negative_flips
+from .flips import negative_flip_rate, negative_flips
 from .gallery_rows import GalleryRows, normalise_rows
 from .metrics import area_under_curve
 from .ranking import RetrievalScores, backfilling_scores, retrieval_scores
-from .record import BASELINE, PAPER_CASES, cross_case, pack_hits
+from .record import BASELINE, DUAL_CASE, PAPER_CASES, cross_case, pack_hits
 from .retrieval import class_templates
 
 Features = torch.Tensor | GalleryRows
@@ -74,6 +78,16 @@ def through(transform: Any, features: Features, *, store: bool = True) -> Featur
     once per item, the mapped rows written to a temporary file by the first pass that reads them (the adapter's
     maps: :class:`~benchmarks.gallery_rows.StoredRows`), else to every read (the normalisation, cheaper to redo)."""
     return features.mapped(transform, store=store) if isinstance(features, GalleryRows) else transform(features)
+
+
+@dataclass(frozen=True)
+class DualQuery:
+    """Queries embedded by both models, combined by ``combine`` (an adapter's ``dual_query``) only when the rows
+    ranked are read (:meth:`StudySplit.sampled`), so a streamed split combines its sampled queries alone."""
+
+    combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    old: Features
+    new: Features
 
 
 @dataclass
@@ -210,8 +224,10 @@ class StudySplit:
         return self.queries.labels if self.sample is None else self.queries.labels[self.sample.to(
             self.queries.labels.device)]
 
-    def sampled(self, features: Features) -> torch.Tensor:
+    def sampled(self, features: Features | DualQuery) -> torch.Tensor:
         """The rows of ``features`` (one per query item) that are ranked as queries, in memory."""
+        if isinstance(features, DualQuery):
+            return features.combine(self.sampled(features.old), self.sampled(features.new))
         if isinstance(features, GalleryRows):
             return features.read(0, len(features)) if self.sample is None else features.rows(self.sample)
         return features if self.sample is None else features[self.sample.to(features.device)]
@@ -254,7 +270,7 @@ def case_sides(split: StudySplit, adapter: FeatureAdapter | None
 
 
 def every_item_sides(split: StudySplit, adapter: FeatureAdapter | None
-                     ) -> dict[str, tuple[torch.Tensor, torch.Tensor] | None]:
+                     ) -> dict[str, tuple[Features | DualQuery, Features] | None]:
     """:func:`case_sides` with every query item on the query side."""
     query, gallery = split.queries, split.gallery_items
     same = split.gallery is None
@@ -263,13 +279,15 @@ def every_item_sides(split: StudySplit, adapter: FeatureAdapter | None
         mapped = through(transform, a)
         return mapped, mapped if same else through(transform, b)
 
-    sides: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = dict.fromkeys(PAPER_CASES)
+    sides: dict[str, tuple[Features | DualQuery, Features] | None] = dict.fromkeys(PAPER_CASES)
     sides.update({"old/old": (query.old, gallery.old), "new/old": (new_in_old_frame(split, query.new, gallery.old),
                                                                    gallery.old),
                   "new/new": (query.new, gallery.new)})
     if adapter is None:
         return sides
     old_in_frame = through(adapter.old_frame, gallery.old)
+    if "dual" in adapter.directions:
+        sides[DUAL_CASE] = (DualQuery(adapter.dual_query, query.old, query.new), old_in_frame)
     if "backward" in adapter.directions:
         backward_query, backward_gallery = both(adapter.backward, query.new, gallery.new)
         sides.update({"B/old": (backward_query, old_in_frame), "B/B": (backward_query, backward_gallery)})
@@ -368,11 +386,12 @@ def backfilling(split: StudySplit, adapter: FeatureAdapter | None, *, orders: li
         fresh = queries if split.gallery is None else (gallery.new if adapter is None else
                                                         through(adapter.new_frame, gallery.new))
         has_forward = adapter is not None and "forward" in adapter.directions
+        maps_features = adapter is None or bool({"backward", "forward"} & set(adapter.directions))
         stale = through(adapter.forward, gallery.old) if has_forward else gallery.old
         ranked = {kind: backfill_order(kind, stale=stale, old=gallery.old, labels=gallery.labels, adapter=adapter,
                                        generator=generator) for kind in orders}
         ranked = {kind: order for kind, order in ranked.items() if order is not None}
-        if stale.shape[1] == fresh.shape[1] and ranked:
+        if stale.shape[1] == fresh.shape[1] and ranked and maps_features:
             queries = split.sampled(queries)
             steps_scores = split.backfill(queries, fresh, stale, list(ranked.values()), betas)
             curves = {kind: {"top1": [r.top1 for r in scores], scores[0].precision_name: [r.precision for r in scores]}
@@ -441,8 +460,9 @@ def measure(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[s
     mAP in percent per case), ``query_top1`` (each query's top-1 hit in old/old, the cross case and new/new, packed by
     :func:`benchmarks.record.pack_hits`, for the paired comparison of the study's answer), ``negative_flips`` (of
     the 2x2 matrix ``[[old/old], [cross, new/new]]``: the queries old/old answers and new/new, or the cross case,
-    loses; :func:`benchmarks.flips.negative_flips`), ``backfilling`` (orders drawn with ``seed``) and ``zero_shot``
-    as given."""
+    loses; :func:`benchmarks.flips.negative_flips`), ``case_flips`` (every other case's negative flip rate against
+    old/old: the share of queries old/old answers at top-1 that the case loses), ``backfilling`` (orders drawn with
+    ``seed``) and ``zero_shot`` as given."""
     ends: list[Ranked] = []
     curves = backfilling(split, adapter, orders=orders, steps=steps, generator=torch.Generator().manual_seed(seed),
                          ends=ends)
@@ -454,6 +474,8 @@ def measure(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[s
             "query_top1": {case: pack_hits(hits[case]) for case in dict.fromkeys((BASELINE, cross, "new/new"))
                            if case in hits},
             "negative_flips": negative_flips([[hits[BASELINE]], [hits.get(cross), hits["new/new"]]]),
+            "case_flips": {case: negative_flip_rate(hits[BASELINE], case_hits) for case, case_hits in hits.items()
+                           if case != BASELINE},
             "backfilling": curves,
             "zero_shot": zero_shot, "cmc": {case: result.cmc_curve() for case, result in scored.items() if result},
             "queries_without_match": scored[BASELINE].queries_without_positive,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from cl2r_bench.adapters import Adapter, AdapterError, make_adapter
+from cl2r_bench.adapters import Adapter, AdapterError, get_adapter, list_adapters, make_adapter, unpaired_adapters
 from cl2r_bench.distributed import SINGLE, Processes, place
 from cl2r_bench.encoders import encoder_model
 from cl2r_bench.errors import ConfigError, PartError, safe_name, writable_folder
@@ -111,6 +111,7 @@ def assemble(config: dict[str, Any]) -> Assembly:
                                                   strategy_parameters(settings.strategy, settings.strategy_params))
     adapter = make_adapter(settings.adapter.name, settings.adapter_params) if settings.adapter.used else None
     if adapter is not None:
+        check_pairing(adapter.name, settings.model_update.pairing)
         used["adapter_params"][adapter.name] = adapter.parameters_used()
     check_part_names(settings)
     label = scenario.label()
@@ -141,10 +142,37 @@ def check_part_names(settings: RunSettings) -> None:
                 raise ConfigError(str(exc) if str(exc).startswith(section) else f"{section}.{name}: {exc}") from None
 
 
+def fills_stream_matrices(adapter: type[Adapter]) -> bool:
+    """Whether ``adapter`` can fill an adapted matrix along a stream: it has a backward or a forward map (a dual
+    query needs the old encoder at query time, which a stream's matrices do not model)."""
+    return bool({"backward", "forward"} & set(adapter.directions))
+
+
+def adapters_for(scenario: str, pairing: str) -> list[str]:
+    """The registered adapters ``--adapter all`` runs with ``scenario``: every one, except on a stream that trains,
+    where those that cannot fill its matrices (:func:`fills_stream_matrices`) are left out, and without pairs
+    (``pairing: unpaired``), where only those fitted without pairs are run."""
+    trains = get_scenario(scenario).trains
+    usable = unpaired_adapters() if pairing == "unpaired" else list_adapters()
+    return [name for name in usable if not trains or fills_stream_matrices(get_adapter(name))]
+
+
+def check_pairing(name: str, pairing: str) -> None:
+    """One line when adapter ``name`` needs pairs and ``model_update.pairing`` is ``unpaired``."""
+    if pairing == "unpaired" and not get_adapter(name).fits_unpaired:
+        raise ConfigError(f"adapter {name!r} needs the same items embedded by both models, and "
+                          f"model_update.pairing=unpaired gives it none: use an adapter fitted without pairs "
+                          f"({', '.join(unpaired_adapters())}) or pairing=paired")
+
+
 def adapted_direction(adapter: Adapter, direction: str) -> str:
     """The adapted matrix a stream run fills (``adapter.direction``). ``auto`` is backward when the adapter has a
     backward map; the forward direction needs an adapter whose forward map lands in the new model's own space (not
     λ-orthogonal's; docs/METHODS.md §7)."""
+    if not fills_stream_matrices(type(adapter)):
+        raise AdapterError(f"adapter {adapter.name!r} combines the old and the new model's queries (a dual query), "
+                           "and a stream run fills backward or forward matrices only; measure it with runner.py "
+                           "adapt or model_update on encoder specs")
     if direction == "auto":
         direction = "backward" if "backward" in adapter.directions else "forward"
     if direction not in adapter.directions or (direction == "forward" and not adapter.forward_into_new_space):

@@ -371,7 +371,8 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
         study_from_embeddings,
         study_record,
     )
-    from cl2r_bench.adapters import list_adapters, make_adapter
+    from cl2r_bench.adapters import list_adapters, make_adapter, unpaired_adapters
+    from cl2r_bench.assembly import check_pairing
     from cl2r_bench.config import config_text
     from cl2r_bench.errors import safe_name
     from cl2r_bench.files import atomic_write_text
@@ -386,9 +387,11 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
         if args.resume:
             raise UsageError("--resume keeps finished records without their fitted adapters, so --export would have "
                              "nothing to write for them: export in a run without --resume")
-    names = adapter_names(args.adapter, list_adapters())
+    names = adapter_names(args.adapter, list_adapters(),
+                          unpaired_adapters() if settings["pairing"] == "unpaired" else None)
     for name in names:
         if name != "none":
+            check_pairing(name, settings["pairing"])
             settings["adapter_params"][name] = make_adapter(name, settings["adapter_params"]).parameters_used()
             if args.export is not None:
                 writable_folder(Path(args.export) / name, "--export")
@@ -399,6 +402,7 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
     kept = processes.decided_on_main(lambda: finished_records(folders, configs)) if args.resume else {}
     study = study_from_embeddings(args.train, args.test, settings["stream_rows"], processes,
                                   progress=not args.no_progress, unseen_classes=settings["unseen_classes"])
+    study.pairing = settings["pairing"]
     study.train, study.test = study.train.to(device), study.test.to(device)
     if not args.json:
         say(f"{study_name}: fitting on {study.about['train_items']} items, evaluating on "
@@ -442,12 +446,13 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
     return 0
 
 
-def adapter_names(asked: list[str], registered: list[str]) -> list[str]:
-    """The adapters of ``adapt --adapter``: 'all' is none and every registered adapter; each name once, in order;
-    an unknown name is one line listing the valid ones."""
+def adapter_names(asked: list[str], registered: list[str], usable: list[str] | None = None) -> list[str]:
+    """The adapters of ``adapt --adapter``: 'all' is none and every registered adapter (of ``usable`` when given:
+    those the study's pairing can fit); each name once, in order; an unknown name is one line listing the valid
+    ones."""
     names: list[str] = []
     for name in asked:
-        for one in ["none", *registered] if name == "all" else [name]:
+        for one in ["none", *(registered if usable is None else usable)] if name == "all" else [name]:
             if one != "none" and one not in registered:
                 raise UsageError(f"--adapter: unknown adapter {one!r}; choose from none, all, {', '.join(registered)}")
             if one not in names:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 from cl2r_bench.errors import ConfigError, safe_name
 
@@ -66,15 +66,27 @@ def config_from_params(config_class: type, params: dict[str, Any], section: str,
     defaults = config_class()
     for key, value in params.items():
         default = getattr(defaults, key)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) if isinstance(default, float) \
-            else isinstance(value, type(default))
-        if not ok:
-            raise error(f"{section}.{key} = {value!r}: expected {type(default).__name__} like the default "
-                        f"{default!r}")
+        expected = [type(default)] if default is not None else optional_types(config_class, key)
+        if not any(fits(value, kind) for kind in expected):
+            raise error(f"{section}.{key} = {value!r}: expected {' or '.join(k.__name__ for k in expected)} like "
+                        f"the default {default!r}")
     try:
         return config_class(**params)
     except ValueError as exc:
         raise error(f"{section}.{exc}") from None
+
+
+def fits(value: Any, kind: type) -> bool:
+    """Whether ``value`` is of ``kind``; a float setting takes an integer too, and no number is a bool."""
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+
+
+def optional_types(config_class: type, key: str) -> list[type]:
+    """The types a setting whose default is None takes: None and those its annotation names (``float | None``)."""
+    hint = get_type_hints(config_class)[key]
+    return [type(None), *(kind for kind in get_args(hint) if isinstance(kind, type) and kind is not type(None))]
 
 
 def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:

@@ -120,11 +120,11 @@ def requested_output(args: argparse.Namespace) -> str:
 
 def requested_runs(args: argparse.Namespace) -> list[Assembly]:
     """One assembled run per (strategy, adapter, seed) the command asks for (``all`` expands to the registered
-    strategies, after the plugins are loaded, and to ``none`` and every adapter): every bad setting is an error
+    strategies, after the plugins are loaded, and to ``none`` and every adapter the scenario can run,
+    :func:`cl2r_bench.assembly.adapters_for`): every bad setting is an error
     here, before any data is read or model trained."""
     # The run's parts import torch and timm (seconds): only when runs are asked for, not for --help.
-    from cl2r_bench.adapters import list_adapters
-    from cl2r_bench.assembly import assemble, load_plugins
+    from cl2r_bench.assembly import adapters_for, assemble, load_plugins
     from strategies import list_strategies
 
     layers = requested_layers(args)
@@ -132,7 +132,10 @@ def requested_runs(args: argparse.Namespace) -> list[Assembly]:
         raise UsageError("give --seed or --seeds, not both")
     load_plugins(resolve(layers)["plugins"])
     strategies = list_strategies() if args.strategy == "all" else [None]
-    adapters = [{"name": a} for a in ["none", *list_adapters()]] if args.adapter == "all" else [None]
+    resolved = resolve(layers)
+    adapters = ([{"name": a} for a in ["none", *adapters_for(resolved["scenario"],
+                                                              resolved["model_update"]["pairing"])]]
+                if args.adapter == "all" else [None])
     runs = []
     for strategy, adapter, seed in itertools.product(strategies, adapters, args.seeds or [None]):
         extra = {k: v for k, v in (("strategy", strategy), ("adapter", adapter), ("seed", seed)) if v is not None}

@@ -41,6 +41,9 @@ ADAPTER_AT = ("replacements", "every_task")
 ADAPTER_DIRECTIONS = ("auto", "backward", "forward")
 UPDATE_PROTOCOLS = ("auto", "leave_one_out", "stream")
 UNMATCHED_CONVENTIONS = ("miss", "exclude")
+PAIRINGS = ("paired", "unpaired")
+"""What an adapter study fits on: the same items under both models, or the old features of some items and the new
+features of others (``model_update.pairing``; docs/METHODS.md §7)."""
 """How CMC counts a query without another item of its class (benchmarks/ranking.py; docs/METHODS.md §7b)."""
 PRETRAIN_SCHEDULES = ("cosine", "plateau")
 AMP_DTYPES = ("float16", "bfloat16")
@@ -360,6 +363,7 @@ class ModelUpdateSettings:
     stream_rows: int | None
     screen: bool
     unseen_classes: float
+    pairing: str
 
     def __post_init__(self) -> None:
         check_rules("model_update", self, at_least(1, "backfill_steps", "fit_per_class", "test_per_class",
@@ -378,7 +382,11 @@ class ModelUpdateSettings:
             raise ConfigError("model_update.screen screens the streamed galleries of runner.py adapt "
                               "(model_update.stream_rows); a run ranks in memory: leave it false here")
         check_choices("model_update", self, {"head": UPDATE_HEADS, "protocol": UPDATE_PROTOCOLS,
-                                             "unmatched_queries": UNMATCHED_CONVENTIONS})
+                                             "unmatched_queries": UNMATCHED_CONVENTIONS, "pairing": PAIRINGS})
+        if self.pairing == "unpaired" and not self.leave_one_out:
+            raise ConfigError("model_update.pairing=unpaired fits adapters on different items in runner.py adapt and "
+                              "in two encoders' leave-one-out study (model_update.old / new); a stream fits on its own "
+                              "pairs: leave it paired here")
         check_backfill_orders(self.backfill_orders)
         if self.encoders and not (self.old and self.new):
             raise ConfigError("give both model_update.old and model_update.new (encoder specs), or neither")

@@ -4,13 +4,17 @@ adapt`` and ``runner.py report`` give the same answer.
 
 For each adapter, over its seeds:
 
-* **cross case**: what the system delivers without backfilling: B/old for an adapter with a backward map, new/F
-  for a forward-only one, new/old without adapter (the first of :data:`CROSS_CASES` that exists);
+* **cross case**: what the system delivers without backfilling: old+new/old for an adapter that combines both
+  models' queries (SLERP; the old encoder keeps running), B/old for an adapter with a backward map, new/F for a
+  forward-only one, new/old without adapter (the first of :data:`CROSS_CASES` that exists);
 * **compatible**: the cross case's top-1 against old/old, paired over queries: each query's top-1 hit in the cross
   case (averaged over seeds) minus its hit in old/old; a bootstrap over queries (2,000 resamples) gives the 95 %
   interval of the mean difference. ``yes`` when the interval lies above 0, ``no`` when below, ``within noise``
   otherwise. The per-query hits are in the record (``retrieval.query_top1``, packed bits);
 * **gains**: top-1 and mAP of the cross case minus old/old, in points (seed means);
+* **negative flips**: the share of queries old/old answers at top-1 that the cross case loses, in percent (seed
+  mean; ``retrieval.case_flips``, or the cross rate of ``negative_flips`` in records before it): a gain can hide
+  answers users saw and lose;
 * **backfilling**: of the orders measured, the one with the largest mean top-1 AUC; its AUC, and the share of the
   gallery to re-embed in that order until top-1 reaches 95 % of new/new's (the new model on a fully re-embedded
   gallery: one target for every adapter, whatever its own curve ends at), the first β of the grid that does, on the
@@ -39,7 +43,7 @@ import numpy as np
 from tabulate import tabulate
 
 from benchmarks.noise import bootstrap_accuracies
-from benchmarks.record import BASELINE, cross_case, unpack_hits
+from benchmarks.record import BASELINE, DUAL_CASE, cross_case, unpack_hits
 
 BACKFILL_TARGET = 0.95
 CONFIDENCE = 0.95
@@ -57,6 +61,7 @@ class AdapterSummary:
     compatible: str
     top1_gain: float | None
     top1_interval: tuple[float, float] | None
+    negative_flips: float | None
     mAP_gain: float | None
     backfill_order: str | None
     backfill_auc: float | None
@@ -106,6 +111,22 @@ def _best_backfilling(records: list[dict[str, Any]]) -> tuple[str | None, float 
     return best or (None, None, None)
 
 
+def case_flips(record: dict[str, Any], case: str) -> float | None:
+    """The negative flip rate of ``case`` against old/old in percent, or None where the record lacks it (records
+    before ``case_flips`` keep the cross case's only)."""
+    retrieval = record["retrieval"]
+    rate = (retrieval.get("case_flips") or {}).get(case)
+    if rate is None and case == cross_case(retrieval["cases"]):
+        rate = ((retrieval.get("negative_flips") or {}).get("cross") or [None])[0]
+    return None if rate is None else 100.0 * rate
+
+
+def mean_flips(records: list[dict[str, Any]], case: str) -> float | None:
+    """:func:`case_flips` averaged over ``records`` (seeds), None unless every record has it."""
+    rates = [case_flips(r, case) for r in records]
+    return None if None in rates or not rates else float(np.mean(rates))
+
+
 def _fit(record: dict[str, Any]) -> dict[str, Any]:
     adapter = record.get("adapter") or {}
     return adapter.get("fit") or (adapter.get("fits") or [{}])[-1]
@@ -135,7 +156,8 @@ def summarise_adapter(method: str, records: list[dict[str, Any]]) -> AdapterSumm
                                                                                                  strict=True)]
     return AdapterSummary(
         adapter=method, seeds=len(records), seed_free=len(records) > 1 and all("same_as_seed" in f for f in fits[1:]),
-        cross_case=case, compatible=verdict, top1_gain=gain, top1_interval=interval, mAP_gain=map_gain,
+        cross_case=case, compatible=verdict, top1_gain=gain, top1_interval=interval,
+        negative_flips=None if case is None else mean_flips(records, case), mAP_gain=map_gain,
         backfill_order=order, backfill_auc=auc, reembed_share=share, fit_seconds=float(np.mean(seconds)),
         converged=all(flags) if flags else None)
 
@@ -204,6 +226,7 @@ class Deployment:
     vectors_rewritten: int
     images_reembedded: int
     fit_seconds: float
+    negative_flips: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -213,9 +236,13 @@ DEPLOYMENTS = (
     ("keep the old model", "old/old", "old", False, 0.0),
     ("new queries through B against the untouched index", "B/old", "new + B", False, 0.0),
     ("rewrite the stored vectors through F, no image read", "new/F", "new", True, 0.0),
+    ("embed each query with both models against the untouched index (the old encoder keeps running)", DUAL_CASE,
+     "old + new", False, 0.0),
     ("re-embed every image with the new model", "new/new", "new", False, 1.0),
 )
-"""``(deployment, case, query encoders, vectors rewritten?, share of images re-embedded)``."""
+"""``(deployment, case, query encoders, vectors rewritten?, share of images re-embedded)``, cheapest first: [choice]
+rewriting the stored vectors once without reading an image ranks below running a second encoder on every query for
+as long as the old index serves, and that below re-embedding images (docs/METHODS.md §7b)."""
 
 
 def deployments(row: AdapterSummary, records: list[dict[str, Any]]) -> list[Deployment]:
@@ -234,8 +261,9 @@ def deployments(row: AdapterSummary, records: list[dict[str, Any]]) -> list[Depl
     for name, case, encoders, rewrites, share in DEPLOYMENTS:
         if not all(c.get(case) for c in cases):
             continue
-        fit = row.fit_seconds if case in ("B/old", "new/F") else 0.0
-        found.append(Deployment(name, case, top1(case), encoders, items if rewrites else 0, round(share * items), fit))
+        fit = row.fit_seconds if case in ("B/old", "new/F", DUAL_CASE) else 0.0
+        found.append(Deployment(name, case, top1(case), encoders, items if rewrites else 0, round(share * items), fit,
+                                None if case == BASELINE else mean_flips(own, case)))
     if row.reembed_share and row.reembed_share < 1:
         curves = [r["retrieval"]["backfilling"] for r in own]
         at = curves[0]["betas"].index(row.reembed_share)
@@ -272,7 +300,8 @@ def chosen_deployment(plan: list[Deployment], verdict: ModelsVerdict | None) -> 
              f"{chosen.images_reembedded} images re-embedded")
     reach = f"{BACKFILL_TARGET:.0%} of new/new ({target:.1f}) above old/old ({old.top1:.1f})"
     why = f"no cheaper deployment reaches {reach}" if chosen.case == "new/new" else f"the cheapest that reaches {reach}"
-    return f"{chosen.deployment} ({chosen.case}, top-1 {chosen.top1:.1f}): {why}; it costs {costs}"
+    flips = "" if chosen.negative_flips is None else f", negative flips {chosen.negative_flips:.1f}%"
+    return f"{chosen.deployment} ({chosen.case}, top-1 {chosen.top1:.1f}{flips}): {why}; it costs {costs}"
 
 
 def recommended_deployment(rows: list[AdapterSummary], records: list[dict[str, Any]],
@@ -284,10 +313,15 @@ def recommended_deployment(rows: list[AdapterSummary], records: list[dict[str, A
 
 
 def deployments_text(rows: list[Deployment]) -> str:
-    return tabulate([[d.deployment, d.case, f"{d.top1:.1f}", d.query_encoders, d.vectors_rewritten,
-                      d.images_reembedded, f"{d.fit_seconds:.1f}"] for d in rows],
-                    headers=("deployment", "case", "top-1", "encoders per query", "vectors rewritten",
-                             "images re-embedded", "fit s"), tablefmt="simple", disable_numparse=True)
+    return tabulate([[d.deployment, d.case, f"{d.top1:.1f}", flips_cell(d.negative_flips), d.query_encoders,
+                      d.vectors_rewritten, d.images_reembedded, f"{d.fit_seconds:.1f}"] for d in rows],
+                    headers=("deployment", "case", "top-1", "negative flips %", "encoders per query",
+                             "vectors rewritten", "images re-embedded", "fit s"), tablefmt="simple",
+                    disable_numparse=True)
+
+
+def flips_cell(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:.1f}"
 
 
 def ranked(rows: list[AdapterSummary]) -> list[AdapterSummary]:
@@ -368,8 +402,8 @@ def backfill_phrase(row: AdapterSummary) -> str:
     return f"re-embedding {row.reembed_share:.0%} of the gallery ({row.backfill_order} order) reaches {target}"
 
 
-SUMMARY_COLUMNS = ("adapter", "compatible", "top-1 gain (95% interval)", "re-embed for 95%", "cross case", "mAP gain",
-                   "backfill AUC (order)", "seeds", "fit s", "converged")
+SUMMARY_COLUMNS = ("adapter", "compatible", "top-1 gain (95% interval)", "negative flips %", "re-embed for 95%",
+                   "cross case", "mAP gain", "backfill AUC (order)", "seeds", "fit s", "converged")
 """The deciding columns first (whether, by how much, what re-embedding it takes), so they show on a narrow screen."""
 
 
@@ -380,7 +414,7 @@ def summary_cells(row: AdapterSummary) -> list[str]:
 
     interval = f" ({row.top1_interval[0]:+.1f}, {row.top1_interval[1]:+.1f})" if row.top1_interval else ""
     seeds = f"{row.seeds} (one fit)" if row.seed_free else str(row.seeds)
-    return [row.adapter, row.compatible, signed(row.top1_gain) + interval,
+    return [row.adapter, row.compatible, signed(row.top1_gain) + interval, flips_cell(row.negative_flips),
             "-" if row.reembed_share is None else f"{row.reembed_share:.0%}", row.cross_case or "-",
             signed(row.mAP_gain), "-" if row.backfill_auc is None else f"{row.backfill_auc:.1f} ({row.backfill_order})",
             seeds, f"{row.fit_seconds:.1f}", {True: "yes", False: "NO", None: "-"}[row.converged]]

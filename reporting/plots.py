@@ -222,7 +222,11 @@ def backfilling_figure(plt, title: str, runs: list[RunRecord], scale: tuple[floa
     ax.set_xlabel("backfilled fraction β")
     ax.set_ylabel("top-1 accuracy (%)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    if curves[0][1]:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no backfilling curve: this adapter's queries\nsearch the old gallery as it is",
+                ha="center", va="center", transform=ax.transAxes, fontsize=8)
     fig.tight_layout()
     return fig
 

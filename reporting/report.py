@@ -228,7 +228,8 @@ def study_answers(dataset: str, records: list[RunRecord]) -> list[StudyAnswer]:
                  Figure(f"{title}: each adapter's backfilling in its best order",
                         encode(png_bytes(best_curves_figure, title, rows, runs, baseline)))]
         answers.append(StudyAnswer(
-            title, HtmlTable(f"The answer: {title}", list(SUMMARY_COLUMNS), cells, "summary", {0, 1, 4}),
+            title, HtmlTable(f"The answer: {title}", list(SUMMARY_COLUMNS), cells, "summary",
+                      {SUMMARY_COLUMNS.index(title) for title in ("adapter", "compatible", "cross case")}),
             recommendation(rows, verdict), recommended_deployment(rows, runs, verdict), drawn,
             [] if old is None else [(short_model_name(old), old), (short_model_name(new), new)]))
     return answers
@@ -239,7 +240,8 @@ def summary_sort_keys(row: AdapterSummary) -> list[str | float]:
     def number(value: float | None) -> str | float:
         return "" if value is None else float(value)
 
-    return [row.adapter, row.compatible, number(row.top1_gain), number(row.reembed_share), row.cross_case or "",
+    return [row.adapter, row.compatible, number(row.top1_gain), number(row.negative_flips), number(row.reembed_share),
+            row.cross_case or "",
             number(row.mAP_gain), number(row.backfill_auc), float(row.seeds), row.fit_seconds, str(row.converged)]
 
 

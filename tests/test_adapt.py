@@ -146,18 +146,19 @@ warnings.simplefilter("error")                      # loading must not warn (Tor
 export, width, features = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 x = torch.load(features, weights_only=True)
 out = {}
-for name in ("backward", "old_frame", "forward"):
+for name in ("backward", "old_frame", "forward", "dual_query"):
     try:
         program = torch.export.load(f"{export}/{name}.pt2")
     except FileNotFoundError:
         continue
-    out[name] = program.module()(x[name])
+    out[name] = program.module()(*x[name])
 torch.save(out, features + ".out")
 assert not [m for m in sys.modules if m.split(".")[0] in ("cl2r_bench", "benchmarks", "strategies", "scenarios")]
 """
 
 
-@pytest.mark.parametrize("name", ["lambda_orth", "fct", "fastfill", "irp", "procrustes", "least_squares", "affine"])
+@pytest.mark.parametrize("name", ["lambda_orth", "fct", "fastfill", "irp", "procrustes", "least_squares", "affine",
+                                  "latent_translation", "slerp"])
 def test_every_exported_map_gives_the_adapters_features_and_loads_with_torch_alone(tmp_path, name):
     """Each adapter fitted on 16-d old and 24-d new features, exported, then loaded in a fresh Python that imports
     torch alone and never the suite; its maps give the in-process adapter's normalised features."""
@@ -170,16 +171,17 @@ def test_every_exported_map_gives_the_adapters_features_and_loads_with_torch_alo
     fit_adapter(adapter, FeaturePair(old, new, torch.arange(200) % 5,
                                      new_classifier=torch.nn.functional.normalize(torch.randn(5, 24), dim=1)), 0)
     export_adapter(adapter, tmp_path / name)
-    inputs = {"backward": new[:7], "old_frame": old[:7], "forward": old[:7]}
+    inputs = {"backward": (new[:7],), "old_frame": (old[:7],), "forward": (old[:7],), "dual_query": (old[:7], new[:7])}
     torch.save(inputs, tmp_path / "x.pt")
     subprocess.run([sys.executable, "-c", EVERY_MAP, str(tmp_path / name), "0", str(tmp_path / "x.pt")], check=True,
                    cwd=tmp_path)
     got = torch.load(tmp_path / "x.pt.out", weights_only=True)
     expected_maps = {"backward", "old_frame"} if "backward" in adapter.directions else set()
+    expected_maps |= {"dual_query", "old_frame"} if "dual" in adapter.directions else set()
     assert set(got) == expected_maps | ({"forward"} if "forward" in adapter.directions else set())
     with torch.no_grad():
         for which, features in got.items():
-            expected = torch.nn.functional.normalize(getattr(adapter, which)(inputs[which]), dim=1)
+            expected = torch.nn.functional.normalize(getattr(adapter, which)(*inputs[which]), dim=1)
             torch.testing.assert_close(features, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -311,12 +313,13 @@ def test_model_update_on_two_encoders_embeds_each_split_once_for_every_adapter(e
               "--set", "data.synthetic_test_per_class=4", "--set", f"model_update.old={old}",
               "--set", f"model_update.new={new}", "--set", f"model_update.feature_cache={cache}",
               "--set", "model_update.backfill_steps=2", "--set", "adapter_params.lambda_orth.max_steps=4",
-              "--set", "adapter_params.fct.max_steps=4", "--set", "adapter_params.fastfill.max_steps=4"]
+              "--set", "adapter_params.fct.max_steps=4", "--set", "adapter_params.fastfill.max_steps=4",
+              "--set", "adapter_params.drift_adapter.max_steps=4"]
+    from cl2r_bench.adapters import list_adapters
     assert main([*common, "--adapter", "all"]) == 0
     printed = capsys.readouterr().out
-    assert printed.count("embedded in") == 4 and printed.count("(cached)") == 4 * 7
+    assert printed.count("embedded in") == 4 and printed.count("(cached)") == 4 * len(list_adapters())
     records = [json.loads(p.read_text()) for p in sorted(out.rglob("metrics.json"))]
-    from cl2r_bench.adapters import list_adapters
 
     assert {r["method"] for r in records} == {"none", *list_adapters()}
     by_name = {r["method"]: r for r in records}
@@ -858,3 +861,26 @@ def test_the_report_of_an_adapt_study_has_no_stream_matrix_and_no_papers_rows(ro
     assert main(["report", str(tmp_path / "out"), "--out", str(tmp_path / "report.html")]) == 0
     page = (tmp_path / "report.html").read_text()
     assert "The answer" in page and "* = replacement" not in page and 'data-kind="published"' not in page
+
+
+def test_unpaired_fits_only_adapters_without_pairs_each_on_different_items(rotated, tmp_path, capsys):
+    """model_update.pairing=unpaired: an adapter that needs pairs is refused in one line before anything is read;
+    'all' runs none and the adapters fitted without pairs, each on the old features of half the 120 fitting items
+    and the new features of the other half; the record says so."""
+    train, test = rotated
+    unpaired = ["--set", "model_update.pairing=unpaired", "--set", "adapter_params.mini_vec2vec.anchor_runs=2",
+                "--set", "adapter_params.mini_vec2vec.qap_runs=2", "--set",
+                "adapter_params.mini_vec2vec.refine_iterations=2"]
+    code, out = adapt("--train", train, "--test", test, "--adapter", "procrustes", "--output", tmp_path / "refused",
+                      *unpaired, capsys=capsys)
+    assert code == 2 and "'procrustes' needs the same items" in out.err and "mini_vec2vec" in out.err, out.err
+    assert not (tmp_path / "refused").exists()
+    code, out = adapt("--train", train, "--test", test, "--adapter", "all", "--output", tmp_path / "out", *unpaired,
+                      capsys=capsys)
+    assert code == 0, out.err
+    records = {p.parent.parent.name: json.loads(p.read_text()) for p in (tmp_path / "out").rglob("metrics.json")}
+    from cl2r_bench.adapters import unpaired_adapters
+    assert set(records) == {"none", *unpaired_adapters()} and "mini_vec2vec" in records
+    fit = records["mini_vec2vec"]["adapter"]["fits"][0]
+    assert fit["pairing"] == "unpaired" and fit["new_items"] == fit["old_items"] == 60 and fit["items"] == 120
+    assert records["mini_vec2vec"]["config"]["model_update"]["pairing"] == "unpaired"

@@ -181,3 +181,34 @@ def test_the_chosen_deployment_is_the_cheapest_that_reaches_95_percent_of_new_ne
     low_target = plan(49.0, 48.0, 47.0)
     low_target[-1] = Deployment("re-embed all", "new/new", 51.0, "new", 0, 1000, 0.0)   # target 48.5 < old/old
     assert chosen_deployment(low_target, upgrade).startswith("re-embed all"), "below old/old is no upgrade"
+
+
+def test_the_negative_flips_stand_beside_the_gain_for_the_cross_case_and_every_deployment():
+    """old/old hits the first half of the queries; the cross case hits the first 60 %: it flips none of old/old's
+    hits. A case that hits queries 100-339 instead loses old/old's queries 0-99: 100 of 400, 25 %."""
+    records = with_new_new(study(), np.arange(N) < int(N * 0.7))
+    case_hits = (np.arange(N) >= 100) & (np.arange(N) < 340)
+    for seed in (r for r in records if r["method"] == "lambda_orth"):
+        seed["retrieval"]["case_flips"] = {"B/old": float(np.mean((np.arange(N) < N // 2) & ~case_hits)),
+                                           "new/new": 0.0}
+    row = next(r for r in summary_json(records)["summary"] if r["adapter"] == "lambda_orth")
+    assert row["negative_flips"] == pytest.approx(25.0)
+    plan = {d["case"]: d["negative_flips"] for d in summary_json(records)["deployments"]["lambda_orth"]}
+    assert plan["old/old"] is None and plan["B/old"] == pytest.approx(25.0) and plan["new/new"] == 0.0
+    assert "negative flips %" in summary_text(records)
+
+
+def test_a_dual_query_is_the_cross_case_and_a_deployment_that_keeps_the_old_encoder_running():
+    records = with_new_new([record("slerp", 0, cross="old+new/old", cross_top1=68.0,
+                                   hits=np.arange(N) < int(N * 0.68), auc=0.0, curve=[0.0, 0.0, 0.0],
+                                   fit={"seconds": 0.3})], np.arange(N) < int(N * 0.7))
+    records[0]["retrieval"]["backfilling"] = {"betas": [0, 0.5, 1], "curves": {"random": None},
+                                              "auc": {"random": None}}
+    row = summary_json(records)["summary"][0]
+    assert row["cross_case"] == "old+new/old" and row["compatible"] == "yes"
+    plan = summary_json(records)["deployments"]["slerp"]
+    assert [(d["case"], d["query_encoders"], d["vectors_rewritten"], d["images_reembedded"]) for d in plan] == [
+        ("old/old", "old", 0, 0), ("old+new/old", "old + new", 0, 0), ("new/new", "new", 0, N)]
+    assert summary_json(records)["deployment"].startswith(
+        "embed each query with both models against the untouched index (the old encoder keeps running) "
+        "(old+new/old, top-1 68.0")

@@ -22,7 +22,7 @@ from benchmarks.adapter_study import (
     held_out_error,
 )
 from benchmarks.metrics import area_under_curve
-from benchmarks.record import cross_case, unpack_hits
+from benchmarks.record import CROSS_CASES, cross_case, unpack_hits
 from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy
 from cl2r_bench import cli as runner
 from cl2r_bench.adapters import AdapterError, FeaturePair, fit_adapter, get_adapter, list_adapters, make_adapter
@@ -182,7 +182,7 @@ def test_every_adapter_beats_the_untransformed_cross_model_entry(name):
     items = PairedFeatures(old[test], new[test], labels[test])
     cases = {c: None if r is None else r.top1 for c, r in case_scores(StudySplit(items, items, "templates"),
                                                                         adapter).items()}
-    adapted = cases["B/old"] if "backward" in adapter.directions else cases["new/F"]
+    adapted = cases[cross_case(cases)]
     assert cases["new/old"] < 40 < cases["old/old"] - 30
     assert adapted > cases["new/old"] + 40, cases
 
@@ -442,10 +442,10 @@ def test_model_update_runs_every_adapter_and_reports_its_cases(tiny, tmp_path, c
         top1 = {case: None if v is None else v["top1"] for case, v in record["retrieval"]["cases"].items()}
         fill = record["retrieval"]["backfilling"]
         assert record["complete"] and record["method"] == name and record["protocol"] == "stream"
-        cross = next(top1[k] for k in ("B/old", "new/F", "new/old") if top1[k] is not None)
+        cross = top1[cross_case(record["retrieval"]["cases"])]
         assert record["compatibility_matrix"] == [[top1["old/old"] / 100, None], [cross / 100, top1["new/new"] / 100]]
         assert record["metrics"]["AC"] == float(cross > top1["old/old"])
-        assert set(record["retrieval"]["query_top1"]) <= {"old/old", "B/old", "new/F", "new/old", "new/new"}
+        assert set(record["retrieval"]["query_top1"]) <= {"old/old", *CROSS_CASES, "new/new"}
         hits = {case: unpack_hits(packed, record["retrieval"]["queries"])
                 for case, packed in record["retrieval"]["query_top1"].items()}
         flips = record["retrieval"]["negative_flips"]

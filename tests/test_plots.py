@@ -163,7 +163,8 @@ def test_the_cross_case_axis_holds_old_old_every_bar_and_every_interval():
     from reporting.adapter_summary import AdapterSummary
 
     def row(name: str, gain: float, low: float, high: float) -> AdapterSummary:
-        return AdapterSummary(name, 3, False, "B/old", "no", gain, (low, high), None, None, None, None, 1.0, None)
+        return AdapterSummary(name, 3, False, "B/old", "no", gain, (low, high), None, None, None, None, None, 1.0,
+                              None)
 
     plt = plots._pyplot()
     fig = plots.cross_case_figure(plt, "t", [row("a", -4.0, -6.0, -2.0), row("b", -9.0, -12.5, -7.0)], 50.0)

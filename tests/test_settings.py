@@ -64,7 +64,9 @@ def bad_paths(tmp_path):
             (["--epochs", "abc"], "argument --epochs: invalid int value: 'abc'"),
             (["--set", "model_update.screen=true"], "a run ranks in memory: leave it false here"),
             (["--set", "model_update.unseen_classes=0.5"], "picks its classes with the stream settings"),
-            (["--set", "model_update.unseen_classes=1.5"], "must be a share in [0, 1)")]
+            (["--set", "model_update.unseen_classes=1.5"], "must be a share in [0, 1)"),
+            (["--set", "model_update.pairing=unpaired"], "a stream fits on its own pairs: leave it paired here"),
+            (["--set", "model_update.pairing=none"], "model_update.pairing")]
 
 
 def test_bad_paths_files_and_values_are_one_line_before_anything_runs(tmp_path, capsys):

@@ -12,6 +12,9 @@ whose record is complete, so an interrupted study continues where it stopped.
 
     python -m tools.pretrained_study --data-root DATA [--output results/pretrained] [--seeds 0 1 2]
 
+``--pairing unpaired`` fits ``none`` and the adapters fitted without pairs (``model_update.pairing``: the old
+features of half the fitting items, the new features of the other half) into ``OUTPUT/unpaired/``.
+
 ``--unseen-classes 0.5`` runs the open set (``model_update.unseen_classes``: half of the classes, a seeded draw, are
 held out of fitting and alone scored) into ``OUTPUT/open-set/``, from the same weights and feature cache.
 
@@ -30,7 +33,7 @@ import torch
 from benchmarks.adapter_study import Scoring
 from benchmarks.record import holds_complete_record, write_record
 from cl2r_bench.adapt import encoder_study, evaluate_adapter, study_record
-from cl2r_bench.adapters import convergence_note, list_adapters
+from cl2r_bench.adapters import convergence_note, list_adapters, unpaired_adapters
 from cl2r_bench.assembly import assemble
 from cl2r_bench.config import resolve
 from cl2r_bench.files import atomic_write_json
@@ -92,6 +95,7 @@ def run_config(args: argparse.Namespace, pair: dict[str, str], dataset: str, ada
              "training": {"progress": False},
              "model_update": {"old": pair["old"], "new": pair["new"], "protocol": "leave_one_out",
                               "backfill_orders": list(BACKFILL_ORDERS), "unseen_classes": args.unseen_classes,
+                              "pairing": args.pairing,
                               "feature_cache": str(Path(args.output) / "feature_cache"), **DATASETS[dataset]}}
     return resolve([("pretrained study", layer)])
 
@@ -108,10 +112,14 @@ def main(argv: list[str] | None = None) -> int:
                         "--seeds; strict orthogonality's matrix exponential is slow on a CPU)")
     parser.add_argument("--unseen-classes", type=float, default=0.0, help="the open set: this share of the classes "
                         "held out of fitting and alone scored, runs under OUTPUT/open-set/ (docs/adapters.md)")
+    parser.add_argument("--pairing", default="paired", choices=["paired", "unpaired"], help="unpaired: none and the "
+                        "adapters fitted without pairs, under OUTPUT/unpaired/ (model_update.pairing)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     output = Path(args.output)
     runs = output / "open-set" if args.unseen_classes else output
+    runs = runs / "unpaired" if args.pairing == "unpaired" else runs
+    adapters = unpaired_adapters() if args.pairing == "unpaired" else list_adapters()
     pairs = {"lite0-lite2": lite_pair(output)}
     if "resnet18-lite2" in args.pairs:
         pairs["resnet18-lite2"] = {"old": f"suite:{suite_resnet(args.data_root, output / 'models', print)}",
@@ -122,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         for dataset in args.datasets:
             first = assemble(run_config(args, pairs[pair_name], dataset, "none", args.seeds[0], runs / pair_name))
             study = encoder_study(first.settings, first.device, print)
-            ablation = list(LAMBDA_VARIANTS) if (pair_name, dataset) == ("lite0-lite2", "tinyimagenet") else []
-            for adapter in ["none", *list_adapters(), *ablation]:
+            ablation = (list(LAMBDA_VARIANTS) if (pair_name, dataset) == ("lite0-lite2", "tinyimagenet")
+                        and args.pairing == "paired" else [])
+            for adapter in ["none", *adapters, *ablation]:
                 for seed in args.seeds[:args.ablation_seeds] if adapter in LAMBDA_VARIANTS else args.seeds:
                     parts = assemble(run_config(args, pairs[pair_name], dataset, adapter, seed, runs / pair_name))
                     if holds_complete_record(parts.directory):

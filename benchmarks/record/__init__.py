@@ -44,9 +44,11 @@ from .files import (
     write_record,
 )
 from .marks import (
+    CASE_FLIPS,
     CMC_CURVES,
     CONVENTION,
     COUNT,
+    DUAL_CASE,
     FLIPS,
     FRACTION,
     INTERVAL,
@@ -87,7 +89,8 @@ from .schema import (
 
 __all__ = [
     "ORTHOGONALITY_GAP",  # the f(W) threshold the checks read, named here for the reports (which import no adapter)
-    "Adapter", "AdapterFit", "BASELINE", "BackfillAUC", "CMC_CURVES", "CONVENTION", "COUNT", "CROSS_CASES", "Check",
+    "Adapter", "AdapterFit", "BASELINE", "BackfillAUC", "CASE_FLIPS", "CMC_CURVES", "CONVENTION", "COUNT",
+    "CROSS_CASES", "Check", "DUAL_CASE",
     "Device", "Evaluation", "Extractions", "FLIPS", "FRACTION", "INTERVAL", "LARGE_GALLERY_SCORES",
     "LeaveOneOutRecord", "MAX_RECORD_BYTES", "Metrics", "NAME", "NegativeFlips", "Noise", "NoiseSummary",
     "OPTIONAL_FRACTION", "PACKED_HITS", "PAPER_CASES", "PairDecision", "RATES", "RECORD_FILE", "Read", "RecordError",

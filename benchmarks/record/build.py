@@ -1,17 +1,10 @@
 """Records built in one place, for the run loop (:func:`run_record`) and the adapter studies
 (:func:`leave_one_out_record`)."""
-import sys
 from typing import Any
 
 from cl2r_bench.files import package_versions
 
 from ..metrics import all_metrics, as_matrix
-
-if sys.version_info >= (3, 11):
-    pass
-else:
-    pass
-
 from .schema import Adapter, Device, Evaluation, NegativeFlips, Noise, ReplacementModel, RunRecord, Stream, Timings
 
 

@@ -1,19 +1,15 @@
 """The retrieval cases of an adapter study as records name them, and per-query hits packed for a record."""
 import base64
-import sys
 from typing import Any
 
 import numpy as np
 
-if sys.version_info >= (3, 11):
-    pass
-else:
-    pass
+from .marks import DUAL_CASE
 
-
-CROSS_CASES = ("B/old", "new/F", "new/old")
-"""The cross entry of the 2x2 matrix, what a system serves without backfilling, in order of preference: B/old for an
-adapter with a backward map, new/F for a forward-only one, new/old without adapter (docs/METHODS.md §7b)."""
+CROSS_CASES = (DUAL_CASE, "B/old", "new/F", "new/old")
+"""The cross entry of the 2x2 matrix, what a system serves without backfilling, in order of preference: the dual
+query for an adapter that combines both models' queries (SLERP), B/old for an adapter with a backward map, new/F for
+a forward-only one, new/old without adapter (docs/METHODS.md §7b)."""
 
 
 BASELINE = "old/old"

@@ -1,17 +1,11 @@
 """``metrics.json`` on disk: the one way to write a record and the one way to read one, checked."""
 import json
 import stat
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from cl2r_bench.files import atomic_write_json, strict_json
-
-if sys.version_info >= (3, 11):
-    pass
-else:
-    pass
 
 from .check import record_problem
 from .schema import RunRecord

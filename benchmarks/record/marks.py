@@ -1,20 +1,16 @@
 """The marks of the record schema (:class:`Read`): what a field the readers rely on must be, and its test."""
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..metrics import is_number
 
-if sys.version_info >= (3, 11):
-    pass
-else:
-    pass
+DUAL_CASE = "old+new/old"
+"""Queries embedded by both models and combined by the adapter (SLERP) against the untouched old gallery."""
 
 
-
-PAPER_CASES = ("old/old", "new/old", "new/new", "F/old", "F/F", "new/F", "B/old", "B/F", "B/B")
-"""The leave-one-out cases, query/gallery (λ-orth Table 1b)."""
+PAPER_CASES = ("old/old", "new/old", "new/new", "F/old", "F/F", "new/F", "B/old", "B/F", "B/B", DUAL_CASE)
+"""The leave-one-out cases, query/gallery: λ-orth's Table 1b and the dual query (:data:`DUAL_CASE`)."""
 
 
 SCORES = ("top1", "top5", "mAP")
@@ -113,6 +109,13 @@ PACKED_HITS = Read("an object of per-query hits packed as base64 text", _packed)
 
 
 CMC_CURVES = Read("an object of CMC curves (lists of percentages)", _curves)
+
+
+def _case_rates(value: Any) -> bool:
+    return _object(value) and all(isinstance(case, str) and _within(0, 1)(rate) for case, rate in value.items())
+
+
+CASE_FLIPS = Read("an object of fractions in [0, 1] per case", _case_rates)
 
 
 CONVENTION = Read("'miss' or 'exclude'", lambda value: value in ("miss", "exclude"))

@@ -13,6 +13,7 @@ else:
     from typing_extensions import NotRequired
 
 from .marks import (
+    CASE_FLIPS,
     CMC_CURVES,
     CONVENTION,
     COUNT,
@@ -250,7 +251,8 @@ class Retrieval(TypedDict):
     ``cases``, the per-query top-1 hits of old/old, the cross case and new/new (``query_top1``, packed by
     :func:`pack_hits`; new/new since 2026-11-27), the
     :class:`NegativeFlips` of the two models (``negative_flips``: one pair, old/old to new/new and to the cross case;
-    absent in records before it), ``backfilling``, ``zero_shot`` retention (None where it does not apply), each case's
+    absent in records before it), every other case's negative flip rate against old/old (``case_flips``, fractions;
+    since 2026-11-27), ``backfilling``, ``zero_shot`` retention (None where it does not apply), each case's
     CMC top-1 ... top-100 in percent (``cmc``), the ``queries`` count, of which ``queries_without_match`` have no other
     item of their class in the gallery, counted in CMC by the convention ``unmatched_queries`` (``miss`` or ``exclude``;
     these three are absent in records before version 0.5, which counted such queries as misses), with
@@ -262,6 +264,7 @@ class Retrieval(TypedDict):
     cases: Annotated[RetrievalCases, Read("an object of cases", _object, required=True)]
     query_top1: NotRequired[Annotated[dict[str, str], PACKED_HITS]]
     negative_flips: NotRequired[Annotated[NegativeFlips, Read(FLIPS, _object)]]
+    case_flips: NotRequired[Annotated[dict[str, float], CASE_FLIPS]]
     backfilling: Annotated[StudyBackfilling, Read("an object with 'auc'", _object, required=True)]
     zero_shot: dict[str, float] | None
     cmc: NotRequired[Annotated[dict[str, list[float]], CMC_CURVES]]

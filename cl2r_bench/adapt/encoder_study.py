@@ -45,7 +45,7 @@ def encoder_study(settings: Any, device: torch.device, log: Any = print) -> Stud
         zero_shot = ZeroShot(raw["new", "test"][rows["test"]].to(device), imagenet[labels["test"]].to(device),
                              classifier.to(device))
     return Study(settings.dataset, paired["train"], paired["test"], about, zero_shot, seconds,
-                 progress=settings.training.progress)
+                 progress=settings.training.progress, pairing=update.pairing)
 
 
 def study_images(settings: Any) -> tuple[dict[str, Encoder], Any, dict[str, ImageSet]]:

@@ -14,6 +14,7 @@ from cl2r_bench.config import (
 )
 from cl2r_bench.errors import ConfigError
 from cl2r_bench.settings import (
+    PAIRINGS,
     UNMATCHED_CONVENTIONS,
     DistributedSettings,
     at_least,
@@ -23,7 +24,7 @@ from cl2r_bench.settings import (
 )
 
 ADAPT_KEYS = ("backfill_orders", "backfill_steps", "unmatched_queries", "per_class_cmc", "queries", "stream_rows",
-              "screen", "unseen_classes")
+              "screen", "unseen_classes", "pairing")
 
 
 def adapt_settings(assignments: list[str]) -> dict[str, Any]:
@@ -39,7 +40,7 @@ def adapt_settings(assignments: list[str]) -> dict[str, Any]:
     check_backfill_orders(merged["model_update"]["backfill_orders"])
     update = SimpleNamespace(**merged["model_update"])
     check_rules("model_update", update, at_least(1, "backfill_steps", "queries", "stream_rows"))
-    check_choices("model_update", update, {"unmatched_queries": UNMATCHED_CONVENTIONS})
+    check_choices("model_update", update, {"unmatched_queries": UNMATCHED_CONVENTIONS, "pairing": PAIRINGS})
     if not 0 <= update.unseen_classes < 1:
         raise ConfigError(f"model_update.unseen_classes = {update.unseen_classes!r} must be a share in [0, 1) (e.g. "
                           "0.5: half the classes are held out of fitting and scored)")

@@ -23,7 +23,7 @@ from benchmarks.adapter_study import (
     zero_shot_retention,
 )
 from benchmarks.record import cross_case, leave_one_out_record
-from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter
+from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter, unpaired_halves
 from cl2r_bench.adapters.training import FitProgress
 from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.files import device_description
@@ -57,6 +57,9 @@ class Study:
     progress: bool = False
     """Whether each ranking shows a progress bar on a terminal
     (:attr:`benchmarks.adapter_study.StudySplit.progress`)."""
+    pairing: str = "paired"
+    """``model_update.pairing``: ``unpaired`` fits each adapter on the old features of one half of the train split
+    and the new features of the other (:func:`cl2r_bench.adapters.unpaired_halves`, drawn with the fit's seed)."""
     splits: dict[tuple[Scoring, int], StudySplit] = field(default_factory=dict, repr=False)
 
     def split(self, scoring: Scoring) -> StudySplit:
@@ -96,6 +99,7 @@ def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[
         fit = fit_on_main(study, adapter, seed)
         fit["seconds"] = time.perf_counter() - started
         fit["items"] = len(study.train)
+        fit["pairing"] = study.pairing
     measured = time.perf_counter()
     zero_shot = None
     if study.zero_shot is not None:
@@ -114,8 +118,11 @@ def fit_on_main(study: Study, adapter: Adapter, seed: int) -> dict[str, Any]:
     gallery with the very adapter rank 0 records and exports. A fit that fails on rank 0 raises its error on every
     rank, so none waits for it."""
     processes = study.processes
-    pair = FeaturePair(old=study.train.old, new=study.train.new, labels=study.train.labels,
-                       new_classifier=study.classifier_rows)
+    if study.pairing == "unpaired":
+        pair = unpaired_halves(FeaturePair(study.train.old, study.train.new, study.train.labels), seed)
+    else:
+        pair = FeaturePair(old=study.train.old, new=study.train.new, labels=study.train.labels,
+                           new_classifier=study.classifier_rows)
     progress = (FitProgress(f"fit {adapter.name} seed {seed}", lambda line: print(line, file=sys.stderr, flush=True))
                 if study.progress and processes.is_main else None)
     if not processes.distributed:

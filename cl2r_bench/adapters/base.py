@@ -9,7 +9,9 @@ system stores them) and then maps between the two spaces without running a netwo
   frame is B(new));
 * ``old_frame(old)``: the old gallery as compared with backward-adapted queries (identity, except λ-orthogonal
   when the dimensions differ: truncated or padded);
-* ``uncertainty(old, side)``: a per-item score, larger = backfill first, or None (FastFill's σ).
+* ``uncertainty(old, side)``: a per-item score, larger = backfill first, or None (FastFill's σ);
+* ``dual_query(old, new)``: a query embedded by *both* models, combined into the old frame to search the untouched
+  old gallery (SLERP): the deployment keeps the old encoder running beside the new one.
 
 An adapter is one file in ``cl2r_bench/adapters/`` plus its name on the import line of
 ``cl2r_bench/adapters/__init__.py``::
@@ -26,7 +28,7 @@ An adapter is one file in ``cl2r_bench/adapters/`` plus its name on the import l
     class Scale(Adapter):
         '''What it does and the equation it implements (cite METHODS.md §7).'''
         Config = ScaleConfig
-        directions = ("backward", "forward")   # the maps it offers (at least one)
+        directions = ("backward", "forward")   # the maps it offers (at least one of backward, forward, dual)
 
         def build(self, old_dim: int, new_dim: int, side_dim: int = 0) -> None:   # create modules / buffers
             self.register_buffer("gain", torch.ones(()))
@@ -37,6 +39,10 @@ An adapter is one file in ``cl2r_bench/adapters/`` plus its name on the import l
 
         def backward(self, new): return new * self.gain
         def forward(self, old, side=None): return old * self.gain
+
+**Fitting without pairs.** An adapter that sets ``fits_unpaired = True`` (mini-vec2vec) also fits on a
+:class:`FeaturePair` whose ``paired`` is False: the old model's features of some items and the new model's of
+others (``model_update.pairing: unpaired``); every other adapter is refused such a pair.
 
 An adapter trained by gradient descent subclasses :class:`cl2r_bench.adapters.training.LearnedAdapter` instead and
 implements ``batch_loss``: it then trains to convergence under a step budget like λ-orthogonal, FCT and FastFill.
@@ -66,7 +72,7 @@ from cl2r_bench.errors import PartError
 from cl2r_bench.models import classifier_rows
 from cl2r_bench.registry import NoParams, Registry, config_from_params
 
-DIRECTIONS = ("backward", "forward")
+DIRECTIONS = ("backward", "forward", "dual")
 
 
 class AdapterError(PartError):
@@ -104,6 +110,9 @@ class FeaturePair:
         new_classifier: ``(C, d_new)`` class rows of the new model's classifier, row y for label y (FastFill), or
             None.
         side: ``(n, d_side)`` side information stored with the old features (FCT), or None.
+        paired: False when ``old`` and ``new`` embed *different* items (:func:`unpaired_halves`): their rows do not
+            correspond, their counts may differ, and ``labels`` is empty; only an adapter that sets
+            ``fits_unpaired`` fits on such a pair.
     """
 
     old: torch.Tensor | Rows
@@ -111,6 +120,7 @@ class FeaturePair:
     labels: torch.Tensor
     new_classifier: torch.Tensor | None = None
     side: torch.Tensor | None = None
+    paired: bool = True
 
     def in_memory(self) -> FeaturePair:
         """This pair with features read from disk read whole."""
@@ -122,9 +132,10 @@ class Adapter(nn.Module):
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = NoParams
-    directions: ClassVar[tuple[str, ...]] = DIRECTIONS
+    directions: ClassVar[tuple[str, ...]] = ("backward", "forward")
     forward_into_new_space: ClassVar[bool] = True   # False when new_frame is not the identity (λ-orthogonal)
     picks_rows: ClassVar[bool] = False   # True: fit reads features from disk by index only (module docstring)
+    fits_unpaired: ClassVar[bool] = False   # True: fits on the features of different items (FeaturePair.paired)
 
     def __init__(self, config: Any = None) -> None:
         super().__init__()
@@ -168,6 +179,9 @@ class Adapter(nn.Module):
     def forward(self, old: torch.Tensor, side: torch.Tensor | None = None) -> torch.Tensor:
         raise AdapterError(f"adapter {self.name!r} has no forward map; it offers {list(self.directions)}")
 
+    def dual_query(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        raise AdapterError(f"adapter {self.name!r} has no dual query; it offers {list(self.directions)}")
+
     def new_frame(self, new: torch.Tensor) -> torch.Tensor:
         return new
 
@@ -198,6 +212,17 @@ def embed_pair(old_model: nn.Module, new_model: nn.Module, data: Any, *, num_cla
                        labels=data.labels, new_classifier=classifier_rows(new_model, num_classes))
 
 
+def unpaired_halves(pair: FeaturePair, seed: int) -> FeaturePair:
+    """The unpaired fitting data of ``pair`` (``model_update.pairing: unpaired``; METHODS.md §7): a draw seeded by
+    ``seed`` cuts the items in two halves, the old model's features of the first and the new model's of the second,
+    so no item is in both; no labels, no classifier rows, no side information."""
+    order = torch.randperm(len(pair.labels), generator=torch.Generator().manual_seed(seed))
+    half = len(order) // 2
+    first, second = order[:half].to(pair.old.device), order[half:].to(pair.new.device)
+    return FeaturePair(old=in_memory(pair.old)[first], new=in_memory(pair.new)[second],
+                       labels=pair.labels[:0], paired=False)
+
+
 HeldOutWatch = Callable[["Adapter", torch.Tensor, torch.Tensor, torch.Tensor], float]
 """``watch(adapter, old, new, labels)``: an error to minimise on held-out fitting items (lower is better)."""
 
@@ -208,6 +233,10 @@ def fit_adapter(adapter: Adapter, pair: FeaturePair, seed: int, watch: HeldOutWa
     its fit log (a learned adapter's includes its convergence, :mod:`cl2r_bench.adapters.training`, judged by
     ``watch`` on its held-out share when given, else by its own loss there, and reported to ``progress``, a
     :class:`~cl2r_bench.adapters.training.FitProgress`, while it runs)."""
+    if not pair.paired and not adapter.fits_unpaired:
+        raise AdapterError(f"adapter {adapter.name!r} needs the same items embedded by both models; with "
+                           f"model_update.pairing=unpaired use an adapter fitted without pairs "
+                           f"({', '.join(unpaired_adapters())})")
     adapter.held_out_watch, adapter.fit_progress = watch, progress
     if not adapter.picks_rows:
         pair = pair.in_memory()
@@ -230,6 +259,11 @@ ADAPTERS = Registry("adapter", AdapterError, _check_directions)
 register_adapter = ADAPTERS.register
 get_adapter = ADAPTERS.get
 list_adapters = ADAPTERS.names
+
+
+def unpaired_adapters() -> list[str]:
+    """The registered adapters that fit on the features of different items (``fits_unpaired``)."""
+    return [name for name in list_adapters() if get_adapter(name).fits_unpaired]
 
 
 def make_adapter(name: str, adapter_params: dict[str, dict[str, Any]]) -> Adapter:

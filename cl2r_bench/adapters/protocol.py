@@ -30,6 +30,10 @@ class FeatureAdapter(Protocol):
     def forward(self, old: torch.Tensor, side: torch.Tensor | None = None) -> torch.Tensor:
         """Old gallery features into the new frame (an upgrade without re-embedding images)."""
 
+    def dual_query(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """The same queries embedded by the old and the new model, combined into the frame of :meth:`old_frame`
+        (the old encoder keeps running at query time)."""
+
     def new_frame(self, new: torch.Tensor) -> torch.Tensor:
         """The new model's own features in the frame ``forward`` maps into."""
 

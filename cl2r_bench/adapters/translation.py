@@ -80,14 +80,21 @@ class IRPConfig:
             raise ValueError(f"subspaces must be at least 1, not {self.subspaces}")
 
 
+def anchor_items(items: int, count: int, generator: torch.Generator) -> torch.Tensor | None:
+    """``count`` of ``items`` fitting items chosen at random, or None for every item, in order, when ``count`` is
+    not smaller than the fitting set (so such a fit does not depend on the seed)."""
+    if count >= items:
+        return None
+    return torch.randperm(items, generator=generator, device=generator.device)[:count]
+
+
 def pick_anchors(pair: FeaturePair, count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(old anchors, new anchors)``: ``count`` items chosen at random, the same in both spaces; every item, in
-    order, when ``count`` is not smaller than the fitting set (so such a fit does not depend on the seed). Features
-    read from disk are read at those items only."""
-    n = len(pair.old)
-    if count >= n:
+    """``(old anchors, new anchors)``: the items of :func:`anchor_items`, the same in both spaces. Features read
+    from disk are read at those items only."""
+    idx = anchor_items(len(pair.old), count, generator)
+    if idx is None:
         return in_memory(pair.old).float(), in_memory(pair.new).float()
-    idx = torch.randperm(n, generator=generator, device=generator.device)[:count].to(pair.old.device)
+    idx = idx.to(pair.old.device)
     return pair.old[idx].float(), pair.new[idx].float()
 
 
@@ -100,6 +107,11 @@ def procrustes_weight(source: torch.Tensor, target: torch.Tensor) -> torch.Tenso
     """The (semi-)orthogonal ``R`` minimising ``‖source R - target‖_F`` (rows are paired samples)."""
     u, _, vh = torch.linalg.svd(source.t() @ target, full_matrices=False)
     return u @ vh
+
+
+def pad_columns(features: torch.Tensor, width: int) -> torch.Tensor:
+    """``features`` with zero columns appended up to ``width`` (the common width of two spaces that differ)."""
+    return F.pad(features, (0, width - features.shape[1]))
 
 
 def farthest_point_subset(points: torch.Tensor, delta: float, generator: torch.Generator) -> torch.Tensor:
@@ -119,7 +131,7 @@ def farthest_point_subset(points: torch.Tensor, delta: float, generator: torch.G
     return torch.tensor(chosen, device=points.device)
 
 
-class _TwoWayMap(Adapter):
+class TwoWayMap(Adapter):
     """Shared shape of the closed-form adapters: one :class:`LinearMap` per direction."""
 
     irp_style = False
@@ -151,7 +163,7 @@ class _TwoWayMap(Adapter):
 
 
 @register_adapter("procrustes")
-class Procrustes(_TwoWayMap):
+class Procrustes(TwoWayMap):
     """Orthogonal Procrustes on standardised anchors (module docstring)."""
 
     Config = AnchorConfig
@@ -164,7 +176,7 @@ class Procrustes(_TwoWayMap):
 
 
 @register_adapter("least_squares")
-class LeastSquares(_TwoWayMap):
+class LeastSquares(TwoWayMap):
     """``W = X⁺ Y``: linear, no bias (module docstring)."""
 
     Config = AnchorConfig
@@ -174,7 +186,7 @@ class LeastSquares(_TwoWayMap):
 
 
 @register_adapter("affine")
-class Affine(_TwoWayMap):
+class Affine(TwoWayMap):
     """Least squares with a bias: ``W = (X - μ_X)⁺ (Y - μ_Y)``, ``b = μ_Y`` (module docstring)."""
 
     Config = AnchorConfig
@@ -185,7 +197,7 @@ class Affine(_TwoWayMap):
 
 
 @register_adapter("irp")
-class InverseRelativeProjection(_TwoWayMap):
+class InverseRelativeProjection(TwoWayMap):
     """Inverse relative projection with anchor pruning and ω averaged subspaces (module docstring)."""
 
     Config = IRPConfig

@@ -5,11 +5,13 @@ import torch.nn.functional as F
 from benchmarks.adapter_study import PairedFeatures
 from cl2r_bench.adapters import FeaturePair, fit_adapter, make_adapter
 
-FEW_STEPS = {"lambda_orth": {"max_steps": 4}, "fct": {"max_steps": 4}, "fastfill": {"max_steps": 4}}
+FEW_STEPS = {"lambda_orth": {"max_steps": 4}, "fct": {"max_steps": 4}, "fastfill": {"max_steps": 4},
+             "drift_adapter": {"max_steps": 4}}
 """The learned adapters in a few steps: fits that exercise the code, not ones that converge."""
 SHORT_FITS = {"lambda_orth": {"max_steps": 240, "batch_size": 256, "lr": 0.01, "holdout": 0.0},
         "fct": {"max_steps": 240, "hidden": 128, "holdout": 0.0},
-        "fastfill": {"max_steps": 240, "hidden": 128, "holdout": 0.0}}
+        "fastfill": {"max_steps": 240, "hidden": 128, "holdout": 0.0},
+        "drift_adapter": {"max_steps": 240, "hidden": 128, "holdout": 0.0}}
 """The learned adapters to a usable fit on small pairs, without a held-out share."""
 
 

@@ -46,7 +46,7 @@ def update_record() -> dict:
 
     cases = {"old/old": scores(50.0, 40.0), "new/old": scores(45.0, 35.0), "new/new": scores(60.0, 50.0),
              "F/old": scores(48.0, 38.0), "F/F": scores(55.0, 44.0), "new/F": None, "B/old": scores(52.0, 41.0),
-             "B/F": scores(53.0, 42.0), "B/B": scores(58.0, 47.0)}
+             "B/F": scores(53.0, 42.0), "B/B": scores(58.0, 47.0), "old+new/old": None}
     matrix = [[0.5, None], [0.52, 0.6]]
     curve, auc = {"top1": [53.0, 55.0, 58.0], "mAP": [42.0, 44.0, 47.0]}, {"top1_auc": 55.25, "mAP_auc": 44.25}
     return {
