@@ -11,6 +11,7 @@ between sections, and each strategy's and adapter's own ``Config``, all before a
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import re
 from pathlib import Path
@@ -143,8 +144,18 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def differing(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """The keys, sorted, whose values differ between two flat configs (:func:`flatten`), a key missing from one
-    counting as None: what a resumed run or study names when its settings are not the earlier run's."""
-    return sorted(key for key in a.keys() | b.keys() if a.get(key) != b.get(key))
+    counting as its value in ``configs/default.yaml`` (a setting added since the earlier config was written, at its
+    default, is no difference), else as None: what a resumed run or study names when its settings are not the
+    earlier run's."""
+    defaults = default_settings()
+    return sorted(key for key in a.keys() | b.keys()
+                  if a.get(key, defaults.get(key)) != b.get(key, defaults.get(key)))
+
+
+@functools.cache
+def default_settings() -> dict[str, Any]:
+    """``configs/default.yaml`` flattened (:func:`flatten`), read once."""
+    return flatten(read_yaml(CONFIG_DIR / "default.yaml"))
 
 
 def parse_assignment(text: str) -> dict[str, Any]:

@@ -884,3 +884,22 @@ def test_unpaired_fits_only_adapters_without_pairs_each_on_different_items(rotat
     fit = records["mini_vec2vec"]["adapter"]["fits"][0]
     assert fit["pairing"] == "unpaired" and fit["new_items"] == fit["old_items"] == 60 and fit["items"] == 120
     assert records["mini_vec2vec"]["config"]["model_update"]["pairing"] == "unpaired"
+
+
+def test_resume_keeps_a_record_written_before_a_setting_existed_when_it_is_at_its_default(rotated, tmp_path, capsys):
+    """A record whose config.yaml predates model_update.pairing is the same study as one with pairing: paired
+    (the default), and is kept; with pairing set otherwise it is not."""
+    train, test = rotated
+    out = tmp_path / "out"
+    assert adapt("--train", train, "--test", test, "--adapter", "none", "--output", out, capsys=capsys)[0] == 0
+    config = next(out.rglob("config.yaml"))
+    import yaml
+    saved = yaml.safe_load(config.read_text())
+    del saved["model_update"]["pairing"]
+    config.write_text(yaml.safe_dump(saved))
+    code, printed = adapt("--train", train, "--test", test, "--adapter", "none", "--output", out, "--resume",
+                          capsys=capsys)
+    assert code == 0 and "kept: measured by an earlier run" in printed.out, printed.out
+    code, printed = adapt("--train", train, "--test", test, "--adapter", "none", "--output", out, "--resume", "--set",
+                          "model_update.pairing=unpaired", capsys=capsys)
+    assert code == 2 and "model_update.pairing = None where this run has 'unpaired'" in printed.err, printed.err
