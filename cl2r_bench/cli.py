@@ -338,12 +338,19 @@ def command_adapt(args: argparse.Namespace) -> int:
     streamed splits' passes (docs/scale-out.md), and rank 0 prints and writes."""
     from benchmarks.ranking import screen_problem
     from cl2r_bench.adapt import adapt_settings
+    from cl2r_bench.adapt.embeddings import AUTO_STREAM_BYTES, stream_rows_for
     from cl2r_bench.assembly import resolve_device
     from cl2r_bench.distributed import connect, leave, place
 
     settings = adapt_settings(args.set if args.queries is None else [*args.set, f"model_update.queries={args.queries}"])
+    asked = settings["stream_rows"]
+    settings["stream_rows"] = stream_rows_for(args.test, asked, settings["unseen_classes"])
     launch = settings["distributed"]
     processes, device = place(launch, resolve_device(args.device))
+    if asked == "auto" and settings["stream_rows"] is not None and processes.is_main:
+        print(f"{args.test}: its old.npy and new.npy exceed {AUTO_STREAM_BYTES // 2**20} MiB, so they are streamed "
+              f"{settings['stream_rows']} rows at a time (model_update.stream_rows=auto; null reads them into memory)",
+              file=sys.stderr if args.json else sys.stdout)
     if settings["screen"] and screen_problem(device):
         raise UsageError(screen_problem(device))
     if processes.distributed and settings["stream_rows"] is None:

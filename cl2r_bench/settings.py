@@ -38,6 +38,8 @@ TIE_RULES = ("strict", "inclusive")
 UPDATE_HEADS = ("learnable", "dsimplex")
 BACKFILL_ORDERS = ("random", "uncertainty", "class_mean_distance", "class_mean_cosine")
 ADAPTER_AT = ("replacements", "every_task")
+AUTO = "auto"
+"""The value of a setting the suite decides from what it reads (``model_update.stream_rows``)."""
 ADAPTER_DIRECTIONS = ("auto", "backward", "forward")
 UPDATE_PROTOCOLS = ("auto", "leave_one_out", "stream")
 UNMATCHED_CONVENTIONS = ("miss", "exclude")
@@ -360,7 +362,7 @@ class ModelUpdateSettings:
     unmatched_queries: str
     per_class_cmc: bool
     queries: int | None
-    stream_rows: int | None
+    stream_rows: int | str | None
     screen: bool
     unseen_classes: float
     pairing: str
@@ -375,7 +377,7 @@ class ModelUpdateSettings:
             raise ConfigError("model_update.unseen_classes holds classes out of the fitting split of runner.py adapt "
                               "and of two encoders' leave-one-out study (model_update.old / new); a run that trains "
                               "its two models picks its classes with the stream settings: leave it 0 here")
-        if self.stream_rows is not None:
+        if self.stream_rows not in (None, AUTO):
             raise ConfigError("model_update.stream_rows streams the .npy embeddings runner.py adapt reads; a run "
                               "embeds its splits itself: leave it null here")
         if self.screen:

@@ -13,8 +13,8 @@ For each adapter, over its seeds:
   otherwise. The per-query hits are in the record (``retrieval.query_top1``, packed bits);
 * **gains**: top-1 and mAP of the cross case minus old/old, in points (seed means);
 * **negative flips**: the share of queries old/old answers at top-1 that the cross case loses, in percent (seed
-  mean; ``retrieval.case_flips``, or the cross rate of ``negative_flips`` in records before it): a gain can hide
-  answers users saw and lose;
+  mean; ``retrieval.case_flips``, or from the per-query hits in records before it): a gain can hide answers users
+  saw and lose;
 * **backfilling**: of the orders measured, the one with the largest mean top-1 AUC; its AUC, and the share of the
   gallery to re-embed in that order until top-1 reaches 95 % of new/new's (the new model on a fully re-embedded
   gallery: one target for every adapter, whatever its own curve ends at), the first β of the grid that does, on the
@@ -112,12 +112,14 @@ def _best_backfilling(records: list[dict[str, Any]]) -> tuple[str | None, float 
 
 
 def case_flips(record: dict[str, Any], case: str) -> float | None:
-    """The negative flip rate of ``case`` against old/old in percent, or None where the record lacks it (records
-    before ``case_flips`` keep the cross case's only)."""
+    """The negative flip rate of ``case`` against old/old in percent: from ``retrieval.case_flips``, else (records
+    before it) from the per-query hits of old/old and the case where the record keeps both, else None."""
     retrieval = record["retrieval"]
     rate = (retrieval.get("case_flips") or {}).get(case)
-    if rate is None and case == cross_case(retrieval["cases"]):
-        rate = ((retrieval.get("negative_flips") or {}).get("cross") or [None])[0]
+    hits = retrieval.get("query_top1") or {}
+    if rate is None and BASELINE in hits and case in hits:
+        n = retrieval["queries"]
+        rate = float(np.mean(unpack_hits(hits[BASELINE], n) & ~unpack_hits(hits[case], n)))
     return None if rate is None else 100.0 * rate
 
 

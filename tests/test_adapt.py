@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from helpers.data_files import write_cifar100
 from helpers.launching import launched, torchrun
 from helpers.progress_bars import RecordedBar
@@ -142,6 +143,7 @@ def test_every_adapter_runs_records_land_on_the_leaderboard_and_the_export_serve
 EVERY_MAP = """
 import sys, warnings
 import torch
+import yaml
 warnings.simplefilter("error")                      # loading must not warn (TorchScript's deprecation did)
 export, width, features = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 x = torch.load(features, weights_only=True)
@@ -893,7 +895,6 @@ def test_resume_keeps_a_record_written_before_a_setting_existed_when_it_is_at_it
     out = tmp_path / "out"
     assert adapt("--train", train, "--test", test, "--adapter", "none", "--output", out, capsys=capsys)[0] == 0
     config = next(out.rglob("config.yaml"))
-    import yaml
     saved = yaml.safe_load(config.read_text())
     del saved["model_update"]["pairing"]
     config.write_text(yaml.safe_dump(saved))
@@ -903,3 +904,32 @@ def test_resume_keeps_a_record_written_before_a_setting_existed_when_it_is_at_it
     code, printed = adapt("--train", train, "--test", test, "--adapter", "none", "--output", out, "--resume", "--set",
                           "model_update.pairing=unpaired", capsys=capsys)
     assert code == 2 and "model_update.pairing = None where this run has 'unpaired'" in printed.err, printed.err
+
+
+def test_a_folder_above_the_auto_size_streams_by_default_and_null_or_a_count_still_force_either_way(
+        rotated, tmp_path, capsys, monkeypatch):
+    """model_update.stream_rows=auto (the default): a folder of .npy files whose old and new arrays exceed the
+    size streams 65,536 rows at a time, and says so; under the size, a .npz file, an open-set study or null read
+    into memory; the record's config keeps the choice made."""
+    from cl2r_bench.adapt import embeddings
+
+    train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
+    size = sum((test / f"{name}.npy").stat().st_size for name in ("old", "new"))
+    monkeypatch.setattr(embeddings, "AUTO_STREAM_BYTES", size - 1)
+
+    def streamed(*extra):
+        output = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
+        code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--output", output, *extra,
+                          capsys=capsys)
+        assert code == 0, out.err
+        config = yaml.safe_load(next(output.rglob("config.yaml")).read_text())
+        return config["model_update"]["stream_rows"], out.out
+
+    rows, printed = streamed()
+    assert rows == 65536 and "exceed 0 MiB, so they are streamed 65536 rows at a time" in printed
+    assert streamed("--set", "model_update.stream_rows=null")[0] is None
+    assert streamed("--set", "model_update.stream_rows=16")[0] == 16
+    assert streamed("--set", "model_update.unseen_classes=0.5")[0] is None
+    monkeypatch.setattr(embeddings, "AUTO_STREAM_BYTES", size)
+    rows, printed = streamed()
+    assert rows is None and "streamed" not in printed

@@ -28,6 +28,26 @@ class EmbeddingsError(DataError):
     """The user's embedding files cannot be used; the message names the file and the fix."""
 
 
+AUTO_STREAM_BYTES = 256 * 2**20
+"""``model_update.stream_rows: auto`` streams a folder whose ``old.npy`` and ``new.npy`` together exceed this size."""
+AUTO_STREAM_ROWS = 65536
+"""The rows a folder streamed by ``auto`` reads at a time."""
+
+
+def stream_rows_for(path: str | Path, setting: int | str | None, unseen_classes: float = 0.0) -> int | None:
+    """``model_update.stream_rows`` for the test split at ``path``: the setting itself unless it is ``auto``, which
+    streams (:data:`AUTO_STREAM_ROWS` rows at a time) a folder of ``.npy`` files whose ``old`` and ``new`` arrays
+    exceed :data:`AUTO_STREAM_BYTES`, and reads anything else into memory, as it does an open-set study's
+    (``unseen_classes`` selects items in memory)."""
+    if setting != "auto":
+        return setting
+    path = Path(path)
+    if unseen_classes or not npy_folder(path):
+        return None
+    size = sum((path / f"{name}.npy").stat().st_size for name in ("old", "new"))
+    return AUTO_STREAM_ROWS if size > AUTO_STREAM_BYTES else None
+
+
 UNSEEN_CLASSES_SEED = 0
 """The seed of the draw of ``model_update.unseen_classes`` (:func:`unseen_split`): one draw for every adapter and
 seed of a study, so that they are scored on the same classes."""

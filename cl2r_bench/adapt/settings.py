@@ -14,6 +14,7 @@ from cl2r_bench.config import (
 )
 from cl2r_bench.errors import ConfigError
 from cl2r_bench.settings import (
+    AUTO,
     PAIRINGS,
     UNMATCHED_CONVENTIONS,
     DistributedSettings,
@@ -39,15 +40,17 @@ def adapt_settings(assignments: list[str]) -> dict[str, Any]:
         merged = merge(merged, parse_assignment(assignment), f"--set {assignment}")
     check_backfill_orders(merged["model_update"]["backfill_orders"])
     update = SimpleNamespace(**merged["model_update"])
-    check_rules("model_update", update, at_least(1, "backfill_steps", "queries", "stream_rows"))
+    check_rules("model_update", update, at_least(1, "backfill_steps", "queries"))
+    if update.stream_rows != AUTO:
+        check_rules("model_update", update, at_least(1, "stream_rows"))
     check_choices("model_update", update, {"unmatched_queries": UNMATCHED_CONVENTIONS, "pairing": PAIRINGS})
     if not 0 <= update.unseen_classes < 1:
         raise ConfigError(f"model_update.unseen_classes = {update.unseen_classes!r} must be a share in [0, 1) (e.g. "
                           "0.5: half the classes are held out of fitting and scored)")
-    if update.unseen_classes and update.stream_rows is not None:
+    if update.unseen_classes and update.stream_rows not in (None, AUTO):
         raise ConfigError("model_update.unseen_classes selects items in memory; leave model_update.stream_rows null "
                           "with it, or split the classes into the two files yourself")
-    if update.screen and update.stream_rows is None:
+    if update.screen and update.stream_rows in (None, AUTO):
         raise ConfigError("model_update.screen screens a streamed gallery: add --set model_update.stream_rows=65536 "
                           "(with a folder of .npy files), or leave screen false")
     for name in merged["adapter_params"]:
