@@ -132,7 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
                            description="TRAIN and TEST are each a .npz holding arrays old (N x d_old), new (N x d_new) "
                            "and labels (N), or a folder holding old.npy, new.npy and labels.npy (or .pt tensors). The "
                            "adapters are fitted on TRAIN; TEST is query and gallery, each query's own item left out.")
-    adapt.add_argument("--train", required=True, help="the fitting split's embeddings (.npz or folder)")
+    fitting = adapt.add_mutually_exclusive_group(required=True)
+    fitting.add_argument("--train", help="the fitting split's embeddings (.npz or folder)")
+    fitting.add_argument("--train-old", metavar="OLD", help="without pairs: the old model's embeddings of some items "
+                         "(.npy or .pt, N x d_old), with --train-new: the new model's of other items; no labels; only "
+                         "adapters fitted without pairs (model_update.pairing=unpaired, docs/adapters.md)")
+    adapt.add_argument("--train-new", metavar="NEW", help="with --train-old: the new model's embeddings of other items "
+                       "(.npy or .pt, M x d_new)")
     adapt.add_argument("--test", required=True, help="the evaluation split's embeddings (.npz or folder)")
     adapt.add_argument("--adapter", required=True, nargs="+", help="one or more adapters (runner.py list), 'none' "
                        "(no adapter), or 'all' (none and every adapter)")
@@ -394,6 +400,8 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
         if args.resume:
             raise UsageError("--resume keeps finished records without their fitted adapters, so --export would have "
                              "nothing to write for them: export in a run without --resume")
+    if args.train_old is not None:
+        settings["pairing"] = "unpaired"
     names = adapter_names(args.adapter, list_adapters(),
                           unpaired_adapters() if settings["pairing"] == "unpaired" else None)
     for name in names:
@@ -402,17 +410,21 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
             settings["adapter_params"][name] = make_adapter(name, settings["adapter_params"]).parameters_used()
             if args.export is not None:
                 writable_folder(Path(args.export) / name, "--export")
-    study_name = safe_name(args.name or Path(args.train).stem, "--name")
-    configs = {(name, seed): adapt_config(args.train, args.test, name, seed, settings)
+    train = fitting_input(args, settings)
+    study_name = safe_name(args.name or Path(args.train or args.train_old).stem, "--name")
+    configs = {(name, seed): adapt_config(train, args.test, name, seed, settings)
                for name in names for seed in args.seeds}
     folders = {key: Path(args.output) / "adapt" / study_name / key[0] / f"seed{key[1]}" for key in configs}
     kept = processes.decided_on_main(lambda: finished_records(folders, configs)) if args.resume else {}
-    study = study_from_embeddings(args.train, args.test, settings["stream_rows"], processes,
+    study = study_from_embeddings(train, args.test, settings["stream_rows"], processes,
                                   progress=not args.no_progress, unseen_classes=settings["unseen_classes"])
     study.pairing = settings["pairing"]
-    study.train, study.test = study.train.to(device), study.test.to(device)
+    study.to(device)
     if not args.json:
-        say(f"{study_name}: fitting on {study.about['train_items']} items, evaluating on "
+        fitting = (f"fitting without pairs on the old embeddings of {study.about['train_old_items']} items and the new "
+                   f"of {study.about['train_new_items']} others" if "train_old_items" in study.about else
+                   f"fitting on {study.about['train_items']} items")
+        say(f"{study_name}: {fitting}, evaluating on "
             f"{study.about['test_items']} (old {study.about['old_dim']}-d, new {study.about['new_dim']}-d)"
             f"{processes_note(processes.world_size)}")
     records = []
@@ -425,7 +437,7 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
                                                    seed=seed, orders=settings["backfill_orders"],
                                                    steps=settings["backfill_steps"], scoring=Scoring.of(settings),
                                                    measured=measured)
-                if adapter is not None and adapter.seed_free(len(study.train)):
+                if adapter is not None and adapter.seed_free(study.fitting_items):
                     measured = measured or (adapter, result)
             if not processes.is_main:
                 continue
@@ -451,6 +463,21 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
     print(f"\nrecords: {Path(args.output) / 'adapt' / study_name}; next: python runner.py leaderboard --results "
           f"{args.output}")
     return 0
+
+
+def fitting_input(args: argparse.Namespace, settings: dict[str, Any]) -> str | tuple[str, str]:
+    """``--train``, or ``(--train-old, --train-new)``: the embeddings of different items, which fit only without
+    pairs (``model_update.pairing`` is ``unpaired`` with them); one line for an incomplete or contradictory pair."""
+    if args.train_old is None:
+        if args.train_new is not None:
+            raise UsageError("--train-new goes with --train-old (the old model's embeddings of other items)")
+        return args.train
+    if args.train_new is None:
+        raise UsageError("--train-old needs --train-new: the new model's embeddings of other items")
+    if settings["unseen_classes"]:
+        raise UsageError("model_update.unseen_classes draws classes out of a labelled --train; --train-old and "
+                         "--train-new have no labels: leave it 0")
+    return args.train_old, args.train_new
 
 
 def adapter_names(asked: list[str], registered: list[str], usable: list[str] | None = None) -> list[str]:

@@ -933,3 +933,32 @@ def test_a_folder_above_the_auto_size_streams_by_default_and_null_or_a_count_sti
     monkeypatch.setattr(embeddings, "AUTO_STREAM_BYTES", size)
     rows, printed = streamed()
     assert rows is None and "streamed" not in printed
+
+
+def test_the_old_and_new_embeddings_of_different_items_fit_without_pairs_as_given(rotated, tmp_path, capsys):
+    """--train-old / --train-new: the old model's embeddings of 70 items and the new model's of 50 others, no
+    labels; only adapters fitted without pairs run, each on exactly those rows; the test split is scored as
+    always. An incomplete pair of files, or an adapter that needs pairs, is one line before anything is fitted."""
+    train, test = rotated
+    with np.load(train) as z:
+        np.save(tmp_path / "old_items.npy", z["old"][:70])
+        np.save(tmp_path / "new_items.npy", z["new"][70:])
+    fast = ["--set", "adapter_params.mini_vec2vec.anchor_runs=2", "--set", "adapter_params.mini_vec2vec.qap_runs=2",
+            "--set", "adapter_params.mini_vec2vec.refine_iterations=2"]
+    given = ["--train-old", tmp_path / "old_items.npy", "--train-new", tmp_path / "new_items.npy", "--test", test]
+    code, out = adapt("--train-old", tmp_path / "old_items.npy", "--test", test, "--adapter", "none", capsys=capsys)
+    assert code == 2 and "--train-old needs --train-new" in out.err
+    code, out = adapt(*given, "--adapter", "procrustes", "--output", tmp_path / "refused", capsys=capsys)
+    assert code == 2 and "'procrustes' needs the same items" in out.err and not (tmp_path / "refused").exists()
+    code, out = adapt(*given, "--adapter", "all", "--output", tmp_path / "out", *fast, capsys=capsys)
+    assert code == 0, out.err
+    records = {p.parent.parent.name: json.loads(p.read_text()) for p in (tmp_path / "out").rglob("metrics.json")}
+    from cl2r_bench.adapters import unpaired_adapters
+    assert set(records) == {"none", *unpaired_adapters()}
+    fit = records["mini_vec2vec"]["adapter"]["fits"][0]
+    assert (fit["old_items"], fit["new_items"], fit["items"]) == (70, 50, 120) and fit["pairing"] == "unpaired"
+    assert records["mini_vec2vec"]["retrieval"]["fitting_items"] == 120
+    config = records["mini_vec2vec"]["config"]
+    assert config["train_old"].endswith("old_items.npy") and "train" not in config
+    assert records["mini_vec2vec"]["retrieval"]["cases"]["B/old"] is not None
+    assert "open set" not in out.out and "closed set" not in out.out

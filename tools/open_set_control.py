@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.adapter_study import PairedFeatures, Scoring
-from benchmarks.record import unpack_hits
+from benchmarks.record import cross_case, unpack_hits
 from cl2r_bench.adapt import Study, encoder_study, evaluate_adapter
 from cl2r_bench.assembly import assemble
 from reporting.adapter_summary import paired_gain_interval
@@ -30,7 +30,8 @@ def lite_study(args: argparse.Namespace, share: float) -> Study:
     """The Lite0 -> Lite2 Tiny ImageNet study, with ``share`` of its classes held out of fitting."""
     output = Path(args.output)
     pair = lite_pair(output)
-    config = argparse.Namespace(data_root=args.data_root, device="cpu", unseen_classes=share, output=str(output))
+    config = argparse.Namespace(data_root=args.data_root, device="cpu", unseen_classes=share, output=str(output),
+                                pairing="paired")
     parts = assemble(run_config(config, pair, "tinyimagenet", "none", 0, Path(args.output) / "open-set-control"))
     return encoder_study(parts.settings, parts.device, lambda *_: None)
 
@@ -52,7 +53,7 @@ def main() -> int:
             _, result = evaluate_adapter(study, name, adapter_params={}, seed=0, orders=["random"], steps=2,
                                          scoring=Scoring("miss", False, None, False))
             cases, n = result["cases"], study.test.labels.numel()
-            cross = next(case for case in ("B/old", "new/F", "new/old") if cases.get(case))
+            cross = cross_case(cases)
             gain, (low, high) = paired_gain_interval(unpack_hits(result["query_top1"][cross], n)[None, :],
                                                      unpack_hits(result["query_top1"]["old/old"], n))
             print(f"| {label} | {name} | {len(study.train.labels)} | {n} | {cases['old/old']['top1']:.1f} | "

@@ -15,7 +15,8 @@ from benchmarks.adapter_study import (
     Features,
     PairedFeatures,
 )
-from benchmarks.gallery_rows import NpyRows
+from benchmarks.gallery_rows import NpyRows, normalise_rows
+from cl2r_bench.adapters import FeaturePair
 from cl2r_bench.data.datasets import DataError
 from cl2r_bench.distributed import SINGLE, Processes
 
@@ -237,13 +238,35 @@ def class_overlap(train_labels: Any, test_labels: Any, unseen: int) -> dict[str,
             "unseen_classes_drawn": unseen}
 
 
-def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_rows: int | None = None,
-                          processes: Processes = SINGLE, progress: bool = False, unseen_classes: float = 0.0) -> Study:
-    """A :class:`Study` of the user's train and test embeddings, checked against each other; ``stream_rows``: the
+def read_unpaired(old_path: str | Path, new_path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """The old model's embeddings of some items and the new model's of others (``runner.py adapt --train-old
+    --train-new``): each a ``.npy`` or ``.pt`` file of one 2-D float array, any number of rows, checked like a split's
+    (finite, no all-zero row); every problem one line naming the file."""
+    arrays = []
+    for name, path in (("old", Path(old_path)), ("new", Path(new_path))):
+        if not path.is_file() or path.suffix not in (".npy", ".pt"):
+            raise EmbeddingsError(f"{path} is not a .npy or .pt file; save the {name} model's embeddings with np.save "
+                                  "or torch.save(tensor)")
+        x = _read_array(path)
+        if x.ndim != 2 or x.dtype.kind != "f" or x.shape[1] < 1 or len(x) < 2:
+            raise EmbeddingsError(f"{path} must hold a 2-D float array of at least 2 rows (items x dimensions), not "
+                                  f"{x.dtype} of shape {x.shape}")
+        _check_rows(path, name, x, SINGLE, None)
+        arrays.append(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
+    return arrays[0], arrays[1]
+
+
+def study_from_embeddings(train_path: str | Path | tuple[str | Path, str | Path], test_path: str | Path,
+                          stream_rows: int | None = None, processes: Processes = SINGLE, progress: bool = False,
+                          unseen_classes: float = 0.0) -> Study:
+    """A :class:`Study` of the user's train and test embeddings, checked against each other (``train_path`` a pair
+    of files: the old and the new model's embeddings of different items, :func:`unpaired_study`); ``stream_rows``: the
     test split's features stay memory-mapped (:func:`read_embeddings`), and so do the train split's when it is a
     folder of ``.npy`` files (an adapter then reads the rows it fits on: :class:`cl2r_bench.adapters.FeaturePair`);
     ``processes``: the processes that share the streamed splits' passes; ``progress``: :attr:`Study.progress`;
     ``unseen_classes``: the share of classes held out of fitting and alone scored (:func:`unseen_split`)."""
+    if isinstance(train_path, tuple):
+        return unpaired_study(train_path, test_path, stream_rows, processes, progress)
     train_rows = stream_rows if npy_folder(Path(train_path)) else None
     train = read_embeddings(train_path, train_rows, processes)
     test = read_embeddings(test_path, stream_rows, processes)
@@ -265,3 +288,28 @@ def study_from_embeddings(train_path: str | Path, test_path: str | Path, stream_
     return Study(Path(train_path).stem, PairedFeatures.normalised(train[0], train[1], labels[0]),
                  PairedFeatures.normalised(test[0], test[1], labels[1]), about, class_labels=list(index),
                  processes=processes, progress=progress)
+
+
+def unpaired_study(train_paths: tuple[str | Path, str | Path], test_path: str | Path, stream_rows: int | None,
+                   processes: Processes, progress: bool) -> Study:
+    """The :class:`Study` of :func:`study_from_embeddings` whose fitting data are the old and the new model's
+    embeddings of different items (:func:`read_unpaired`; :attr:`Study.unpaired_train`), with no labels: the test
+    split is read and scored as always, and nothing is said of which test classes were fitted."""
+    old, new = read_unpaired(*train_paths)
+    test = read_embeddings(test_path, stream_rows, processes)
+    for name, fitted, scored in (("old", old, test[0]), ("new", new, test[1])):
+        if fitted.shape[1] != scored.shape[1]:
+            raise EmbeddingsError(f"{name} has {fitted.shape[1]} dimensions in the train files but {scored.shape[1]} "
+                                  f"in {test_path}; embed both with the same model")
+    index = {label: i for i, label in enumerate(dict.fromkeys(test[2].tolist()))}
+    if len(index) == len(test[2]):
+        raise EmbeddingsError(f"{test_path}: every label occurs once, so no query has another item of its class "
+                              "in the gallery; the test split needs classes with at least 2 items")
+    labels = torch.tensor([index[v] for v in test[2].tolist()])
+    fitting = [normalise_rows(x) for x in (old, new)]
+    about = {"train_old": str(train_paths[0]), "train_new": str(train_paths[1]), "test": str(test_path),
+             "train_items": len(old) + len(new), "train_old_items": len(old), "train_new_items": len(new),
+             "test_items": len(labels), "old_dim": old.shape[1], "new_dim": new.shape[1], "classes": len(index)}
+    return Study(Path(train_paths[0]).stem, None, PairedFeatures.normalised(test[0], test[1], labels), about,
+                 class_labels=list(index), processes=processes, progress=progress, pairing="unpaired",
+                 unpaired_train=FeaturePair(*fitting, torch.zeros(0, dtype=torch.long), paired=False))

@@ -63,12 +63,15 @@ Key = tuple[str, int]
 """An adapter's name and a seed: one record of ``runner.py adapt``."""
 
 
-def adapt_config(train: str | Path, test: str | Path, name: str, seed: int, settings: dict[str, Any]
-                 ) -> dict[str, Any]:
+def adapt_config(train: str | Path | tuple[str | Path, str | Path], test: str | Path, name: str, seed: int,
+                 settings: dict[str, Any]) -> dict[str, Any]:
     """The ``config.yaml`` of one adapter and seed of ``runner.py adapt`` (``settings``: :func:`adapt_settings`'s,
-    with each adapter's parameters as it uses them): the embeddings, the adapter, its parameters, the seed and the
-    :data:`ADAPT_KEYS`; what ``--resume`` compares with an earlier run's (:func:`finished_record`)."""
-    return {"command": "adapt", "train": str(Path(train).resolve()), "test": str(Path(test).resolve()),
+    with each adapter's parameters as it uses them): the embeddings (``train``: a file or folder, or the old and
+    the new model's files of different items), the adapter, its parameters, the seed and the :data:`ADAPT_KEYS`;
+    what ``--resume`` compares with an earlier run's (:func:`finished_record`)."""
+    fitting = ({"train_old": str(Path(train[0]).resolve()), "train_new": str(Path(train[1]).resolve())}
+               if isinstance(train, tuple) else {"train": str(Path(train).resolve())})
+    return {"command": "adapt", **fitting, "test": str(Path(test).resolve()),
             "adapter": {"name": name}, "seed": seed,
             "adapter_params": {name: settings["adapter_params"].get(name, {})} if name != "none" else {},
             "model_update": {key: settings[key] for key in ADAPT_KEYS}}

@@ -44,7 +44,9 @@ class Study:
     """The fitting (train) and evaluation (test) features of two models, with what made them (``about``)."""
 
     name: str
-    train: PairedFeatures
+    train: PairedFeatures | None
+    """The fitting items under both models; None where the study fits on the embeddings of different items
+    (:attr:`unpaired_train`)."""
     test: PairedFeatures
     about: dict[str, Any]
     zero_shot: ZeroShot | None = None
@@ -60,7 +62,27 @@ class Study:
     pairing: str = "paired"
     """``model_update.pairing``: ``unpaired`` fits each adapter on the old features of one half of the train split
     and the new features of the other (:func:`cl2r_bench.adapters.unpaired_halves`, drawn with the fit's seed)."""
+    unpaired_train: FeaturePair | None = None
+    """The user's fitting data without pairs (``runner.py adapt --train-old --train-new``): the old model's features
+    of some items and the new model's of others, fitted on as they are."""
     splits: dict[tuple[Scoring, int], StudySplit] = field(default_factory=dict, repr=False)
+
+    @property
+    def fitting_items(self) -> int:
+        """The items the adapters are fitted on: the paired train split's, or both sides' of the unpaired data."""
+        if self.unpaired_train is not None:
+            return len(self.unpaired_train.old) + len(self.unpaired_train.new)
+        return len(self.train)
+
+    def to(self, device: torch.device) -> None:
+        """Move every split in memory to ``device``."""
+        self.test = self.test.to(device)
+        if self.train is not None:
+            self.train = self.train.to(device)
+        if self.unpaired_train is not None:
+            pair = self.unpaired_train
+            self.unpaired_train = FeaturePair(pair.old.to(device), pair.new.to(device), pair.labels.to(device),
+                                              paired=False)
 
     def split(self, scoring: Scoring) -> StudySplit:
         """The test split as a leave-one-out :class:`StudySplit`, one per scoring and test features, so its
@@ -98,7 +120,7 @@ def evaluate_adapter(study: Study, name: str, *, adapter_params: dict[str, dict[
         adapter = make_adapter(name, adapter_params)
         fit = fit_on_main(study, adapter, seed)
         fit["seconds"] = time.perf_counter() - started
-        fit["items"] = len(study.train)
+        fit["items"] = study.fitting_items
         fit["pairing"] = study.pairing
     measured = time.perf_counter()
     zero_shot = None
@@ -118,7 +140,9 @@ def fit_on_main(study: Study, adapter: Adapter, seed: int) -> dict[str, Any]:
     gallery with the very adapter rank 0 records and exports. A fit that fails on rank 0 raises its error on every
     rank, so none waits for it."""
     processes = study.processes
-    if study.pairing == "unpaired":
+    if study.unpaired_train is not None:
+        pair = study.unpaired_train
+    elif study.pairing == "unpaired":
         pair = unpaired_halves(FeaturePair(study.train.old, study.train.new, study.train.labels), seed)
     else:
         pair = FeaturePair(old=study.train.old, new=study.train.new, labels=study.train.labels,
@@ -182,7 +206,7 @@ def study_record(result: dict[str, Any], study: Study, *, scenario: str, method:
         identity={"scenario": scenario, "strategy": scenario, "method": method, "dataset": dataset,
                   "seed": result["seed"]},
         retrieval={**{key: value for key, value in result.items() if key not in NOT_MEASURED},
-                   "fitting_items": len(study.train)},
+                   "fitting_items": study.fitting_items},
         models=study.about,
         adapter=None if adapter is None else {"name": adapter.name, "fits": [{"task": 1, **result["fit"]}]},
         config=config, device=device_description(device),
