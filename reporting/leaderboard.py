@@ -173,7 +173,9 @@ MATRIX_ROW_COLUMNS = (*IDENTITY, Column("query task", "t", Kind.INTEGER),
 NOT_EXPERIMENT = {"seed", "output", "device", "data_root", "download", "plugins", "training.progress",
                   "training.channels_last", "training.compile", "distributed.connect_timeout", "distributed.timeout",
                   "evaluation.plots", "replacement.pretrain.cache_dir", "model_update.feature_cache",
-                  "model_update.encoder_batch_size"}
+                  "model_update.encoder_batch_size", "model_update.stream_rows"}
+"""Settings that change where or how a run computes, not its figures: ``model_update.stream_rows`` reads the same
+features in memory or in chunks, to the same cases and curves (``tests/test_adapt.py``)."""
 RunMatrices = list[tuple[RunRecord, np.ndarray]]
 
 
@@ -230,14 +232,17 @@ ENCODER_KEYS = ("model_update.old", "model_update.new")
 """Settings that hold encoder specs: tags show them by short name (:func:`short_model_name`)."""
 
 
-def _tag(settings: dict[str, Any], differing: list[str]) -> str:
+def _tag(settings: dict[str, Any], differing: list[str], limit: int | None = 3) -> str:
+    """`` [key=value; ...]``: the first ``limit`` of the ``differing`` settings (all of them for None), a setting the
+    run predates shown at its default (what it ran with; :func:`_agree`)."""
     def shown_value(key: str, value: Any) -> str:
         if not isinstance(value, str):
             return json.dumps(value)
         return short_model_name(value) if key in ENCODER_KEYS else value
 
-    shown = [f"{k}={shown_value(k, settings.get(k))}" for k in differing[:3]]
-    return " [" + "; ".join(shown) + ("; ..." if len(differing) > 3 else "") + "]"
+    keys = differing if limit is None else differing[:limit]
+    shown = [f"{k}={shown_value(k, settings.get(k, default_settings().get(k)))}" for k in keys]
+    return " [" + "; ".join(shown) + ("; ..." if len(keys) < len(differing) else "") + "]"
 
 
 @functools.cache
@@ -283,10 +288,14 @@ def experiment_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], li
     groups: dict[tuple[str, str, str], list[RunRecord]] = {}
     for (scenario, dataset, name), found in experiments.items():
         keys = sorted(set().union(*(settings for settings, _ in found)))
-        differing = [k for k in keys if not all(_agree(k, first, other) for (first, _), (other, _) in
-                                                itertools.combinations(found, 2))]
-        for settings, runs in found:
-            label = name + (_tag(settings, differing) if len(found) > 1 else "")
+        differing = sorted((k for k in keys if not all(_agree(k, first, other) for (first, _), (other, _) in
+                                                       itertools.combinations(found, 2))),
+                           key=lambda k: (-sum(k in settings for settings, _ in found), k))
+        labels = [name + (_tag(settings, differing) if len(found) > 1 else "") for settings, _ in found]
+        for i, (settings, runs) in enumerate(found):
+            if labels.count(labels[i]) > 1:
+                labels[i] = name + _tag(settings, differing, limit=None)
+            label = labels[i] if labels.count(labels[i]) == 1 else f"{labels[i]} #{i + 1}"
             groups[(scenario, dataset, label)] = runs
     return dict(sorted(groups.items()))
 

@@ -96,3 +96,18 @@ def test_a_setting_a_run_predates_splits_its_seeds_only_when_the_other_run_left_
     param = changed(valid_record(4), "config.strategy_params", {"er": {"new_param": "x"}})
     assert len(leaderboard.experiment_groups([older, param])) == 2
     assert len(leaderboard.experiment_groups([older, newer, other, param])) == 3, "a key two groups both lack"
+
+
+def test_experiments_that_differ_beyond_the_first_three_settings_of_their_tag_keep_their_own_runs():
+    """Two experiments of one name that agree on the first three settings that tell the group apart and differ on a
+    fourth: each keeps its own seeds under its own label (one overwrote the other, and the report lost its runs)."""
+    def run(seed: int, unseen: float, pairing: str) -> dict:
+        return changed(valid_record(seed), "config.model_update",
+                       {"a": 1, "b": 2, "c": 3, "unseen_classes": unseen, "pairing": pairing})
+
+    runs = [run(1, 0.0, "paired"), run(2, 0.5, "paired"), run(3, 0.0, "unpaired"),
+            changed(changed(run(4, 0.0, "paired"), "config.model_update.a", 9), "config.model_update.b", 9)]
+    runs[3] = changed(runs[3], "config.model_update.c", 9)
+    groups = leaderboard.experiment_groups(runs)
+    assert sorted(r["seed"] for members in groups.values() for r in members) == [1, 2, 3, 4]
+    assert len(groups) == 4 and all(len(members) == 1 for members in groups.values())
