@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "dict, torch.export programs (.pt2) and a README snippet for a production system")
     adapt.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="adapter parameters "
                        "(adapter_params.NAME.KEY=VALUE) or model_update.KEY=VALUE for backfill_orders, backfill_steps, "
-                       "unmatched_queries, per_class_cmc, queries, stream_rows, screen")
+                       "unmatched_queries, per_class_cmc, queries, stream_rows, screen, unseen_classes, pairing")
     adapt.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (fitting and scoring)")
     adapt.add_argument("--resume", action="store_true", help="keep each adapter and seed whose record an earlier "
                        "run with the same settings finished in OUTPUT, and measure only the others")
