@@ -21,7 +21,7 @@ from pathlib import Path
 
 from benchmarks.record import RECORD_FILE, read_record
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def quickstart_command() -> list[str]:
