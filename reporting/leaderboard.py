@@ -461,12 +461,15 @@ def models_label(record: RunRecord) -> str:
     in the record's ``models`` and in the report's settings), ``embeddings`` for the user's own, or ``trained on
     the stream`` for a ``model_update`` run along a stream (its models are in ``replacement_models``); with ``, open
     set`` where classes were held out of fitting (``model_update.unseen_classes``), so that a study scored on unseen
-    classes is never summarised with one of the same models scored on fitted classes."""
+    classes is never summarised with one of the same models scored on fitted classes, and ``, unpaired`` where the
+    adapters were fitted on different items under each model (``model_update.pairing``)."""
     if record.get("protocol") == "stream":
         return STREAM_MODELS
     old, new = model_specs(record)
     label = "embeddings" if old is None else f"{short_model_name(old)} → {short_model_name(new)}"
-    return label + (", open set" if (record.get("models") or {}).get("unseen_classes_drawn") else "")
+    unpaired = ((record.get("config") or {}).get("model_update") or {}).get("pairing") == "unpaired"
+    return (label + (", open set" if (record.get("models") or {}).get("unseen_classes_drawn") else "")
+            + (", unpaired" if unpaired else ""))
 
 
 STREAM_MODELS = "trained on the stream"

@@ -41,6 +41,8 @@ def test_a_study_is_labelled_by_its_encoders_short_names():
     assert models_label(record) == "Lite0 → Lite2" and models_label({"models": {"train": "a.npz"}}) == "embeddings"
     assert models_label({"protocol": "stream"}) == "trained on the stream"
     assert models_label({"models": {"train": "a.npz", "unseen_classes_drawn": 4}}) == "embeddings, open set"
+    unpaired = {**record, "config": {"model_update": {"pairing": "unpaired"}}}
+    assert models_label(unpaired) == "Lite0 → Lite2, unpaired", "never summarised with the paired study"
 
 
 def test_a_value_no_seed_changes_has_no_spread():
