@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .base import register_adapter
-from .translation import LinearMap, TwoWayMap, pad_columns, procrustes_weight
+from .translation import AnchorConfig, LinearMap, TwoWayMap, pad_columns, procrustes_weight
 
 NEAR_CONSTANT = 10
 """A column whose standard deviation is below this many float machine epsilons is not rescaled (latentis's rule)."""
@@ -49,14 +49,12 @@ SCALINGS = ("standard", "none")
 
 
 @dataclass(frozen=True)
-class LatentTranslationConfig:
-    anchors: int = 2048              # fitting items used as parallel anchors (all when fewer)
+class LatentTranslationConfig(AnchorConfig):
     map: str = "lstsq_ortho"         # svd | lstsq | lstsq_ortho (the paper's l-ortho)
     scaling: str = "standard"        # standard (per-dimension centring and unit variance) | none
 
     def __post_init__(self) -> None:
-        if self.anchors < 1:
-            raise ValueError(f"anchors must be at least 1, not {self.anchors}")
+        super().__post_init__()
         if self.map not in MAPS:
             raise ValueError(f"map must be one of {list(MAPS)}, not {self.map!r}")
         if self.scaling not in SCALINGS:

@@ -79,6 +79,11 @@ def centred_gram(centres: torch.Tensor) -> torch.Tensor:
     return h @ centres @ centres.T @ h
 
 
+def drawn(rows: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
+    """``count`` of ``rows`` drawn at random without replacement (all of them, shuffled, when fewer)."""
+    return rows[torch.randperm(len(rows), generator=generator, device=generator.device)[:count].to(rows.device)]
+
+
 def draw_seed(generator: torch.Generator) -> int:
     return int(torch.randint(2**31 - 1, (1,), generator=generator, device=generator.device))
 
@@ -155,9 +160,7 @@ class MiniVec2Vec(Adapter):
         centres_x, centres_y = self.matched_anchors(x, y, generator)
         weight = procrustes_weight(x, pseudo_pairs(x, y, centres_x, centres_y, config.neighbours))
         for _ in range(config.refine_iterations):
-            sample = x[torch.randperm(len(x), generator=generator, device=generator.device)[:config.refine_sample]
-                       .to(x.device)]
-            weight = refine_by_neighbours(weight, sample, y, config.neighbours)
+            weight = refine_by_neighbours(weight, drawn(x, config.refine_sample, generator), y, config.neighbours)
         clusters = min(config.refine_clusters, max(1, min(len(x), len(y)) // 4))
         for _ in range(config.cluster_iterations):
             found_x = kmeans_centres(x, clusters, draw_seed(generator))
@@ -172,10 +175,7 @@ class MiniVec2Vec(Adapter):
         """Step 2: the matched centres of every round, stacked."""
         config, all_x, all_y = self.config, [], []
         for _ in range(config.anchor_runs):
-            drawn_x = x[torch.randperm(len(x), generator=generator, device=generator.device)[:config.subsample]
-                        .to(x.device)]
-            drawn_y = y[torch.randperm(len(y), generator=generator, device=generator.device)[:config.subsample]
-                        .to(y.device)]
+            drawn_x, drawn_y = drawn(x, config.subsample, generator), drawn(y, config.subsample, generator)
             clusters = min(config.anchor_clusters, len(drawn_x), len(drawn_y))
             centres_x = kmeans_centres(drawn_x, clusters, draw_seed(generator))
             centres_y = kmeans_centres(drawn_y, clusters, draw_seed(generator))

@@ -31,21 +31,19 @@ import torch
 import torch.nn.functional as F
 
 from .base import Adapter, FeaturePair, in_memory, register_adapter
-from .translation import anchor_items, pad_columns, procrustes_weight
+from .translation import AnchorConfig, anchor_items, pad_columns, procrustes_weight
 
 COSINE_CLAMP = 1e-7
 SELECTION_CHUNK = 1024
 
 
 @dataclass(frozen=True)
-class SlerpConfig:
-    anchors: int = 2048              # fitting items for the map and the choice of α (all when fewer)
-    alpha: float | None = None       # the interpolation weight; None: chosen on the anchors
+class SlerpConfig(AnchorConfig):
+    alpha: float | None = None       # the interpolation weight; None: chosen on the anchors (the map's too)
     alpha_steps: int = 10            # the grid of α: 0, 1/alpha_steps, ..., 1
 
     def __post_init__(self) -> None:
-        if self.anchors < 1:
-            raise ValueError(f"anchors must be at least 1, not {self.anchors}")
+        super().__post_init__()
         if self.alpha is not None and not 0 <= self.alpha <= 1:
             raise ValueError(f"alpha must be in [0, 1] or null (chosen on the anchors), not {self.alpha}")
         if self.alpha_steps < 1:
