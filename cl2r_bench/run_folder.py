@@ -17,7 +17,10 @@ from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.files import atomic_write_text, exclusive
 
 IGNORED_ON_RESUME = ("training.progress", "training.channels_last", "training.compile", "evaluation.plots",
-                     "tracking.", "distributed.connect_timeout", "distributed.timeout", "device", "output")
+                     "tracking.", "distributed.connect_timeout", "distributed.timeout", "device", "output",
+                     "model_update.stream_rows", "model_update.screen")
+"""Settings that leave a run's results as they are: where they go, progress and logging, and the two that only
+``runner.py adapt`` reads (a run ranks in memory whatever they say, so a default changed since does not block it)."""
 RUN_MARKER = ".cl2r-run"
 STATE_KEYS = {"next_task", "timings", "replacements", "pretrain_seconds"}
 

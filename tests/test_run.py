@@ -133,6 +133,22 @@ def test_a_damaged_run_folder_is_one_line_naming_the_file_and_the_fix(damage, fr
     assert fragment in err and "--overwrite" in err and len(err.splitlines()) == 1
 
 
+def test_a_run_resumes_when_an_adapt_only_default_changed_since_it_was_written(tiny, tmp_path, monkeypatch, capsys):
+    from conftest import interrupt_run_at
+
+    args = ("--config", tiny, "--strategy", "er", "--output", tmp_path / "out")
+    undo = interrupt_run_at(monkeypatch, 1)
+    assert run_cli(*args) == 130
+    undo()
+    config_path = tmp_path / "out/iamcl2r/synthetic/er/seed42/config.yaml"
+    config = yaml.safe_load(config_path.read_text())
+    config["model_update"]["stream_rows"] = None
+    config_path.write_text(yaml.safe_dump(config))
+    capsys.readouterr()
+    assert run_cli(*args, "--resume") == 0
+    assert "resuming" in capsys.readouterr().out
+
+
 def _truncate(path):
     path.write_bytes(path.read_bytes()[:100])
 
