@@ -69,6 +69,11 @@ TABLE_TITLES = {"main": "Leaderboard", "noise": "Noise-aware AC", "replacements"
                 "across": "AC and ACA across replacements", "retrieval": "Retrieval cases (top-1 and mAP, %)",
                 "backfilling": "Backfilling AUC, zero-shot change and f(W)",
                 "two_model": "Two-model protocol (old/old, new/old, new/new; %)", "timing": "Training time"}
+TWO_MODEL_SECTION_TITLES = {
+    "main": "Per-task matrix: AC / AA / ACA (the old classes' test images against their training images, not the "
+            "two-model answer; METHODS.md §6c)",
+    "noise": "Per-task matrix: noise-aware AC (not the two-model answer)"}
+"""An ``upgrade`` section opens with its two-model table; the stream tables after it are titled as what they are."""
 
 
 @dataclass
@@ -196,8 +201,11 @@ def section(scenario: str, dataset: str, pairs: list[tuple[Path, RunRecord]], li
     stream = [r for r in records if not adapter_study(r)]
     part.verdict = two_model_verdict(stream) or stream_verdict(stream)
     part.answers = study_answers(dataset, [r for r in records if adapter_study(r)])
-    part.tables = [html_table(TABLE_TITLES[name], table, hidden=SECTION_COLUMNS) for name, tables in built.items()
-                   for table in tables]
+    two_model = bool(stream) and all("two_model" in r for r in stream)
+    titles = {**TABLE_TITLES, **(TWO_MODEL_SECTION_TITLES if two_model else {})}
+    order = sorted(built, key=lambda name: name != "two_model") if two_model else list(built)
+    part.tables = [html_table(titles[name], table, hidden=SECTION_COLUMNS) for name in order
+                   for table in built[name]]
     part.settings = settings_table(records)
     part.matrices = [heat_table(grid) for grid in mean_matrices([r for r in records if not adapter_study(r)])]
     part.figures = figures(scenario, dataset, records)

@@ -22,7 +22,8 @@ def _mean(cell: Any) -> float | None:
 def stream_verdict(records: list[RunRecord]) -> str:
     """One paragraph on a section's stream experiments (means over seeds): the most compatible experiment (by the
     share of pairs compatible beyond noise where the runs measured it, else by AC; then AA), the most accurate one
-    when it differs, and the experiments with no pair compatible beyond noise; empty without stream records."""
+    when it differs, both among the experiments with the most seeds (a mean of fewer is noisier, so it is named
+    apart, not ranked), and the experiments with no pair compatible beyond noise; empty without stream records."""
     rows = leaderboard_rows(records)
     if not rows:
         return ""
@@ -44,11 +45,17 @@ def stream_verdict(records: list[RunRecord]) -> str:
         item = summary[name]
         return (item["beyond"] if item["beyond"] is not None else item["AC"] or 0.0), item["AA"] or 0.0
 
-    most_compatible = max(summary, key=compatibility)
-    most_accurate = max(summary, key=lambda name: summary[name]["AA"] or 0.0)
+    most_seeds = max(item["seeds"] for item in summary.values())
+    ranked = [name for name, item in summary.items() if item["seeds"] == most_seeds]
+    most_compatible = max(ranked, key=compatibility)
+    most_accurate = max(ranked, key=lambda name: summary[name]["AA"] or 0.0)
     lines = [f"most compatible: {described(most_compatible)}."]
     if most_accurate != most_compatible:
         lines.append(f"Most accurate: {described(most_accurate)}.")
+    fewer = sorted(set(summary) - set(ranked))
+    if fewer:
+        counts = ", ".join(f"{name} ({summary[name]['seeds']})" for name in fewer)
+        lines.append(f"Ranked among the experiments with {most_seeds} seeds; not ranked, with fewer: {counts}.")
     never = [name for name, item in summary.items() if item["beyond"] == 0.0]
     if never:
         lines.append(f"No pair compatible beyond noise: {', '.join(sorted(never))}.")
@@ -77,4 +84,7 @@ def two_model_verdict(records: list[RunRecord]) -> str:
     closest = (f"Closest: {best}, new/old {means[best]['new/old']:.2f} against old/old {means[best]['old/old']:.2f} "
                f"({gap(best):+.2f} points; new/new {means[best]['new/new']:.2f}; "
                f"{seeds[best]} seed{'s' * (seeds[best] > 1)}).")
-    return f"{head} {closest} The two-model table below has every experiment."
+    per_task = sum(1 for row in leaderboard_rows(records) if row[2] in means and (_mean(row[3]) or 0.0) == 1.0)
+    matrix = (f"The per-task matrix asks another question (new/old on the old classes only, their test images against "
+              f"their training images, §6c): there {per_task} of {len(means)} have new/old above old/old in every seed.")
+    return f"{head} {closest} The two-model table below has every experiment. {matrix}"

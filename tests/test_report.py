@@ -64,6 +64,7 @@ def test_the_report_holds_every_experiment_the_published_rows_apart_and_links_to
     section = section[:section.index("</section>")]
     verdict = section[section.index("The answer:"):section.index("<table")]
     assert "most compatible: er (AC 1.000" in verdict and "2 seeds" in verdict, "the stream section opens with it"
+    assert "not ranked, with fewer: dsimplex_hoc (1)." in verdict, "a one-seed mean is not ranked beside two-seed ones"
     measured = section[:section.index('data-kind="published"')]
     assert "Leaderboard" in measured and ">scenario</th>" not in measured and ">dataset</th>" not in measured, \
         "the heading names them"

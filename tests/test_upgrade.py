@@ -99,6 +99,21 @@ def test_leaderboard_has_the_two_model_table_and_bt2_published_rows(tiny, tmp_pa
     assert verdict.startswith("1 of 1 experiments meet" if gap > 0 else "no experiment meets the BCT criterion")
     assert f"Closest: er, new/old {cases['new/old']['top1']:.2f} against old/old {cases['old/old']['top1']:.2f}" \
         in verdict, "an upgrade section's answer is the two-model protocol, not its two-task matrix's AC"
+    per_task = int(record["metrics"]["AC"] == 1.0)
+    assert verdict.endswith(f"there {per_task} of 1 have new/old above old/old in every seed."), \
+        "the per-task matrix's different question is named beside the answer, not left to contradict it"
+
+
+def test_an_upgrade_report_section_opens_with_the_two_model_table(tiny, tmp_path):
+    from reporting.report import section
+
+    record, out = upgrade_run(tiny, tmp_path, "er")
+    path = out / "upgrade/synthetic/er/seed42/metrics.json"
+    part = section("upgrade", "synthetic", [(path, record)], tmp_path)
+    titles = [table.title for table in part.tables]
+    assert titles[0].startswith("Two-model protocol")
+    assert any(title.startswith("Per-task matrix: AC / AA / ACA") for title in titles)
+    assert "Leaderboard" not in titles
 
 
 @pytest.mark.parametrize("flags, message", [
