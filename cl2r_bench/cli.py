@@ -374,21 +374,11 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
                 device: torch.device) -> int:
     """:func:`command_adapt` once its processes are placed and connected."""
     from benchmarks.adapter_study import Scoring
-    from benchmarks.record import write_record
-    from cl2r_bench.adapt import (
-        adapt_config,
-        evaluate_adapter,
-        export_adapter,
-        finished_records,
-        result_of_record,
-        study_from_embeddings,
-        study_record,
-    )
+    from cl2r_bench.adapt import adapt_config, finished_records, study_from_embeddings
+    from cl2r_bench.adapt.driver import Protocol, StudyRun, drive
     from cl2r_bench.adapters import list_adapters, make_adapter, unpaired_adapters
     from cl2r_bench.assembly import check_pairing
-    from cl2r_bench.config import config_text
     from cl2r_bench.errors import safe_name
-    from cl2r_bench.files import atomic_write_text
     from reporting.adapter_summary import summary_json, summary_text
 
     say = print if processes.is_main else (lambda *_, **__: None)
@@ -427,33 +417,17 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
         say(f"{study_name}: {fitting}, evaluating on "
             f"{study.about['test_items']} (old {study.about['old_dim']}-d, new {study.about['new_dim']}-d)"
             f"{processes_note(processes.world_size)}")
+    runs = [StudyRun(name, seed, folders[name, seed], configs[name, seed]) for name in names for seed in args.seeds]
+    protocol = Protocol("adapt", study_name, settings["adapter_params"], settings["backfill_orders"],
+                        settings["backfill_steps"], Scoring.of(settings), device)
+    export = None if args.export is None else Path(args.export)
     records = []
-    for name in names:
-        measured = None
-        for seed in args.seeds:
-            was_kept = (name, seed) in kept
-            if not was_kept:
-                adapter, result = evaluate_adapter(study, name, adapter_params=settings["adapter_params"],
-                                                   seed=seed, orders=settings["backfill_orders"],
-                                                   steps=settings["backfill_steps"], scoring=Scoring.of(settings),
-                                                   measured=measured)
-                if adapter is not None and adapter.seed_free(study.fitting_items):
-                    measured = measured or (adapter, result)
-            if not processes.is_main:
-                continue
-            if was_kept:
-                record, result = kept[name, seed], result_of_record(kept[name, seed])
-            else:
-                record = study_record(result, study, scenario="adapt", method=name, dataset=study_name,
-                                      config=configs[name, seed], device=device, adapter=adapter)
-                atomic_write_text(folders[name, seed] / "config.yaml", config_text(configs[name, seed]))
-                write_record(folders[name, seed], record)
-            records.append(record)
-            print_result(result, kept=was_kept, as_json=args.json)
-        if args.export and adapter is not None and processes.is_main:
-            written = export_adapter(adapter, Path(args.export) / name)
-            if not args.json:
-                print(f"   exported {name} to {written[0].parent} ({', '.join(p.name for p in written)})")
+    for driven in drive(study, runs, protocol, kept=kept, export=export):
+        records.append(driven.record)
+        print_result(driven.result, kept=driven.kept, as_json=args.json)
+        if driven.exported and not args.json:
+            print(f"   exported {driven.run.adapter} to {driven.exported[0].parent} "
+                  f"({', '.join(p.name for p in driven.exported)})")
     if not processes.is_main:
         return 0
     if args.json:

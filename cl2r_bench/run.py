@@ -35,13 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.adapter_study import Scoring, held_out_error
+from benchmarks.adapter_study import held_out_error
 from benchmarks.flips import negative_flips
 from benchmarks.metrics import as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
 from benchmarks.record import run_record, write_record
 from benchmarks.retrieval import CompatibilityEvaluator
-from cl2r_bench.adapt import evaluate_adapter, study_record
+from cl2r_bench.adapt.driver import Protocol, StudyRun, drive
 from cl2r_bench.adapters import convergence_note, embed_pair, fit_adapter
 from cl2r_bench.assembly import Assembly
 from cl2r_bench.data.datasets import ImageSet
@@ -134,19 +134,13 @@ class Run:
                            "torchrun")
         settings = self.settings
         study = self.scenario.feature_study(self.device, self.log)
-        with self.folder.writing(self.parts.config):
-            adapter, result = evaluate_adapter(study, settings.adapter.name, adapter_params=settings.adapter_params,
-                                               seed=settings.seed, orders=settings.model_update.backfill_orders,
-                                               steps=settings.model_update.backfill_steps,
-                                               scoring=Scoring.of(settings.model_update))
-            note = convergence_note(settings.adapter.name, result["fit"])
-            if note:
-                self.log(note)
-            record = study_record(result, study, scenario=settings.scenario, method=self.parts.label,
-                                  dataset=settings.dataset, config=self.parts.config, device=self.device,
-                                  adapter=adapter)
-            record["timings"]["wall_seconds_this_invocation"] = time.perf_counter() - started
-            write_record(self.dir, record)
+        run = StudyRun(settings.adapter.name, settings.seed, self.dir, self.parts.config, self.parts.label)
+        (driven,) = drive(study, [run], Protocol.of_run(settings, self.device),
+                          writing=lambda run: self.folder.writing(run.config), started=started)
+        note = convergence_note(settings.adapter.name, driven.result["fit"])
+        if note:
+            self.log(note)
+        record = driven.record
         return record
 
     def _execute(self, started: float) -> dict[str, Any]:

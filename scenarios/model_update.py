@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from benchmarks.adapter_study import PairedFeatures, Scoring, StudySplit, measure
-from cl2r_bench.adapt import Study, cross_entry, encoder_study
+from cl2r_bench.adapt import Study, encoder_study, study_matrix
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import Stream
 from cl2r_bench.encoders import check_spec
@@ -138,11 +138,10 @@ class ModelUpdate(Scenario):
         with torch.no_grad():
             study = measure(split, finished.adapter, orders=update.backfill_orders, steps=update.backfill_steps,
                             seed=self.settings.seed)
-        cases, cross = study["cases"], cross_entry(study["cases"])
-        if cross is None:
+        matrix = study_matrix(study["cases"])
+        if matrix is None:
             raise ScenarioError("the old and new features differ in size and the adapter maps neither way; pick "
                                 "another adapter")
-        matrix = [[cases["old/old"]["top1"] / 100, None], [cross, cases["new/new"]["top1"] / 100]]
         return {"compatibility_matrix": matrix, "protocol": "stream",
                 "retrieval": {**study, "gallery_items": len(stream.gallery),
                               "gallery_mode": mode}}

@@ -478,11 +478,11 @@ def test_a_resumed_study_keeps_what_an_earlier_run_finished_and_measures_only_th
     byte), says which it kept, and answers as the whole study did. Records of other settings, or cut short, are
     refused in one line before anything is fitted, and so is ``--export`` (a kept record has no fitted adapter to
     export)."""
-    from cl2r_bench import adapt as adapt_module
+    from cl2r_bench.adapt import driver
 
     measured = []
-    evaluate = adapt_module.evaluate_adapter
-    monkeypatch.setattr(adapt_module, "evaluate_adapter",
+    evaluate = driver.evaluate_adapter
+    monkeypatch.setattr(driver, "evaluate_adapter",
                         lambda study, name, **kwargs: measured.append(name) or evaluate(study, name, **kwargs))
     train, test = rotated
     study = ["--train", train, "--test", test, "--adapter", "none", "procrustes", "fastfill", "--json",

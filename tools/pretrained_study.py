@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from benchmarks.adapter_study import Scoring
-from benchmarks.record import holds_complete_record, write_record
-from cl2r_bench.adapt import encoder_study, evaluate_adapter, study_record
+from benchmarks.record import holds_complete_record
+from cl2r_bench.adapt import encoder_study
+from cl2r_bench.adapt.driver import Protocol, StudyRun, drive
 from cl2r_bench.adapters import convergence_note, list_adapters, unpaired_adapters
 from cl2r_bench.assembly import assemble
 from cl2r_bench.config import resolve
@@ -137,16 +137,11 @@ def main(argv: list[str] | None = None) -> int:
                     parts = assemble(run_config(args, pairs[pair_name], dataset, adapter, seed, runs / pair_name))
                     if holds_complete_record(parts.directory):
                         continue
-                    with RunFolder(parts.directory, resume=False, overwrite=True).writing(parts.config):
-                        fitted, result = evaluate_adapter(study, parts.settings.adapter.name,
-                                                          adapter_params=parts.settings.adapter_params,
-                                                          seed=seed, orders=parts.settings.model_update.backfill_orders,
-                                                          steps=parts.settings.model_update.backfill_steps,
-                                                          scoring=Scoring.of(parts.settings.model_update))
-                        record = study_record(result, study, scenario="model_update", method=parts.label,
-                                              dataset=dataset, config=parts.config, device=parts.device,
-                                              adapter=fitted)
-                        write_record(parts.directory, record)
+                    run = StudyRun(parts.settings.adapter.name, seed, parts.directory, parts.config, parts.label)
+                    (driven,) = drive(study, [run], Protocol.of_run(parts.settings, parts.device),
+                                      writing=lambda run: RunFolder(run.folder, resume=False,
+                                                                    overwrite=True).writing(run.config))
+                    result = driven.result
                     fit = result["fit"]
                     timings.append({"pair": pair_name, "dataset": dataset, "adapter": adapter, "seed": seed,
                                     **result["seconds"], **{k: fit[k] for k in ("steps", "converged") if k in fit}})

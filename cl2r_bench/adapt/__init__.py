@@ -19,17 +19,19 @@ own classifier does not know a downstream data set's classes, so the rows are th
 train split (a nearest-class-mean classifier: the suite's choice, the same for every input).
 
 The package, one idea per module: :mod:`.settings`, :mod:`.embeddings` (the user's files), :mod:`.encoder_study`
-(two encoders by spec), :mod:`.study` (fit, measure, record), :mod:`.resume` and :mod:`.export`.
+(two encoders by spec), :mod:`.study` (fit, measure, record), :mod:`.resume`, :mod:`.export` and :mod:`.driver`
+(the one loop over adapters and seeds that ``adapt``, the ``model_update`` scenario and the pretrained study share).
 """
 from .embeddings import EmbeddingsError, read_embeddings, study_from_embeddings, unseen_rows, unseen_split
 from .encoder_study import embedded, encoder_study, study_images
 from .export import export_adapter
 from .resume import finished_records, result_of_record
 from .settings import ADAPT_KEYS, adapt_config, adapt_settings
-from .study import Study, ZeroShot, cross_entry, evaluate_adapter, result_json, study_record
+from .study import Study, ZeroShot, cross_entry, evaluate_adapter, result_json, study_matrix, study_record
 
 __all__ = [
     "ADAPT_KEYS", "EmbeddingsError", "Study", "ZeroShot", "adapt_config", "adapt_settings", "cross_entry", "embedded",
     "encoder_study", "evaluate_adapter", "export_adapter", "finished_records", "read_embeddings", "result_json",
-    "result_of_record", "study_from_embeddings", "study_images", "study_record", "unseen_rows", "unseen_split",
+    "result_of_record", "study_from_embeddings", "study_images", "study_matrix", "study_record",
+    "unseen_rows", "unseen_split",
 ]

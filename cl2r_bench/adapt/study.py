@@ -190,6 +190,13 @@ def cross_entry(cases: dict[str, dict[str, float] | None]) -> float | None:
     return None if case is None else cases[case]["top1"] / 100
 
 
+def study_matrix(cases: dict[str, dict[str, float] | None]) -> list[list[float | None]] | None:
+    """The study's 2x2 top-1 matrix ``[[old/old, -], [cross, new/new]]`` as fractions, or None without a cross
+    case: the one place a record's ``compatibility_matrix`` is built from the retrieval cases."""
+    cross = cross_entry(cases)
+    return None if cross is None else [[cases["old/old"]["top1"] / 100, None], [cross, cases["new/new"]["top1"] / 100]]
+
+
 NOT_MEASURED = ("adapter", "seed", "fit", "scoring", "seconds")
 """The keys of :func:`evaluate_adapter`'s result that are not :func:`benchmarks.adapter_study.measure`'s (the
 record's ``retrieval``)."""
@@ -200,8 +207,6 @@ def study_record(result: dict[str, Any], study: Study, *, scenario: str, method:
     """The ``metrics.json`` of one adapter and seed under the leave-one-out protocol (:mod:`benchmarks.record`):
     the retrieval cases, backfilling and zero-shot retention under ``retrieval``, with the 2x2 top-1 matrix
     ``[[old/old], [cross, new/new]]`` and its metrics where the cross entry exists."""
-    cases = result["cases"]
-    cross = cross_entry(cases)
     return leave_one_out_record(
         identity={"scenario": scenario, "strategy": scenario, "method": method, "dataset": dataset,
                   "seed": result["seed"]},
@@ -214,5 +219,4 @@ def study_record(result: dict[str, Any], study: Study, *, scenario: str, method:
                  "adapter_fit_seconds": result["seconds"]["fit"],
                  "evaluation_seconds": result["seconds"]["evaluation"],
                  "evaluation_processes": study.processes.world_size},
-        matrix=None if cross is None else [[cases["old/old"]["top1"] / 100, None],
-                                           [cross, cases["new/new"]["top1"] / 100]])
+        matrix=study_matrix(result["cases"]))
