@@ -199,6 +199,11 @@ class Processes:
 SINGLE = Processes()
 
 
+def processes_note(world_size: int) -> str:
+    """What a progress line adds for a run shared by several processes (torchrun), empty for one."""
+    return f", {world_size} processes" if world_size > 1 else ""
+
+
 def torchrun_ranks() -> tuple[int, int, int] | None:
     """``(rank, world_size, local_rank)`` set by torchrun, or None outside torchrun or with one process."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
