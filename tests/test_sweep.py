@@ -75,7 +75,7 @@ def test_a_set_list_is_a_grid_dimension_unless_its_setting_holds_a_list():
 
 
 def grid(tmp_path, *args):
-    from cl2r_bench.cli import build_parser
+    from cl2r_bench.arguments import build_parser
     from cl2r_bench.sweep import grid_runs
 
     return grid_runs(build_parser().parse_args(["sweep", "--dataset", "synthetic", "--preset", "quick", "--device",
