@@ -24,8 +24,8 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["cl2r_bench", "cl2r_bench.*", "scenarios", "strategies", "benchmarks",
-                                    "reporting"]),
+    packages=find_packages(include=[f"{name}{part}" for name in ("cl2r_bench", "scenarios", "strategies",
+                                                                  "benchmarks", "reporting") for part in ("", ".*")]),
     package_data={"cl2r_bench": ["configs/*.yaml", "configs/*/*.yaml", "configs/*/*/*.yaml"],
                   "reporting": ["templates/*.j2"]},
     install_requires=[

@@ -114,7 +114,7 @@ class Scoring:
     """How a study scores its rankings (docs/METHODS.md §7b), from ``model_update.unmatched_queries``,
     ``per_class_cmc``, ``queries`` and ``screen``: the CMC convention for queries without a match, whether the record
     keeps CMC top-1 and top-5 per query class too, how many queries a seeded sample ranks against the whole gallery
-    (None: every query), and whether a streamed gallery is screened (:func:`benchmarks.ranking.streamed`: its first
+    (None: every query), and whether a streamed gallery is screened (:func:`benchmarks.ranking.streamed.streamed`: its first
     places exact, mAP@R instead of the full mAP)."""
 
     unmatched_queries: str
@@ -169,7 +169,7 @@ class StudySplit:
     what per-class CMC names its classes by."""
     progress: bool = False
     """Whether each ranking of a case or of the backfilling curves shows a progress bar on a terminal
-    (:func:`benchmarks.ranking.progress_bar`): a gallery of millions takes minutes per ranking."""
+    (:func:`benchmarks.ranking.engine.progress_bar`): a gallery of millions takes minutes per ranking."""
     old_frame_prefix: bool = False
     """Whether the new model's first dimensions are trained into the old model's frame (a BT² model, wider than the
     old one): ``new/old`` then ranks their first ``old width`` dimensions against the old gallery, as the BT²

@@ -46,7 +46,7 @@ UNMATCHED_CONVENTIONS = ("miss", "exclude")
 PAIRINGS = ("paired", "unpaired")
 """What an adapter study fits on: the same items under both models, or the old features of some items and the new
 features of others (``model_update.pairing``; docs/METHODS.md §7)."""
-"""How CMC counts a query without another item of its class (benchmarks/ranking.py; docs/METHODS.md §7b)."""
+"""How CMC counts a query without another item of its class (benchmarks/ranking/; docs/METHODS.md §7b)."""
 PRETRAIN_SCHEDULES = ("cosine", "plateau")
 AMP_DTYPES = ("float16", "bfloat16")
 EPOCH_LENGTHS = ("reference", "full_pass")

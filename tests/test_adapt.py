@@ -15,7 +15,8 @@ from helpers.data_files import write_cifar100
 from helpers.launching import launched, torchrun
 from helpers.progress_bars import RecordedBar
 
-from benchmarks import ranking
+from benchmarks.ranking import engine as ranking_engine
+from benchmarks.ranking import screen as ranking_screen
 from cl2r_bench.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -679,7 +680,7 @@ def test_a_screened_study_ranks_the_first_places_as_the_streamed_one_and_gives_m
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--output", tmp_path / "memory",
                       "--set", "model_update.screen=true", capsys=capsys)
     assert code == 2 and out.err.count("\n") == 1 and "add --set model_update.stream_rows=65536" in out.err
-    monkeypatch.setattr(ranking, "bfloat16_adds_in_float32", lambda: False)
+    monkeypatch.setattr(ranking_screen, "bfloat16_adds_in_float32", lambda: False)
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--output", tmp_path / "refused",
                       "--set", "model_update.stream_rows=16", "--set", "model_update.screen=true", capsys=capsys)
     assert code == 2 and out.err.count("\n") == 1 and "does not add in float32" in out.err
@@ -694,7 +695,7 @@ def test_each_ranking_of_a_study_has_a_progress_bar_named_after_it_unless_told_n
     ranked again), then each other case; ``--no-progress`` disables them all."""
 
     made: list[RecordedBar] = []
-    monkeypatch.setattr(ranking, "tqdm", lambda **kwargs: RecordedBar(made, **kwargs))
+    monkeypatch.setattr(ranking_engine, "tqdm", lambda **kwargs: RecordedBar(made, **kwargs))
     train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
     for quiet in ([], ["--no-progress"]):
         code, out = adapt("--train", train, "--test", test, "--adapter", "procrustes", "--queries", 50,

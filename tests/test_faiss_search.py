@@ -1,4 +1,4 @@
-"""faiss's exact top-k search (benchmarks/faiss_search.py) against the suite's ranking (benchmarks/ranking.py):
+"""faiss's exact top-k search (benchmarks/faiss_search.py) against the suite's ranking (benchmarks/ranking/):
 CMC top-k and mAP@R agree to the last digit where no two similarities tie (docs/METHODS.md §7b)."""
 import numpy as np
 import pytest

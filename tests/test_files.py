@@ -150,3 +150,42 @@ def test_written_files_get_the_mode_the_umask_gives(tmp_path, umask, mode):
     finally:
         os.umask(previous)
     assert (tmp_path / "metrics.json").stat().st_mode & 0o777 == mode
+
+
+
+WRITES = {"save", "write_text", "write_bytes", "savefig", "dump", "fdopen"}
+"""The calls that write a file (``torch.save``, ``torch.export.save``, ``np.save``, ``Path.write_text``, ...); in the
+suite each is handed to the one atomic writer."""
+SCRATCH = {"benchmarks/gallery_rows.py": "a private scratch array in the temporary folder, deleted with its reader",
+           "cl2r_bench/files.py": "the atomic writer itself",
+           "reporting/plots.py": "png_bytes draws into memory (io.BytesIO), for pages that embed their figures"}
+"""The modules allowed a write outside :func:`cl2r_bench.files.atomic_write`, and why."""
+
+
+def test_every_file_the_suite_writes_goes_through_the_atomic_writer():
+    """A record, report, export, checkpoint or cache written in place could be left half-written by a crash or
+    follow a link out of the output folder: every call that writes a file in the installed packages is inside an
+    ``atomic_write`` call (a lambda handed to it), except in the modules of :data:`SCRATCH`."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for package in ("cl2r_bench", "benchmarks", "reporting", "scenarios", "strategies"):
+        for path in sorted((root / package).rglob("*.py")):
+            relative = path.relative_to(root).as_posix()
+            if relative in SCRATCH:
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr in WRITES):
+                    continue
+                above = node
+                while above in parents and not (isinstance(above, ast.Call) and ast.unparse(above.func).endswith(
+                        "atomic_write")):
+                    above = parents[above]
+                if above not in parents and not isinstance(above, ast.Call):
+                    found.append(f"{relative}:{node.lineno}: {ast.unparse(node)[:100]}")
+    assert not found, "written outside the atomic writer:\n" + "\n".join(found)

@@ -1,4 +1,4 @@
-"""Leave-one-out CMC and mAP (benchmarks/ranking.py; docs/METHODS.md §7b) against rankings worked out by hand,
+"""Leave-one-out CMC and mAP (benchmarks/ranking/; docs/METHODS.md §7b) against rankings worked out by hand,
 a brute-force reference, and chunking."""
 import math
 import os
@@ -12,7 +12,7 @@ from helpers.progress_bars import RecordedBar
 
 from benchmarks import ranking
 from benchmarks.gallery_rows import NpyRows, TensorRows
-from benchmarks.ranking import backfilling_scores, retrieval_scores
+from benchmarks.ranking import backfilling_scores, counting, engine, retrieval_scores
 
 # Five unit vectors; cosines: (0,1) .8, (0,3) .6, (1,3) .96, (1,2) .6, (2,3) .8, (0,2) 0, (2,4) 0, (3,4) -.6,
 # (1,4) -.8, (0,4) -1. Item 4 is the only one of class 2.
@@ -247,8 +247,8 @@ def test_a_sample_of_queries_ranks_the_whole_gallery_as_the_full_ranking_does():
                          [(1, 1, 1, 12, 4), (2, 2, 11, 12, 4), (1, 1, 1, 200, 4), (2, 1, 3, 40, 0)])
 def test_the_cpu_kernel_counts_exactly_what_the_vectorised_version_counts(versions, curves, steps, per_version,
                                                                          spread):
-    """:func:`benchmarks.ranking.items_above` on CPU (the compiled kernel) against
-    :func:`benchmarks.ranking.items_above_vectorised` (the GPU path), on similarities rounded to quarters so that
+    """:func:`benchmarks.ranking.counting.items_above` on CPU (the compiled kernel) against
+    :func:`benchmarks.ranking.counting.items_above_vectorised` (the GPU path), on similarities rounded to quarters so that
     most items tie with some positive, with positives of both versions, padding (+inf) and the own item (-inf).
     200 positives crowd each quarter's bucket of the kernel's table past its binary-search limit; ``spread`` 0 makes
     every finite similarity equal (a table of one span)."""
@@ -263,8 +263,8 @@ def test_the_cpu_kernel_counts_exactly_what_the_vectorised_version_counts(versio
     thresholds, placed = similarity.sort(dim=1)
     owner = positive.repeat(1, versions).gather(1, placed)
     fresh_from = torch.randint(0, steps + 1, (curves, n), generator=generator)
-    kernel = ranking.items_above(scores, thresholds, owner, fresh_from, steps)
-    assert torch.equal(kernel, ranking.items_above_vectorised(scores, thresholds, owner, fresh_from, steps))
+    kernel = counting.items_above(scores, thresholds, owner, fresh_from, steps)
+    assert torch.equal(kernel, counting.items_above_vectorised(scores, thresholds, owner, fresh_from, steps))
     assert kernel.shape == (curves, rows, steps, versions * per_version)
 
 
@@ -309,7 +309,7 @@ def test_a_ranking_counts_every_pair_it_compares_on_its_progress_bar(monkeypatch
     counts the queries x gallery items it compares, all of them by its end, and closes; a backfilling curve counts
     each pair once for its two versions. Without a label the bar is disabled, and the scores are the same."""
     made: list[RecordedBar] = []
-    monkeypatch.setattr(ranking, "tqdm", lambda **kwargs: RecordedBar(made, **kwargs))
+    monkeypatch.setattr(engine, "tqdm", lambda **kwargs: RecordedBar(made, **kwargs))
     x, y = clusters_with_duplicates(seed=4)
     stale = x.flip(1)
     sample = torch.tensor([0, 7, 9, 10, 33, 80, 149])
@@ -336,14 +336,14 @@ def test_a_progress_bar_is_drawn_on_a_terminal_and_not_in_a_log(capsys, monkeypa
     (a log file, a pipe, a study's parsed output) nothing is written."""
     for terminal in (False, True):
         monkeypatch.setattr(sys.stderr, "isatty", lambda terminal=terminal: terminal)
-        bar = ranking.progress_bar("rank new/F", 100)
+        bar = engine.progress_bar("rank new/F", 100)
         bar.update(100)
         bar.close()
         assert ("rank new/F" in capsys.readouterr().err) == terminal
 
 
 def test_the_vectorised_counting_of_a_streamed_gallery_equals_the_compiled_one(monkeypatch):
-    """The GPU's path (:func:`benchmarks.ranking.items_above_vectorised`, each chunk's items above summed over the
+    """The GPU's path (:func:`benchmarks.ranking.counting.items_above_vectorised`, each chunk's items above summed over the
     chunks), run on the CPU: a backfilling curve over a gallery streamed in chunks of 40, with duplicates (ties),
     gives the compiled kernel's scores at every step."""
     x, y = clusters_with_duplicates(seed=9)
@@ -355,7 +355,7 @@ def test_the_vectorised_counting_of_a_streamed_gallery_equals_the_compiled_one(m
                                   fresh_from, 3, exclude_self=True, chunk_elements=20000)
 
     compiled = curve()
-    monkeypatch.setattr(ranking, "compiled_counting", lambda device: False)
+    monkeypatch.setattr(counting, "compiled_counting", lambda device: False)
     for curve_compiled, curve_vectorised in zip(compiled, curve(), strict=True):
         for step_compiled, step_vectorised in zip(curve_compiled, curve_vectorised, strict=True):
             assert_same_scores(step_vectorised, step_compiled)
@@ -366,7 +366,7 @@ def test_a_pairs_similarity_is_the_same_wherever_it_is_taken(monkeypatch, compil
     """The positives' dot products of a streamed ranking (:func:`benchmarks.ranking.pair_similarities`; the GPU's
     torch slices run on the CPU, here of 7 pairs): a pair gives one value bit for bit in whatever slice and position
     it falls, so duplicate items tie, and each value is the dot product to float32 rounding."""
-    monkeypatch.setattr(ranking, "PAIRS_AT_ONCE", 7)
+    monkeypatch.setattr(counting, "PAIRS_AT_ONCE", 7)
     x, _ = clusters_with_duplicates(seed=3)
     unit = torch.nn.functional.normalize(x, dim=1)
     generator = torch.Generator().manual_seed(0)

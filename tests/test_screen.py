@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from benchmarks import ranking
 from benchmarks.gallery_rows import TensorRows
-from benchmarks.ranking import backfilling_scores, pair_similarities, retrieval_scores
+from benchmarks.ranking import backfilling_scores, counting, pair_similarities, retrieval_scores
+from benchmarks.ranking import screen as screening
 
 
 def pairwise(queries: torch.Tensor, gallery: torch.Tensor) -> torch.Tensor:
@@ -43,13 +44,13 @@ def assert_first_places_agree(screened: ranking.RetrievalScores, whole: ranking.
 def recorded_widths(monkeypatch) -> list[int]:
     """The candidates per row of each screened block (the screen must leave most of the gallery out)."""
     widths: list[int] = []
-    screen = ranking.screen_candidates
+    screen = screening.screen_candidates
 
     def recording(*args, **kwargs):
         candidates = screen(*args, **kwargs)
         widths.append(candidates.shape[1])
         return candidates
-    monkeypatch.setattr(ranking, "screen_candidates", recording)
+    monkeypatch.setattr(screening, "screen_candidates", recording)
     return widths
 
 
@@ -59,9 +60,9 @@ def test_a_screened_sample_ranks_its_first_places_exactly_as_the_full_ranking(mo
     same first ranks within 166 places (the largest class, with its 150 copies), the same AP@R, with duplicates and
     a run of ties at the cut; with a room of 170 candidates per row, the screen drops candidates as the cut rises
     and, where the ties still fill the room, screens the block again with more."""
-    monkeypatch.setattr(ranking, "similarities", pairwise)
-    monkeypatch.setattr(ranking, "SCREEN_ROOM", room[0])
-    monkeypatch.setattr(ranking, "SCREEN_SLACK", room[1])
+    monkeypatch.setattr(counting, "similarities", pairwise)
+    monkeypatch.setattr(screening, "SCREEN_ROOM", room[0])
+    monkeypatch.setattr(screening, "SCREEN_SLACK", room[1])
     x, y = gallery_with_ties()
     sample = torch.arange(0, 700, 7)
     queries = x[sample] + 0.2 * torch.randn(len(sample), x.shape[1], generator=torch.Generator().manual_seed(1))
@@ -77,7 +78,7 @@ def test_a_screened_sample_ranks_its_first_places_exactly_as_the_full_ranking(mo
 def test_every_step_of_screened_backfilling_curves_ranks_its_first_places_exactly(monkeypatch, recorded_widths):
     """Two curves of 6 steps over fresh and stale versions of each item: at every step the first 100 places of every
     query agree with the full ranking's (an item may be a candidate in one version and not in the other)."""
-    monkeypatch.setattr(ranking, "similarities", pairwise)
+    monkeypatch.setattr(counting, "similarities", pairwise)
     x, y = gallery_with_ties(seed=2)
     stale = x + 0.9 * torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
     fresh_from = torch.randint(0, 7, (2, len(x)), generator=torch.Generator().manual_seed(4))
@@ -94,7 +95,7 @@ def test_every_step_of_screened_backfilling_curves_ranks_its_first_places_exactl
 
 def test_the_screen_reaches_as_deep_as_the_largest_class_for_map_at_r(monkeypatch):
     """With classes of up to 150 items, AP@R reads ranks up to 150: the screen ranks that deep."""
-    monkeypatch.setattr(ranking, "similarities", pairwise)
+    monkeypatch.setattr(counting, "similarities", pairwise)
     x, y = gallery_with_ties(n=900, classes=6, seed=5)
     sample = torch.arange(0, 900, 11)
     whole, screened = (retrieval_scores(x[sample], y[sample], TensorRows(x, chunk_rows=128), y, exclude_self=True,
@@ -109,7 +110,7 @@ def test_the_bfloat16_product_stays_within_the_screens_error_bound():
     largest products, where the output's rounding is largest): the bfloat16 product a is within error +
     relative * |a| of the float32 similarity (here the largest error is about a twentieth of the bound, which
     assumes every rounding goes one way)."""
-    assert ranking.bfloat16_adds_in_float32()
+    assert screening.bfloat16_adds_in_float32()
     generator = torch.Generator().manual_seed(0)
     width = 1280
     random = F.normalize(torch.randn(300, width, generator=generator), dim=1)
@@ -118,7 +119,7 @@ def test_the_bfloat16_product_stays_within_the_screens_error_bound():
     rows = torch.cat([random, same_way, parallel])
     exact = pairwise(rows, rows)
     approx = (rows.bfloat16() @ rows.bfloat16().t()).float()
-    error, relative = ranking.screen_error(width)
+    error, relative = screening.screen_error(width)
     slack = error + relative * approx.abs() - (approx - exact).abs()
     assert slack.min() >= 0
     assert (approx - exact).abs().max() > (error + relative) / 100
@@ -137,14 +138,14 @@ def test_a_screened_ranking_refuses_what_it_cannot_rank_in_one_line():
         screened.cmc(depth + 1)
     assert set(screened.interval(0.95, 50)) == {"top1", "mAP@R"}
     with pytest.raises(ValueError, match="runs on CPU, not cuda"):
-        ranking.screen_depth(ranking.LabelIndex(y), torch.device("cuda"))
+        screening.screen_depth(counting.LabelIndex(y), torch.device("cuda"))
 
 
 def test_a_candidates_similarity_is_bit_for_bit_the_positives_one_in_any_chunk():
-    """A screened ranking's candidates (:func:`benchmarks.ranking_cpu.candidate_dots`, read chunk by chunk from
+    """A screened ranking's candidates (:func:`benchmarks.ranking.cpu.candidate_dots`, read chunk by chunk from
     unaligned slices) and its positives (:func:`pair_similarities`) round each pair alike, so a candidate that
     duplicates a positive ties with it."""
-    from benchmarks import ranking_cpu
+    from benchmarks.ranking import cpu as ranking_cpu
 
     x, _ = gallery_with_ties(n=300, width=1280)
     unit = F.normalize(x, dim=1)

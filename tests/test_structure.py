@@ -102,10 +102,15 @@ def test_the_four_scenarios_are_registered_plug_ins_with_a_profile():
     assert all((CONFIG_DIR / "scenarios" / f"{name}.yaml").is_file() for name in list_scenarios())
 
 
+INSTALLED = ("cl2r_bench", "scenarios", "strategies", "benchmarks", "reporting")
+"""The folders ``pip install .`` ships, each with every package below it."""
+
+
 @pytest.mark.slow
 def test_a_non_editable_install_runs_from_another_directory(tmp_path):
     """``pip install .`` (not editable, no dependencies: they are this environment's) ships the configs, and the
-    ``cl2r-bench`` entry point lists what can be run from a directory that holds no checkout."""
+    ``cl2r-bench`` entry point lists what can be run from a directory that holds no checkout, and every package of
+    the checkout imports there (``benchmarks.record`` and ``benchmarks.ranking`` included)."""
     source, target = tmp_path / "source", tmp_path / "site"
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     for name in tracked:
@@ -123,6 +128,11 @@ def test_a_non_editable_install_runs_from_another_directory(tmp_path):
                           text=True)
     assert done.returncode == 0, done.stderr
     assert "iamcl2r" in done.stdout and "dsimplex_hoc" in done.stdout
+    packages = sorted(str(init.parent.relative_to(ROOT)).replace("/", ".") for folder in INSTALLED
+                      for init in (ROOT / folder).rglob("__init__.py"))
+    imported = subprocess.run([sys.executable, "-c", f"import importlib; [importlib.import_module(p) for p in "
+                               f"{packages!r}]"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert imported.returncode == 0, f"a package of the checkout is missing from the install: {imported.stderr}"
 
 
 def test_every_adapter_satisfies_the_protocol_that_measuring_uses():

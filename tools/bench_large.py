@@ -14,7 +14,7 @@ search of the same arrays, timed in the same run (docs/scale-out.md, "Galleries 
    ranks on the GPU (the features stay memory-mapped on the host and each chunk is copied over), and the GPU
    memory it held is read as the device's memory in use above what was in use before it started
    (``torch.cuda.mem_get_info``, read as the resident memory is: its CUDA context included). With ``--screen`` the
-   study is screened (``model_update.screen``: its first places exact, mAP@R for the full mAP; benchmarks/ranking.py,
+   study is screened (``model_update.screen``: its first places exact, mAP@R for the full mAP; benchmarks/ranking/,
    "Screened"), and with ``--compare`` also ranked in full on the same files, for the ratio of the two.
 3. **faiss**: the same sampled old queries against the old gallery, searched exactly by faiss in chunks of ``R``
    rows (:func:`benchmarks.faiss_search.top_k_scores`, k = the largest class + 1): the time of one search, and of

@@ -18,7 +18,7 @@ SCORES = ("top1", "top5", "mAP")
 
 
 LARGE_GALLERY_SCORES = ("mAP@R",)
-"""The scores a case adds since the suite measures large galleries (version 0.6.0; benchmarks/ranking.py), absent
+"""The scores a case adds since the suite measures large galleries (version 0.6.0; benchmarks/ranking/), absent
 from older records."""
 
 

@@ -1,4 +1,4 @@
-"""The CPU kernels of :func:`benchmarks.ranking.items_above`: how many gallery items come before each positive, at
+"""The CPU kernels of :func:`benchmarks.ranking.counting.items_above`: how many gallery items come before each positive, at
 every step of every backfilling curve, in one pass over each block row (docs/METHODS.md §7b; the counting is the
 ranking module's docstring, "How the ranks are found without sorting rows"). :func:`count_items` adds a block of
 gallery items to per-row counts, so a gallery streamed in chunks is counted chunk by chunk, and :func:`finish`

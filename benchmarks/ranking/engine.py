@@ -1,0 +1,60 @@
+"""The in-memory ranking: the queries in blocks against a gallery held as one tensor, and the progress bar every
+ranking shows (:mod:`benchmarks.ranking`)."""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from . import counting
+from .counting import LabelIndex, items_above, positive_ranks, summarise_ranks
+from .scores import RetrievalScores, as_scores
+
+CHUNK_ELEMENTS = 1 << 24
+"""The most query x gallery similarities of one block of an in-memory ranking, by default (float32: 64 MB)."""
+
+
+def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor | None,
+           gallery_labels: torch.Tensor, fresh_from: torch.Tensor, steps: int, own_index: torch.Tensor | None,
+           unmatched_queries: str, chunk_elements: int | None,
+           progress: str | None = None) -> list[list[RetrievalScores]]:
+    """``[curve][step]`` scores, the queries taken in blocks, query i's own gallery item ``own_index[i]`` left out
+    (module docstring); ``progress`` labels a bar over the pairs compared (:func:`progress_bar`)."""
+    device = fresh.device
+    q = F.normalize(queries.float(), dim=1)
+    versions = [F.normalize(v.float(), dim=1) for v in (fresh, stale) if v is not None]
+    query_labels, gallery_labels = query_labels.to(device), gallery_labels.to(device)
+    fresh_from = fresh_from.to(device)
+    n, curves = len(fresh), len(fresh_from)
+    by_label = LabelIndex(gallery_labels)
+    thresholds = len(versions) * by_label.largest + 1
+    chunk_elements = chunk_elements or CHUNK_ELEMENTS
+    rows = max(1, min(chunk_elements // max(n, 1), chunk_elements // (curves * (steps + 1) * thresholds)))
+    first = torch.zeros(curves, steps, len(q), dtype=torch.long)
+    ap = torch.full((2, curves, steps, len(q)), float("nan"), dtype=torch.float64)
+    bar = progress_bar(progress, len(q) * n)
+    for start in range(0, len(q), rows):
+        stop = min(start + rows, len(q))
+        scores = [counting.similarities(q[start:stop], v) for v in versions]
+        own = None if own_index is None else own_index[start:stop]
+        if own is not None:
+            for block in scores:
+                block[torch.arange(stop - start, device=device), own] = float("-inf")
+        index, valid = by_label.positives(query_labels[start:stop], own)
+        similarity = [block.gather(1, index) for block in scores]
+        ranks, counts = positive_ranks(similarity, index, valid, n, fresh_from, steps,
+                                       partial(items_above, scores, fresh_from=fresh_from, steps=steps))
+        first[:, :, start:stop], ap[:, :, :, start:stop] = summarise_ranks(ranks, counts)
+        bar.update((stop - start) * n)
+    bar.close()
+    return as_scores(first, ap, unmatched_queries)
+
+
+def progress_bar(label: str | None, pairs: int) -> tqdm:
+    """A bar over the ``pairs`` (query, gallery item) a ranking compares, labelled ``label``, shown on a terminal
+    only (tqdm's ``disable=None``: a log file or a parsed stream gets no bar), and not at all without a label: what a
+    study of a gallery of millions shows while it ranks for minutes (``runner.py adapt``)."""
+    return tqdm(total=pairs, desc=label, unit="pair", unit_scale=True, leave=False,
+                disable=True if label is None else None)
