@@ -114,8 +114,8 @@ class Scoring:
     """How a study scores its rankings (docs/METHODS.md §7b), from ``model_update.unmatched_queries``,
     ``per_class_cmc``, ``queries`` and ``screen``: the CMC convention for queries without a match, whether the record
     keeps CMC top-1 and top-5 per query class too, how many queries a seeded sample ranks against the whole gallery
-    (None: every query), and whether a streamed gallery is screened (:func:`benchmarks.ranking.streamed.streamed`: its first
-    places exact, mAP@R instead of the full mAP)."""
+    (None: every query), and whether a streamed gallery is screened (:func:`benchmarks.ranking.streamed.streamed`: its
+    first places exact, mAP@R instead of the full mAP)."""
 
     unmatched_queries: str
     per_class_cmc: bool

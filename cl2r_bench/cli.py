@@ -240,7 +240,9 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     """Print the tables asked for in ``--format``; a csv output is one table (``--table``, else the one ``--timing``
     or ``--matrices`` asks for, else main), the others there are named on stderr, so that a csv never mixes
     tables."""
-    from reporting.leaderboard import SUMMARY, TABLES, build, collect, render
+    from reporting.experiments import collect
+    from reporting.leaderboard import SUMMARY, TABLES, build
+    from reporting.tables import render
 
     if args.table is not None and args.table not in TABLES:
         raise UsageError(f"unknown table {args.table!r}; choose one of {', '.join(TABLES)}")

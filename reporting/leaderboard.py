@@ -1,44 +1,21 @@
-r"""Leaderboards from result files: one row per experiment, mean ± std over seeds.
-
-An experiment is a scenario, data set and strategy (or adapter) with every setting that changes the protocol
-(:func:`experiment_settings`: the resolved config minus seed, paths and display settings); runs that differ only
-by seed are aggregated, others are separate rows whose labels carry the settings that tell them apart.
-
-Rows come from every complete and well-formed ``metrics.json`` under a results folder, read as
-:class:`benchmarks.record.RunRecord` (the record's fields and units); incomplete runs and malformed records are
-listed apart with their reason (:func:`benchmarks.record.record_problem`, also importable from here) so a partial
-or damaged result is never mistaken for a finished one. The std is the sample standard deviation (ddof = 1).
+r"""Leaderboards from result files: one row per experiment (:func:`reporting.experiments.experiment_groups`: a
+scenario, data set and strategy or adapter with every setting that changes the protocol), mean ± std over seeds;
+the std is the sample standard deviation (ddof = 1). Rows come from every complete and well-formed ``metrics.json``
+under a results folder (:func:`reporting.experiments.collect`), read as :class:`benchmarks.record.RunRecord` (the
+record's fields and units).
 
 The tables (:data:`TABLES`, built by :func:`build`): ``main`` (AC, AA, ACA, the mean negative flip rates NFR self and
 NFR cross in percent, seeds), ``noise`` (the noise-aware AC), ``replacements`` (the replacement models' own accuracies),
 ``retrieval`` and ``backfilling`` (every adapter study, leave-one-out or a ``model_update`` run along a stream: each
-case's top-1 and mAP, each order's AUC, the zero-shot change and f(W)), ``timing`` (ms per training iteration),
-``across`` (AC and ACA across replacements) and ``matrices`` (the mean compatibility matrices). :func:`render` writes
-them in three formats, each ready to use as it is:
-
-- ``github``: markdown, mean ± std in one cell; each matrix a grid under a ``####`` title.
-- ``latex``: one booktabs ``tabular`` per table and per matrix (a ``%`` comment with the matrix's title above
-  it), ``$\pm$``, text escaped (``_ % & # $ { } ~ ^ \``), numbers right-aligned.
-- ``csv``: exactly one table per output, so that a file is one table a csv reader or a data frame takes whole:
-  a mean ± std is two columns ``NAME_mean, NAME_std`` and an interval ``NAME_low, NAME_high``, numbers to 12
-  significant digits (rounding is for display), a missing value is an empty field; the matrices are long rows
-  ``scenario, dataset, strategy, t, k, mean, std, seeds`` (tasks 0-based, percent).
-
-Counts (seeds, pairs, queries, classes, task indices) are written as integers in every format.
+case's top-1 and mAP, each order's AUC, the zero-shot change and f(W)), ``two_model`` (the BCT line's protocol),
+``timing`` (ms per training iteration), ``across`` (AC and ACA across replacements) and ``matrices`` (the mean
+compatibility matrices; in csv, long rows ``scenario, dataset, strategy, t, k, mean, std, seeds``, tasks 0-based,
+percent). :func:`reporting.tables.render` writes them in github, latex or csv.
 """
 from __future__ import annotations
 
-import csv
-import functools
-import io
-import itertools
-import json
-import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from enum import Enum
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,16 +27,12 @@ from benchmarks.record import (
     ReplacementModel,
     RunRecord,
     adapter_study,
-    checked_records,
     leave_one_out,
     update_fit,
 )
-from benchmarks.record import (
-    record_problem as record_problem,  # re-exported: the leaderboard's check, defined with the schema
-)
-from cl2r_bench.config import CONFIG_DIR, flatten, read_yaml
 from cl2r_bench.settings import BACKFILL_ORDERS
 
+from .experiments import experiment_groups, models_label
 from .published import (
     BT2_README,
     BT2_SOURCE,
@@ -73,50 +46,11 @@ from .published import (
     ML_FCT_README,
     ML_FCT_SOURCE,
 )
+from .tables import Column, Kind, Table, render
 
-FORMATS = ("github", "csv", "latex")
 TABLES = ("main", "noise", "replacements", "retrieval", "backfilling", "two_model", "timing", "across", "matrices")
 SUMMARY = TABLES[:6]
 COLUMNS = ("AC", "AA", "ACA")
-
-
-class Kind(Enum):
-    """What the cells of a column hold (:class:`Column`)."""
-    TEXT = "text"
-    INTEGER = "integer"
-    NUMBER = "number"
-    SPREAD = "spread"
-    INTERVAL = "interval"
-
-
-@dataclass(frozen=True)
-class Column:
-    """A table column: ``title`` heads it in github and latex, ``name`` in csv, ``kind`` says what its cells hold
-    and ``digits`` how many decimals github and latex show (csv keeps 12 significant digits).
-
-    Cells by kind: TEXT a string; INTEGER an int, or a mean of ints over seeds, written without decimals when
-    whole; NUMBER a float; SPREAD ``(mean, std)`` (std None: not shown); INTERVAL ``(low, high)``. None is a
-    missing value ("-"; empty in csv); in github and latex a string in any column is written as it is (the blank
-    upper triangle of a matrix grid).
-    """
-    title: str
-    name: str
-    kind: Kind = Kind.NUMBER
-    digits: int = 2
-
-    def csv_names(self) -> list[str]:
-        """Its csv header: a spread is two columns ``NAME_mean, NAME_std``, an interval ``NAME_low, NAME_high``."""
-        suffixes = {Kind.SPREAD: ("mean", "std"), Kind.INTERVAL: ("low", "high")}.get(self.kind)
-        return [f"{self.name}_{suffix}" for suffix in suffixes] if suffixes else [self.name]
-
-
-@dataclass(frozen=True)
-class Table:
-    """Rows of values under ``columns``, with an optional ``title`` (a mean matrix's experiment): values, not
-    text, so that each format writes them its own way."""
-    columns: tuple[Column, ...]
-    rows: list[list[Any]]
-    title: str = ""
 
 
 IDENTITY = (Column("scenario", "scenario", Kind.TEXT), Column("dataset", "dataset", Kind.TEXT),
@@ -170,41 +104,7 @@ MATRIX_ROW_COLUMNS = (*IDENTITY, Column("query task", "t", Kind.INTEGER),
                       Column("gallery task", "k", Kind.INTEGER),
                       Column("mean (%)", "mean", digits=1), Column("std", "std", digits=1), SEEDS)
 
-NOT_EXPERIMENT = {"seed", "output", "device", "data_root", "download", "plugins", "training.progress",
-                  "training.channels_last", "training.compile", "distributed.connect_timeout", "distributed.timeout",
-                  "evaluation.plots", "replacement.pretrain.cache_dir", "model_update.feature_cache",
-                  "model_update.encoder_batch_size", "model_update.stream_rows"}
-"""Settings that change where or how a run computes, not its figures: ``model_update.stream_rows`` reads the same
-features in memory or in chunks, to the same cases and curves (``tests/test_adapt.py``)."""
 RunMatrices = list[tuple[RunRecord, np.ndarray]]
-
-
-def collect(results_dir: str | Path) -> tuple[list[RunRecord], list[tuple[Path, str]]]:
-    """``(complete records, [(path, reason), ...])`` over every ``metrics.json`` under ``results_dir``.
-
-    Unreadable files, incomplete runs and records :func:`record_problem` rejects are left out with a one-line
-    reason (:func:`benchmarks.record.checked_records`), so that a partial or malformed result is neither averaged
-    into a row nor crashes a table.
-    """
-    found, skipped = collect_with_paths(results_dir)
-    return [record for _, record in found], skipped
-
-
-def collect_with_paths(results_dir: str | Path) -> tuple[list[tuple[Path, RunRecord]], list[tuple[Path, str]]]:
-    """:func:`collect`, each complete record with the path of its ``metrics.json``; a copy of a record already
-    found is skipped and counted once."""
-    complete, skipped = [], []
-    seen: dict[str, Path] = {}
-    for path, record, problem in checked_records(results_dir):
-        identity = None if problem else json.dumps(record, sort_keys=True, default=str)
-        if problem:
-            skipped.append((path, problem))
-        elif identity in seen:
-            skipped.append((path, f"a copy of {seen[identity]} (the same record), counted once"))
-        else:
-            seen[identity] = path
-            complete.append((path, record))
-    return complete, skipped
 
 
 def _spread(values: list[float]) -> tuple[float, float | None] | None:
@@ -214,90 +114,6 @@ def _spread(values: list[float]) -> tuple[float, float | None] | None:
     if not values:
         return None
     return float(np.mean(values)), float(np.std(values, ddof=1)) if len(set(values)) > 1 else None
-
-
-def experiment_settings(record: RunRecord) -> dict[str, Any]:
-    """What makes a run's experiment: its resolved config, flattened, without the seed, where results and data
-    are kept and how they are shown, and without the parameters of strategies and adapters it does not use; and
-    the number of processes that trained it (``world_size``: their batch norms see a share of each batch)."""
-    config = record.get("config") or {}
-    adapter = (config.get("adapter") or {}).get("name")
-    used = {f"strategy_params.{config.get('strategy')}.", f"adapter_params.{adapter}."}
-    return {k: v for k, v in flatten(config).items() if k not in NOT_EXPERIMENT
-            and (not k.startswith(("strategy_params.", "adapter_params.")) or k.startswith(tuple(used)))} | {
-        "world_size": record.get("world_size", 1)}
-
-
-ENCODER_KEYS = ("model_update.old", "model_update.new")
-"""Settings that hold encoder specs: tags show them by short name (:func:`short_model_name`)."""
-
-
-def _tag(settings: dict[str, Any], differing: list[str], limit: int | None = 3) -> str:
-    """`` [key=value; ...]``: the first ``limit`` of the ``differing`` settings (all of them for None), a setting the
-    run predates shown at its default (what it ran with; :func:`_agree`)."""
-    def shown_value(key: str, value: Any) -> str:
-        if not isinstance(value, str):
-            return json.dumps(value)
-        return short_model_name(value) if key in ENCODER_KEYS else value
-
-    keys = differing if limit is None else differing[:limit]
-    shown = [f"{k}={shown_value(k, settings.get(k, default_settings().get(k)))}" for k in keys]
-    return " [" + "; ".join(shown) + ("; ..." if len(keys) < len(differing) else "") + "]"
-
-
-@functools.cache
-def default_settings() -> dict[str, Any]:
-    """The suite's default settings (``configs/default.yaml``), flattened."""
-    return flatten(read_yaml(CONFIG_DIR / "default.yaml"))
-
-
-MISSING = object()
-
-
-def _agree(key: str, one: dict[str, Any], other: dict[str, Any]) -> bool:
-    """Whether two runs' settings agree on ``key``; where one of them lacks it (a setting added to the suite after
-    that run), the other must hold its default (``configs/default.yaml``), which the older run ran with. A part's
-    parameter one record lacks disagrees: its default is the part's own, which the records do not say."""
-    values = [one.get(key, MISSING), other.get(key, MISSING)]
-    if values == [MISSING, MISSING]:
-        return True
-    if MISSING in values:
-        values = [next(v for v in values if v is not MISSING), default_settings().get(key, MISSING)]
-    return json.dumps(values[0], sort_keys=True, default=str) == json.dumps(values[1], sort_keys=True, default=str)
-
-
-def _same_experiment(one: dict[str, Any], other: dict[str, Any]) -> bool:
-    """Whether two runs' settings (:func:`experiment_settings`) agree on every key (:func:`_agree`)."""
-    return all(_agree(key, one, other) for key in one.keys() | other.keys())
-
-
-def experiment_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
-    """Runs grouped by experiment (:func:`experiment_settings`): runs that differ only by seed, or by a setting one
-    of them predates (:func:`_same_experiment`), are one group; when one name covers several experiments, each
-    label gets a tag of the settings that tell them apart."""
-    experiments: dict[tuple[str, str, str], list[tuple[dict[str, Any], list[RunRecord]]]] = defaultdict(list)
-    for r in records:
-        settings = experiment_settings(r)
-        found = experiments[(r["scenario"], r["dataset"], r.get("method", r["strategy"]))]
-        match = next((group for group in found if _same_experiment(group[0], settings)), None)
-        if match is None:
-            found.append((settings, [r]))
-        else:
-            match[0].update(settings)
-            match[1].append(r)
-    groups: dict[tuple[str, str, str], list[RunRecord]] = {}
-    for (scenario, dataset, name), found in experiments.items():
-        keys = sorted(set().union(*(settings for settings, _ in found)))
-        differing = sorted((k for k in keys if not all(_agree(k, first, other) for (first, _), (other, _) in
-                                                       itertools.combinations(found, 2))),
-                           key=lambda k: (-sum(k in settings for settings, _ in found), k))
-        labels = [name + (_tag(settings, differing) if len(found) > 1 else "") for settings, _ in found]
-        for i, (settings, runs) in enumerate(found):
-            if labels.count(labels[i]) > 1:
-                labels[i] = name + _tag(settings, differing, limit=None)
-            label = labels[i] if labels.count(labels[i]) == 1 else f"{labels[i]} #{i + 1}"
-            groups[(scenario, dataset, label)] = runs
-    return dict(sorted(groups.items()))
 
 
 def flip_rates(flips: dict[str, Any] | None) -> dict[str, float | None]:
@@ -456,52 +272,6 @@ def _mean_matrices(records: list[RunRecord]) -> dict[tuple[str, str, str], tuple
     return out
 
 
-def models_label(record: RunRecord) -> str:
-    """``old → new`` encoders of a leave-one-out record by short name (:func:`short_model_name`; the full specs are
-    in the record's ``models`` and in the report's settings), ``embeddings`` for the user's own, or ``trained on
-    the stream`` for a ``model_update`` run along a stream (its models are in ``replacement_models``); with ``, open
-    set`` where classes were held out of fitting (``model_update.unseen_classes``), so that a study scored on unseen
-    classes is never summarised with one of the same models scored on fitted classes, and ``, unpaired`` where the
-    adapters were fitted on different items under each model (``model_update.pairing``)."""
-    if record.get("protocol") == "stream":
-        return STREAM_MODELS
-    old, new = model_specs(record)
-    label = "embeddings" if old is None else f"{short_model_name(old)} → {short_model_name(new)}"
-    unpaired = ((record.get("config") or {}).get("model_update") or {}).get("pairing") == "unpaired"
-    return (label + (", open set" if (record.get("models") or {}).get("unseen_classes_drawn") else "")
-            + (", unpaired" if unpaired else ""))
-
-
-STREAM_MODELS = "trained on the stream"
-
-
-def model_specs(record: RunRecord) -> tuple[str | None, str | None]:
-    """The old and new encoder specs of a leave-one-out record, or ``(None, None)`` for the user's embeddings."""
-    models = record.get("models") or {}
-    if isinstance(models.get("old"), dict) and isinstance(models.get("new"), dict):
-        return str(models["old"].get("spec")), str(models["new"].get("spec"))
-    return None, None
-
-
-SHORT_NAMES = ((re.compile(r"efficientnet_lite(\d)"), "Lite{}"), (re.compile(r"resnet(\d+)"), "ResNet-{}"),
-               (re.compile(r"efficientnet_(b\d)"), "EfficientNet-{}"))
-
-
-WEIGHT_FILES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
-
-
-def short_model_name(spec: str) -> str:
-    """A person's name for an encoder spec: the family and size of a known architecture ("Lite0", "ResNet-18"), else
-    the model's name without its source, weights file and folders."""
-    name = spec.split(":", 1)[-1].split("@", 1)[0]
-    for pattern, short in SHORT_NAMES:
-        found = pattern.search(Path(name).name)
-        if found:
-            return short.format(found.group(1).upper() if short.startswith("EfficientNet") else found.group(1))
-    base = Path(name).name
-    return (base.rsplit(".", 1)[0] if Path(base).suffix in WEIGHT_FILES else base) or spec
-
-
 def retrieval_rows(records: list[RunRecord], values: Callable[[RunRecord], list[float | None]]) -> list[list[Any]]:
     """One row per adapter study (leave-one-out or along a stream): its identity, then ``(mean, std)`` over seeds of
     each of ``values``."""
@@ -653,80 +423,3 @@ def tables(records: list[RunRecord], fmt: str = "github") -> str:
     return render([table for group in built.values() for table in group], fmt)
 
 
-def render(tables: list[Table], fmt: str = "github") -> str:
-    r"""``tables`` in ``github`` markdown (mean ± std in one cell, a ``####`` title over a titled table), ``latex``
-    (one booktabs ``tabular`` each, preceded by a ``%`` comment with its title: text escaped, $\pm$, numbers
-    right-aligned) or ``csv`` (exactly one table, so that a csv stream never mixes tables: a spread and an interval
-    are two columns each, numbers to 12 significant digits, a missing value empty); separated by blank lines."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; choose from {list(FORMATS)}")
-    if fmt == "csv":
-        if len(tables) != 1:
-            raise ValueError(f"csv holds one table, not {len(tables)}; render each table to its own output")
-        return _csv(tables[0])
-    return "\n\n".join(map(_latex if fmt == "latex" else _github, tables))
-
-
-def _github(table: Table) -> str:
-    from tabulate import tabulate
-
-    text = tabulate(_cells(table), headers=[c.title for c in table.columns], tablefmt="github", disable_numparse=True)
-    return f"#### {table.title}\n\n{text}" if table.title else text
-
-
-def _latex(table: Table) -> str:
-    from tabulate import tabulate
-
-    text = tabulate(_cells(table), headers=[c.title for c in table.columns], tablefmt="latex_booktabs",
-                    disable_numparse=True,
-                    colalign=["left" if c.kind == Kind.TEXT else "right" for c in table.columns])
-    text = text.replace("±", r"$\pm$")
-    return f"% {table.title}\n{text}" if table.title else text
-
-
-def _cells(table: Table) -> list[list[str]]:
-    return [[cell_text(value, column) for value, column in zip(row, table.columns, strict=True)] for row in table.rows]
-
-
-def cell_text(value: Any, column: Column) -> str:
-    """A value as github, latex and the HTML report show it (before latex escaping)."""
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    digits = column.digits
-    if column.kind == Kind.SPREAD:
-        mean, std = value
-        return f"{mean:.{digits}f}" + ("" if std is None else f" ± {std:.{digits}f}")
-    if column.kind == Kind.INTERVAL:
-        return f"[{value[0]:.{digits}f}, {value[1]:.{digits}f}]"
-    if column.kind == Kind.INTEGER and float(value).is_integer():
-        return str(int(value))
-    return f"{value:.{digits}f}"
-
-
-def _csv(table: Table) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow([name for column in table.columns for name in column.csv_names()])
-    writer.writerows([field for value, column in zip(row, table.columns, strict=True)
-                      for field in _csv_fields(value, column)] for row in table.rows)
-    return out.getvalue().rstrip("\n")
-
-
-def _csv_fields(value: Any, column: Column) -> list[Any]:
-    """A value as csv fields: one per csv name of its column, empty where missing, integers without decimals."""
-    if value is None:
-        return [""] * len(column.csv_names())
-    if column.kind == Kind.TEXT:
-        return [value]
-    if column.kind in (Kind.SPREAD, Kind.INTERVAL):
-        return ["" if v is None else _plain(v) for v in value]
-    if column.kind == Kind.INTEGER and float(value).is_integer():
-        return [int(value)]
-    return [_plain(value)]
-
-
-def _plain(number: float) -> float:
-    """``number`` to 12 significant digits: all a measurement holds, without float noise (57.99999999999999 is 58)."""
-    return float(f"{number:.12g}")

@@ -29,7 +29,7 @@ from benchmarks.record import RunRecord, adapter_study, checked_records
 from cl2r_bench.files import atomic_write
 
 from .adapter_summary import AdapterSummary
-from .leaderboard import experiment_groups
+from .experiments import experiment_groups
 
 ANNOTATED_TASKS = 16
 INTERVAL_TASKS = 12
@@ -458,7 +458,7 @@ def _slug(text: str) -> str:
 
 def save_comparison_plots(groups: dict[tuple[str, str, str], list[RunRecord]],
                           directory: str | Path) -> list[Path]:
-    """For each (scenario, data set) of ``groups`` (:func:`reporting.leaderboard.experiment_groups`, one entry per
+    """For each (scenario, data set) of ``groups`` (:func:`reporting.experiments.experiment_groups`, one entry per
     experiment, so runs of different settings are separate series and never averaged), write
     ``<scenario>_<dataset>curves_figure.png`` (AC_t and AA_t) and ``<scenario>_<dataset>_summary.png`` (AC, AA, ACA)."""
     plt = _pyplot()

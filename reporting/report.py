@@ -7,7 +7,7 @@ experiment's mean compatibility matrix as a heatmap; the AC_t / AA_t curves of e
 backfilling curves of adapter studies; the published figures of the same scenario, apart and with their source
 (:mod:`reporting.published`); and links to each run's ``config.yaml`` and ``metrics.json``.
 
-The records are read through the leaderboard's walk (:func:`reporting.leaderboard.collect_with_paths`: bad files
+The records are read through the leaderboard's walk (:func:`reporting.experiments.collect_with_paths`: bad files
 are returned with their reason, never shown). The page is one file with nothing to fetch at view time: styles,
 the sorting script and the figures (PNG, base64) are inline. It is rendered by Jinja2 (``templates/report.html.j2``)
 with autoescaping, so a label or a path can never inject markup.
@@ -35,21 +35,15 @@ from .adapter_summary import (
     summarise,
     summary_cells,
 )
-from .leaderboard import (
-    Column,
-    Kind,
-    Table,
-    build,
-    cell_text,
+from .experiments import (
     collect_with_paths,
     experiment_groups,
     experiment_settings,
-    mean_matrices,
     model_specs,
     models_label,
-    published_tables,
     short_model_name,
 )
+from .leaderboard import build, mean_matrices, published_tables
 from .plots import (
     NO_ADAPTER,
     backfilling_curves,
@@ -63,6 +57,7 @@ from .plots import (
     viridis,
 )
 from .stream_verdict import stream_verdict, two_model_verdict
+from .tables import Column, Kind, Table, cell_text
 
 REPORT_TABLES = ("main", "noise", "replacements", "across", "retrieval", "backfilling", "two_model", "timing")
 TABLE_TITLES = {"main": "Leaderboard", "noise": "Noise-aware AC", "replacements": "Replacement models' own accuracy",

@@ -10,7 +10,8 @@ import numpy as np
 
 from benchmarks.record import RunRecord
 
-from .leaderboard import experiment_groups, leaderboard_rows, noise_rows
+from .experiments import experiment_groups
+from .leaderboard import leaderboard_rows, noise_rows
 
 TWO_MODEL_CASES = ("old/old", "new/old", "new/new")
 
@@ -85,6 +86,7 @@ def two_model_verdict(records: list[RunRecord]) -> str:
                f"({gap(best):+.2f} points; new/new {means[best]['new/new']:.2f}; "
                f"{seeds[best]} seed{'s' * (seeds[best] > 1)}).")
     per_task = sum(1 for row in leaderboard_rows(records) if row[2] in means and (_mean(row[3]) or 0.0) == 1.0)
-    matrix = (f"The per-task matrix asks another question (new/old on the old classes only, their test images against "
-              f"their training images, §6c): there {per_task} of {len(means)} have new/old above old/old in every seed.")
+    matrix = (f"The per-task matrix asks another question (new/old on the old classes only, their test images "
+              f"against their training images, §6c): there {per_task} of {len(means)} have new/old above old/old in "
+              "every seed.")
     return f"{head} {closest} The two-model table below has every experiment. {matrix}"

@@ -6,21 +6,16 @@ import pytest
 from helpers.records import DELETE, changed, valid_record
 
 from reporting import leaderboard
+from reporting.experiments import experiment_groups, models_label, short_model_name
 from reporting.leaderboard import (
     MAIN_COLUMNS,
     PUBLISHED_MAIN_COLUMNS,
-    Column,
-    Kind,
-    Table,
     _spread,
     build,
-    cell_text,
     leaderboard_rows,
-    models_label,
     published_main_rows,
-    render,
-    short_model_name,
 )
+from reporting.tables import Column, Kind, Table, cell_text, render
 
 
 @pytest.mark.parametrize("spec, name", [
@@ -92,12 +87,12 @@ def test_a_setting_a_run_predates_splits_its_seeds_only_when_the_other_run_left_
     older = changed(valid_record(1), "config.model_update", {"head": "learnable"})
     newer = changed(valid_record(2), "config.model_update", {"head": "learnable", "unseen_classes": 0.0})
     other = changed(valid_record(3), "config.model_update", {"head": "learnable", "unseen_classes": 0.5})
-    groups = leaderboard.experiment_groups([older, newer, other])
+    groups = experiment_groups([older, newer, other])
     assert sorted((label, [r["seed"] for r in runs]) for (_, _, label), runs in groups.items()) == [
         ("er [model_update.unseen_classes=0.0]", [1, 2]), ("er [model_update.unseen_classes=0.5]", [3])]
     param = changed(valid_record(4), "config.strategy_params", {"er": {"new_param": "x"}})
-    assert len(leaderboard.experiment_groups([older, param])) == 2
-    assert len(leaderboard.experiment_groups([older, newer, other, param])) == 3, "a key two groups both lack"
+    assert len(experiment_groups([older, param])) == 2
+    assert len(experiment_groups([older, newer, other, param])) == 3, "a key two groups both lack"
 
 
 def test_experiments_that_differ_beyond_the_first_three_settings_of_their_tag_keep_their_own_runs():
@@ -110,6 +105,6 @@ def test_experiments_that_differ_beyond_the_first_three_settings_of_their_tag_ke
     runs = [run(1, 0.0, "paired"), run(2, 0.5, "paired"), run(3, 0.0, "unpaired"),
             changed(changed(run(4, 0.0, "paired"), "config.model_update.a", 9), "config.model_update.b", 9)]
     runs[3] = changed(runs[3], "config.model_update.c", 9)
-    groups = leaderboard.experiment_groups(runs)
+    groups = experiment_groups(runs)
     assert sorted(r["seed"] for members in groups.values() for r in members) == [1, 2, 3, 4]
     assert len(groups) == 4 and all(len(members) == 1 for members in groups.values())

@@ -17,8 +17,10 @@ from helpers.records import (
 )
 
 from benchmarks.metrics import all_metrics, as_matrix
+from benchmarks.record import record_problem
 from cl2r_bench import cli as runner
-from reporting.leaderboard import TABLES, collect, record_problem
+from reporting.experiments import collect
+from reporting.leaderboard import TABLES
 
 BAD_FILES = {
     "ac_above_one": (lambda: changed(valid_record(2), "metrics.AC", 1.7), "'metrics.AC' is 1.7"),

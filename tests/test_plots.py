@@ -11,7 +11,7 @@ from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics
 from cl2r_bench import cli as runner
 from reporting import plots
-from reporting.leaderboard import experiment_groups
+from reporting.experiments import experiment_groups
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

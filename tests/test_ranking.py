@@ -248,7 +248,8 @@ def test_a_sample_of_queries_ranks_the_whole_gallery_as_the_full_ranking_does():
 def test_the_cpu_kernel_counts_exactly_what_the_vectorised_version_counts(versions, curves, steps, per_version,
                                                                          spread):
     """:func:`benchmarks.ranking.counting.items_above` on CPU (the compiled kernel) against
-    :func:`benchmarks.ranking.counting.items_above_vectorised` (the GPU path), on similarities rounded to quarters so that
+    :func:`benchmarks.ranking.counting.items_above_vectorised` (the GPU path), on similarities rounded to quarters so
+    that
     most items tie with some positive, with positives of both versions, padding (+inf) and the own item (-inf).
     200 positives crowd each quarter's bucket of the kernel's table past its binary-search limit; ``spread`` 0 makes
     every finite similarity equal (a table of one span)."""
@@ -343,8 +344,8 @@ def test_a_progress_bar_is_drawn_on_a_terminal_and_not_in_a_log(capsys, monkeypa
 
 
 def test_the_vectorised_counting_of_a_streamed_gallery_equals_the_compiled_one(monkeypatch):
-    """The GPU's path (:func:`benchmarks.ranking.counting.items_above_vectorised`, each chunk's items above summed over the
-    chunks), run on the CPU: a backfilling curve over a gallery streamed in chunks of 40, with duplicates (ties),
+    """The GPU's path (:func:`benchmarks.ranking.counting.items_above_vectorised`, each chunk's items above summed over
+    the chunks), run on the CPU: a backfilling curve over a gallery streamed in chunks of 40, with duplicates (ties),
     gives the compiled kernel's scores at every step."""
     x, y = clusters_with_duplicates(seed=9)
     stale = x + 0.8 * torch.tensor(np.random.default_rng(10).normal(size=x.shape), dtype=torch.float32)

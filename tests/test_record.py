@@ -28,7 +28,7 @@ from benchmarks.record import (
     record_problem,
     schema_problem,
 )
-from reporting import leaderboard
+from reporting import experiments
 
 
 def keys(typed: type) -> set[str]:
@@ -78,8 +78,7 @@ def test_checked_records_walks_a_folder_in_path_order(tmp_path):
     bad = write(tmp_path, "b", changed(valid_record(), "seed", "1"))
     assert list(checked_records(tmp_path)) == [(good, valid_record(), None),
                                                (bad, None, record_problem(changed(valid_record(), "seed", "1")))]
-    assert leaderboard.collect(tmp_path) == ([valid_record()], [(bad, "'seed' is '1'; it must be an integer")])
-    assert leaderboard.record_problem is record_problem
+    assert experiments.collect(tmp_path) == ([valid_record()], [(bad, "'seed' is '1'; it must be an integer")])
 
 
 def test_the_schema_names_every_field_the_writers_produce():

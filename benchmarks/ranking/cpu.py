@@ -1,8 +1,8 @@
-"""The CPU kernels of :func:`benchmarks.ranking.counting.items_above`: how many gallery items come before each positive, at
-every step of every backfilling curve, in one pass over each block row (docs/METHODS.md §7b; the counting is the
+"""The CPU kernels of :func:`benchmarks.ranking.counting.items_above`: how many gallery items come before each positive,
+at every step of every backfilling curve, in one pass over each block row (docs/METHODS.md §7b; the counting is the
 ranking module's docstring, "How the ranks are found without sorting rows"). :func:`count_items` adds a block of
-gallery items to per-row counts, so a gallery streamed in chunks is counted chunk by chunk, and :func:`finish`
-turns the counts into the items above each positive once.
+gallery items to per-row counts, so a gallery streamed in chunks is counted chunk by chunk, and :func:`finish` turns
+the counts into the items above each positive once.
 
 **How an item finds its place among a row's thresholds** (its positives' similarities, ascending): by a bucket
 table, not a binary search. :func:`bucket_table` cuts the span of the row's finite thresholds into
