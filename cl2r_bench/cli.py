@@ -94,7 +94,7 @@ def study_answers(records: list[dict[str, Any]]) -> str:
     """The summary and recommendation of each data set's adapter studies (:mod:`reporting.adapter_summary`), or
     nothing for runs without one."""
     from benchmarks.record import adapter_study
-    from reporting.adapter_summary import summary_text
+    from reporting.adapter_answer import summary_text
 
     studies: dict[str, list[dict[str, Any]]] = {}
     for record in records:

@@ -32,6 +32,9 @@ adapters measured on the study's largest number of seeds are ranked: a one-seed 
 is one draw against a mean, so it is named apart, with its seeds, rather than recommended. A seed-free adapter
 (a closed form on every fitting item, fitted and scored once for all seeds; its seeds column says "one fit") is
 ranked with the others: more seeds would not change it.
+
+The deployments each adapter offers, with their costs, are :mod:`reporting.deployments`; the answer as text and JSON
+(``runner.py adapt``) is :mod:`reporting.adapter_answer`.
 """
 from __future__ import annotations
 
@@ -40,10 +43,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from tabulate import tabulate
 
 from benchmarks.noise import bootstrap_accuracies
-from benchmarks.record import BASELINE, DUAL_CASE, cross_case, unpack_hits
+from benchmarks.record import BASELINE, cross_case, unpack_hits
 
 BACKFILL_TARGET = 0.95
 CONFIDENCE = 0.95
@@ -216,112 +218,6 @@ def models_line(verdict: ModelsVerdict | None) -> str:
             f"{verdict.gain:+.1f}{interval}")
 
 
-@dataclass(frozen=True)
-class Deployment:
-    """One way a team can serve after an upgrade, with what it costs: the encoders run per query, the stored vectors
-    rewritten without reading an image, the images embedded again, and the adapter's fit time."""
-
-    deployment: str
-    case: str
-    top1: float
-    query_encoders: str
-    vectors_rewritten: int
-    images_reembedded: int
-    fit_seconds: float
-    negative_flips: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-DEPLOYMENTS = (
-    ("keep the old model", "old/old", "old", False, 0.0),
-    ("new queries through B against the untouched index", "B/old", "new + B", False, 0.0),
-    ("rewrite the stored vectors through F, no image read", "new/F", "new", True, 0.0),
-    ("embed each query with both models against the untouched index (the old encoder keeps running)", DUAL_CASE,
-     "old + new", False, 0.0),
-    ("re-embed every image with the new model", "new/new", "new", False, 1.0),
-)
-"""``(deployment, case, query encoders, vectors rewritten?, share of images re-embedded)``, cheapest first: [choice]
-rewriting the stored vectors once without reading an image ranks below running a second encoder on every query for
-as long as the old index serves, and that below re-embedding images (docs/METHODS.md §7b)."""
-
-
-def deployments(row: AdapterSummary, records: list[dict[str, Any]]) -> list[Deployment]:
-    """The deployments ``row``'s adapter offers (those whose case its records hold), with the partial backfilling
-    that reaches 95 % of new/new (:attr:`AdapterSummary.reembed_share`; the gallery's other items are its old
-    vectors through F where the adapter has a forward map, as the backfilling curves are measured), cheapest
-    first; seed means of top-1."""
-    items = int((records[0].get("models") or {}).get("test_items") or records[0]["retrieval"]["queries"])
-    own = [r for r in records if r["method"] == row.adapter]
-    cases = [r["retrieval"]["cases"] for r in own]
-
-    def top1(case: str) -> float:
-        return float(np.mean([c[case]["top1"] for c in cases]))
-
-    found = []
-    for name, case, encoders, rewrites, share in DEPLOYMENTS:
-        if not all(c.get(case) for c in cases):
-            continue
-        fit = row.fit_seconds if case in ("B/old", "new/F", DUAL_CASE) else 0.0
-        found.append(Deployment(name, case, top1(case), encoders, items if rewrites else 0, round(share * items), fit,
-                                None if case == BASELINE else mean_flips(own, case)))
-    if row.reembed_share and row.reembed_share < 1:
-        curves = [r["retrieval"]["backfilling"] for r in own]
-        at = curves[0]["betas"].index(row.reembed_share)
-        value = float(np.mean([c["curves"][row.backfill_order]["top1"][at] for c in curves]))
-        images = round(row.reembed_share * items)
-        forward = all(c.get("F/F") for c in cases)
-        found.insert(-1, Deployment(
-            f"re-embed {row.reembed_share:.0%} of the images ({row.backfill_order} order), the others "
-            f"{'through F' if forward else 'as stored'}", "backfilled", value,
-            "new + B" if all(c.get("B/old") for c in cases) else "new", items - images if forward else 0, images,
-            row.fit_seconds))
-    return found
-
-
-def chosen_deployment(plan: list[Deployment], verdict: ModelsVerdict | None) -> str:
-    """The deployment to run, by a cost rule, in one line (empty without a plan): keep the old model when the new
-    model is not above it beyond noise (``verdict``); otherwise the cheapest of ``plan`` (listed cheapest first:
-    nothing rewritten, stored vectors rewritten, a share of the images re-embedded, every image re-embedded) whose
-    top-1 reaches :data:`BACKFILL_TARGET` of new/new's and lies above old/old's; re-embedding everything when none
-    does. Cost ranks before accuracy: a cheaper deployment past the target wins over a better, dearer one."""
-    cases = {d.case: d for d in plan}
-    if not plan or "old/old" not in cases:
-        return ""
-    old = cases["old/old"]
-    if verdict is not None and verdict.upgrade == "no":
-        return f"{old.deployment} (old/old, top-1 {old.top1:.1f}): the new model is not better beyond noise"
-    full = cases.get("new/new")
-    if full is None:
-        return ""
-    target = BACKFILL_TARGET * full.top1
-    chosen = next(d for d in plan if d.case == "new/new" or (d.case != "old/old" and d.top1 >= target
-                                                                and d.top1 > old.top1))
-    costs = (f"{chosen.query_encoders} per query, {chosen.vectors_rewritten} vectors rewritten, "
-             f"{chosen.images_reembedded} images re-embedded")
-    reach = f"{BACKFILL_TARGET:.0%} of new/new ({target:.1f}) above old/old ({old.top1:.1f})"
-    why = f"no cheaper deployment reaches {reach}" if chosen.case == "new/new" else f"the cheapest that reaches {reach}"
-    flips = "" if chosen.negative_flips is None else f", negative flips {chosen.negative_flips:.1f}%"
-    return f"{chosen.deployment} ({chosen.case}, top-1 {chosen.top1:.1f}{flips}): {why}; it costs {costs}"
-
-
-def recommended_deployment(rows: list[AdapterSummary], records: list[dict[str, Any]],
-                           verdict: ModelsVerdict | None) -> str:
-    """:func:`chosen_deployment` among the deployments of the recommended adapter (:func:`recommended`), or an
-    empty line when no adapter is recommended."""
-    chosen = recommended(rows)
-    return chosen_deployment(deployments(chosen, records), verdict) if chosen is not None else ""
-
-
-def deployments_text(rows: list[Deployment]) -> str:
-    return tabulate([[d.deployment, d.case, f"{d.top1:.1f}", flips_cell(d.negative_flips), d.query_encoders,
-                      d.vectors_rewritten, d.images_reembedded, f"{d.fit_seconds:.1f}"] for d in rows],
-                    headers=("deployment", "case", "top-1", "negative flips %", "encoders per query",
-                             "vectors rewritten", "images re-embedded", "fit s"), tablefmt="simple",
-                    disable_numparse=True)
-
-
 def flips_cell(rate: float | None) -> str:
     return "-" if rate is None else f"{rate:.1f}"
 
@@ -422,61 +318,6 @@ def summary_cells(row: AdapterSummary) -> list[str]:
             seeds, f"{row.fit_seconds:.1f}", {True: "yes", False: "NO", None: "-"}[row.converged]]
 
 
-def unmatched(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """``{"count", "queries", "convention"}``: the study's queries without another item of their class in the
-    gallery and how CMC counted them; None for records before the count."""
-    retrieval = records[0]["retrieval"]
-    count = retrieval.get("queries_without_match")
-    if count is None:
-        return None
-    return {"count": count, "queries": retrieval["queries"],
-            "convention": retrieval.get("unmatched_queries", "miss")}
-
-
-def unmatched_line(records: list[dict[str, Any]]) -> str:
-    """One line on the queries without a match, when there are any: how many, and how the CMC figures count them."""
-    found = unmatched(records)
-    if not found or not found["count"]:
-        return ""
-    how = ("counted as misses in top-1 / top-5 (--set model_update.unmatched_queries=exclude leaves them out, as "
-           "the FCT authors' evaluation does)" if found["convention"] == "miss" else
-           "left out of top-1 / top-5 (model_update.unmatched_queries=exclude)")
-    return (f"{found['count']} of {found['queries']} queries have no other item of their class: {how}; the mAP "
-            "leaves them out")
-
-
-def classes_line(records: list[dict[str, Any]]) -> str:
-    """One line on whether the adapters were fitted on the classes they are scored on (``models.test_classes`` and
-    ``test_classes_fitted``, written by ``runner.py adapt``; nothing for records without them)."""
-    about = records[0].get("models") or {}
-    total, fitted = about.get("test_classes"), about.get("test_classes_fitted")
-    if total is None or fitted is None:
-        return ""
-    if fitted == 0:
-        return (f"open set: none of the {total} test classes is among the fitting classes, so the figures hold for "
-                "classes the adapters never saw")
-    share = "all" if fitted == total else f"{fitted} of"
-    return (f"closed set: {share} the {total} test classes are among the fitting classes, so the figures hold for "
-            "classes the adapters were fitted on; to measure classes they never saw, give --test classes absent "
-            "from --train (docs/METHODS.md §7b)")
-
-
-def summary_text(records: list[dict[str, Any]]) -> str:
-    """The study's answer for a terminal: the table of :func:`summarise`, the queries without a match, and the line
-    of :func:`recommendation`."""
-    rows, verdict = summarise(records), models_verdict(records)
-    table = tabulate([summary_cells(r) for r in rows], headers=SUMMARY_COLUMNS, tablefmt="simple",
-                     disable_numparse=True)
-    notes = [line for line in (models_line(verdict), classes_line(records), sampled_line(records),
-                               unmatched_line(records)) if line]
-    chosen = recommended(rows)
-    plan = deployments(chosen, records) if chosen is not None else []
-    listed = [f"deployments with {chosen.adapter}, and what each costs:", deployments_text(plan), ""] if plan else []
-    choice = recommended_deployment(rows, records, verdict)
-    return "\n".join([table, "", *notes, *listed, *([f"deployment: {choice}"] if choice else []),
-                      f"recommendation: {recommendation(rows, verdict)}"])
-
-
 def recommended(rows: list[AdapterSummary]) -> AdapterSummary | None:
     """The adapter the recommendation deploys (the compatible one with the largest gain, on the most seeds), else
     the one whose gallery reaches 95 % of new/new soonest, else None."""
@@ -488,24 +329,3 @@ def recommended(rows: list[AdapterSummary]) -> AdapterSummary | None:
     return min(backfilled, key=lambda r: (r.reembed_share, -r.backfill_auc)) if backfilled else None
 
 
-def sampled_line(records: list[dict[str, Any]]) -> str:
-    """One line when the study ranked a sample of its queries: how many, and where the sampling noise is."""
-    sample = records[0]["retrieval"].get("sampled_queries")
-    if not sample:
-        return ""
-    return (f"a seeded sample of {sample['count']} of {sample['of']} queries ranked the whole gallery; each case's "
-            "95% sampling interval is in the records (retrieval.sampling_interval), and the compatible column's "
-            "interval is over these queries")
-
-
-def summary_json(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The same answer as JSON: ``{"summary": [row, ...], "models": {...} | null, "deployments": {adapter: [...]},
-    "deployment": line | null, "classes": line | null, "unmatched_queries": {...} | null, "recommendation": line}``
-    (``models``: :class:`ModelsVerdict`; ``deployments``: :func:`deployments`; ``deployment``:
-    :func:`chosen_deployment` for the recommended adapter; ``classes``: :func:`classes_line`)."""
-    rows, verdict = summarise(records), models_verdict(records)
-    return {"summary": [r.as_dict() for r in rows], "models": verdict.as_dict() if verdict else None,
-            "deployments": {r.adapter: [d.as_dict() for d in deployments(r, records)] for r in rows},
-            "deployment": recommended_deployment(rows, records, verdict) or None,
-            "classes": classes_line(records) or None, "unmatched_queries": unmatched(records),
-            "recommendation": recommendation(rows, verdict)}

@@ -31,10 +31,10 @@ from .adapter_summary import (
     models_verdict,
     ranked,
     recommendation,
-    recommended_deployment,
     summarise,
     summary_cells,
 )
+from .deployments import recommended_deployment
 from .experiments import (
     collect_with_paths,
     experiment_groups,

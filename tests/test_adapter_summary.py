@@ -4,14 +4,8 @@ import numpy as np
 import pytest
 
 from benchmarks.record import pack_hits, unpack_hits
-from reporting.adapter_summary import (
-    paired_gain_interval,
-    recommendation,
-    reembed_share,
-    summarise,
-    summary_json,
-    summary_text,
-)
+from reporting.adapter_answer import summary_json, summary_text
+from reporting.adapter_summary import paired_gain_interval, recommendation, reembed_share, summarise
 
 N = 400
 
@@ -158,7 +152,8 @@ def test_each_deployment_comes_with_its_cost():
 
 
 def test_the_chosen_deployment_is_the_cheapest_that_reaches_95_percent_of_new_new_above_old_old():
-    from reporting.adapter_summary import Deployment, ModelsVerdict, chosen_deployment
+    from reporting.adapter_summary import ModelsVerdict
+    from reporting.deployments import Deployment, chosen_deployment
 
     def plan(b_old: float, new_f: float, backfilled: float) -> list:
         return [Deployment("keep the old model", "old/old", 50.0, "old", 0, 0, 0.0),
