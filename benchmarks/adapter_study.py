@@ -48,7 +48,7 @@ only for an affine backward map that keeps the new model's width (the suite's re
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,19 +58,15 @@ from torch import nn
 
 from cl2r_bench.adapters.protocol import FeatureAdapter
 from cl2r_bench.errors import ConfigError
-from cl2r_bench.models import class_means
-from cl2r_bench.settings import BACKFILL_ORDERS, GALLERY_MODES, UNMATCHED_CONVENTIONS
+from cl2r_bench.settings import GALLERY_MODES, UNMATCHED_CONVENTIONS
 
+from .backfill_orders import backfill_order
 from .flips import negative_flip_rate, negative_flips
-from .gallery_rows import GalleryRows, normalise_rows
+from .gallery_rows import Features, GalleryRows, first_rows, normalise_rows
 from .metrics import area_under_curve
 from .ranking import RetrievalScores, backfilling_scores, retrieval_scores
 from .record import BASELINE, DUAL_CASE, PAPER_CASES, cross_case, pack_hits
 from .retrieval import class_templates
-
-Features = torch.Tensor | GalleryRows
-"""Features in memory, or a gallery streamed from its rows (:mod:`benchmarks.gallery_rows`; galleries of
-millions, leave-one-out only)."""
 
 
 def through(transform: Any, features: Features, *, store: bool = True) -> Features:
@@ -402,56 +398,6 @@ def backfilling(split: StudySplit, adapter: FeatureAdapter | None, *, orders: li
     auc = {kind: None if c is None else {f"{name}_auc": area_under_curve(betas, values) for name, values in c.items()}
            for kind, c in curves.items()}
     return {"betas": betas, "curves": curves, "auc": auc}
-
-
-def backfill_order(kind: str, *, stale: Features, old: Features, labels: torch.Tensor,
-                   adapter: FeatureAdapter | None, generator: torch.Generator) -> torch.Tensor | None:
-    """Gallery indices, first to be backfilled first (module docstring); ``stale`` is the gallery as searched
-    before backfilling and ``old`` the old model's features of the same items. None when ``kind`` needs what the
-    adapter lacks. A streamed gallery is read chunk by chunk."""
-    if kind == "random":
-        return torch.randperm(len(stale), generator=generator).to(stale.device)
-    if kind == "uncertainty":
-        if adapter is None or adapter.uncertainty(first_rows(old)) is None:
-            return None
-        return torch.argsort(per_item(old, lambda _, chunk: adapter.uncertainty(chunk)), descending=True)
-    if kind in ("class_mean_distance", "class_mean_cosine"):
-        classes, index = labels.unique(return_inverse=True)
-        means, _ = class_means_of(stale, index, len(classes))
-        distance = per_item(stale, lambda start, chunk: (
-            (chunk - means[index[start:start + len(chunk)]]).norm(dim=1) if kind == "class_mean_distance" else
-            1 - F.cosine_similarity(chunk.float(), means[index[start:start + len(chunk)]], dim=1)))
-        return torch.argsort(distance, descending=True)
-    raise ValueError(f"unknown backfilling order {kind!r}; choose from {list(BACKFILL_ORDERS)}")
-
-
-def in_chunks(features: Features) -> Iterator[tuple[int, torch.Tensor]]:
-    """``(start, rows)``: a streamed gallery's chunks as they are read, or features in memory as one chunk."""
-    if isinstance(features, GalleryRows):
-        yield from features.chunks()
-    else:
-        yield 0, features
-
-
-def class_means_of(features: Features, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`cl2r_bench.models.class_means` of features in memory or streamed (:func:`in_chunks`); processes that
-    share a streamed gallery add their shares' class sums up (:mod:`benchmarks.gallery_rows`)."""
-    shared = isinstance(features, GalleryRows)
-    return class_means(in_chunks(features), labels, num_classes, total=features.processes.total if shared else None)
-
-
-def per_item(features: Features, value: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """``value(start, rows)`` of every item, chunk by chunk (:func:`in_chunks`), in item order; processes that
-    share a streamed gallery each compute their share's and every process gets them all
-    (:mod:`benchmarks.gallery_rows`)."""
-    part = torch.cat([value(start, chunk) for start, chunk in in_chunks(features)])
-    if not isinstance(features, GalleryRows):
-        return part
-    return features.processes.gather(part, features.share_sizes())
-
-
-def first_rows(features: Features) -> torch.Tensor:
-    return features.read(0, 1) if isinstance(features, GalleryRows) else features[:1]
 
 
 def measure(split: StudySplit, adapter: FeatureAdapter | None, *, orders: list[str], steps: int, seed: int,

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from cl2r_bench.data.datasets import DataError
 from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.errors import ConfigError
+from cl2r_bench.models import class_means
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -337,3 +338,37 @@ class StoredRows(GalleryRows):
                 weakref.finalize(self, os.unlink, name)
             else:
                 os.unlink(name)
+
+
+Features = torch.Tensor | GalleryRows
+"""Features in memory, or a gallery streamed from its rows (:mod:`benchmarks.gallery_rows`; galleries of
+millions, leave-one-out only)."""
+
+
+def in_chunks(features: Features) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(start, rows)``: a streamed gallery's chunks as they are read, or features in memory as one chunk."""
+    if isinstance(features, GalleryRows):
+        yield from features.chunks()
+    else:
+        yield 0, features
+
+
+def class_means_of(features: Features, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`cl2r_bench.models.class_means` of features in memory or streamed (:func:`in_chunks`); processes that
+    share a streamed gallery add their shares' class sums up (:mod:`benchmarks.gallery_rows`)."""
+    shared = isinstance(features, GalleryRows)
+    return class_means(in_chunks(features), labels, num_classes, total=features.processes.total if shared else None)
+
+
+def per_item(features: Features, value: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``value(start, rows)`` of every item, chunk by chunk (:func:`in_chunks`), in item order; processes that
+    share a streamed gallery each compute their share's and every process gets them all
+    (:mod:`benchmarks.gallery_rows`)."""
+    part = torch.cat([value(start, chunk) for start, chunk in in_chunks(features)])
+    if not isinstance(features, GalleryRows):
+        return part
+    return features.processes.gather(part, features.share_sizes())
+
+
+def first_rows(features: Features) -> torch.Tensor:
+    return features.read(0, 1) if isinstance(features, GalleryRows) else features[:1]

@@ -16,11 +16,11 @@ from torch import nn
 from benchmarks.adapter_study import (
     PairedFeatures,
     StudySplit,
-    backfill_order,
     backfilling,
     case_scores,
     held_out_error,
 )
+from benchmarks.backfill_orders import backfill_order
 from benchmarks.metrics import area_under_curve
 from benchmarks.record import CROSS_CASES, cross_case, unpack_hits
 from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy

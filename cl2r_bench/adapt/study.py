@@ -17,11 +17,11 @@ from benchmarks.adapter_study import (
     Scoring,
     StudySplit,
     backfilling,
-    class_means_of,
     held_out_error,
     measure,
     zero_shot_retention,
 )
+from benchmarks.gallery_rows import class_means_of
 from benchmarks.record import cross_case, leave_one_out_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter, unpaired_halves
 from cl2r_bench.adapters.training import FitProgress
