@@ -10,23 +10,15 @@ retrieval never special-cases an architecture:
   function that embeds images (METHODS.md §1, §3); :func:`forward_in_batches` gives logits and raw features.
 * :func:`class_means`: per-class mean features (class templates of the evaluation, BCT's rows, CVS's prototypes).
 
-Heads:
-
-* :class:`LearnableHead`: bias-free linear classifier that grows as classes arrive (old rows copied, §5);
-  the retrieval feature is the backbone output.
-* :class:`CosineHead`: the same growing classifier, but its logits are cosine similarities between the
-  normalised feature and the normalised class rows (CVS, §6; the strategy applies the temperature).
-* :class:`DSimplexHead`: trainable bias-free lift ``d -> K-1`` followed by the frozen d-Simplex classifier
-  (K = 1024 vertices, class y on vertex K-1-y, §5); the retrieval feature is the lifted vector.
-* :class:`BasisTransformationHead` (BT², §6b): the backbone output and an old-model branch merged by orthogonal
-  maps into a wider feature whose first ``old_width`` dimensions are the old model's frame.
+Heads (the classifier families, and the retrieval feature each gives): :mod:`cl2r_bench.heads`.
 
 Checkpoints are plain state dicts (``torch.save(model.state_dict())``), loadable with ``weights_only=True``.
 The classifier weights of a learnable or cosine head are dropped when a replacement model is loaded (§4); the
 simplex and the normalisation statistics are non-persistent buffers, set when the model is built, so they are never
 stored and every checkpoint loads into a model built with any statistics.
 
-This module imports nothing of the suite (only torch, torchvision and the standard library).
+This module imports nothing of the suite but its heads (:mod:`cl2r_bench.heads`; torch, torchvision and the
+standard library).
 
 Usage::
 
@@ -37,7 +29,6 @@ Usage::
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -46,8 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cl2r_bench.heads import BasisTransformationHead, DSimplexHead, build_head
+
 BACKBONES = ("resnet18", "resnet18_cifar", "small_cnn")
-HEADS = ("learnable", "cosine", "dsimplex", "bt2")
 
 CLASSIFIER_PREFIX = "head.classifier."
 IDENTITY_MEAN: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -97,19 +89,6 @@ def normalize(images: torch.Tensor, mean: Sequence[float] | torch.Tensor,
     return (scaled - mean_t) / std_t
 
 
-def simplex_vertices(num_vertices: int) -> torch.Tensor:
-    """The d-Simplex fixed classifier: ``K`` unit rows in ``K-1`` dims, pairwise cosine ``-1/(K-1)`` (§5).
-
-    Rows are the identity ``I_{K-1}`` plus one row with every entry ``(1 - sqrt(K)) / (K-1)``; the column mean
-    is subtracted and each row (not the whole matrix) is normalised.
-    """
-    k = num_vertices
-    extra = torch.full((1, k - 1), (1.0 - math.sqrt(k)) / (k - 1), dtype=torch.float64)
-    vertices = torch.cat([torch.eye(k - 1, dtype=torch.float64), extra])
-    vertices = vertices - vertices.mean(dim=0, keepdim=True)
-    return F.normalize(vertices, dim=1).float()
-
-
 class SmallConvNet(nn.Module):
     """A small, fast CNN backbone for CPU presets and tests (4 conv blocks, global pooling)."""
 
@@ -149,124 +128,6 @@ class ResNet18(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
-
-
-class LearnableHead(nn.Module):
-    """Bias-free linear classifier over the seen classes; grows with :meth:`grow` (old rows copied)."""
-
-    def __init__(self, in_dim: int, num_classes: int) -> None:
-        super().__init__()
-        self.classifier = nn.Linear(in_dim, num_classes, bias=False)
-
-    @property
-    def num_classes(self) -> int:
-        return self.classifier.out_features
-
-    @property
-    def feature_width(self) -> int:
-        """The width of the retrieval feature."""
-        return self.classifier.in_features
-
-    def grow(self, num_classes: int) -> None:
-        old = self.classifier
-        if num_classes <= old.out_features:
-            return
-        new = nn.Linear(old.in_features, num_classes, bias=False).to(old.weight.device)
-        with torch.no_grad():
-            new.weight[: old.out_features] = old.weight
-        self.classifier = new
-
-    def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.classifier(feats), feats
-
-
-class CosineHead(LearnableHead):
-    """:class:`LearnableHead` whose logits are ``cos(w_c, x)`` in [-1, 1] (no scale: the loss divides by its
-    temperature). Its only weight is ``classifier.weight``, so it loads the learnable family's replacements."""
-
-    def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return F.linear(F.normalize(feats, dim=1), F.normalize(self.classifier.weight, dim=1)), feats
-
-
-class DSimplexHead(nn.Module):
-    """Trainable lift ``in_dim -> K-1`` then the frozen d-Simplex classifier; class y is vertex ``K-1-y``.
-
-    The logits are ``lift(x) @ vertices.T`` over all K vertices, with no scale; the retrieval feature is the
-    lifted vector (L2-normalised by :func:`embed`).
-    """
-
-    def __init__(self, in_dim: int, num_vertices: int = 1024) -> None:
-        super().__init__()
-        self.lift = nn.Linear(in_dim, num_vertices - 1, bias=False)
-        self.register_buffer("vertices", simplex_vertices(num_vertices), persistent=False)
-
-    @property
-    def num_classes(self) -> int:
-        return self.vertices.shape[0]
-
-    @property
-    def feature_width(self) -> int:
-        return self.lift.out_features
-
-    def grow(self, num_classes: int) -> None:
-        if num_classes > self.num_classes:
-            raise ValueError(f"the d-Simplex head has {self.num_classes} vertices, {num_classes} classes requested")
-
-    def targets(self, labels: torch.Tensor) -> torch.Tensor:
-        """Vertex index of each class label (class y -> vertex K-1-y, as the authors' code)."""
-        return self.num_classes - 1 - labels
-
-    def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        lifted = self.lift(feats)
-        return lifted @ self.vertices.t(), lifted
-
-
-class BasisTransformationHead(LearnableHead):
-    """BT²'s basis transformation (Zhou et al., ICCV 2023; docs/METHODS.md §6b) on ``in_dim``-d backbone features.
-
-    With ``f`` the normalised backbone output, ``o`` the old-model branch ``fc3(relu(f))`` (a linear map with
-    bias), ``P`` and ``O`` orthogonal maps (``torch``'s orthogonal parametrisation) and
-    ``k = old_width + added_dims - in_dim`` the dimensions the old branch contributes::
-
-        c = [normalise(o), P(scale * f)]                width in_dim + k = old_width + added_dims
-        feature = [O(c[:old_width]), c[old_width:]]     its first old_width dims are trained into the old frame
-
-    The logits are the bias-free classifier on ``f`` (it grows like :class:`LearnableHead`); ``new_features``
-    keeps the last forward's ``f`` for BT²'s match to an independently trained new model. The retrieval feature
-    has the constant norm ``sqrt(1 + scale²)``. Two differences from the authors' ``ResNet_ortho``, neither
-    changing the function: their ``fc3`` has ``old_width`` outputs of which only the first ``k`` are read (the
-    normalised slice of a normalised vector is the normalised slice), so the suite's has ``k``; and their ResNet
-    widens its last block by ``old_width`` channels that only ``fc3`` reads, while the suite's backbones have a
-    fixed width and ``fc3`` reads ``f``'s own channels (``tools/parity/bct_line.py`` gives theirs zero extra
-    channels to compare)."""
-
-    def __init__(self, in_dim: int, num_classes: int, *, old_width: int | None = None, added_dims: int = 32,
-                 scale: float = 2.0) -> None:
-        super().__init__(in_dim, num_classes)
-        from torch.nn.utils.parametrizations import orthogonal
-
-        self.old_width = in_dim if old_width is None else old_width
-        self.old_part = self.old_width + added_dims - in_dim
-        if self.old_part < 1:
-            raise ValueError(f"a BT² head on {in_dim}-d features over a {self.old_width}-d old model must add at "
-                             f"least {in_dim - self.old_width + 1} dimensions, not {added_dims}")
-        self.scale, self.width = scale, self.old_width + added_dims
-        self.old_branch = nn.Linear(in_dim, self.old_part)
-        self.new_basis = orthogonal(nn.Linear(in_dim, in_dim, bias=False))
-        self.old_basis = orthogonal(nn.Linear(self.old_width, self.old_width, bias=False))
-        self.new_features: torch.Tensor | None = None
-
-    @property
-    def feature_width(self) -> int:
-        return self.width
-
-    def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        new = F.normalize(feats, dim=1)
-        old = F.normalize(self.old_branch(F.relu(feats)), dim=1)
-        merged = torch.cat([old, self.new_basis(self.scale * new)], dim=1)
-        self.new_features = new
-        return self.classifier(new), torch.cat([self.old_basis(merged[:, :self.old_width]),
-                                                merged[:, self.old_width:]], dim=1)
 
 
 class RetrievalModel(nn.Module):
@@ -422,21 +283,6 @@ def build_model(*, backbone: str, head: str, num_classes: int, simplex_vertices_
     net = build_backbone(backbone, width=small_width, out_dim=small_out_dim)
     return RetrievalModel(net, build_head(head, net.out_dim, num_classes, simplex_vertices_count, head_options),
                           mean=mean, std=std, input_size=input_size)
-
-
-def build_head(head: str, in_dim: int, num_classes: int, simplex_vertices_count: int = 1024,
-               head_options: dict | None = None) -> nn.Module:
-    """A fresh head of family ``head`` on ``in_dim``-d backbone features (docs/METHODS.md §5); ``head_options``
-    are the keyword arguments of a BT² head (its strategy's ``added_dims`` and ``scale``)."""
-    if head == "learnable":
-        return LearnableHead(in_dim, num_classes)
-    if head == "cosine":
-        return CosineHead(in_dim, num_classes)
-    if head == "dsimplex":
-        return DSimplexHead(in_dim, simplex_vertices_count)
-    if head == "bt2":
-        return BasisTransformationHead(in_dim, num_classes, **(head_options or {}))
-    raise ValueError(f"unknown head {head!r}; choose from {list(HEADS)}")
 
 
 def replacement_family(head: str) -> str:

@@ -50,7 +50,8 @@ import torch
 
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.errors import PartError
-from cl2r_bench.models import DEFAULT_AMP, HEADS, forward_in_batches
+from cl2r_bench.heads import HEADS
+from cl2r_bench.models import DEFAULT_AMP, forward_in_batches
 from cl2r_bench.registry import NoParams, Registry, config_from_params
 
 REPLACEMENT_TEACHERS = ("incoming", "outgoing")
@@ -122,7 +123,7 @@ class Step:
             the authors' code does), or None like ``teacher_features``.
         independent_features: L2-normalised features of the task's independent new model
             (:attr:`TaskContext.independent`) when the strategy asks for them (``needs_independent``), else None.
-        new_features: a BT² head's normalised backbone features (:class:`cl2r_bench.models.BasisTransformationHead`),
+        new_features: a BT² head's normalised backbone features (:class:`cl2r_bench.heads.BasisTransformationHead`),
             None for every other head.
         iteration: how many of the task's iterations were done before this one (0-based).
         iterations_per_epoch: the task's iterations per epoch; with ``epochs`` they give a schedule's progress
@@ -239,7 +240,7 @@ class Strategy:
         return getattr(self.config, "replacement_teacher", "incoming")
 
     def head_options(self) -> dict[str, Any]:
-        """Keyword arguments of the strategy's head (:func:`cl2r_bench.models.build_head`): BT²'s widths. None by
+        """Keyword arguments of the strategy's head (:func:`cl2r_bench.heads.build_head`): BT²'s widths. None by
         default."""
         return {}
 

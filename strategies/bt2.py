@@ -1,7 +1,7 @@
 """BT² (Zhou et al., ICCV 2023): backward-compatible training with a basis transformation (METHODS.md §6b).
 
 The new model's feature is widened by ``added_dims`` through orthogonal maps
-(:class:`cl2r_bench.models.BasisTransformationHead`): its first ``old_width`` dimensions ``b`` are trained into the
+(:class:`cl2r_bench.heads.BasisTransformationHead`): its first ``old_width`` dimensions ``b`` are trained into the
 old model's frame, and the backbone's own normalised feature ``f`` (the classifier's input) is matched to an
 independently trained new model's ``phi_p``::
 

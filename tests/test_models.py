@@ -1,10 +1,9 @@
 import pytest
 import torch
 
+from cl2r_bench.heads import DSimplexHead, LearnableHead, simplex_vertices
 from cl2r_bench.models import (
     CheckpointError,
-    DSimplexHead,
-    LearnableHead,
     NonFiniteError,
     build_model,
     class_means,
@@ -13,7 +12,6 @@ from cl2r_bench.models import (
     forward_in_batches,
     load_replacement,
     normalize,
-    simplex_vertices,
 )
 
 MEAN, STD = (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)

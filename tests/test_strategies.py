@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.transforms import random_crop_flip
-from cl2r_bench.models import build_model, simplex_vertices
+from cl2r_bench.heads import simplex_vertices
+from cl2r_bench.models import build_model
 from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training.engine import cosine_lr, make_optimizer, update_memory
 from cl2r_bench.training.loop import train_task

@@ -14,7 +14,8 @@ from cl2r_bench import cli as runner
 from cl2r_bench.assembly import assemble
 from cl2r_bench.config import CONFIG_DIR, resolve
 from cl2r_bench.data.datasets import ImageSet
-from cl2r_bench.models import build_model, simplex_vertices
+from cl2r_bench.heads import simplex_vertices
+from cl2r_bench.models import build_model
 from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training.engine import ReplayMemory
 from cl2r_bench.training.loop import train_task

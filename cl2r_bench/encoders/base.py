@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from cl2r_bench.errors import PartError
-from cl2r_bench.models import IDENTITY_MEAN, IDENTITY_STD, RetrievalModel, build_head, state_sha256
+from cl2r_bench.heads import build_head
+from cl2r_bench.models import IDENTITY_MEAN, IDENTITY_STD, RetrievalModel, state_sha256
 from cl2r_bench.registry import Registry
 
 
@@ -238,7 +239,7 @@ def is_spec(reference: str) -> bool:
 def encoder_model(spec: str, *, head: str, num_classes: int, simplex_vertices_count: int,
                   head_options: dict | None = None) -> RetrievalModel:
     """A trainable model on the pretrained trunk of ``spec`` with a fresh head of family ``head`` (for the d-Simplex
-    family the trainable lift of its features; ``head_options`` as :func:`cl2r_bench.models.build_head`): an
+    family the trainable lift of its features; ``head_options`` as :func:`cl2r_bench.heads.build_head`): an
     IAM-CL2R replacement model that is a real pretrained encoder."""
     backbone = encoder_backbone(spec)
     return RetrievalModel(backbone, build_head(head, backbone.out_dim, num_classes, simplex_vertices_count,

@@ -26,7 +26,8 @@ from cl2r_bench.encoders.base import (
     register_encoder_family,
     unavailable,
 )
-from cl2r_bench.models import IDENTITY_MEAN, IDENTITY_STD, DSimplexHead, RetrievalModel, build_model
+from cl2r_bench.heads import DSimplexHead
+from cl2r_bench.models import IDENTITY_MEAN, IDENTITY_STD, RetrievalModel, build_model
 from cl2r_bench.settings import RunSettings
 
 MODEL_DESCRIPTION = ("backbone", "simplex_vertices_count", "small_width", "small_out_dim", "head", "dataset")

@@ -57,7 +57,8 @@ from torch import nn
 
 from cl2r_bench.data.streams import avalanche_warnings_filtered
 from cl2r_bench.errors import ConfigError
-from cl2r_bench.models import DSimplexHead, NonFiniteError, RetrievalModel, first_nonfinite_tensor, load_replacement
+from cl2r_bench.heads import DSimplexHead
+from cl2r_bench.models import NonFiniteError, RetrievalModel, first_nonfinite_tensor, load_replacement
 
 from .engine import make_optimizer
 

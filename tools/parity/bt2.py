@@ -7,7 +7,7 @@ basis-transformation weights go to both codes: ``bt2_probe.py`` runs one iterati
 ``TransferTrainer.train`` on their ``ResNet_ortho`` under the reference's Python, this script the suite's
 ``BasisTransformationHead`` and ``strategies/bt2.py``'s loss. Their ``fc3`` has ``old_width`` outputs read over
 ``d_new + d_old`` channels; the suite's has the ``k`` outputs that are read, over the ``d_new`` backbone channels
-(:class:`cl2r_bench.models.BasisTransformationHead`): their backbone output gets ``d_old`` zero channels and
+(:class:`cl2r_bench.heads.BasisTransformationHead`): their backbone output gets ``d_old`` zero channels and
 their ``fc3``'s other weights random values, whose gradients must then be zero (a row says so). Each row
 reports the largest absolute difference of the loss or of a gradient.
 """
@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cl2r_bench.models import BasisTransformationHead, class_means
+from cl2r_bench.heads import BasisTransformationHead
+from cl2r_bench.models import class_means
 from strategies import Step, get_strategy
 from tools.parity.common import ROOT, ParityError, reference_checkout, run_reference_probe
 from tools.parity.steps import row

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from cl2r_bench.data.datasets import ImageSet
-from cl2r_bench.models import simplex_vertices
+from cl2r_bench.heads import simplex_vertices
 
 ROOT = Path(__file__).resolve().parents[2]
 """The repository root (this file is tools/parity/common.py)."""

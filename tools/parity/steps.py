@@ -24,7 +24,8 @@ from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.adapters import make_adapter
 from cl2r_bench.data.cifar import read_cifar
 from cl2r_bench.data.datasets import CIFAR100_MEAN, CIFAR100_STD, DataError, ImageSet
-from cl2r_bench.models import build_model, load_replacement, normalize, simplex_vertices
+from cl2r_bench.heads import simplex_vertices
+from cl2r_bench.models import build_model, load_replacement, normalize
 from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr
 from strategies import Step, TaskContext, get_strategy
