@@ -10,6 +10,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # multi-threaded workers on two cores slow each other down more than one thread each.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import numpy as np  # after the thread count above: numpy's BLAS reads it when imported
+from helpers.adapt_inputs import clustered
+
 from reporting.published import IAMCL2R_RELEASED
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -87,3 +90,17 @@ def encoder_files(tmp_path_factory):
         torch.save(timm.create_model(name).state_dict(), path)
         files.append(f"timm:{name}@{path}")
     return files
+
+
+@pytest.fixture
+def rotated(tmp_path):
+    """Old features of 6 classes in 8 dimensions; the new model is an exact rotation of the old one (an isometry
+    loses nothing, so new/new equals old/old and Procrustes can recover the map)."""
+    rotation = np.linalg.qr(np.random.default_rng(9).normal(size=(8, 8)))[0].astype(np.float32)
+    paths = []
+    for split, seed in (("train", 1), ("test", 2)):
+        old, labels = clustered(20, 6, 8, seed)
+        path = tmp_path / f"{split}.npz"
+        np.savez(path, old=old, new=old @ rotation, labels=labels + 100)
+        paths.append(path)
+    return paths
