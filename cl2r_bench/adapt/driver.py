@@ -93,13 +93,13 @@ def drive(study: Study, runs: list[StudyRun], protocol: Protocol, *, kept: dict[
     torchrun; the other ranks fit and measure beside it and yield nothing). A seed-free adapter
     (:meth:`Adapter.seed_free`) is fitted once and only its backfilling measured again for its other seeds; a
     run in ``kept`` (``(adapter, seed)`` -> record) keeps that record; with ``export``, each adapter is exported
-    to ``export/<adapter>`` after its last run. ``started``: when the invocation began (``time.perf_counter``), so
-    that the first record's wall time counts the embedding before it."""
+    to ``export/<adapter>`` as its last run fitted it (``runner.py adapt`` refuses ``--export`` with
+    ``--resume``). ``started``: when the invocation began (``time.perf_counter``), so that the first record's wall
+    time counts the embedding before it."""
     kept = kept or {}
     main = study.processes.is_main
     measured: dict[str, tuple[Adapter, dict[str, Any]]] = {}
     last = {run.adapter: n for n, run in enumerate(runs)}
-    fitted: dict[str, Adapter] = {}
     for n, run in enumerate(runs):
         key = (run.adapter, run.seed)
         if key in kept:
@@ -107,12 +107,10 @@ def drive(study: Study, runs: list[StudyRun], protocol: Protocol, *, kept: dict[
         else:
             driven = measured_run(study, run, protocol, measured.get(run.adapter), writing if main else None,
                                   started if n == 0 else None)
-            if driven.adapter is not None:
-                fitted[run.adapter] = driven.adapter
-                if driven.adapter.seed_free(study.fitting_items):
-                    measured.setdefault(run.adapter, (driven.adapter, driven.result))
-        if export is not None and last[run.adapter] == n and run.adapter in fitted and main:
-            driven.exported = export_adapter(fitted[run.adapter], export / run.adapter)
+            if driven.adapter is not None and driven.adapter.seed_free(study.fitting_items):
+                measured.setdefault(run.adapter, (driven.adapter, driven.result))
+        if export is not None and last[run.adapter] == n and driven.adapter is not None and main:
+            driven.exported = export_adapter(driven.adapter, export / run.adapter)
         if main:
             yield driven
 
