@@ -91,7 +91,9 @@ class DeviceBatches:
 
     def __iter__(self) -> Iterator[list[torch.Tensor]]:
         for idx, pick in self._batch_indices():
-            yield self._share_of_batch(idx, pick)
+            with torch.profiler.record_function("cl2r.batch"):
+                batch = self._share_of_batch(idx, pick)
+            yield batch
 
     def _share_of_batch(self, idx: torch.Tensor, pick: torch.Tensor | None) -> list[torch.Tensor]:
         """This rank's share of the global batch ``new[idx] + memory[pick]`` (all of it with one process), cropped
@@ -111,10 +113,11 @@ class DeviceBatches:
         self.rank_sizes = [a + b for a, b in zip(self.processes.shares(len(idx)),
                                                  self.processes.shares(len(pick) if pick is not None else 0),
                                                  strict=True)]
-        top, left, flip = crop_flip_draws(sum(self.rank_sizes), device)
-        images = crop_flip(images, top[positions], left[positions], flip[positions])
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
+        with torch.profiler.record_function("cl2r.augmentation"):
+            top, left, flip = crop_flip_draws(sum(self.rank_sizes), device)
+            images = crop_flip(images, top[positions], left[positions], flip[positions])
+            if self.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
         return [images, labels, from_memory]
 
 

@@ -6,7 +6,9 @@ are :class:`~cl2r_bench.training.engine.DeviceBatches` (``make_train_dataloader`
 (``forward``; the teacher is frozen in ``_before_training_exp``), the replay memory takes the task's exemplars in
 ``_after_training_exp``, the learning rate follows the cosine schedule or an epoch hook (``optimizer_step``),
 float16 autocast with gradient scaling on GPU, and the divergence check and the loss log run where the loss is read
-(``_after_training_iteration``). A model swap at a replacement task happens outside ``train()``
+(``_after_training_iteration``). The forward, the loss, the backward and the optimizer step run inside the torch
+profiler's labels ``cl2r.forward``, ``cl2r.loss``, ``cl2r.backward``, ``cl2r.optimizer`` (``tools/profile_training.py``;
+free when no profiler runs). A model swap at a replacement task happens outside ``train()``
 (:class:`cl2r_bench.run.Run`), as Avalanche requires (the optimizer is built for the model being trained). This
 module imports Avalanche (seconds), so :func:`~cl2r_bench.training.loop.train_task` imports it on first use.
 """
@@ -80,6 +82,10 @@ class CompatibilityTemplate(SupervisedTemplate):
         """The optimizer is built per task by :func:`train_task`; nothing to re-bind."""
 
     def forward(self):
+        with torch.profiler.record_function("cl2r.forward"):
+            return self._forward()
+
+    def _forward(self) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             logits, features = self.model(self.mb_x)
             teacher_logits = teacher_features = teacher_raw_features = None
@@ -121,12 +127,18 @@ class CompatibilityTemplate(SupervisedTemplate):
 
     def criterion(self):
         where = f"task {self.task_index}, iteration {self.step_count + 1} of {self.total_steps}"
-        return strategy_loss(self.compat_strategy, self._step, where)
+        with torch.profiler.record_function("cl2r.loss"):
+            return strategy_loss(self.compat_strategy, self._step, where)
 
     def backward(self) -> None:
-        (self.loss if self.scaler is None else self.scaler.scale(self.loss)).backward()
+        with torch.profiler.record_function("cl2r.backward"):
+            (self.loss if self.scaler is None else self.scaler.scale(self.loss)).backward()
 
     def optimizer_step(self) -> None:
+        with torch.profiler.record_function("cl2r.optimizer"):
+            self._optimizer_step()
+
+    def _optimizer_step(self) -> None:
         lr = self.epoch_hook.lr if self.epoch_hook is not None else scheduled_lr(
             self.step_count, len(self.batches), self.settings)
         for group in self.optimizer.param_groups:

@@ -1,0 +1,99 @@
+"""Write results/gpu/speed/speed.json from the device run's records in raw/ (device.sh's logs, the run's
+metrics.json, nvidia-smi's samples), and print it. Every figure is read or computed here, none typed in.
+
+    python results/gpu/speed/summarize.py
+"""
+from __future__ import annotations
+
+import csv
+import json
+import re
+import statistics
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RAW = HERE / "raw"
+
+
+def timeline() -> dict[str, float]:
+    """``{event: epoch seconds}`` of device.sh's timeline (the first time each event was stamped)."""
+    stamps: dict[str, float] = {}
+    for line in (RAW / "timeline.txt").read_text().splitlines():
+        seconds, event = line.split(" ", 1)
+        stamps.setdefault(event, float(seconds))
+    return stamps
+
+
+def smi_samples(start: float) -> list[tuple[int, int]]:
+    """``(memory used MiB, utilisation %)`` of every nvidia-smi sample from ``start`` on."""
+    samples = []
+    with open(RAW / "smi.csv") as handle:
+        for row in list(csv.reader(handle))[1:]:
+            when = datetime.strptime(row[0].strip(), "%Y/%m/%d %H:%M:%S.%f").replace(tzinfo=timezone.utc)
+            if when.timestamp() >= start:
+                samples.append((int(row[1].split()[0]), int(row[2].split()[0])))
+    return samples
+
+
+def bench_rates() -> dict[str, float]:
+    """images/s of the plain and the suite's loop in tools/bench_training_loop.py's fp16 run."""
+    text = (RAW / "bench_fp16.log").read_text()
+    return {loop: float(rate) for loop, rate in re.findall(r"^(plain|suite): .*?\((\d+) images/s\)", text, re.M)}
+
+
+def missing_task_iterations(done: int) -> list[int]:
+    """The iterations of the tasks the run did not reach, as the same protocol counted them in the H100 study
+    (results/gpu/runs: same preset, seed and epoch-length rule)."""
+    earlier = HERE.parent / "runs/resnet18-e70/iamcl2r/tinyimagenet/dsimplex_hoc/seed42/metrics.json"
+    return [t["iterations"] for t in json.loads(earlier.read_text())["timings"]["tasks"][done:]]
+
+
+def summary() -> dict:
+    stamps = timeline()
+    metrics = json.loads((RAW / "run_metrics.json").read_text())
+    timings, tasks = metrics["timings"], metrics["timings"]["tasks"]
+    run_start = stamps["start run"]
+    wall_done = json.loads((RAW / "record_time.json").read_text())["metrics_json_mtime"] - run_start
+    iterations = sum(t["iterations"] for t in tasks)
+    seconds_per_iteration = timings["train_seconds"] / iterations
+    missing = missing_task_iterations(metrics["tasks_completed"])
+    evaluated = metrics["evaluation"]["queries"] + metrics["evaluation"]["gallery_images"]
+    samples = smi_samples(run_start)
+    rates = bench_rates()
+    projected = wall_done + sum(missing) * seconds_per_iteration + len(missing) * timings["eval_seconds"] / len(tasks)
+    return {
+        "device": (RAW / "gpu.txt").read_text().splitlines()[1].strip(),
+        "versions": (RAW / "versions.txt").read_text().strip(),
+        "run": "runner.py run --preset fidelity --strategy dsimplex_hoc --seed 42 (ResNet-18, 70 epochs, fp16)",
+        "tasks_completed": metrics["tasks_completed"], "num_tasks": metrics["num_tasks"],
+        "protocol_wall_s": None,
+        "wall_s_to_last_record": round(wall_done, 1),
+        "protocol_wall_s_projected": round(projected, 1),
+        "missing_task_iterations": missing,
+        "wall_split_s": {"training": round(timings["train_seconds"], 1),
+                         "evaluation": round(timings["eval_seconds"], 1),
+                         "starting_models": round(timings["pretrain_seconds"], 1),
+                         "start_up_data_records": round(wall_done - timings["train_seconds"]
+                                                        - timings["eval_seconds"] - timings["pretrain_seconds"], 1)},
+        "train_img_s": round(sum(t["images"] for t in tasks) / timings["train_seconds"]),
+        "ms_per_iteration": round(1000 * seconds_per_iteration, 2),
+        "eval_img_s": round(evaluated * len(tasks) / timings["eval_seconds"]),
+        "peak_gpu_mem_gb": round(max(m for m, _ in samples) / 1024, 2),
+        "gpu_utilisation_mean_pct": round(statistics.mean(u for _, u in samples), 1),
+        "smi_samples": len(samples),
+        "plain_loop_img_s": rates["plain"], "suite_loop_img_s": rates["suite"],
+        "pretrain_wall_s": round(stamps["end pretrain rc=0"] - stamps["start pretrain"], 1),
+        "pretrain_overlapped_s": round(stamps["benchmarks done"] - stamps["start pretrain"], 1),
+        "runs_per_hour_one_at_a_time": round(3600 / projected, 1),
+    }
+
+
+def main() -> None:
+    result = summary()
+    (HERE / "speed.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
