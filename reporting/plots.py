@@ -239,7 +239,7 @@ def cross_case_figure(plt, title: str, rows: list[AdapterSummary], baseline: flo
     ends = [baseline]
     for y, row in enumerate(shown):
         low, high = row.top1_interval or (row.top1_gain, row.top1_gain)
-        bars.barh(y, row.top1_gain, left=baseline, color=_adapter_colour(plt, rows, row.adapter),
+        bars.barh(y, row.top1_gain, left=baseline, color=adapter_colour(plt, rows, row.adapter),
                   xerr=[[row.top1_gain - low], [high - row.top1_gain]], capsize=3)
         ends += [baseline + low, baseline + high, baseline + row.top1_gain]
     margin = max(0.06 * (max(ends) - min(ends)), 0.5)
@@ -253,9 +253,10 @@ def cross_case_figure(plt, title: str, rows: list[AdapterSummary], baseline: flo
     return fig
 
 
-def _adapter_colour(plt, rows: list[AdapterSummary], adapter: str) -> Any:
-    """One colour per adapter of a study, the same in both of its figures."""
-    return plt.cm.tab10([r.adapter for r in rows].index(adapter) % 10)
+def adapter_colour(plt, rows: list[AdapterSummary], adapter: str) -> Any:
+    """One colour per adapter of a study, the same in all of its figures (20 colours beyond 10 adapters)."""
+    index = [r.adapter for r in rows].index(adapter)
+    return plt.cm.tab10(index % 10) if len(rows) <= 10 else plt.cm.tab20(index % 20)
 
 
 def best_order_curves(rows: list[AdapterSummary], runs: list[RunRecord]) -> dict[str, tuple[list[float], list[float]]]:
@@ -285,7 +286,7 @@ def best_curves_figure(plt, title: str, rows: list[AdapterSummary], runs: list[R
     scale = backfilling_scale(adapters or [c for _, c in drawn.values()], baseline) if drawn else None
     order = {row.adapter: row.backfill_order for row in rows}
     for name, (betas, curve) in drawn.items():
-        curves.plot(betas, curve, marker="o", markersize=2.5, color=_adapter_colour(plt, rows, name),
+        curves.plot(betas, curve, marker="o", markersize=2.5, color=adapter_colour(plt, rows, name),
                     label=_clipped_label(f"{name} ({order[name]})", curve, scale))
     if scale is not None:
         curves.set_ylim(*scale)

@@ -34,6 +34,7 @@ from .adapter_summary import (
     summarise,
     summary_cells,
 )
+from .cost_figure import deployment_cost_figure
 from .deployments import recommended_deployment
 from .experiments import (
     collect_with_paths,
@@ -230,6 +231,9 @@ def study_answers(dataset: str, records: list[RunRecord]) -> list[StudyAnswer]:
                         encode(png_bytes(cross_case_figure, title, rows, baseline))),
                  Figure(f"{title}: each adapter's backfilling in its best order",
                         encode(png_bytes(best_curves_figure, title, rows, runs, baseline)))]
+        if "new/new" in runs[0]["retrieval"]["cases"]:
+            drawn.append(Figure(f"{title}: every deployment against what it costs",
+                                encode(png_bytes(deployment_cost_figure, title, rows, runs))))
         answers.append(StudyAnswer(
             title, HtmlTable(f"The answer: {title}", list(SUMMARY_COLUMNS), cells, "summary",
                       {SUMMARY_COLUMNS.index(title) for title in ("adapter", "compatible", "cross case")}),

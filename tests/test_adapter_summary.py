@@ -207,3 +207,17 @@ def test_a_dual_query_is_the_cross_case_and_a_deployment_that_keeps_the_old_enco
     assert summary_json(records)["deployment"].startswith(
         "embed each query with both models against the untouched index (the old encoder keeps running) "
         "(old+new/old, top-1 68.0")
+
+
+def test_the_cost_figure_puts_each_deployment_at_its_step_of_cost_cheapest_first():
+    from reporting.cost_figure import COST_STEPS, deployment_cost_figure, deployment_points
+    from reporting.plots import png_bytes
+
+    records = with_new_new(study(), np.arange(N) < int(N * 0.7))
+    rows = summarise(records)
+    points = deployment_points(rows, records)
+    steps = [case for case, _ in COST_STEPS]
+    assert points["lambda_orth"] == [(steps.index("B/old"), 60.0, ""), (steps.index("backfilled"), 67.0, "50%")]
+    assert points["procrustes"][0] == (steps.index("B/old"), 50.0, "")
+    assert steps[0] == "old/old" and steps[-1] == "new/new" and steps.index("old+new/old") < steps.index("new/F")
+    assert png_bytes(deployment_cost_figure, "t", rows, records).startswith(b"\x89PNG")

@@ -58,8 +58,9 @@ def test_the_report_holds_every_experiment_the_published_rows_apart_and_links_to
     assert "IAM-CL2R authors&#39; released runs" in published and ">0.952<" in published
     assert "apple/ml-fct README" in page
     # AC_t / AA_t curves; the backfilling of both adapter studies (the model_update run along a stream and the
-    # leave-one-out one) and each one's answer in two figures (cross cases, curves)
-    assert page.count("data:image/png;base64,") == 7
+    # leave-one-out one) and each one's answer in three figures (cross cases, curves, deployments against cost)
+    assert page.count("data:image/png;base64,") == 9
+    assert page.count("every deployment against what it costs") == 2 * 2  # two studies: alt text and caption
     section = page[page.index('id="iamcl2r-synthetic"'):]
     section = section[:section.index("</section>")]
     verdict = section[section.index("The answer:"):section.index("<table")]
@@ -129,7 +130,7 @@ def test_the_page_in_a_real_browser_has_every_row_decodes_every_image_and_sorts(
         page.goto(out.as_uri())
         page.wait_for_load_state("load")
         images = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete && i.naturalWidth > 0)")
-        assert images == [True] * 7
+        assert images == [True] * 9
         fits = page.eval_on_selector_all("table.summary",
                                          "ts => ts.map(t => t.scrollWidth <= t.parentElement.clientWidth)")
         assert fits == [True, True] and page.evaluate("document.documentElement.scrollWidth") <= 1400  # no page scroll
@@ -157,7 +158,7 @@ def test_an_adapter_study_without_backfilling_curves_has_no_figure_and_breaks_no
     put(results / "model_update/synthetic/procrustes/seed1", record, config=False)
     out, runs, skipped = write_report(results, tmp_path / "report.html")
     assert runs == 6 and len(skipped) == 1, skipped
-    assert out.read_text().count("data:image/png;base64,") == 7  # as without it: no curve, no figure
+    assert out.read_text().count("data:image/png;base64,") == 9  # as without it: no curve, no figure
 
 
 def test_the_report_never_writes_over_a_file_it_did_not_create(results, tmp_path, capsys):
