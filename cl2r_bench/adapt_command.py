@@ -26,12 +26,14 @@ def command_adapt(args: argparse.Namespace) -> int:
     from benchmarks.ranking import screen_problem
     from cl2r_bench.adapt import adapt_settings
     from cl2r_bench.adapt.embeddings import AUTO_STREAM_BYTES, stream_rows_for
-    from cl2r_bench.assembly import resolve_device
+    from cl2r_bench.assembly import load_plugins, resolve_device
     from cl2r_bench.distributed import connect, leave, place
 
+    load_plugins(args.plugin)
     settings = adapt_settings(args.set if args.queries is None else [*args.set, f"model_update.queries={args.queries}"])
     asked = settings["stream_rows"]
     settings["stream_rows"] = stream_rows_for(args.test, asked, settings["unseen_classes"])
+    settings["plugins"] = [str(Path(path).resolve()) for path in args.plugin]
     launch = settings["distributed"]
     processes, device = place(launch, resolve_device(args.device))
     if asked == "auto" and settings["stream_rows"] is not None and processes.is_main:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 
 from cl2r_bench.limits import count_argument, seed_argument
+from cl2r_bench.plugins import PLUGIN_KINDS
 from cl2r_bench.run_options import add_run_options
 
 COMMANDS = ("run", "pretrain", "embed", "sweep", "metrics", "leaderboard", "plot", "report", "list", "adapt")
@@ -68,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "mean and std in columns NAME_mean, NAME_std, 12 significant digits")
     board.add_argument("--table", metavar="NAME",
                        help="print only this table: main, noise, replacements, retrieval (the adapter studies' cases), "
-                       "backfilling (their AUCs, zero-shot retention and f(W)), timing, across or matrices (the mean "
-                       "matrices; in csv, rows scenario, dataset, strategy, t, k, mean, std, seeds)")
+                       "backfilling (their AUCs, zero-shot retention and the adapters' diagnostics such as f(W)), "
+                       "timing, across or matrices (the mean matrices; in csv, rows scenario, dataset, strategy, t, "
+                       "k, mean, std, seeds)")
     board.add_argument("--timing", action="store_true",
                        help="also print each strategy's training time per iteration and its ratio to --baseline")
     board.add_argument("--baseline", default="er", help="the strategy --timing compares with (default %(default)s)")
@@ -137,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="adapter parameters "
                        "(adapter_params.NAME.KEY=VALUE) or model_update.KEY=VALUE for backfill_orders, backfill_steps, "
                        "unmatched_queries, per_class_cmc, queries, stream_rows, screen, unseen_classes, pairing")
+    adapt.add_argument("--plugin", action="append", default=[], metavar="FILE", help="a Python file that registers "
+                       f"{PLUGIN_KINDS}, e.g. your own adapter (repeatable; docs/plugins.md)")
     adapt.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (fitting and scoring)")
     adapt.add_argument("--resume", action="store_true", help="keep each adapter and seed whose record an earlier "
                        "run with the same settings finished in OUTPUT, and measure only the others")

@@ -42,7 +42,7 @@ from benchmarks.noise import noise_metrics, wilson_interval
 from benchmarks.record import run_record, write_record
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.adapt.driver import Protocol, StudyRun, drive
-from cl2r_bench.adapters import convergence_note, embed_pair, fit_adapter
+from cl2r_bench.adapters import convergence_note, embed_pair, fit_adapter, get_adapter
 from cl2r_bench.assembly import Assembly
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.distributed import connect
@@ -401,7 +401,8 @@ class Run:
             replacement_models=self.state["replacements"],
             adapter=None if not settings.adapter.used else {
                 "name": settings.adapter.name, "direction": direction, "at": settings.adapter.at,
-                "fits": self.state.get("adapter_fits", [])},
+                "fits": self.state.get("adapter_fits", []),
+                "diagnostics": dict(get_adapter(settings.adapter.name).diagnostics)},
             config=self.parts.config, device=device_description(self.device), world_size=self.processes.world_size,
             timings={"tasks": timings, "pretrain_seconds": self.state["pretrain_seconds"],
                      "train_seconds": sum(t["seconds"] for t in timings),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from cl2r_bench.config import nested, parse_assignment, read_yaml, resolve
 from cl2r_bench.errors import UsageError
 from cl2r_bench.limits import seed_argument
+from cl2r_bench.plugins import PLUGIN_KINDS
 
 if TYPE_CHECKING:
     from cl2r_bench.assembly import Assembly
@@ -64,7 +65,7 @@ RUN_OPTIONS = (
     RunOption("--config", None, "a YAML file of settings (same keys as configs/default.yaml)"),
     RunOption("--set", None, "any setting, e.g. --set stream.num_tasks=31 --set replacement.tasks=[0,10,20]",
               {"action": "append", "default": [], "metavar": "KEY=VALUE"}),
-    RunOption("--plugin", "plugins", "a Python file that registers a strategy (repeatable; see strategies/base.py)",
+    RunOption("--plugin", "plugins", f"a Python file that registers {PLUGIN_KINDS} (repeatable; docs/plugins.md)",
               {"action": "append", "metavar": "FILE"}),
     RunOption("--no-progress", "training.progress", "no progress bars", {"action": "store_true", "default": None},
               value=lambda parsed: False),

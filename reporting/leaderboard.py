@@ -7,10 +7,11 @@ record's fields and units).
 The tables (:data:`TABLES`, built by :func:`build`): ``main`` (AC, AA, ACA, the mean negative flip rates NFR self and
 NFR cross in percent, seeds), ``noise`` (the noise-aware AC), ``replacements`` (the replacement models' own accuracies),
 ``retrieval`` and ``backfilling`` (every adapter study, leave-one-out or a ``model_update`` run along a stream: each
-case's top-1 and mAP, each order's AUC, the zero-shot change and f(W)), ``two_model`` (the BCT line's protocol),
-``timing`` (ms per training iteration), ``across`` (AC and ACA across replacements) and ``matrices`` (the mean
-compatibility matrices; in csv, long rows ``scenario, dataset, strategy, t, k, mean, std, seeds``, tasks 0-based,
-percent). :func:`reporting.tables.render` writes them in github, latex or csv.
+case's top-1 and mAP, each order's AUC, the zero-shot change and the adapters' declared diagnostics such as
+λ-orthogonal's f(W)), ``two_model`` (the BCT line's protocol), ``timing`` (ms per training iteration), ``across``
+(AC and ACA across replacements) and ``matrices`` (the mean compatibility matrices; in csv, long rows ``scenario,
+dataset, strategy, t, k, mean, std, seeds``, tasks 0-based, percent). :func:`reporting.tables.render` writes them
+in github, latex or csv.
 """
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ import numpy as np
 
 from benchmarks.metrics import across_replacements, all_metrics, as_matrix
 from benchmarks.record import (
-    ORTHOGONALITY_GAP,
     PAPER_CASES,
     ReplacementModel,
     RunRecord,
+    adapter_diagnostics,
     adapter_study,
     leave_one_out,
     update_fit,
@@ -78,8 +79,8 @@ RETRIEVAL_COLUMNS = (*LOO_IDENTITY, *(Column(f"{case} {score}", f"{case}_{score}
                      Column("queries without a match", "unmatched_queries", Kind.SPREAD, 0), SEEDS)
 BACKFILLING_COLUMNS = (*LOO_IDENTITY, *(Column(f"AUC {order} {score}", f"auc_{order}_{score}", Kind.SPREAD)
                                         for order in BACKFILL_ORDERS for score in ("top-1", "mAP")),
-                       Column("ZS change (points)", "zero_shot_change", Kind.SPREAD),
-                       Column("f(W)", ORTHOGONALITY_GAP, Kind.SPREAD), SEEDS)
+                       Column("ZS change (points)", "zero_shot_change", Kind.SPREAD))
+"""The backfilling table's columns before the adapters' declared diagnostics (:func:`backfilling_table`)."""
 TIMING_COLUMNS = (*IDENTITY, Column("train ms / iteration", "train_ms_per_iteration", digits=1),
                   Column("ratio to baseline", "ratio_to_baseline"), SEEDS)
 ACROSS_COLUMNS = (*IDENTITY, Column("AC across replacements", "AC_across", Kind.SPREAD, 3),
@@ -292,12 +293,23 @@ def case_values(record: RunRecord) -> list[float | None]:
 
 
 def backfilling_values(record: RunRecord) -> list[float | None]:
-    """Each order's top-1 and mAP AUC (percent), the zero-shot change and λ-orth's final f(W)
-    (:data:`BACKFILLING_COLUMNS`)."""
+    """Each order's top-1 and mAP AUC (percent) and the zero-shot change (:data:`BACKFILLING_COLUMNS`)."""
     auc, zero_shot = record["retrieval"]["backfilling"]["auc"], record["retrieval"].get("zero_shot")
-    gap = update_fit(record).get(ORTHOGONALITY_GAP)
     return [None if auc.get(order) is None else auc[order].get(key) for order in BACKFILL_ORDERS
-            for key in ("top1_auc", "mAP_auc")] + [zero_shot["change"] if zero_shot else None, gap]
+            for key in ("top1_auc", "mAP_auc")] + [zero_shot["change"] if zero_shot else None]
+
+
+def backfilling_table(records: list[RunRecord]) -> Table:
+    """:data:`BACKFILLING_COLUMNS`, then one column per diagnostic the records' adapters declare (their fit logs'
+    last values, e.g. λ-orthogonal's f(W); :func:`benchmarks.record.adapter_diagnostics`), in the order first met."""
+    declared: dict[str, str] = {}
+    for record in records:
+        if adapter_study(record):
+            for key, title in adapter_diagnostics(record).items():
+                declared.setdefault(key, title)
+    columns = (*BACKFILLING_COLUMNS, *(Column(title, key, Kind.SPREAD) for key, title in declared.items()), SEEDS)
+    return Table(columns, retrieval_rows(records, lambda record: backfilling_values(record) + [
+        update_fit(record).get(key) for key in declared]))
 
 
 def published_main_rows(scenarios: set[str]) -> list[list[Any]]:
@@ -395,7 +407,7 @@ def build(records: list[RunRecord], fmt: str = "github", names: Iterable[str] = 
     records = [r for r in every if not leave_one_out(r)]
     builders: dict[str, Callable[[], list[Table]]] = {
         "retrieval": lambda: [Table(RETRIEVAL_COLUMNS, retrieval_rows(every, case_values))],
-        "backfilling": lambda: [Table(BACKFILLING_COLUMNS, retrieval_rows(every, backfilling_values))],
+        "backfilling": lambda: [backfilling_table(every)],
         "two_model": lambda: [Table(TWO_MODEL_COLUMNS, two_model_rows(records))],
         "main": lambda: [Table(MAIN_COLUMNS, leaderboard_rows(records))],
         "noise": lambda: [Table(NOISE_COLUMNS, noise_rows(records))],

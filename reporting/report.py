@@ -63,7 +63,7 @@ from .tables import Column, Kind, Table, cell_text
 REPORT_TABLES = ("main", "noise", "replacements", "across", "retrieval", "backfilling", "two_model", "timing")
 TABLE_TITLES = {"main": "Leaderboard", "noise": "Noise-aware AC", "replacements": "Replacement models' own accuracy",
                 "across": "AC and ACA across replacements", "retrieval": "Retrieval cases (top-1 and mAP, %)",
-                "backfilling": "Backfilling AUC, zero-shot change and f(W)",
+                "backfilling": "Backfilling AUC, zero-shot change and the adapters' diagnostics",
                 "two_model": "Two-model protocol (old/old, new/old, new/new; %)", "timing": "Training time"}
 TWO_MODEL_SECTION_TITLES = {
     "main": "Per-task matrix: AC / AA / ACA (the old classes' test images against their training images, not the "

@@ -29,11 +29,9 @@ intervals).
 The package, one idea per module: :mod:`.schema` (the layout), :mod:`.marks` (what readers rely on), :mod:`.check`
 (the runtime check), :mod:`.build`, :mod:`.files` (write and read) and :mod:`.cases`.
 """
-from cl2r_bench.adapters.protocol import ORTHOGONALITY_GAP
-
 from .build import leave_one_out_record, run_record
 from .cases import BASELINE, CROSS_CASES, cross_case, pack_hits, unpack_hits
-from .check import adapter_study, leave_one_out, record_problem, schema_problem, update_fit
+from .check import adapter_diagnostics, adapter_study, leave_one_out, record_problem, schema_problem, update_fit
 from .files import (
     MAX_RECORD_BYTES,
     RECORD_FILE,
@@ -88,14 +86,13 @@ from .schema import (
 )
 
 __all__ = [
-    "ORTHOGONALITY_GAP",  # the f(W) threshold the checks read, named here for the reports (which import no adapter)
     "Adapter", "AdapterFit", "BASELINE", "BackfillAUC", "CASE_FLIPS", "CMC_CURVES", "CONVENTION", "COUNT",
     "CROSS_CASES", "Check", "DUAL_CASE",
     "Device", "Evaluation", "Extractions", "FLIPS", "FRACTION", "INTERVAL", "LARGE_GALLERY_SCORES",
     "LeaveOneOutRecord", "MAX_RECORD_BYTES", "Metrics", "NAME", "NegativeFlips", "Noise", "NoiseSummary",
     "OPTIONAL_FRACTION", "PACKED_HITS", "PAPER_CASES", "PairDecision", "RATES", "RECORD_FILE", "Read", "RecordError",
     "RecordIdentity", "ReplacementModel", "Retrieval", "RetrievalCases", "RunRecord", "SCORES", "Stream",
-    "StudyBackfilling", "TaskTiming", "Timings", "TwoModel", "adapter_study", "checked_records",
+    "StudyBackfilling", "TaskTiming", "Timings", "TwoModel", "adapter_diagnostics", "adapter_study", "checked_records",
     "cross_case", "holds_complete_record", "leave_one_out", "leave_one_out_record", "pack_hits", "read_record",
     "record_problem", "run_record", "schema_problem", "unpack_hits", "update_fit", "write_record",
 ]

@@ -5,8 +5,6 @@ import sys
 from collections.abc import Iterable
 from typing import Annotated, Any, get_args, get_origin, get_type_hints, is_typeddict
 
-from cl2r_bench.adapters.protocol import ORTHOGONALITY_GAP
-
 from ..metrics import MatrixError, as_matrix, is_number
 
 if sys.version_info >= (3, 11):
@@ -170,15 +168,33 @@ def _update_problem(record: dict[str, Any]) -> str | None:
     if not (_object(adapter) and (_object(adapter.get("fit")) or _fits(adapter.get("fits")))):
         return (f"'adapter' is {reprlib.repr(adapter)}; it must be null or an object with a 'fits' list (or, in "
                 "older records, a 'fit' object)")
+    declared = adapter.get("diagnostics", LEGACY_DIAGNOSTICS)
+    if not (_object(declared) and all(isinstance(v, str) for v in declared.values())):
+        return f"'adapter.diagnostics' is {reprlib.repr(declared)}; it must map fit-log keys to column titles"
     fit = update_fit(record)
-    if ORTHOGONALITY_GAP in fit and not is_number(fit[ORTHOGONALITY_GAP]):
-        within = "adapter.fit." if "fit" in adapter else f"adapter.fits[{len(adapter['fits']) - 1}]."
-        return f"'{within}{ORTHOGONALITY_GAP}' is {reprlib.repr(fit[ORTHOGONALITY_GAP])}; it must be a number"
+    for key in declared:
+        if key in fit and not is_number(fit[key]):
+            within = "adapter.fit." if "fit" in adapter else f"adapter.fits[{len(adapter['fits']) - 1}]."
+            return f"'{within}{key}' is {reprlib.repr(fit[key])}; it must be a number (a declared diagnostic)"
     return None
 
 
 def _fits(value: Any) -> bool:
     return isinstance(value, list) and len(value) > 0 and all(map(_object, value))
+
+
+LEGACY_DIAGNOSTICS = {"f_W": "f(W)"}
+"""The diagnostic columns of records written before adapters declared theirs: λ-orthogonal's ``f_W``."""
+
+
+def adapter_diagnostics(record: RunRecord) -> dict[str, str]:
+    """``{fit-log key: column title}`` of the record's adapter: its declared ``diagnostics``, or
+    :data:`LEGACY_DIAGNOSTICS` where its last fit holds them; ``{}`` without adapter."""
+    adapter = record.get("adapter") or {}
+    if "diagnostics" in adapter:
+        return dict(adapter["diagnostics"])
+    fit = update_fit(record)
+    return {key: title for key, title in LEGACY_DIAGNOSTICS.items() if key in fit}
 
 
 def update_fit(record: RunRecord) -> dict[str, Any]:

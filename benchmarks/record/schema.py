@@ -137,7 +137,8 @@ class ReplacementModel(TypedDict):
 
 class AdapterFit(TypedDict):
     """One fit of the adapter: ``task`` (the incoming model's), ``items`` (images it was fitted on), ``seconds``
-    (embedding both models and fitting), beside the adapter's own fit log (e.g. λ-orthogonal's final ``f_W``)."""
+    (embedding both models and fitting), beside the adapter's own fit log (e.g. λ-orthogonal's final ``f_W``; the
+    numbers its ``diagnostics`` name are checked to be numbers)."""
     task: int
     items: int
     seconds: float
@@ -148,12 +149,15 @@ class Adapter(TypedDict):
 
     ``name``: the adapter. ``direction``: ``backward`` (new queries mapped into old galleries) or ``forward``
     (kept galleries mapped into the new space), the matrix the record reports. ``at``: ``replacements`` or
-    ``every_task``. ``fits``: one per fit, task order. Records of the former ``model_update`` writer carry instead
-    ``fit`` (the single fit's log, where the leaderboard reads ``f_W``) and ``fit_items``."""
+    ``every_task``. ``fits``: one per fit, task order. ``diagnostics``: the fit-log keys the adapter declares as
+    report columns, with their titles (``Adapter.diagnostics``; records written before it hold none, and
+    :data:`~benchmarks.record.check.LEGACY_DIAGNOSTICS` stands for it). Records of the former ``model_update`` writer
+    carry instead ``fit`` (the single fit's log) and ``fit_items``."""
     name: str
     direction: NotRequired[Literal["backward", "forward"]]
     at: NotRequired[Literal["replacements", "every_task"]]
     fits: NotRequired[list[AdapterFit]]
+    diagnostics: NotRequired[dict[str, str]]
     fit: NotRequired[dict[str, float]]
     fit_items: NotRequired[int]
 

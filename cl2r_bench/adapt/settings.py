@@ -74,4 +74,5 @@ def adapt_config(train: str | Path | tuple[str | Path, str | Path], test: str | 
     return {"command": "adapt", **fitting, "test": str(Path(test).resolve()),
             "adapter": {"name": name}, "seed": seed,
             "adapter_params": {name: settings["adapter_params"].get(name, {})} if name != "none" else {},
-            "model_update": {key: settings[key] for key in ADAPT_KEYS}}
+            "model_update": {key: settings[key] for key in ADAPT_KEYS},
+            **({"plugins": settings["plugins"]} if settings.get("plugins") else {})}

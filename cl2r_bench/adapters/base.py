@@ -40,6 +40,11 @@ An adapter is one file in ``cl2r_bench/adapters/`` plus its name on the import l
         def backward(self, new): return new * self.gain
         def forward(self, old, side=None): return old * self.gain
 
+**Diagnostic columns.** ``diagnostics = {"key": "title"}`` names numbers of the fit log (what :meth:`Adapter.fit`
+returns) that the leaderboard's backfilling table shows as columns titled ``title``, for any adapter that declares
+them (λ-orthogonal: ``{"f_W": "f(W)"}``). Records carry the declaration (``adapter.diagnostics``), so reports read it
+without importing the adapter; nothing else in the suite names the key.
+
 **Fitting without pairs.** An adapter that sets ``fits_unpaired = True`` (mini-vec2vec) also fits on a
 :class:`FeaturePair` whose ``paired`` is False: the old model's features of some items and the new model's of
 others (``model_update.pairing: unpaired``); every other adapter is refused such a pair.
@@ -136,6 +141,7 @@ class Adapter(nn.Module):
     forward_into_new_space: ClassVar[bool] = True   # False when new_frame is not the identity (λ-orthogonal)
     picks_rows: ClassVar[bool] = False   # True: fit reads features from disk by index only (module docstring)
     fits_unpaired: ClassVar[bool] = False   # True: fits on the features of different items (FeaturePair.paired)
+    diagnostics: ClassVar[dict[str, str]] = {}   # fit-log key -> leaderboard column title (module docstring)
 
     def __init__(self, config: Any = None) -> None:
         super().__init__()

@@ -110,6 +110,7 @@ class LambdaOrthogonal(LearnedAdapter):
     directions = ("backward", "forward")
     forward_into_new_space = False
     picks_rows = True
+    diagnostics = {ORTHOGONALITY_GAP: "f(W)"}
 
     def build(self, old_dim: int, new_dim: int, side_dim: int = 0) -> None:
         dim = min(old_dim, new_dim) if self.config.dims == "truncate" else max(old_dim, new_dim)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import torch
 
 ORTHOGONALITY_GAP = "f_W"
-"""The fit-log key of ``‖WWᵀ − I‖_F`` of a linear backward map (λ-orthogonal), read by the leaderboard's f(W)."""
+"""The fit-log key of ``‖WWᵀ − I‖_F`` of a linear backward map (λ-orthogonal's diagnostic column f(W))."""
 
 
 @runtime_checkable
