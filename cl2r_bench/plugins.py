@@ -12,6 +12,8 @@ from pathlib import Path
 from cl2r_bench.errors import PartError, PluginError
 
 PLUGIN_KINDS = "a strategy, scenario, adapter, encoder family or data set"
+MODULE_PREFIX = "cl2r_plugin_"
+"""The start of every plug-in module's name in ``sys.modules``."""
 
 
 def load_plugin(path: str) -> None:
@@ -27,7 +29,7 @@ def load_plugin(path: str) -> None:
         state = "is a folder" if file.is_dir() else "does not exist"
         raise PluginError(f"plugin {path} {state}; pass the path of a Python file that registers {PLUGIN_KINDS}")
     resolved = file.resolve()
-    module_name = f"cl2r_plugin_{file.stem}_{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}"
+    module_name = f"{MODULE_PREFIX}{file.stem}_{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}"
     if module_name in sys.modules:
         return
     spec = importlib.util.spec_from_file_location(module_name, resolved)

@@ -34,6 +34,28 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: item.path.name not in LONGEST_FILES)
 
+@pytest.fixture(autouse=True)
+def registries_as_found():
+    """Each test leaves every registry as it found it: the parts a test registers (from a plug-in file or a test
+    module) and the plug-in modules it loaded are gone for the next test, whichever worker runs it."""
+    from cl2r_bench.adapters.base import ADAPTERS
+    from cl2r_bench.data.datasets import DATA_SETS
+    from cl2r_bench.encoders.base import ENCODER_FAMILIES
+    from cl2r_bench.plugins import MODULE_PREFIX
+    from scenarios.base import SCENARIOS
+    from strategies.base import STRATEGIES
+
+    kept = [(registry, dict(registry.classes)) for registry in (ADAPTERS, DATA_SETS, ENCODER_FAMILIES, SCENARIOS,
+                                                                 STRATEGIES)]
+    plugins = {name for name in sys.modules if name.startswith(MODULE_PREFIX)}
+    yield
+    for registry, classes in kept:
+        registry.classes.clear()
+        registry.classes.update(classes)
+    for name in {name for name in sys.modules if name.startswith(MODULE_PREFIX)} - plugins:
+        del sys.modules[name]
+
+
 # A 3-task IAM-CL2R run on generated data in a few seconds: replacements at tasks 0 and 2.
 TINY = {
     "dataset": "synthetic", "preset": "quick", "device": "cpu",

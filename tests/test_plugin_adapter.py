@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from helpers.adapt_inputs import adapt, arrays
 
-from cl2r_bench.adapters.base import ADAPTERS
 from cl2r_bench.cli import main
 
 PLUGIN = '''
@@ -34,17 +33,7 @@ class MeanNormIdentity(Adapter):
 '''
 
 
-@pytest.fixture
-def registered_adapters():
-    """The adapter registry as it was before the test: a plug-in registered in it leaves with the test."""
-    before = dict(ADAPTERS.classes)
-    yield
-    ADAPTERS.classes.clear()
-    ADAPTERS.classes.update(before)
-
-
-def test_a_plugin_adapter_runs_and_its_declared_diagnostics_are_leaderboard_columns(rotated, tmp_path, capsys,
-                                                                                     registered_adapters):
+def test_a_plugin_adapter_runs_and_its_declared_diagnostics_are_leaderboard_columns(rotated, tmp_path, capsys):
     train, test = rotated
     plugin = tmp_path / "elsewhere" / "my_adapter.py"
     plugin.parent.mkdir()
