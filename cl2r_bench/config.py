@@ -33,6 +33,7 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "model_update.test_per_class": (int, type(None)),
     "model_update.queries": (int, type(None)),
     "model_update.stream_rows": (int, str, type(None)),
+    "training.compile": (bool, str),
 }
 """The settings whose values may have another type than their default's, and the types they accept: the union
 annotations of :mod:`cl2r_bench.settings`, which imports this module and so cannot be read here

@@ -128,6 +128,8 @@ def with_defaults(cls: type[Section], section: str, **changes: Any) -> Section:
 
 
 SPEED_OPTIONS = ("channels_last", "compile")  # training settings that change speed, not what is trained
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""``training.compile``'s modes besides true (``default``) and false: ``torch.compile``'s own."""
 
 
 @dataclass(frozen=True)
@@ -149,13 +151,16 @@ class TrainSettings:
     schedule_step: str
     progress: bool
     channels_last: bool
-    compile: bool
+    compile: bool | str
 
     def __post_init__(self) -> None:
         check_rules("training", self, at_least(1, "epochs", "batch_size", "new_batch_size", "memory_batch_size",
                                                "memory_per_class") + at_least(0, "lr_min", "weight_decay")
                     + above_zero("lr") + [("momentum", lambda v: 0 <= v < 1, "in [0, 1)")])
         check_schedule("training", self)
+        if not (isinstance(self.compile, bool) or self.compile in COMPILE_MODES):
+            raise ConfigError(f"training.compile must be false, true or one of {list(COMPILE_MODES)}, not "
+                              f"{self.compile!r}")
         for key, allowed in (("amp_dtype", AMP_DTYPES), ("epoch_length", EPOCH_LENGTHS),
                              ("schedule_step", SCHEDULE_STEPS)):
             if getattr(self, key) not in allowed:
@@ -165,6 +170,13 @@ class TrainSettings:
     def with_defaults(cls, **changes: Any) -> TrainSettings:
         """The default training settings with ``changes`` (:func:`with_defaults`)."""
         return with_defaults(cls, "training", **changes)
+
+    @property
+    def compile_mode(self) -> str | None:
+        """The ``torch.compile`` mode of ``compile``: None when off, ``default`` for true."""
+        if self.compile is False:
+            return None
+        return "default" if self.compile is True else self.compile
 
     @property
     def autocast(self) -> str | bool:

@@ -4,6 +4,8 @@ import pytest
 import yaml
 
 from cl2r_bench import cli as runner
+from cl2r_bench.errors import ConfigError
+from cl2r_bench.settings import TrainSettings
 
 
 def run_cli(*args):
@@ -18,6 +20,7 @@ def run_cli(*args):
     ("evaluation.confidence=1.5", "evaluation.confidence = 1.5 must be between 0 and 1"),
     ("training.batch_size=0", "training.batch_size = 0 must be from 1 to 2147483647"),
     ("training.lr=0", "training.lr = 0.0 must be above 0"),
+    ("training.compile=fast", "training.compile must be false, true or one of ['default', 'reduce-overhead'"),
     ("training.lr=-1e-3", "training.lr = -0.001 must be above 0"),
     ("training.epochs=-2", "training.epochs = -2 must be from 1 to 2147483647"),
     ("stream.num_tasks=0", "stream.num_tasks = 0 must be from 1 to 2147483647"),
@@ -95,3 +98,20 @@ def test_yaml_aliases_are_refused_in_config_files_and_set_values(tmp_path, capsy
     assert "YAML aliases (*name) are not accepted in settings (line 2)" in capsys.readouterr().err
     assert main(["--dataset", "synthetic", "--set", "replacement.tasks=[&a 0, *a]", "--output", str(tmp_path)]) == 2
     assert "YAML aliases" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, mode", [(False, None), (True, "default"), ("reduce-overhead", "reduce-overhead")])
+def test_training_compile_is_off_on_or_a_torch_compile_mode_passed_to_the_forward_and_teacher(value, mode,
+                                                                                              monkeypatch):
+    import torch
+
+    from cl2r_bench.training.engine import teacher_forward, training_forward
+
+    settings = TrainSettings.with_defaults(compile=value)
+    assert settings.compile_mode == mode
+    monkeypatch.setattr(torch, "compile", lambda module, mode: ("compiled", module, mode))
+    model = torch.nn.Linear(2, 2)
+    expected = model if mode is None else ("compiled", model, mode)
+    assert training_forward(model, settings) == expected and teacher_forward(model, settings) == expected
+    with pytest.raises(ConfigError, match="training.compile must be false, true or one of .*'reduce-overhead'"):
+        TrainSettings.with_defaults(compile="fast")

@@ -73,12 +73,13 @@ class Variant:
 
     amp: str = "none"
     channels_last: bool = False
-    compile: bool = False
+    compile: bool | str = False   # True or a torch.compile mode (training.compile)
 
     @property
     def name(self) -> str:
         precision = {"none": "fp32", "float16": "fp16", "bfloat16": "bf16"}[self.amp]
-        return "+".join([precision] + ["channels-last"] * self.channels_last + ["compile"] * self.compile)
+        compiled = [] if self.compile is False else ["compile" if self.compile is True else f"compile-{self.compile}"]
+        return "+".join([precision] + ["channels-last"] * self.channels_last + compiled)
 
     def settings(self, base: TrainSettings) -> TrainSettings:
         """``base`` with this variant's training fields."""
@@ -123,7 +124,7 @@ def plain_loop(model: RetrievalModel, data: ImageSet, settings: TrainSettings, s
     scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
     if settings.channels_last:
         model.to(memory_format=torch.channels_last)
-    forward = torch.compile(model) if settings.compile else model
+    forward = model if settings.compile_mode is None else torch.compile(model, mode=settings.compile_mode)
     if teacher is not None:
         teacher.eval().requires_grad_(False)
     optimizer = make_optimizer(model, settings)
@@ -341,7 +342,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--amp", choices=AMP_CHOICES, default="none")
     parser.add_argument("--channels-last", action="store_true")
-    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--compile", nargs="?", const=True, default=False, metavar="MODE",
+                        help="torch.compile the forward, in MODE if given (training.compile: reduce-overhead, ...)")
     parser.add_argument("--variants", action="store_true", help="fp32, bf16, bf16+channels-last, "
                         "bf16+channels-last+compile, fp16 (ignores --amp, --channels-last, --compile)")
     parser.add_argument("--protocol", action="store_true", help="estimate the 7-task paper protocol's time")

@@ -11,7 +11,7 @@ wall time) says whether the loop waits on the GPU (near 1) or on Python and kern
 The profiler slows the host; the unprofiled wall time and images per second of the same run come first.
 
     python -m tools.profile_training --backbone resnet18 --strategy dsimplex_hoc --images 16384 --epochs 1 \\
-        --amp float16 [--channels-last] [--compile] [--json PATH]
+        --amp float16 [--channels-last] [--compile [MODE]] [--json PATH]
 """
 from __future__ import annotations
 
@@ -95,7 +95,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--amp", choices=AMP_CHOICES, default="float16")
     parser.add_argument("--channels-last", action="store_true")
-    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--compile", nargs="?", const=True, default=False, metavar="MODE",
+                        help="torch.compile the forward, in MODE if given (training.compile: reduce-overhead, ...)")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return parser.parse_args()
