@@ -26,9 +26,9 @@ timed() {  # timed NAME COMMAND...: run it, log its output, note its start, end 
 benchmarks() {
   timed bench_fp16 python3 -m tools.bench_training_loop --backbone resnet18 --strategy dsimplex_hoc \
     --amp float16 --images 16384 --epochs 1 --repeats 2 --device cuda
+  timed bench_fp16_graphs python3 -m tools.bench_training_loop --backbone resnet18 --strategy dsimplex_hoc \
+    --amp float16 --compile reduce-overhead --images 16384 --epochs 1 --repeats 2 --device cuda
   timed profile_fp16 python3 -m tools.profile_training --amp float16 --json "$W/profile_fp16.json"
-  timed profile_bf16_cl python3 -m tools.profile_training --amp bfloat16 --channels-last \
-    --json "$W/profile_bf16_cl.json"
   stamp "benchmarks done"
 }
 
