@@ -101,7 +101,8 @@ def profile_summary(kind: str, name: str) -> str:
 
 def _type_ok(value: Any, default: Any, dotted: str) -> bool:
     if dotted in EXTRA_TYPES:
-        return isinstance(value, EXTRA_TYPES[dotted]) and not isinstance(value, bool)
+        kinds = EXTRA_TYPES[dotted]
+        return isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
     if isinstance(default, bool) or isinstance(value, bool):
         return isinstance(value, bool) and isinstance(default, bool)
     if isinstance(default, float):
@@ -128,8 +129,9 @@ def merge(base: dict[str, Any], override: dict[str, Any], source: str, prefix: s
         elif isinstance(default, float) and isinstance(value, str) and FLOAT_TEXT.fullmatch(value.strip()):
             out[key] = float(value)
         elif not _type_ok(value, default, dotted):
+            expected = " or ".join(kind.__name__ for kind in EXTRA_TYPES.get(dotted, (type(default),)))
             raise ConfigError(f"{source}: {dotted} = {value!r} has type {type(value).__name__}; expected "
-                              f"{type(default).__name__} like the default {default!r}")
+                              f"{expected} like the default {default!r}")
         else:
             out[key] = float(value) if isinstance(default, float) else value
     return out

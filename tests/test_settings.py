@@ -115,3 +115,14 @@ def test_training_compile_is_off_on_or_a_torch_compile_mode_passed_to_the_forwar
     assert training_forward(model, settings) == expected and teacher_forward(model, settings) == expected
     with pytest.raises(ConfigError, match="training.compile must be false, true or one of .*'reduce-overhead'"):
         TrainSettings.with_defaults(compile="fast")
+
+
+def test_a_config_file_holds_training_compile_as_a_bool_or_a_mode():
+    """A run's saved config.yaml is read back through the same check: false, true and a mode all pass."""
+    from cl2r_bench.config import merge
+
+    base = {"training": {"compile": False}}
+    for value in (False, True, "reduce-overhead"):
+        assert merge(base, {"training": {"compile": value}}, "saved")["training"]["compile"] == value
+    with pytest.raises(ConfigError, match=r"saved: training.compile = 3 has type int; expected bool or str"):
+        merge(base, {"training": {"compile": 3}}, "saved")
