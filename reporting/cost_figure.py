@@ -2,8 +2,8 @@
 the deployments of :mod:`reporting.deployments` on one axis of cost, cheapest first, one colour per adapter.
 
 The cost axis follows the answer's own cost rule (:data:`reporting.deployments.DEPLOYMENTS`): keep the old model;
-new queries through B against the untouched index; both encoders per query against the untouched index; stored
-vectors rewritten through F without reading an image; a share of the images re-embedded (the share that reaches
+new queries through B against the untouched index; stored vectors rewritten through F without reading an image;
+both encoders per query against the untouched index; a share of the images re-embedded (the share that reaches
 95 % of new/new, in the adapter's legend entry); every image re-embedded. old/old and new/new are the two ends, the
 same for every adapter, drawn as lines; each adapter's legend entry carries its fit time. The figure answers where each
 adapter sits on accuracy against what its deployment costs, which the summary table gives as numbers."""
@@ -14,25 +14,26 @@ from typing import Any
 from benchmarks.record import DUAL_CASE
 
 from .adapter_summary import BACKFILL_TARGET, AdapterSummary
-from .deployments import deployments
+from .deployments import DEPLOYMENTS, deployments
 from .plots import adapter_colour
 
-COST_STEPS = (("old/old", "keep the\nold model"), ("B/old", "new + B\nper query"),
-              (DUAL_CASE, "old + new\nper query"), ("new/F", "stored vectors\nrewritten (F)"),
-              ("backfilled", "a share of images\nre-embedded"), ("new/new", "every image\nre-embedded"))
-"""``(case, axis label)`` of each step of the cost axis, cheapest first."""
+STEP_LABELS = {"old/old": "keep the\nold model", "B/old": "new + B\nper query",
+               "new/F": "stored vectors\nrewritten (F)", DUAL_CASE: "old + new\nper query",
+               "backfilled": "a share of images\nre-embedded", "new/new": "every image\nre-embedded"}
+COST_STEPS = (*(case for _, case, *_ in DEPLOYMENTS[:-1]), "backfilled", DEPLOYMENTS[-1][1])
+"""The cases of the cost axis, cheapest first: the answer's own order (:data:`DEPLOYMENTS`), with a partial
+backfilling before re-embedding everything, as :func:`reporting.deployments.deployments` lists them."""
 ENDS = ("old/old", "new/new")
 
 
 def deployment_points(rows: list[AdapterSummary],
                       runs: list[dict[str, Any]]) -> dict[str, list[tuple[int, float, str]]]:
     """``{adapter: [(cost step, top-1, note)]}``: each adapter's deployments between the two ends, at their step of
-    :data:`COST_STEPS`; the note is the share of images a backfilled deployment re-embeds. Adapters without such a
-    deployment (no adapter at all) are left out."""
-    steps = [case for case, _ in COST_STEPS]
+    :data:`COST_STEPS`; the note is the share of images a backfilled deployment re-embeds. An adapter with none is
+    left out."""
     points = {}
     for row in rows:
-        found = [(steps.index(d.case), d.top1, f"{row.reembed_share:.0%}" if d.case == "backfilled" else "")
+        found = [(COST_STEPS.index(d.case), d.top1, f"{row.reembed_share:.0%}" if d.case == "backfilled" else "")
                  for d in deployments(row, runs) if d.case not in ENDS]
         if found:
             points[row.adapter] = found
@@ -59,7 +60,7 @@ def deployment_cost_figure(plt, title: str, rows: list[AdapterSummary], runs: li
     ax.axhline(old, color="black", linestyle="--", linewidth=1)
     ax.axhline(BACKFILL_TARGET * new, color="grey", linestyle=":", linewidth=1)
     ax.axhline(new, color="grey", linestyle="-", linewidth=0.8)
-    ax.set_xticks(range(len(COST_STEPS)), [label for _, label in COST_STEPS], fontsize=7)
+    ax.set_xticks(range(len(COST_STEPS)), [STEP_LABELS[case] for case in COST_STEPS], fontsize=7)
     ax.set_xlim(-0.5, len(COST_STEPS) - 0.5)
     ax.set_xlabel("what the deployment costs, cheapest first")
     ax.set_ylabel(f"top-1 (%); dashed: old/old {old:.1f}, dotted: {BACKFILL_TARGET:.0%} of new/new {new:.1f}",
