@@ -51,8 +51,9 @@ RUN_OPTIONS = (
     RunOption("--adapter", "adapter.name", "a post-hoc adapter between model updates (cl2r_bench/adapters/), 'none', "
               "or 'all' (none and every adapter, one run each)", value=_unless_all),
     RunOption("--dataset", "dataset", "training stream: cifar100 | tinyimagenet | synthetic"),
-    RunOption("--eval-dataset", "evaluation.dataset", "open-set evaluation: cifar10 (query = its 50,000 train "
-              "images, gallery = templates of its test images) | heldout (classes after the stream's)"),
+    RunOption("--eval-dataset", "evaluation.dataset", "open-set evaluation on another data set (query = its train "
+              "images, gallery = templates of its test images; cifar10 for the papers, any data set of runner.py "
+              "list) | heldout (classes after the stream's) | stream (its own classes' test images)"),
     RunOption("--data-root", "data_root", "folder with cifar-100-python/, cifar-10-batches-py/, tiny-imagenet-200/"),
     RunOption("--download", "download", "download missing data sets", {"action": "store_true", "default": None}),
     RunOption("--preset", "preset", "paper (published protocol) | quick (minutes on a CPU)"),

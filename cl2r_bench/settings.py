@@ -32,7 +32,8 @@ from cl2r_bench.models import BACKBONES
 
 VERIFY_MODES = ("warn", "strict", "off")
 CLASS_ORDERS = ("natural", "seeded")
-EVALUATION_SETS = ("cifar10", "heldout", "stream")
+EVALUATION_PROTOCOLS = ("heldout", "stream")
+"""``evaluation.dataset``'s values besides a data set of its own (any with a profile: ``cifar10`` for the papers)."""
 GALLERY_MODES = ("templates", "images")
 TIE_RULES = ("strict", "inclusive")
 UPDATE_HEADS = ("learnable", "dsimplex")
@@ -334,7 +335,8 @@ class EvaluationSettings:
     def __post_init__(self) -> None:
         check_rules("evaluation", self, at_least(1, "batch_size", "resamples", "heldout_classes", "queries_per_class")
                     + [("confidence", lambda v: 0 < v < 1, "between 0 and 1 (e.g. 0.95)")])
-        check_choices("evaluation", self, {"dataset": EVALUATION_SETS, "mode": GALLERY_MODES,
+        check_choices("evaluation", self, {"dataset": (*EVALUATION_PROTOCOLS, *choices("datasets")),
+                                           "mode": GALLERY_MODES,
                                            "tie_rule": TIE_RULES})
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers.data_files import write_cifar10
+from helpers.data_files import write_cifar10, write_tiny_imagenet
 
 from cl2r_bench import cli as runner
 from cl2r_bench.config import resolve
@@ -190,3 +190,17 @@ def test_feature_geometry_reads_a_run_and_matches_its_matrix(tiny, tmp_path, cap
     assert all(pairs[f"({t},{k})"][1] == f"{100 * matrix[t][k]:.1f}" for t, k in ((1, 0), (2, 0), (2, 1)))
     assert feature_geometry.main([str(tmp_path / "nowhere")]) == 2
     assert "pass a run folder" in capsys.readouterr().err
+
+
+def test_any_data_set_with_a_profile_is_an_open_set_evaluation_not_only_cifar10(tiny, tmp_path):
+    """Tiny ImageNet's train images (3 classes x 4) are the queries and its val images (1 per class) the class
+    templates' images, read at the stream's 32x32."""
+    write_tiny_imagenet(tmp_path / "data", classes=3, train_per_class=4)
+    out = tmp_path / "out"
+    code = runner.main(["--config", str(tiny), "--strategy", "er", "--scenario", "cl2r", "--set",
+                        "replacement.tasks=[]", "--output", str(out), "--data-root", str(tmp_path / "data"),
+                        "--eval-dataset", "tinyimagenet"])
+    assert code == 0
+    record = json.loads((out / "cl2r/synthetic/er/seed42/metrics.json").read_text())
+    assert record["config"]["evaluation"]["dataset"] == "tinyimagenet"
+    assert record["evaluation"]["queries"] == 3 * 4 and record["evaluation"]["gallery_images"] == 3

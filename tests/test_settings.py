@@ -15,6 +15,7 @@ def run_cli(*args):
 @pytest.mark.parametrize("setting, fragment", [
     ("evaluation.tie_rule=loose", "evaluation.tie_rule = 'loose'; choose from ['strict', 'inclusive']"),
     ("evaluation.mode=pixels", "evaluation.mode = 'pixels'"),
+    ("evaluation.dataset=imagenet", "evaluation.dataset = 'imagenet'; choose from ['heldout', 'stream', 'cifar10'"),
     ("model.backbone=vit", "model.backbone = 'vit'"),
     ("device=gpu", "device = 'gpu'"),
     ("evaluation.confidence=1.5", "evaluation.confidence = 1.5 must be between 0 and 1"),
