@@ -19,7 +19,6 @@ import functools
 import re
 import types
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,8 +26,9 @@ import yaml
 
 from cl2r_bench.config import CONFIG_DIR, choices
 from cl2r_bench.errors import ConfigError, safe_name
-from cl2r_bench.limits import COUNT_MAX, seed_problem
+from cl2r_bench.limits import seed_problem
 from cl2r_bench.models import BACKBONES
+from cl2r_bench.setting_rules import above_zero, at_least, check_choices, check_rules, check_schedule, int_list
 
 VERIFY_MODES = ("warn", "strict", "off")
 CLASS_ORDERS = ("natural", "seeded")
@@ -44,10 +44,10 @@ AUTO = "auto"
 ADAPTER_DIRECTIONS = ("auto", "backward", "forward")
 UPDATE_PROTOCOLS = ("auto", "leave_one_out", "stream")
 UNMATCHED_CONVENTIONS = ("miss", "exclude")
+"""How CMC counts a query without another item of its class (benchmarks/ranking/; docs/METHODS.md §7b)."""
 PAIRINGS = ("paired", "unpaired")
 """What an adapter study fits on: the same items under both models, or the old features of some items and the new
 features of others (``model_update.pairing``; docs/METHODS.md §7)."""
-"""How CMC counts a query without another item of its class (benchmarks/ranking/; docs/METHODS.md §7b)."""
 PRETRAIN_SCHEDULES = ("cosine", "plateau")
 AMP_DTYPES = ("float16", "bfloat16")
 EPOCH_LENGTHS = ("reference", "full_pass")
@@ -55,50 +55,6 @@ SCHEDULE_STEPS = ("epoch", "iteration")
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 Section = TypeVar("Section")
-Rule = tuple[str, Callable[[Any], bool], str]
-
-
-def at_least(bound: int, *keys: str) -> list[Rule]:
-    """Each of ``keys`` at least ``bound``; a count (a bound of 1 or more) also at most :data:`COUNT_MAX`, the same
-    ceiling as a count on the command line, so that no setting asks for more than a 32-bit count."""
-    if bound < 1:
-        return [(key, lambda value: value >= bound, f"at least {bound}") for key in keys]
-    return [(key, lambda value: bound <= value <= COUNT_MAX, f"from {bound} to {COUNT_MAX}") for key in keys]
-
-
-def above_zero(*keys: str) -> list[Rule]:
-    return [(key, lambda value: value > 0, "above 0") for key in keys]
-
-
-def check_rules(section: str, settings: Any, rules: list[Rule]) -> None:
-    """Each ``(key, ok, allowed)`` of ``rules`` holds for the value of ``section.key`` (None passes: "not set")."""
-    for key, ok, allowed in rules:
-        value = getattr(settings, key)
-        if value is not None and not ok(value):
-            raise ConfigError(f"{_dotted(section, key)} = {value!r} must be {allowed}")
-
-
-def check_choices(section: str, settings: Any, choices: dict[str, tuple[str, ...]]) -> None:
-    """The value of each ``section.key`` is one of ``choices[key]``."""
-    for key, allowed in choices.items():
-        if getattr(settings, key) not in allowed:
-            raise ConfigError(f"{_dotted(section, key)} = {getattr(settings, key)!r}; choose from {list(allowed)}")
-
-
-def check_schedule(section: str, settings: Any) -> None:
-    """The cosine schedule goes down from ``lr`` to ``lr_min``."""
-    if settings.lr_min > settings.lr:
-        raise ConfigError(f"{section}.lr_min = {settings.lr_min:g} is above {section}.lr = {settings.lr:g}; the "
-                          "cosine schedule goes down from lr to lr_min")
-
-
-def _dotted(section: str, key: str) -> str:
-    return f"{section}.{key}" if section else key
-
-
-def int_list(values: Any) -> bool:
-    """Whether ``values`` is a list of ints (booleans are not)."""
-    return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
 
 
 def check_backfill_orders(orders: list[str]) -> None:

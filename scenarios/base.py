@@ -35,7 +35,8 @@ from cl2r_bench.encoders import check_spec, is_spec
 from cl2r_bench.errors import ConfigError
 from cl2r_bench.models import RetrievalModel, load_replacement
 from cl2r_bench.registry import Registry
-from cl2r_bench.settings import RunSettings, int_list, task_seed
+from cl2r_bench.setting_rules import int_list
+from cl2r_bench.settings import RunSettings, task_seed
 
 
 class ScenarioError(DataError):

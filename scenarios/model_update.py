@@ -31,7 +31,7 @@ from cl2r_bench.data.streams import Stream
 from cl2r_bench.encoders import check_spec
 from cl2r_bench.errors import ConfigError
 from cl2r_bench.models import RetrievalModel, load_state
-from cl2r_bench.settings import int_list
+from cl2r_bench.setting_rules import int_list
 from cl2r_bench.training.pretrain import pretrained_replacement
 
 from .base import (

@@ -332,24 +332,31 @@ def report_protocol(bench: Bench, variants: tuple[Variant, ...], measured: Measu
           f"({len(settings.replacement.tasks)} more evaluations, cached)")
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backbone", default="small_cnn")
-    parser.add_argument("--strategy", default="er", help="er (no teacher) | dsimplex_hoc (the paper's: a teacher)")
-    parser.add_argument("--images", type=int, default=2048)
-    parser.add_argument("--epochs", type=int, default=2)
+def add_loop_arguments(parser: argparse.ArgumentParser, *, backbone: str, strategy: str, images: int, epochs: int,
+                       amp: str) -> None:
+    """The options of the bench a loop runs on (:func:`build_bench`) and of its variant, with the defaults given:
+    this script's and ``tools/profile_training.py``'s."""
+    parser.add_argument("--backbone", default=backbone)
+    parser.add_argument("--strategy", default=strategy, help="er (no teacher) | dsimplex_hoc (the paper's: a teacher)")
+    parser.add_argument("--images", type=int, default=images)
+    parser.add_argument("--epochs", type=int, default=epochs)
     parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--amp", choices=AMP_CHOICES, default="none")
+    parser.add_argument("--amp", choices=AMP_CHOICES, default=amp)
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--compile", nargs="?", const=True, default=False, metavar="MODE",
                         help="torch.compile the forward, in MODE if given (training.compile: reduce-overhead, ...)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_loop_arguments(parser, backbone="small_cnn", strategy="er", images=2048, epochs=2, amp="none")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", action="store_true", help="fp32, bf16, bf16+channels-last, "
                         "bf16+channels-last+compile, fp16 (ignores --amp, --channels-last, --compile)")
     parser.add_argument("--protocol", action="store_true", help="estimate the 7-task paper protocol's time")
     parser.add_argument("--eval-images", type=int, default=None,
                         help="images embedded to time an evaluation (default: the protocol's 60,000)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return parser.parse_args()
 
 

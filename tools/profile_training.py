@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-from tools.bench_evaluation import AMP_CHOICES
-from tools.bench_training_loop import Bench, Variant, build_bench, suite_loop
+from tools.bench_training_loop import Bench, Variant, add_loop_arguments, build_bench, suite_loop
 
 REGIONS = ("cl2r.batch", "cl2r.augmentation", "cl2r.forward", "cl2r.loss", "cl2r.backward", "cl2r.optimizer")
 """The loop's labelled regions; ``cl2r.augmentation`` is nested in ``cl2r.batch``, the others are disjoint."""
@@ -88,17 +87,8 @@ def report(result: dict) -> str:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backbone", default="resnet18")
-    parser.add_argument("--strategy", default="dsimplex_hoc")
-    parser.add_argument("--images", type=int, default=16384)
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--amp", choices=AMP_CHOICES, default="float16")
-    parser.add_argument("--channels-last", action="store_true")
-    parser.add_argument("--compile", nargs="?", const=True, default=False, metavar="MODE",
-                        help="torch.compile the forward, in MODE if given (training.compile: reduce-overhead, ...)")
+    add_loop_arguments(parser, backbone="resnet18", strategy="dsimplex_hoc", images=16384, epochs=1, amp="float16")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return parser.parse_args()
 
 
