@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.backfill_orders import check_backfill_orders
 from cl2r_bench.adapters import Adapter, AdapterError, get_adapter, list_adapters, make_adapter, unpaired_adapters
 from cl2r_bench.distributed import SINGLE, Processes, place
 from cl2r_bench.encoders import encoder_model
@@ -114,6 +115,7 @@ def assemble(config: dict[str, Any]) -> Assembly:
         check_pairing(adapter.name, settings.model_update.pairing)
         used["adapter_params"][adapter.name] = adapter.parameters_used()
     check_part_names(settings)
+    check_backfill_orders(settings.model_update.backfill_orders)
     label = scenario.label()
     direction = adapted_direction(adapter, settings.adapter.direction) if adapter and scenario.trains else None
     return Assembly(config=used, settings=settings, scenario=scenario, trainer=trainer, label=label,

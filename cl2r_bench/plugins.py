@@ -1,5 +1,6 @@
 """Plug-ins from outside the suite (``--plugin FILE`` or ``plugins:`` in a config; docs/plugins.md): a Python file
-that registers strategies, scenarios, adapters, encoder families or data sets with their registries' decorators.
+that registers strategies, scenarios, adapters, encoder families, data sets or backfilling orders with their
+registries' decorators.
 Loading it is all the suite does; the file's decorators do the rest."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from cl2r_bench.errors import PartError, PluginError
 
-PLUGIN_KINDS = "a strategy, scenario, adapter, encoder family or data set"
+PLUGIN_KINDS = "a strategy, scenario, adapter, encoder family, data set or backfilling order"
 MODULE_PREFIX = "cl2r_plugin_"
 """The start of every plug-in module's name in ``sys.modules``."""
 

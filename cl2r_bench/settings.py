@@ -37,7 +37,6 @@ EVALUATION_PROTOCOLS = ("heldout", "stream")
 GALLERY_MODES = ("templates", "images")
 TIE_RULES = ("strict", "inclusive")
 UPDATE_HEADS = ("learnable", "dsimplex")
-BACKFILL_ORDERS = ("random", "uncertainty", "class_mean_distance", "class_mean_cosine")
 ADAPTER_AT = ("replacements", "every_task")
 AUTO = "auto"
 """The value of a setting the suite decides from what it reads (``model_update.stream_rows``)."""
@@ -55,12 +54,6 @@ SCHEDULE_STEPS = ("epoch", "iteration")
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 Section = TypeVar("Section")
-
-
-def check_backfill_orders(orders: list[str]) -> None:
-    """``model_update.backfill_orders``: a non-empty list of :data:`BACKFILL_ORDERS` (also ``runner.py adapt``'s)."""
-    if not orders or any(order not in BACKFILL_ORDERS for order in orders):
-        raise ConfigError(f"model_update.backfill_orders = {orders!r}; give a list from {list(BACKFILL_ORDERS)}")
 
 
 def task_seed(seed: int, task: int) -> int:
@@ -359,7 +352,6 @@ class ModelUpdateSettings:
             raise ConfigError("model_update.pairing=unpaired fits adapters on different items in runner.py adapt and "
                               "in two encoders' leave-one-out study (model_update.old / new); a stream fits on its own "
                               "pairs: leave it paired here")
-        check_backfill_orders(self.backfill_orders)
         if self.encoders and not (self.old and self.new):
             raise ConfigError("give both model_update.old and model_update.new (encoder specs), or neither")
         if self.encoders and self.protocol == "stream":

@@ -31,7 +31,6 @@ from benchmarks.record import (
     leave_one_out,
     update_fit,
 )
-from cl2r_bench.settings import BACKFILL_ORDERS
 
 from .experiments import experiment_groups, models_label
 from .published import (
@@ -77,10 +76,8 @@ LOO_IDENTITY = (Column("scenario", "scenario", Kind.TEXT), Column("dataset", "da
 RETRIEVAL_COLUMNS = (*LOO_IDENTITY, *(Column(f"{case} {score}", f"{case}_{score}", Kind.SPREAD)
                                       for case in PAPER_CASES for score in ("top-1", "mAP")),
                      Column("queries without a match", "unmatched_queries", Kind.SPREAD, 0), SEEDS)
-BACKFILLING_COLUMNS = (*LOO_IDENTITY, *(Column(f"AUC {order} {score}", f"auc_{order}_{score}", Kind.SPREAD)
-                                        for order in BACKFILL_ORDERS for score in ("top-1", "mAP")),
-                       Column("ZS change (points)", "zero_shot_change", Kind.SPREAD))
-"""The backfilling table's columns before the adapters' declared diagnostics (:func:`backfilling_table`)."""
+AUC_SCORES = (("top-1", "top1_auc"), ("mAP", "mAP_auc"))
+"""Each backfilling order's two columns: their titles and the record's keys."""
 TIMING_COLUMNS = (*IDENTITY, Column("train ms / iteration", "train_ms_per_iteration", digits=1),
                   Column("ratio to baseline", "ratio_to_baseline"), SEEDS)
 ACROSS_COLUMNS = (*IDENTITY, Column("AC across replacements", "AC_across", Kind.SPREAD, 3),
@@ -292,23 +289,29 @@ def case_values(record: RunRecord) -> list[float | None]:
             for key in ("top1", "mAP")] + [record["retrieval"].get("queries_without_match")]
 
 
-def backfilling_values(record: RunRecord) -> list[float | None]:
-    """Each order's top-1 and mAP AUC (percent) and the zero-shot change (:data:`BACKFILLING_COLUMNS`)."""
+def backfilling_values(record: RunRecord, orders: list[str]) -> list[float | None]:
+    """Each of ``orders``' top-1 and mAP AUC (percent), then the zero-shot change (:func:`backfilling_table`)."""
     auc, zero_shot = record["retrieval"]["backfilling"]["auc"], record["retrieval"].get("zero_shot")
-    return [None if auc.get(order) is None else auc[order].get(key) for order in BACKFILL_ORDERS
-            for key in ("top1_auc", "mAP_auc")] + [zero_shot["change"] if zero_shot else None]
+    return [None if auc.get(order) is None else auc[order].get(key) for order in orders
+            for _, key in AUC_SCORES] + [zero_shot["change"] if zero_shot else None]
 
 
 def backfilling_table(records: list[RunRecord]) -> Table:
-    """:data:`BACKFILLING_COLUMNS`, then one column per diagnostic the records' adapters declare (their fit logs'
-    last values, e.g. λ-orthogonal's f(W); :func:`benchmarks.record.adapter_diagnostics`), in the order first met."""
+    """The study's identity, each backfilling order's top-1 and mAP AUC, the zero-shot change, then one column per
+    diagnostic the records' adapters declare (their fit logs' last values, e.g. λ-orthogonal's f(W);
+    :func:`benchmarks.record.adapter_diagnostics`). The orders and the diagnostics are those the records hold, in
+    the order first met, so a plug-in's order (:mod:`benchmarks.backfill_orders`) gets its columns too."""
+    orders: dict[str, None] = {}
     declared: dict[str, str] = {}
-    for record in records:
-        if adapter_study(record):
-            for key, title in adapter_diagnostics(record).items():
-                declared.setdefault(key, title)
-    columns = (*BACKFILLING_COLUMNS, *(Column(title, key, Kind.SPREAD) for key, title in declared.items()), SEEDS)
-    return Table(columns, retrieval_rows(records, lambda record: backfilling_values(record) + [
+    for record in filter(adapter_study, records):
+        orders.update(dict.fromkeys(record["retrieval"]["backfilling"]["auc"]))
+        for key, title in adapter_diagnostics(record).items():
+            declared.setdefault(key, title)
+    columns = (*LOO_IDENTITY, *(Column(f"AUC {order} {title}", f"auc_{order}_{title}", Kind.SPREAD)
+                                for order in orders for title, _ in AUC_SCORES),
+               Column("ZS change (points)", "zero_shot_change", Kind.SPREAD),
+               *(Column(title, key, Kind.SPREAD) for key, title in declared.items()), SEEDS)
+    return Table(columns, retrieval_rows(records, lambda record: backfilling_values(record, list(orders)) + [
         update_fit(record).get(key) for key in declared]))
 
 

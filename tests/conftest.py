@@ -38,6 +38,7 @@ def pytest_collection_modifyitems(items):
 def registries_as_found():
     """Each test leaves every registry as it found it: the parts a test registers (from a plug-in file or a test
     module) and the plug-in modules it loaded are gone for the next test, whichever worker runs it."""
+    from benchmarks.backfill_orders import ORDERS
     from cl2r_bench.adapters.base import ADAPTERS
     from cl2r_bench.data.datasets import DATA_SETS
     from cl2r_bench.encoders.base import ENCODER_FAMILIES
@@ -45,8 +46,8 @@ def registries_as_found():
     from scenarios.base import SCENARIOS
     from strategies.base import STRATEGIES
 
-    kept = [(registry, dict(registry.classes)) for registry in (ADAPTERS, DATA_SETS, ENCODER_FAMILIES, SCENARIOS,
-                                                                 STRATEGIES)]
+    kept = [(registry, dict(registry.classes)) for registry in (ADAPTERS, DATA_SETS, ENCODER_FAMILIES, ORDERS,
+                                                                 SCENARIOS, STRATEGIES)]
     plugins = {name for name in sys.modules if name.startswith(MODULE_PREFIX)}
     yield
     for registry, classes in kept:

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks.record import PAPER_CASES, checked_records, leave_one_out, update_fit
-from cl2r_bench.settings import BACKFILL_ORDERS
 from reporting.adapter_summary import SUMMARY_COLUMNS, ranked, recommendation, summarise, summary_cells
 from reporting.published import LAMBDA_ORTH_SOURCE, LAMBDA_ORTH_TABLE_1B, LAMBDA_ORTH_TABLE_2
+from tools.pretrained_study import BACKFILL_ORDERS
 
 Group = tuple[str, str]
 

@@ -18,6 +18,9 @@ features of half the fitting items, the new features of the other half) into ``O
 ``--unseen-classes 0.5`` runs the open set (``model_update.unseen_classes``: half of the classes, a seeded draw, are
 held out of fitting and alone scored) into ``OUTPUT/open-set/``, from the same weights and feature cache.
 
+``--fit-per-class N`` fits on N train images per class instead of the data set's default, into ``.../fit-N/``: the
+control that tells a smaller fitting split from classes never fitted (``results/pretrained/open-set/README.md``).
+
 Then :mod:`tools.pretrained_report` writes the tables and the figure.
 """
 from __future__ import annotations
@@ -38,10 +41,11 @@ from cl2r_bench.assembly import assemble
 from cl2r_bench.config import resolve
 from cl2r_bench.files import atomic_write_json
 from cl2r_bench.run_folder import RunFolder
-from cl2r_bench.settings import BACKFILL_ORDERS
 
 DATASETS = {"cifar10": {"fit_per_class": 200, "test_per_class": 100},
             "tinyimagenet": {"fit_per_class": 10, "test_per_class": 10}}
+BACKFILL_ORDERS = ("random", "uncertainty", "class_mean_distance", "class_mean_cosine")
+"""The study's backfilling orders: every built-in one (:mod:`benchmarks.backfill_orders`), in its records' order."""
 LAMBDA_VARIANTS = {"lambda_orth-lam22": {"lam": 22.0}, "lambda_orth-affine": {"constraint": "none"},
                    "lambda_orth-strict": {"constraint": "strict"}}
 """The λ ablation (λ-orth's CUB table: strict, λ = 12 as ``lambda_orth``, λ = 22, affine), run where zero-shot
@@ -96,7 +100,8 @@ def run_config(args: argparse.Namespace, pair: dict[str, str], dataset: str, ada
              "model_update": {"old": pair["old"], "new": pair["new"], "protocol": "leave_one_out",
                               "backfill_orders": list(BACKFILL_ORDERS), "unseen_classes": args.unseen_classes,
                               "pairing": args.pairing,
-                              "feature_cache": str(Path(args.output) / "feature_cache"), **DATASETS[dataset]}}
+                              "feature_cache": str(Path(args.output) / "feature_cache"), **DATASETS[dataset],
+                              **({"fit_per_class": args.fit_per_class} if args.fit_per_class else {})}}
     return resolve([("pretrained study", layer)])
 
 
@@ -114,12 +119,18 @@ def main(argv: list[str] | None = None) -> int:
                         "held out of fitting and alone scored, runs under OUTPUT/open-set/ (docs/adapters.md)")
     parser.add_argument("--pairing", default="paired", choices=["paired", "unpaired"], help="unpaired: none and the "
                         "adapters fitted without pairs, under OUTPUT/unpaired/ (model_update.pairing)")
+    parser.add_argument("--fit-per-class", type=int, default=0, help="fit on this many train images per class "
+                        "instead of the data set's default; runs under .../fit-N/")
+    parser.add_argument("--adapters", nargs="+", choices=list_adapters(), help="only these adapters (default: every "
+                        "registered one)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     output = Path(args.output)
     runs = output / "open-set" if args.unseen_classes else output
     runs = runs / "unpaired" if args.pairing == "unpaired" else runs
+    runs = runs / f"fit-{args.fit_per_class}" if args.fit_per_class else runs
     adapters = unpaired_adapters() if args.pairing == "unpaired" else list_adapters()
+    adapters = [a for a in adapters if a in args.adapters] if args.adapters else adapters
     pairs = {"lite0-lite2": lite_pair(output)}
     if "resnet18-lite2" in args.pairs:
         pairs["resnet18-lite2"] = {"old": f"suite:{suite_resnet(args.data_root, output / 'models', print)}",

@@ -31,6 +31,11 @@ def schema_problem(value: Any, schema: Any, within: str = "") -> str | None:
             continue
         if not read.check(value[key]):
             return f"'{within}{key}' is {reprlib.repr(value[key])}; it must be {read.expected}"
+        if read.each is not None:
+            problem = _first(f"'{within}{key}.{name}' is {reprlib.repr(item)}; it must be {read.each.expected}"
+                             for name, item in value[key].items() if not read.each.check(item))
+            if problem:
+                return problem
         problem = _nested_problem(value[key], hint, f"{within}{key}")
         if problem:
             return problem

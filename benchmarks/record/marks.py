@@ -30,13 +30,15 @@ class Read:
     """A field the readers rely on, marked in the schema below as ``Annotated[type, Read(...)]``: what it must be
     (``expected``, the words of the one-line problem), the test of its value (``check``), and whether a record
     without it is rejected (``required``; ``required_with``: only when that field beside it is present). A
-    ``TypedDict`` field (or a list of them) that passes is checked field by field in turn
-    (:func:`schema_problem`). Fields without a ``Read`` are as the writer wrote them."""
+    ``TypedDict`` field (or a list of them) that passes is checked field by field in turn, and an object whose
+    keys are names (a backfilling order's) value by value by its ``each`` mark (:func:`schema_problem`). Fields
+    without a ``Read`` are as the writer wrote them."""
 
     expected: str
     check: Check
     required: bool = False
     required_with: str | None = None
+    each: "Read | None" = None
 
 
 def _text(value: Any) -> bool:

@@ -5,8 +5,6 @@ import math
 import sys
 from typing import Annotated, Any, Literal, TypedDict
 
-from cl2r_bench.settings import BACKFILL_ORDERS
-
 if sys.version_info >= (3, 11):
     from typing import NotRequired
 else:
@@ -234,11 +232,10 @@ RetrievalCases = TypedDict("RetrievalCases", {
 produce it; ``mAP`` is None where the gallery was screened (``model_update.screen``)."""
 
 
-BackfillAUC = TypedDict("BackfillAUC", {
-    order: Annotated[dict[str, float] | None, Read("null or top1_auc / mAP_auc in percent", _optional(_areas))]
-    for order in BACKFILL_ORDERS}, total=False)
+BackfillAUC = dict[str, dict[str, float] | None]
 """Each backfilling order's ``top1_auc`` / ``mAP_auc`` in percent (``mAP@R_auc`` where the gallery was screened),
-None where the adapter cannot rank the gallery."""
+None where the adapter cannot rank the gallery; keyed by the order's name (:mod:`benchmarks.backfill_orders`, any
+registered one)."""
 
 
 class StudyBackfilling(TypedDict):
@@ -247,7 +244,8 @@ class StudyBackfilling(TypedDict):
     areas ``auc``."""
     betas: list[float]
     curves: dict[str, dict[str, list[float]] | None]
-    auc: Annotated[BackfillAUC, Read("an object of areas per order", _object, required=True)]
+    auc: Annotated[BackfillAUC, Read("an object of areas per order", _object, required=True,
+                                     each=Read("null or top1_auc / mAP_auc in percent", _optional(_areas)))]
 
 
 class Retrieval(TypedDict):

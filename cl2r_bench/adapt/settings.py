@@ -5,6 +5,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from benchmarks.backfill_orders import check_backfill_orders
 from cl2r_bench.adapters import make_adapter
 from cl2r_bench.config import (
     CONFIG_DIR,
@@ -19,7 +20,6 @@ from cl2r_bench.settings import (
     UNMATCHED_CONVENTIONS,
     DistributedSettings,
     at_least,
-    check_backfill_orders,
     check_choices,
     check_rules,
 )
