@@ -22,11 +22,12 @@ from cl2r_bench.encoders import encoder_model
 from cl2r_bench.errors import ConfigError, PartError, safe_name, writable_folder
 from cl2r_bench.models import RetrievalModel, build_model, head_over, replacement_family
 from cl2r_bench.plugins import load_plugin
+from cl2r_bench.registry import config_from_params
 from cl2r_bench.settings import RunSettings
 from cl2r_bench.tracking import Tracker, make_tracker
 from cl2r_bench.training.trainers import Trainer, make_trainer, strategy_parameters
 from scenarios import get_scenario
-from scenarios.base import Scenario
+from scenarios.base import Scenario, ScenarioError
 
 
 @dataclass
@@ -107,7 +108,10 @@ def assemble(config: dict[str, Any]) -> Assembly:
     scenario = get_scenario(settings.scenario)(settings)
     processes, device = place(settings.distributed, resolve_device(settings.device))
     trainer = make_trainer(settings, device, processes) if scenario.trains else None
-    used = dict(config, strategy_params=dict(config["strategy_params"]), adapter_params=dict(config["adapter_params"]))
+    used = dict(config, strategy_params=dict(config["strategy_params"]), adapter_params=dict(config["adapter_params"]),
+                scenario_params=dict(config["scenario_params"]))
+    if scenario.parameters_used():
+        used["scenario_params"][settings.scenario] = scenario.parameters_used()
     used["strategy_params"][settings.strategy] = (trainer.parameters if trainer is not None else
                                                   strategy_parameters(settings.strategy, settings.strategy_params))
     adapter = make_adapter(settings.adapter.name, settings.adapter_params) if settings.adapter.used else None
@@ -131,16 +135,19 @@ def load_plugins(paths: list[str]) -> None:
 
 
 def check_part_names(settings: RunSettings) -> None:
-    """Every name under ``strategy_params`` / ``adapter_params`` is a registered part whose parameters are valid,
-    used or not, so that a typo is an error as an unknown key is everywhere else; the run's own strategy
-    and adapter are built, and so checked, by :func:`assemble`."""
-    sections = (("strategy_params", lambda name: strategy_parameters(name, settings.strategy_params)),
-                ("adapter_params", lambda name: make_adapter(name, settings.adapter_params)))
-    for section, check in sections:
-        for name in sorted(set(getattr(settings, section)) - {settings.strategy, settings.adapter.name}):
+    """Every name under ``strategy_params`` / ``adapter_params`` / ``scenario_params`` is a registered part whose
+    parameters are valid, used or not, so that a typo is an error as an unknown key is everywhere else; the run's
+    own strategy, adapter and scenario are built, and so checked, by :func:`assemble`."""
+    sections = (
+        ("strategy_params", settings.strategy, lambda name: strategy_parameters(name, settings.strategy_params)),
+        ("adapter_params", settings.adapter.name, lambda name: make_adapter(name, settings.adapter_params)),
+        ("scenario_params", settings.scenario, lambda name: config_from_params(
+            get_scenario(name).Config, settings.scenario_params[name], f"scenario_params.{name}", ConfigError)))
+    for section, own, check in sections:
+        for name in sorted(set(getattr(settings, section)) - {own}):
             try:
                 check(name)
-            except PartError as exc:
+            except (PartError, ScenarioError) as exc:
                 raise ConfigError(str(exc) if str(exc).startswith(section) else f"{section}.{name}: {exc}") from None
 
 

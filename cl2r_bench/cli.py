@@ -336,8 +336,8 @@ def command_report(args: argparse.Namespace) -> int:
 
 def command_list(args: argparse.Namespace) -> int:
     """Print the registered scenarios, strategies, adapters, presets and data sets with one line each (the
-    profiles' first comment sentence, the parts' first docstring line); ``--params`` adds every strategy's and
-    adapter's parameters with their defaults (written once, in their ``Config`` dataclasses)."""
+    profiles' first comment sentence, the parts' first docstring line); ``--params`` adds every scenario's,
+    strategy's and adapter's parameters with their defaults (written once, in their ``Config`` dataclasses)."""
     from dataclasses import asdict
 
     from cl2r_bench.adapters import get_adapter, list_adapters
@@ -358,7 +358,8 @@ def command_list(args: argparse.Namespace) -> int:
     adapters = [("none", "no adapter: the models' own features", "")]
     adapters += [(n, first_line(get_adapter(n).__doc__).replace(" (module docstring)", ""), params(get_adapter(n)))
                  for n in list_adapters()]
-    sections = [("scenarios (--scenario)", [(n, first_line(get_scenario(n).__doc__), "") for n in list_scenarios()]),
+    scenarios = [(n, first_line(get_scenario(n).__doc__), params(get_scenario(n))) for n in list_scenarios()]
+    sections = [("scenarios (--scenario)", scenarios),
                 ("strategies (--strategy)", strategies), ("adapters (--adapter)", adapters),
                 ("presets (--preset)", [(n, profile_summary("presets", n), "") for n in choices("presets")]),
                 ("data sets (--dataset)", [(n, profile_summary("datasets", n), "") for n in choices("datasets")])]

@@ -22,7 +22,7 @@ import yaml
 from cl2r_bench.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-FREE_FORM = {"strategy_params", "adapter_params"}
+FREE_FORM = {"strategy_params", "adapter_params", "scenario_params"}
 EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "stream.class_order": (str, list),
     "stream.images_per_class": (int, type(None)),
@@ -183,7 +183,9 @@ def nested(dotted: str, value: Any) -> dict[str, Any]:
 
 
 def resolve(user_layers: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """The full config: defaults, then the dataset / scenario / preset profiles they name, then ``user_layers``.
+    """The full config: defaults, then the dataset / scenario / preset profiles they name, then ``user_layers``. A
+    scenario's profile is optional (a plug-in's settings are its ``Config``), so its name is checked by the
+    scenario registry when the run is assembled.
 
     ``user_layers`` are ``(source name, mapping)`` pairs, lowest priority first (config file, then CLI). Every key
     and value type is checked here; the values themselves are checked by the parts that own them when the assembly
@@ -196,6 +198,8 @@ def resolve(user_layers: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     layers = []
     for kind, key in (("datasets", "dataset"), ("scenarios", "scenario"), ("presets", "preset")):
         if names[key] not in choices(kind):
+            if kind == "scenarios":
+                continue
             raise ConfigError(f"unknown {key} {names[key]!r}; choose from {choices(kind)}")
         layers.append((f"configs/{kind}/{names[key]}.yaml", read_yaml(CONFIG_DIR / kind / f"{names[key]}.yaml")))
         adapted = CONFIG_DIR / "scenarios" / "per_dataset" / f"{names['scenario']}-{names['dataset']}.yaml"

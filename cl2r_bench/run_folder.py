@@ -146,7 +146,8 @@ class RunFolder:
 
 def _run_defining(config: dict[str, Any]) -> dict[str, Any]:
     """The settings a resumed run must share with the interrupted one: all but where results go, progress and
-    logging, and the parameters of strategies and adapters the run does not use."""
-    used = (f"strategy_params.{config.get('strategy')}.", f"adapter_params.{config.get('adapter', {}).get('name')}.")
+    logging, and the parameters of strategies, adapters and scenarios the run does not use."""
+    used = (f"strategy_params.{config.get('strategy')}.", f"adapter_params.{config.get('adapter', {}).get('name')}.",
+            f"scenario_params.{config.get('scenario')}.")
     return {k: v for k, v in flatten(config).items() if not k.startswith(IGNORED_ON_RESUME)
-            and (not k.startswith(("strategy_params.", "adapter_params.")) or k.startswith(used))}
+            and (not k.startswith(("strategy_params.", "adapter_params.", "scenario_params.")) or k.startswith(used))}

@@ -417,6 +417,7 @@ class RunSettings:
     tracking: TrackingSettings
     strategy_params: dict[str, dict[str, Any]]
     adapter_params: dict[str, dict[str, Any]]
+    scenario_params: dict[str, dict[str, Any]]
 
     def __post_init__(self) -> None:
         problem = seed_problem(self.seed)

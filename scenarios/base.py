@@ -4,24 +4,33 @@ A scenario decides what the one run loop (:class:`cl2r_bench.run.Run`) does at e
 start from a pretrained model instead of the previous one, whether the strategy fine-tunes, when an adapter is
 fitted and on what, and what the record adds. The loop owns everything else (run folder, resume, training,
 evaluation into the compatibility matrix, the record), so every scenario gets them alike. A new scenario is one
-file in ``scenarios/`` plus one import line in ``scenarios/__init__.py``, and a profile
-``cl2r_bench/configs/scenarios/<name>.yaml`` holding its defaults::
+file in ``scenarios/`` plus one import line in ``scenarios/__init__.py`` (or a ``--plugin`` file)::
 
+    from dataclasses import dataclass
     from scenarios.base import Scenario, register_scenario
+
+    @dataclass(frozen=True)
+    class MyScenarioConfig:
+        every: int = 2                # its own settings, with their defaults: scenario_params.my_scenario.every
 
     @register_scenario("my_scenario")
     class MyScenario(Scenario):
         '''One line for `runner.py list`; then the protocol, citing docs/METHODS.md.'''
+        Config = MyScenarioConfig
         trains = True                 # False: models are used as pretrained (no strategy)
         scores_starting_models = True # record each starting model's own accuracy before fine-tuning
 
-        def starting_models(self, stream, head, device, log):   # optional: tasks that start from a file
-            return [{"task": 0, "path": "/abs/model.pt", "source": "user"}]
+        def trains_task(self, task):  # a hook; self.config holds the settings
+            return task % self.config.every == 0
 
-Every hook has a default (CL2R's behaviour); override the ones the scenario changes.
+Every hook has a default (CL2R's behaviour); override the ones the scenario changes. A scenario's own settings are
+its ``Config`` (``scenario_params.<name>``, checked like a strategy's, the values used written to the run's
+config); a profile ``cl2r_bench/configs/scenarios/<name>.yaml`` may also change the suite's settings for it (the
+built-in scenarios' replacements, stream and evaluation).
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +43,7 @@ from cl2r_bench.data.streams import Stream, build_stream
 from cl2r_bench.encoders import check_spec, is_spec
 from cl2r_bench.errors import ConfigError
 from cl2r_bench.models import RetrievalModel, load_replacement
-from cl2r_bench.registry import Registry
+from cl2r_bench.registry import NoParams, Registry, config_from_params
 from cl2r_bench.setting_rules import int_list
 from cl2r_bench.settings import RunSettings, task_seed
 
@@ -63,12 +72,19 @@ class Scenario:
     stream, replacements at ``replacement.tasks`` (docs/METHODS.md §4)."""
 
     name: ClassVar[str] = ""
+    Config: ClassVar[type] = NoParams
     trains: ClassVar[bool] = True
     scores_starting_models: ClassVar[bool] = True
 
     def __init__(self, settings: RunSettings) -> None:
         self.settings = settings
+        self.config = config_from_params(self.Config, settings.scenario_params.get(self.name, {}),
+                                          f"scenario_params.{self.name}", ScenarioError)
         self.check_settings()
+
+    def parameters_used(self) -> dict[str, Any]:
+        """Every setting of the scenario's ``Config``, defaults included (written to the run's config)."""
+        return dataclasses.asdict(self.config)
 
     def check_settings(self) -> None:
         """Refuse, with a one-line :class:`~cl2r_bench.errors.ConfigError`, settings this scenario cannot run (each

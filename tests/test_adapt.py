@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 from helpers.adapt_inputs import ROOT, adapt, clustered, write_folder
+from helpers.adapter_pairs import few_steps_options
 from helpers.data_files import write_cifar100
 
 from cl2r_bench.cli import main
@@ -76,9 +77,8 @@ def test_every_adapter_runs_records_land_on_the_leaderboard_and_the_export_serve
     train, test = rotated
     out_dir, export = tmp_path / "results", tmp_path / "export"
     code, out = adapt("--train", train, "--test", test, "--adapter", "all", "--seeds", 1, 2, "--output", out_dir,
-                      "--export", export, "--set", "adapter_params.lambda_orth.max_steps=10",
-                      "--set", "adapter_params.fct.max_steps=10", "--set", "adapter_params.fastfill.max_steps=10",
-                      "--set", "model_update.backfill_steps=4", capsys=capsys)
+                      "--export", export, *few_steps_options(), "--set", "model_update.backfill_steps=4",
+                      capsys=capsys)
     assert code == 0, out.err
     from cl2r_bench.adapters import list_adapters
 
@@ -86,7 +86,7 @@ def test_every_adapter_runs_records_land_on_the_leaderboard_and_the_export_serve
     assert len(records) == 2 * (1 + len(list_adapters()))
     record = json.loads((out_dir / "adapt" / "train" / "lambda_orth" / "seed2" / "metrics.json").read_text())
     assert record["protocol"] == "leave_one_out"
-    assert record["config"]["adapter_params"]["lambda_orth"]["max_steps"] == 10
+    assert record["config"]["adapter_params"]["lambda_orth"]["max_steps"] == 4
     assert record["retrieval"]["backfilling"]["betas"] == [0, 0.25, 0.5, 0.75, 1.0]
     assert main(["leaderboard", "--results", str(out_dir), "--table", "retrieval", "--format", "csv"]) == 0
     rows = capsys.readouterr().out.strip().splitlines()
@@ -261,9 +261,7 @@ def test_model_update_on_two_encoders_embeds_each_split_once_for_every_adapter(e
               "--output", str(out), "--set", "data.synthetic_classes=5", "--set", "data.synthetic_train_per_class=8",
               "--set", "data.synthetic_test_per_class=4", "--set", f"model_update.old={old}",
               "--set", f"model_update.new={new}", "--set", f"model_update.feature_cache={cache}",
-              "--set", "model_update.backfill_steps=2", "--set", "adapter_params.lambda_orth.max_steps=4",
-              "--set", "adapter_params.fct.max_steps=4", "--set", "adapter_params.fastfill.max_steps=4",
-              "--set", "adapter_params.drift_adapter.max_steps=4"]
+              "--set", "model_update.backfill_steps=2", *few_steps_options()]
     from cl2r_bench.adapters import list_adapters
     assert main([*common, "--adapter", "all"]) == 0
     printed = capsys.readouterr().out

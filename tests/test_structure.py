@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from cl2r_bench.assembly import assemble
-from cl2r_bench.config import CONFIG_DIR, EXTRA_TYPES, flatten, resolve
+from cl2r_bench.config import CONFIG_DIR, EXTRA_TYPES, FREE_FORM, flatten, resolve
 from cl2r_bench.settings import RunSettings, section_fields
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -37,10 +37,9 @@ def test_no_source_file_cites_an_issue_number():
 
 def test_every_setting_is_one_yaml_default_and_one_typed_field():
     defaults = yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())
-    free_form = {"strategy_params", "adapter_params"}
-    yaml_keys = {k for k in flatten({k: v for k, v in defaults.items() if k not in free_form})}
-    assert yaml_keys == set(section_fields()) - free_form
-    assert defaults["strategy_params"] == {} and defaults["adapter_params"] == {}
+    yaml_keys = {k for k in flatten({k: v for k, v in defaults.items() if k not in FREE_FORM})}
+    assert yaml_keys == set(section_fields()) - FREE_FORM
+    assert all(defaults[section] == {} for section in FREE_FORM) and len(FREE_FORM) == 3
 
 
 def test_the_settings_that_take_another_type_than_their_defaults_are_the_typed_unions():

@@ -6,8 +6,16 @@ from benchmarks.adapter_study import PairedFeatures
 from cl2r_bench.adapters import FeaturePair, fit_adapter, make_adapter
 
 FEW_STEPS = {"lambda_orth": {"max_steps": 4}, "fct": {"max_steps": 4}, "fastfill": {"max_steps": 4},
-             "drift_adapter": {"max_steps": 4}}
-"""The learned adapters in a few steps: fits that exercise the code, not ones that converge."""
+             "drift_adapter": {"max_steps": 4},
+             "mini_vec2vec": {"anchor_runs": 2, "qap_runs": 2, "refine_iterations": 2}}
+"""The learned adapters in a few steps, and mini-vec2vec in a few rounds: fits that exercise the code, not ones
+that converge."""
+
+
+def few_steps_options() -> list[str]:
+    """:data:`FEW_STEPS` as the command line's ``--set adapter_params.<name>.<key>=<value>`` options."""
+    return [option for name, params in FEW_STEPS.items() for key, value in params.items()
+            for option in ("--set", f"adapter_params.{name}.{key}={value}")]
 SHORT_FITS = {"lambda_orth": {"max_steps": 240, "batch_size": 256, "lr": 0.01, "holdout": 0.0},
         "fct": {"max_steps": 240, "hidden": 128, "holdout": 0.0},
         "fastfill": {"max_steps": 240, "hidden": 128, "holdout": 0.0},
