@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from conftest import interrupt_run_at
-from helpers.adapter_pairs import SHORT_FITS
+from helpers.adapter_pairs import FEW_ROUNDS, SHORT_FITS
 from torch import nn
 
 from benchmarks.adapter_study import (
@@ -423,7 +423,7 @@ def test_adapter_errors_name_the_setting():
 
 def model_update_config(tiny, tmp_path):
     cfg = yaml.safe_load(tiny.read_text())
-    cfg.update(scenario="model_update", adapter_params=SHORT_FITS)
+    cfg.update(scenario="model_update", adapter_params=SHORT_FITS | FEW_ROUNDS)
     cfg["stream"]["num_tasks"] = 2
     path = tmp_path / "update.yaml"
     path.write_text(yaml.safe_dump(cfg))

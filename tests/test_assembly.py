@@ -5,7 +5,7 @@ import json
 
 import pytest
 import yaml
-from helpers.adapter_pairs import SHORT_FITS
+from helpers.adapter_pairs import FEW_ROUNDS, SHORT_FITS
 
 from cl2r_bench import cli as runner
 from cl2r_bench.adapters import get_adapter, list_adapters
@@ -37,7 +37,7 @@ def test_every_strategy_runs_on_the_built_in_data(scenario, tiny, tmp_path):
 
 
 def test_every_adapter_runs_along_a_stream_on_the_built_in_data(tiny, tmp_path):
-    config = yaml.safe_load(tiny.read_text()) | {"adapter_params": SHORT_FITS}
+    config = yaml.safe_load(tiny.read_text()) | {"adapter_params": SHORT_FITS | FEW_ROUNDS}
     (tmp_path / "adapters.yaml").write_text(yaml.safe_dump(config))
     out = tmp_path / "out"
     assert run_cli("--config", tmp_path / "adapters.yaml", "--scenario", "iamcl2r", "--strategy", "er", "--adapter",
