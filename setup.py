@@ -25,9 +25,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=[f"{name}{part}" for name in ("cl2r_bench", "scenarios", "strategies",
-                                                                  "benchmarks", "reporting") for part in ("", ".*")]),
-    package_data={"cl2r_bench": ["configs/*.yaml", "configs/*/*.yaml", "configs/*/*/*.yaml"],
-                  "reporting": ["templates/*.j2"]},
+                                                                  "benchmarks") for part in ("", ".*")]),
+    package_data={"cl2r_bench": ["configs/*.yaml", "configs/*/*.yaml", "configs/*/*/*.yaml",
+                                 "reporting/templates/*.j2"]},
     install_requires=[
         "torch>=2.14",
         "torchvision",

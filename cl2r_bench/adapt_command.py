@@ -62,7 +62,7 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
     from cl2r_bench.adapters import list_adapters, make_adapter, unpaired_adapters
     from cl2r_bench.assembly import check_pairing
     from cl2r_bench.errors import safe_name
-    from reporting.adapter_answer import summary_json, summary_text
+    from cl2r_bench.reporting.adapter_answer import summary_json, summary_text
 
     say = print if processes.is_main else (lambda *_, **__: None)
     args.output = settings["output"] if args.output is None else args.output

@@ -33,10 +33,10 @@ def command_run(args: argparse.Namespace) -> int:
     prints (:mod:`cl2r_bench.distributed`)."""
     from cl2r_bench.adapt_command import case_line
     from cl2r_bench.distributed import leave, processes_note
+    from cl2r_bench.reporting.leaderboard import tables
     from cl2r_bench.run import Run
     from cl2r_bench.run_options import requested_runs
     from cl2r_bench.sweep import distinct_runs
-    from reporting.leaderboard import tables
 
     try:
         parts = distinct_runs(requested_runs(args))
@@ -91,10 +91,11 @@ def two_model_line(two_model: dict[str, Any]) -> str:
 
 
 def study_answers(records: list[dict[str, Any]]) -> str:
-    """The summary and recommendation of each data set's adapter studies (:mod:`reporting.adapter_summary`), or
+    """The summary and recommendation of each data set's adapter studies
+    (:mod:`cl2r_bench.reporting.adapter_summary`), or
     nothing for runs without one."""
     from benchmarks.record import adapter_study
-    from reporting.adapter_answer import summary_text
+    from cl2r_bench.reporting.adapter_answer import summary_text
 
     studies: dict[str, list[dict[str, Any]]] = {}
     for record in records:
@@ -240,9 +241,9 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     """Print the tables asked for in ``--format``; a csv output is one table (``--table``, else the one ``--timing``
     or ``--matrices`` asks for, else main), the others there are named on stderr, so that a csv never mixes
     tables."""
-    from reporting.experiments import collect
-    from reporting.leaderboard import SUMMARY, TABLES, build
-    from reporting.tables import render
+    from cl2r_bench.reporting.experiments import collect
+    from cl2r_bench.reporting.leaderboard import SUMMARY, TABLES, build
+    from cl2r_bench.reporting.tables import render
 
     if args.table is not None and args.table not in TABLES:
         raise UsageError(f"unknown table {args.table!r}; choose one of {', '.join(TABLES)}")
@@ -290,9 +291,9 @@ def existing_folder(path: str, hint: str = "") -> Path:
 
 
 def command_plot(args: argparse.Namespace) -> int:
-    """Redraw each complete run's figures and draw comparisons (``reporting.plots.plot_results``) from the
+    """Redraw each complete run's figures and draw comparisons (``cl2r_bench.reporting.plots.plot_results``) from the
     records alone, so figures follow plotting fixes and compare experiments without retraining."""
-    from reporting.plots import plot_results
+    from cl2r_bench.reporting.plots import plot_results
 
     results = existing_folder(args.results_dir)
     out = Path(args.out) if args.out else results / "plots"
@@ -313,8 +314,8 @@ def command_plot(args: argparse.Namespace) -> int:
 
 
 def command_report(args: argparse.Namespace) -> int:
-    """Write the HTML report of a results folder (:mod:`reporting.report`); bad files are named on stderr."""
-    from reporting.report import overwrite_problem, write_report
+    """Write the HTML report of a results folder (:mod:`cl2r_bench.reporting.report`); bad files are named on stderr."""
+    from cl2r_bench.reporting.report import overwrite_problem, write_report
 
     results = existing_folder(args.results_dir)
     out = Path(args.out) if args.out else results / "report.html"

@@ -49,6 +49,7 @@ from cl2r_bench.distributed import connect
 from cl2r_bench.encoders import is_spec
 from cl2r_bench.files import atomic_write_json, device_description
 from cl2r_bench.models import NonFiniteError, RetrievalModel
+from cl2r_bench.reporting.plots import save_plots
 from cl2r_bench.run_folder import RunError, RunFolder
 from cl2r_bench.settings import task_seed
 from cl2r_bench.starting_models import (
@@ -61,7 +62,6 @@ from cl2r_bench.starting_models import (
 from cl2r_bench.stops import deferred_stops
 from cl2r_bench.training.engine import ReplayMemory
 from cl2r_bench.training.pretrain import save_state
-from reporting.plots import save_plots
 from scenarios.base import Finished
 from strategies.base import StrategyFailure
 

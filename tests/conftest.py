@@ -13,7 +13,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import numpy as np  # after the thread count above: numpy's BLAS reads it when imported
 from helpers.adapt_inputs import clustered
 
-from reporting.published import IAMCL2R_RELEASED
+from cl2r_bench.reporting.published import IAMCL2R_RELEASED
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))

@@ -1,11 +1,12 @@
-"""The answer of an adapter study (reporting/adapter_summary.py): the paired interval over queries, the share of
+"""The answer of an adapter study (cl2r_bench/reporting/adapter_summary.py): the paired interval over queries, the
+share of
 the gallery to re-embed, one row per adapter and the recommendation, on records whose values are known."""
 import numpy as np
 import pytest
 
 from benchmarks.record import pack_hits, unpack_hits
-from reporting.adapter_answer import summary_json, summary_text
-from reporting.adapter_summary import paired_gain_interval, recommendation, reembed_share, summarise
+from cl2r_bench.reporting.adapter_answer import summary_json, summary_text
+from cl2r_bench.reporting.adapter_summary import paired_gain_interval, recommendation, reembed_share, summarise
 
 N = 400
 
@@ -152,8 +153,8 @@ def test_each_deployment_comes_with_its_cost():
 
 
 def test_the_chosen_deployment_is_the_cheapest_that_reaches_95_percent_of_new_new_above_old_old():
-    from reporting.adapter_summary import ModelsVerdict
-    from reporting.deployments import Deployment, chosen_deployment
+    from cl2r_bench.reporting.adapter_summary import ModelsVerdict
+    from cl2r_bench.reporting.deployments import Deployment, chosen_deployment
 
     def plan(b_old: float, new_f: float, backfilled: float) -> list:
         return [Deployment("keep the old model", "old/old", 50.0, "old", 0, 0, 0.0),
@@ -210,8 +211,8 @@ def test_a_dual_query_is_the_cross_case_and_a_deployment_that_keeps_the_old_enco
 
 
 def test_the_cost_figure_puts_each_deployment_at_its_step_of_cost_cheapest_first():
-    from reporting.cost_figure import COST_STEPS, deployment_cost_figure, deployment_points
-    from reporting.plots import png_bytes
+    from cl2r_bench.reporting.cost_figure import COST_STEPS, deployment_cost_figure, deployment_points
+    from cl2r_bench.reporting.plots import png_bytes
 
     records = with_new_new(study(), np.arange(N) < int(N * 0.7))
     rows = summarise(records)

@@ -227,7 +227,7 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
 
 
 def test_the_leaderboard_keeps_runs_of_different_world_sizes_apart():
-    from reporting.experiments import experiment_groups
+    from cl2r_bench.reporting.experiments import experiment_groups
 
     def record(seed, world_size=None):
         r = {"scenario": "cl2r", "dataset": "synthetic", "strategy": "er", "method": "er", "seed": seed,

@@ -9,8 +9,8 @@ import pytest
 from helpers.records import retrieval_record, update_record, valid_record, write
 
 from cl2r_bench import cli as runner
-from reporting.leaderboard import TABLES
-from reporting.tables import Column, Kind, Table, render
+from cl2r_bench.reporting.leaderboard import TABLES
+from cl2r_bench.reporting.tables import Column, Kind, Table, render
 
 HOC = {1: {"AC": 0.5, "AA": 40.0, "ACA": 30.0}, 2: {"AC": 1.0, "AA": 43.0, "ACA": 31.0}}
 MATRICES = {1: [[0.5, None, None], [0.55, 0.6, None], [0.58, 0.62, 0.7]],

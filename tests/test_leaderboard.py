@@ -1,13 +1,14 @@
-"""How the leaderboard names and summarises experiments (reporting/leaderboard.py): encoders by short name, no
+"""How the leaderboard names and summarises experiments (cl2r_bench/reporting/leaderboard.py): encoders by short name,
+no
 spread for a value that no seed changes, and the negative flip rates of measured and published rows."""
 import math
 
 import pytest
 from helpers.records import DELETE, changed, valid_record
 
-from reporting import leaderboard
-from reporting.experiments import experiment_groups, models_label, short_model_name
-from reporting.leaderboard import (
+from cl2r_bench.reporting import leaderboard
+from cl2r_bench.reporting.experiments import experiment_groups, models_label, short_model_name
+from cl2r_bench.reporting.leaderboard import (
     MAIN_COLUMNS,
     PUBLISHED_MAIN_COLUMNS,
     _spread,
@@ -15,7 +16,7 @@ from reporting.leaderboard import (
     leaderboard_rows,
     published_main_rows,
 )
-from reporting.tables import Column, Kind, Table, cell_text, render
+from cl2r_bench.reporting.tables import Column, Kind, Table, cell_text, render
 
 
 @pytest.mark.parametrize("spec, name", [
@@ -76,7 +77,7 @@ def test_published_rows_take_the_negative_flips_a_paper_gives(monkeypatch):
 
 
 def test_the_adapter_papers_rows_stand_beside_model_update_only():
-    from reporting.leaderboard import published_case_rows
+    from cl2r_bench.reporting.leaderboard import published_case_rows
     assert published_case_rows({"model_update"}) and published_case_rows({"adapt"}) == []
 
 

@@ -19,8 +19,8 @@ from helpers.records import (
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.record import record_problem
 from cl2r_bench import cli as runner
-from reporting.experiments import collect
-from reporting.leaderboard import TABLES
+from cl2r_bench.reporting.experiments import collect
+from cl2r_bench.reporting.leaderboard import TABLES
 
 BAD_FILES = {
     "ac_above_one": (lambda: changed(valid_record(2), "metrics.AC", 1.7), "'metrics.AC' is 1.7"),

@@ -28,7 +28,7 @@ from benchmarks.record import (
     record_problem,
     schema_problem,
 )
-from reporting import experiments
+from cl2r_bench.reporting import experiments
 
 
 def keys(typed: type) -> set[str]:

@@ -11,8 +11,8 @@ import yaml
 from helpers.records import changed, retrieval_record, update_record, valid_record
 
 from cl2r_bench import cli
-from reporting.published import IAMCL2R_RELEASED
-from reporting.report import write_report
+from cl2r_bench.reporting.published import IAMCL2R_RELEASED
+from cl2r_bench.reporting.report import write_report
 
 
 def put(folder: Path, record: dict, config: bool = True) -> Path:

@@ -101,7 +101,7 @@ def test_the_four_scenarios_are_registered_plug_ins_with_a_profile():
     assert all((CONFIG_DIR / "scenarios" / f"{name}.yaml").is_file() for name in list_scenarios())
 
 
-INSTALLED = ("cl2r_bench", "scenarios", "strategies", "benchmarks", "reporting")
+INSTALLED = ("cl2r_bench", "scenarios", "strategies", "benchmarks")
 """The folders ``pip install .`` ships, each with every package below it."""
 
 
@@ -119,6 +119,9 @@ def test_a_non_editable_install_runs_from_another_directory(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(source)], check=True, capture_output=True)
     assert (target / "cl2r_bench" / "configs" / "default.yaml").is_file()
+    assert (target / "cl2r_bench" / "reporting" / "templates" / "report.html.j2").is_file()
+    installed = {path.name for path in target.iterdir() if path.name != "bin" and not path.name.endswith("-info")}
+    assert installed == set(INSTALLED), "nothing under a generic top-level name beside the users' layout"
     assert not (target / "runner.py").exists() and not (target / "models.py").exists()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -9,7 +9,7 @@ from benchmarks.record import record_problem, unpack_hits
 from cl2r_bench import cli as runner
 from cl2r_bench.data.streams import evaluation_sets
 from cl2r_bench.data.synthetic import make_synthetic
-from reporting.leaderboard import build
+from cl2r_bench.reporting.leaderboard import build
 
 UPGRADE = ["--scenario", "upgrade", "--set", "stream.num_tasks=2", "--set", "replacement.tasks=[]",
            "--set", "stream.initial_classes=6", "--set", "stream.increment=6", "--set", "evaluation.dataset=stream"]
@@ -91,7 +91,7 @@ def test_leaderboard_has_the_two_model_table_and_bt2_published_rows(tiny, tmp_pa
     assert ["bt2", "new/old", 38.7, 64.6, 27.7] == published[-2][1:6]
     ml_fct = [r for t in built["published"] for r in t.rows if r[-1] == "apple/ml-fct README"]
     assert [r[1:6] for r in ml_fct] == [["er", "old/old", 32.9, 59.3, 16.1], ["er", "new/new", 56.4, 77.5, 36.5]]
-    from reporting.stream_verdict import two_model_verdict
+    from cl2r_bench.reporting.stream_verdict import two_model_verdict
 
     cases = record["two_model"]["cases"]
     verdict = two_model_verdict([record])
@@ -105,7 +105,7 @@ def test_leaderboard_has_the_two_model_table_and_bt2_published_rows(tiny, tmp_pa
 
 
 def test_an_upgrade_report_section_opens_with_the_two_model_table(tiny, tmp_path):
-    from reporting.report import section
+    from cl2r_bench.reporting.report import section
 
     record, out = upgrade_run(tiny, tmp_path, "er")
     path = out / "upgrade/synthetic/er/seed42/metrics.json"

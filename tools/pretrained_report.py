@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.record import PAPER_CASES, checked_records, leave_one_out, update_fit
-from reporting.adapter_summary import SUMMARY_COLUMNS, ranked, recommendation, summarise, summary_cells
-from reporting.published import LAMBDA_ORTH_SOURCE, LAMBDA_ORTH_TABLE_1B, LAMBDA_ORTH_TABLE_2
+from cl2r_bench.reporting.adapter_summary import SUMMARY_COLUMNS, ranked, recommendation, summarise, summary_cells
+from cl2r_bench.reporting.published import LAMBDA_ORTH_SOURCE, LAMBDA_ORTH_TABLE_1B, LAMBDA_ORTH_TABLE_2
 from tools.pretrained_study import BACKFILL_ORDERS
 
 Group = tuple[str, str]
@@ -81,7 +81,7 @@ def fit_cell(runs: list[dict[str, Any]]) -> str:
 
 
 def answer(by_adapter: dict[str, list[dict[str, Any]]]) -> str:
-    """The study's answer (:mod:`reporting.adapter_summary`): its table, best top-1 gain first, and the
+    """The study's answer (:mod:`cl2r_bench.reporting.adapter_summary`): its table, best top-1 gain first, and the
     recommendation."""
     rows = ranked(summarise([r for runs in by_adapter.values() for r in runs]))
     return (table(list(SUMMARY_COLUMNS), [summary_cells(r) for r in rows])

@@ -15,7 +15,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from benchmarks.record import RunRecord
-from reporting.experiments import collect
+from cl2r_bench.reporting.experiments import collect
 
 HEADERS = ["scale", "strategy", "backbone", "epochs/task", "seed", "replacement init", "replacements' own acc. (%)",
            "AC", "AC 95% interval", "AC outside noise", "AC upper", "within noise", "across: outside noise",

@@ -23,7 +23,7 @@ rules between fields. It guarantees a complete run with its identity (``scenario
 tasks, config, noise summary, replacement models' own accuracies, task timings, the negative flip rates (one per
 consecutive pair of models), the ``model_update`` cases and backfilling areas and the leave-one-out cases and
 areas. The other fields are as the writer wrote them; a hand-made record may lack them, so a reader that needs them
-checks first (as :func:`reporting.plots.figure_problem` does for the per-task curves, violations and noise
+checks first (as :func:`cl2r_bench.reporting.plots.figure_problem` does for the per-task curves, violations and noise
 intervals).
 
 The package, one idea per module: :mod:`.schema` (the layout), :mod:`.marks` (what readers rely on), :mod:`.check`

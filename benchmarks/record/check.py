@@ -147,7 +147,7 @@ def _flips_problem(record: dict[str, Any]) -> str | None:
 
 def _config_problem(record: dict[str, Any]) -> str | None:
     """A config whose adapter is not an object, or that is nested too deeply for the leaderboard to group runs by
-    it (``reporting.experiments.experiment_settings`` flattens it and serialises its values)."""
+    it (``cl2r_bench.reporting.experiments.experiment_settings`` flattens it and serialises its values)."""
     config = record.get("config") or {}
     adapter = config.get("adapter")
     if adapter and not isinstance(adapter, dict):

@@ -61,7 +61,7 @@ def holds_complete_record(folder: str | Path) -> bool:
 def checked_records(results_dir: str | Path) -> Iterator[tuple[Path, RunRecord | None, str | None]]:
     """``(path, record, None)`` for every :data:`RECORD_FILE` under ``results_dir`` that :func:`read_record`
     accepts and ``(path, None, why not)`` for the others, in path order: the one walk over a results folder
-    (``reporting.experiments.collect``, ``reporting.plots.plot_results``)."""
+    (``cl2r_bench.reporting.experiments.collect``, ``cl2r_bench.reporting.plots.plot_results``)."""
     for path in sorted(Path(results_dir).rglob(RECORD_FILE)):
         try:
             yield path, read_record(path), None

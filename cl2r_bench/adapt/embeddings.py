@@ -229,7 +229,8 @@ def unseen_split(train: tuple, test: tuple, share: float, test_path: str | Path)
 
 
 def class_overlap(train_labels: Any, test_labels: Any, unseen: int) -> dict[str, int]:
-    """What the summary's closed / open set line reads (:func:`reporting.adapter_answer.classes_line`): how many
+    """What the summary's closed / open set line reads (:func:`cl2r_bench.reporting.adapter_answer.classes_line`): how
+    many
     test classes there are, how many of them the adapters were fitted on, and how many were held out by
     ``model_update.unseen_classes``."""
     test_classes = set(np.asarray(test_labels).tolist())

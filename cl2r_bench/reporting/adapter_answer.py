@@ -1,6 +1,7 @@
 """An adapter study's answer as a person and a program read it (``runner.py adapt``): the summary table
-(:mod:`reporting.adapter_summary`), the lines on the models, the classes, a sampled query set and the queries
-without a match, the deployments with their costs (:mod:`reporting.deployments`) and the recommendation; as text
+(:mod:`cl2r_bench.reporting.adapter_summary`), the lines on the models, the classes, a sampled query set and the queries
+without a match, the deployments with their costs (:mod:`cl2r_bench.reporting.deployments`) and the recommendation; as
+text
 (:func:`summary_text`) or JSON (:func:`summary_json`)."""
 from __future__ import annotations
 

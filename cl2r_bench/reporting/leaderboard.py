@@ -1,7 +1,9 @@
-r"""Leaderboards from result files: one row per experiment (:func:`reporting.experiments.experiment_groups`: a
+r"""Leaderboards from result files: one row per experiment
+(:func:`cl2r_bench.reporting.experiments.experiment_groups`: a
 scenario, data set and strategy or adapter with every setting that changes the protocol), mean ± std over seeds;
 the std is the sample standard deviation (ddof = 1). Rows come from every complete and well-formed ``metrics.json``
-under a results folder (:func:`reporting.experiments.collect`), read as :class:`benchmarks.record.RunRecord` (the
+under a results folder (:func:`cl2r_bench.reporting.experiments.collect`), read as
+:class:`benchmarks.record.RunRecord` (the
 record's fields and units).
 
 The tables (:data:`TABLES`, built by :func:`build`): ``main`` (AC, AA, ACA, the mean negative flip rates NFR self and
@@ -10,7 +12,8 @@ NFR cross in percent, seeds), ``noise`` (the noise-aware AC), ``replacements`` (
 case's top-1 and mAP, each order's AUC, the zero-shot change and the adapters' declared diagnostics such as
 λ-orthogonal's f(W)), ``two_model`` (the BCT line's protocol), ``timing`` (ms per training iteration), ``across``
 (AC and ACA across replacements) and ``matrices`` (the mean compatibility matrices; in csv, long rows ``scenario,
-dataset, strategy, t, k, mean, std, seeds``, tasks 0-based, percent). :func:`reporting.tables.render` writes them
+dataset, strategy, t, k, mean, std, seeds``, tasks 0-based, percent). :func:`cl2r_bench.reporting.tables.render`
+writes them
 in github, latex or csv.
 """
 from __future__ import annotations
@@ -316,7 +319,8 @@ def backfilling_table(records: list[RunRecord]) -> Table:
 
 
 def published_main_rows(scenarios: set[str]) -> list[list[Any]]:
-    """The IAM-CL2R authors' released figures (:mod:`reporting.published`) when ``scenarios`` holds ``iamcl2r``:
+    """The IAM-CL2R authors' released figures (:mod:`cl2r_bench.reporting.published`) when ``scenarios`` holds
+    ``iamcl2r``:
     AC / AA / ACA of the 7-task matrices, computed by the suite's metrics, and the 31-task AC and AA they report;
     the negative flip rates in percent where a set of figures gives them (its optional ``negative_flips``)."""
     if "iamcl2r" not in scenarios:
@@ -338,7 +342,8 @@ def _published_flips(figures: dict[str, Any], strategy: str) -> list[float | Non
 
 
 def published_case_rows(scenarios: set[str]) -> list[list[Any]]:
-    """The adapter papers' retrieval cases (:mod:`reporting.published`: λ-orth's Tables 1a, 1b and 2, ml-fct's
+    """The adapter papers' retrieval cases (:mod:`cl2r_bench.reporting.published`: λ-orth's Tables 1a, 1b and 2,
+    ml-fct's
     README) when ``scenarios`` holds ``model_update``, the papers' protocol on image encoders; not beside ``adapt``,
     a study of the user's own embeddings, whose numbers they do not describe. The backfilling AUC is the case
     ``backfill AUC``, the zero-shot change ``ZS``."""
@@ -380,7 +385,8 @@ def two_model_rows(records: list[RunRecord]) -> list[list[Any]]:
 
 def published_two_model_rows(scenarios: set[str]) -> list[list[Any]]:
     """The two-model figures published for the setting of ``upgrade`` when ``scenarios`` holds it: the BT² authors'
-    (:data:`reporting.published.BT2_README`) and ml-fct's independent models on CIFAR-100 (its ``none`` rows, the
+    (:data:`cl2r_bench.reporting.published.BT2_README`) and ml-fct's independent models on CIFAR-100 (its ``none``
+    rows, the
     suite's ``er`` there)."""
     if "upgrade" not in scenarios:
         return []

@@ -1,7 +1,8 @@
 """Every deployment of an adapter study on one figure: top-1 against what it costs to deploy (docs/METHODS.md §7b),
-the deployments of :mod:`reporting.deployments` on one axis of cost, cheapest first, one colour per adapter.
+the deployments of :mod:`cl2r_bench.reporting.deployments` on one axis of cost, cheapest first, one colour per adapter.
 
-The cost axis follows the answer's own cost rule (:data:`reporting.deployments.DEPLOYMENTS`): keep the old model;
+The cost axis follows the answer's own cost rule (:data:`cl2r_bench.reporting.deployments.DEPLOYMENTS`): keep the old
+model;
 new queries through B against the untouched index; stored vectors rewritten through F without reading an image;
 both encoders per query against the untouched index; a share of the images re-embedded (the share that reaches
 95 % of new/new, in the adapter's legend entry); every image re-embedded. old/old and new/new are the two ends, the
@@ -22,7 +23,7 @@ STEP_LABELS = {"old/old": "keep the\nold model", "B/old": "new + B\nper query",
                "backfilled": "a share of images\nre-embedded", "new/new": "every image\nre-embedded"}
 COST_STEPS = (*(case for _, case, *_ in DEPLOYMENTS[:-1]), "backfilled", DEPLOYMENTS[-1][1])
 """The cases of the cost axis, cheapest first: the answer's own order (:data:`DEPLOYMENTS`), with a partial
-backfilling before re-embedding everything, as :func:`reporting.deployments.deployments` lists them."""
+backfilling before re-embedding everything, as :func:`cl2r_bench.reporting.deployments.deployments` lists them."""
 ENDS = ("old/old", "new/new")
 
 

@@ -1,13 +1,15 @@
 """One self-contained HTML report of a results folder (``runner.py report RESULTS_DIR``).
 
-Per scenario and data set: the leaderboard's tables (:func:`reporting.leaderboard.build`: AC / AA / ACA and the negative
+Per scenario and data set: the leaderboard's tables (:func:`cl2r_bench.reporting.leaderboard.build`: AC / AA / ACA and
+the negative
 flip rates with mean ± std and seeds, the noise-aware AC, the replacement models' own accuracy, the adapters' cases and
 backfilling AUCs, timing), sortable by any column in the page; the settings that tell the experiments apart; each
 experiment's mean compatibility matrix as a heatmap; the AC_t / AA_t curves of every experiment in one figure; the
 backfilling curves of adapter studies; the published figures of the same scenario, apart and with their source
-(:mod:`reporting.published`); and links to each run's ``config.yaml`` and ``metrics.json``.
+(:mod:`cl2r_bench.reporting.published`); and links to each run's ``config.yaml`` and ``metrics.json``.
 
-The records are read through the leaderboard's walk (:func:`reporting.experiments.collect_with_paths`: bad files
+The records are read through the leaderboard's walk (:func:`cl2r_bench.reporting.experiments.collect_with_paths`: bad
+files
 are returned with their reason, never shown). The page is one file with nothing to fetch at view time: styles,
 the sorting script and the figures (PNG, base64) are inline. It is rendered by Jinja2 (``templates/report.html.j2``)
 with autoescaping, so a label or a path can never inject markup.
@@ -174,7 +176,7 @@ def render_report(found: list[tuple[Path, RunRecord]], results_dir: str | Path, 
     folder the page is written in."""
     import jinja2
 
-    template = resources.files("reporting").joinpath("templates", "report.html.j2").read_text(encoding="utf-8")
+    template = resources.files(__package__).joinpath("templates", "report.html.j2").read_text(encoding="utf-8")
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
                                      lstrip_blocks=True)
     sections = [section(scenario, dataset, pairs, links_from) for (scenario, dataset), pairs in by_section(found)]
@@ -215,7 +217,7 @@ def section(scenario: str, dataset: str, pairs: list[tuple[Path, RunRecord]], li
 
 def study_answers(dataset: str, records: list[RunRecord]) -> list[StudyAnswer]:
     """One :class:`StudyAnswer` per pair of models among a section's leave-one-out records
-    (:mod:`reporting.adapter_summary`)."""
+    (:mod:`cl2r_bench.reporting.adapter_summary`)."""
     studies: dict[str, list[RunRecord]] = {}
     for record in records:
         studies.setdefault(models_label(record), []).append(record)
@@ -293,7 +295,8 @@ def settings_table(records: list[RunRecord]) -> HtmlTable | None:
 
 
 def heat_table(grid: Table) -> HtmlTable:
-    """A mean compatibility matrix (:func:`reporting.leaderboard.mean_matrices`) with each entry's cell coloured
+    """A mean compatibility matrix (:func:`cl2r_bench.reporting.leaderboard.mean_matrices`) with each entry's cell
+    coloured
     on a viridis-like scale between the matrix's lowest and highest mean."""
     means = [value[0] for row in grid.rows for value in row[1:] if isinstance(value, tuple)]
     low, high = min(means), max(means)
@@ -324,7 +327,7 @@ def figures(scenario: str, dataset: str, records: list[RunRecord]) -> list[Figur
 
 def backfilling_grid(dataset: str, records: list[RunRecord]) -> list[Figure]:
     """The backfilling curves of each adapter experiment that has them, every order, on one top-1 scale per pair of
-    models (:func:`reporting.plots.backfilling_scale`, without the no-adapter curve), for the page's grid."""
+    models (:func:`cl2r_bench.reporting.plots.backfilling_scale`, without the no-adapter curve), for the page's grid."""
     studies: dict[str, dict[str, list[RunRecord]]] = {}
     for (_, _, label), runs in experiment_groups([r for r in records if adapter_study(r)]).items():
         drawn = [r for r in runs if backfilling_curves(r)[1]]

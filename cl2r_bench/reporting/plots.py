@@ -459,7 +459,8 @@ def _slug(text: str) -> str:
 
 def save_comparison_plots(groups: dict[tuple[str, str, str], list[RunRecord]],
                           directory: str | Path) -> list[Path]:
-    """For each (scenario, data set) of ``groups`` (:func:`reporting.experiments.experiment_groups`, one entry per
+    """For each (scenario, data set) of ``groups`` (:func:`cl2r_bench.reporting.experiments.experiment_groups`, one
+    entry per
     experiment, so runs of different settings are separate series and never averaged), write
     ``<scenario>_<dataset>curves_figure.png`` (AC_t and AA_t) and ``<scenario>_<dataset>_summary.png`` (AC, AA, ACA)."""
     plt = _pyplot()

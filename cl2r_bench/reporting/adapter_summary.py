@@ -33,8 +33,9 @@ is one draw against a mean, so it is named apart, with its seeds, rather than re
 (a closed form on every fitting item, fitted and scored once for all seeds; its seeds column says "one fit") is
 ranked with the others: more seeds would not change it.
 
-The deployments each adapter offers, with their costs, are :mod:`reporting.deployments`; the answer as text and JSON
-(``runner.py adapt``) is :mod:`reporting.adapter_answer`.
+The deployments each adapter offers, with their costs, are :mod:`cl2r_bench.reporting.deployments`; the answer as text
+and JSON
+(``runner.py adapt``) is :mod:`cl2r_bench.reporting.adapter_answer`.
 """
 from __future__ import annotations
 
