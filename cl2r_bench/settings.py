@@ -309,17 +309,13 @@ class AdapterSettings:
 
 
 @dataclass(frozen=True)
-class ModelUpdateSettings:
-    """``model_update``: the two-model scenario's head and partial backfilling (docs/METHODS.md §7-§8)."""
+class StudySettings:
+    """The adapter study's own settings in ``model_update`` (docs/METHODS.md §7-§8), read alike by ``runner.py
+    adapt`` and by the ``model_update`` scenario, and checked here once: partial backfilling, how CMC counts a query
+    without a match, per-class CMC, a sampled query set, a gallery streamed from ``.npy`` files and its screen, the
+    open set and fitting without pairs. Which backfilling orders exist is the measuring part's to check
+    (:func:`benchmarks.backfill_orders.check_backfill_orders`, called before anything is fitted)."""
 
-    head: str
-    old: str
-    new: str
-    protocol: str
-    fit_per_class: int | None
-    test_per_class: int | None
-    encoder_batch_size: int
-    feature_cache: str
     backfill_orders: list[str]
     backfill_steps: int
     unmatched_queries: str
@@ -331,23 +327,49 @@ class ModelUpdateSettings:
     pairing: str
 
     def __post_init__(self) -> None:
-        check_rules("model_update", self, at_least(1, "backfill_steps", "fit_per_class", "test_per_class",
-                                                   "encoder_batch_size", "queries"))
+        check_rules("model_update", self, at_least(1, "backfill_steps", "queries"))
+        if self.stream_rows != AUTO:
+            check_rules("model_update", self, at_least(1, "stream_rows"))
+        check_choices("model_update", self, {"unmatched_queries": UNMATCHED_CONVENTIONS, "pairing": PAIRINGS})
         if not 0 <= self.unseen_classes < 1:
             raise ConfigError(f"model_update.unseen_classes = {self.unseen_classes!r} must be a share in [0, 1) "
                               "(e.g. 0.5: half the classes are held out of fitting and scored)")
-        if self.unseen_classes and not self.leave_one_out:
-            raise ConfigError("model_update.unseen_classes holds classes out of the fitting split of runner.py adapt "
-                              "and of two encoders' leave-one-out study (model_update.old / new); a run that trains "
-                              "its two models picks its classes with the stream settings: leave it 0 here")
+        if self.unseen_classes and self.stream_rows not in (None, AUTO):
+            raise ConfigError("model_update.unseen_classes selects items in memory; leave model_update.stream_rows "
+                              "null with it, or split the classes into the two files yourself")
+        if self.screen and self.stream_rows in (None, AUTO):
+            raise ConfigError("model_update.screen screens a streamed gallery: add --set model_update.stream_rows="
+                              "65536 (with a folder of .npy files), or leave screen false")
+
+
+@dataclass(frozen=True)
+class ModelUpdateSettings(StudySettings):
+    """``model_update``: the study's settings (:class:`StudySettings`), then the two-model scenario's own: its head,
+    the two encoders or the trained pair, the protocol and the splits (docs/METHODS.md §7-§8)."""
+
+    head: str
+    old: str
+    new: str
+    protocol: str
+    fit_per_class: int | None
+    test_per_class: int | None
+    encoder_batch_size: int
+    feature_cache: str
+
+    def __post_init__(self) -> None:
         if self.stream_rows not in (None, AUTO):
             raise ConfigError("model_update.stream_rows streams the .npy embeddings runner.py adapt reads; a run "
                               "embeds its splits itself: leave it null here")
         if self.screen:
             raise ConfigError("model_update.screen screens the streamed galleries of runner.py adapt "
                               "(model_update.stream_rows); a run ranks in memory: leave it false here")
-        check_choices("model_update", self, {"head": UPDATE_HEADS, "protocol": UPDATE_PROTOCOLS,
-                                             "unmatched_queries": UNMATCHED_CONVENTIONS, "pairing": PAIRINGS})
+        super().__post_init__()
+        check_rules("model_update", self, at_least(1, "fit_per_class", "test_per_class", "encoder_batch_size"))
+        if self.unseen_classes and not self.leave_one_out:
+            raise ConfigError("model_update.unseen_classes holds classes out of the fitting split of runner.py adapt "
+                              "and of two encoders' leave-one-out study (model_update.old / new); a run that trains "
+                              "its two models picks its classes with the stream settings: leave it 0 here")
+        check_choices("model_update", self, {"head": UPDATE_HEADS, "protocol": UPDATE_PROTOCOLS})
         if self.pairing == "unpaired" and not self.leave_one_out:
             raise ConfigError("model_update.pairing=unpaired fits adapters on different items in runner.py adapt and "
                               "in two encoders' leave-one-out study (model_update.old / new); a stream fits on its own "

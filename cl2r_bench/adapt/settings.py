@@ -1,8 +1,8 @@
 """The settings of ``runner.py adapt`` and the config of each of its records."""
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.backfill_orders import check_backfill_orders
@@ -13,46 +13,25 @@ from cl2r_bench.config import (
     parse_assignment,
     read_yaml,
 )
-from cl2r_bench.errors import ConfigError
-from cl2r_bench.settings import (
-    AUTO,
-    PAIRINGS,
-    UNMATCHED_CONVENTIONS,
-    DistributedSettings,
-    at_least,
-    check_choices,
-    check_rules,
-)
+from cl2r_bench.settings import DistributedSettings, StudySettings
 
-ADAPT_KEYS = ("backfill_orders", "backfill_steps", "unmatched_queries", "per_class_cmc", "queries", "stream_rows",
-              "screen", "unseen_classes", "pairing")
+ADAPT_KEYS = tuple(f.name for f in fields(StudySettings))
+"""The ``model_update`` settings ``runner.py adapt`` reads: the study's own
+(:class:`~cl2r_bench.settings.StudySettings`)."""
 
 
 def adapt_settings(assignments: list[str]) -> dict[str, Any]:
     """The settings of ``runner.py adapt``: ``adapter_params``, the :data:`ADAPT_KEYS` of ``model_update`` and
-    ``distributed`` (under torchrun) from ``configs/default.yaml``, overridden by ``--set`` assignments, checked like
-    a run's (each adapter's parameters by its own ``Config``), and the default ``seed`` and ``output`` (written once,
-    there)."""
+    ``distributed`` (under torchrun) from ``configs/default.yaml``, overridden by ``--set`` assignments, checked as a
+    run's are (the study's by :class:`~cl2r_bench.settings.StudySettings`, the orders by their registry, each
+    adapter's parameters by its own ``Config``), and the default ``seed`` and ``output`` (written once, there)."""
     defaults = read_yaml(CONFIG_DIR / "default.yaml")
     merged = {"adapter_params": defaults["adapter_params"], "distributed": defaults["distributed"],
               "model_update": {k: defaults["model_update"][k] for k in ADAPT_KEYS}}
     for assignment in assignments:
         merged = merge(merged, parse_assignment(assignment), f"--set {assignment}")
+    StudySettings(**merged["model_update"])
     check_backfill_orders(merged["model_update"]["backfill_orders"])
-    update = SimpleNamespace(**merged["model_update"])
-    check_rules("model_update", update, at_least(1, "backfill_steps", "queries"))
-    if update.stream_rows != AUTO:
-        check_rules("model_update", update, at_least(1, "stream_rows"))
-    check_choices("model_update", update, {"unmatched_queries": UNMATCHED_CONVENTIONS, "pairing": PAIRINGS})
-    if not 0 <= update.unseen_classes < 1:
-        raise ConfigError(f"model_update.unseen_classes = {update.unseen_classes!r} must be a share in [0, 1) (e.g. "
-                          "0.5: half the classes are held out of fitting and scored)")
-    if update.unseen_classes and update.stream_rows not in (None, AUTO):
-        raise ConfigError("model_update.unseen_classes selects items in memory; leave model_update.stream_rows null "
-                          "with it, or split the classes into the two files yourself")
-    if update.screen and update.stream_rows in (None, AUTO):
-        raise ConfigError("model_update.screen screens a streamed gallery: add --set model_update.stream_rows=65536 "
-                          "(with a folder of .npy files), or leave screen false")
     for name in merged["adapter_params"]:
         make_adapter(name, merged["adapter_params"])
     return {"adapter_params": merged["adapter_params"], **merged["model_update"], "seed": defaults["seed"],
