@@ -58,7 +58,7 @@ from torch import nn
 
 from cl2r_bench.adapters.protocol import FeatureAdapter
 from cl2r_bench.errors import ConfigError
-from cl2r_bench.settings import GALLERY_MODES, UNMATCHED_CONVENTIONS
+from cl2r_bench.settings import GALLERY_MODES, UNMATCHED_CONVENTIONS, StudySettings
 
 from .backfill_orders import backfill_order
 from .flips import negative_flip_rate, negative_flips
@@ -124,10 +124,9 @@ class Scoring:
                              f"{list(UNMATCHED_CONVENTIONS)}")
 
     @classmethod
-    def of(cls, update: Any) -> Scoring:
-        """From the ``model_update`` settings, a section object or a dict of them."""
-        value = update.get if isinstance(update, dict) else lambda key: getattr(update, key)
-        return cls(value("unmatched_queries"), value("per_class_cmc"), value("queries"), value("screen"))
+    def of(cls, study: StudySettings) -> Scoring:
+        """From the study's settings (``model_update``, a run's or ``runner.py adapt``'s)."""
+        return cls(study.unmatched_queries, study.per_class_cmc, study.queries, study.screen)
 
     def sample(self, items: int) -> torch.Tensor | None:
         """The query items a study ranks: a seeded draw (:data:`QUERY_SAMPLE_SEED`) of :attr:`queries` of

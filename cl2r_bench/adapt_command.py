@@ -102,7 +102,7 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
             f"{processes_note(processes.world_size)}")
     runs = [StudyRun(name, seed, folders[name, seed], configs[name, seed]) for name in names for seed in args.seeds]
     protocol = Protocol("adapt", study_name, settings["adapter_params"], settings["backfill_orders"],
-                        settings["backfill_steps"], Scoring.of(settings), device)
+                        settings["backfill_steps"], Scoring.of(settings["study"]), device)
     export = None if args.export is None else Path(args.export)
     records = []
     for driven in drive(study, runs, protocol, kept=kept, export=export):

@@ -24,18 +24,20 @@ def adapt_settings(assignments: list[str]) -> dict[str, Any]:
     """The settings of ``runner.py adapt``: ``adapter_params``, the :data:`ADAPT_KEYS` of ``model_update`` and
     ``distributed`` (under torchrun) from ``configs/default.yaml``, overridden by ``--set`` assignments, checked as a
     run's are (the study's by :class:`~cl2r_bench.settings.StudySettings`, the orders by their registry, each
-    adapter's parameters by its own ``Config``), and the default ``seed`` and ``output`` (written once, there)."""
+    adapter's parameters by its own ``Config``), the typed ``study``, and the default ``seed`` and ``output``
+    (written once, there)."""
     defaults = read_yaml(CONFIG_DIR / "default.yaml")
     merged = {"adapter_params": defaults["adapter_params"], "distributed": defaults["distributed"],
               "model_update": {k: defaults["model_update"][k] for k in ADAPT_KEYS}}
     for assignment in assignments:
         merged = merge(merged, parse_assignment(assignment), f"--set {assignment}")
-    StudySettings(**merged["model_update"])
+    study = StudySettings(**merged["model_update"])
     check_backfill_orders(merged["model_update"]["backfill_orders"])
     for name in merged["adapter_params"]:
         make_adapter(name, merged["adapter_params"])
-    return {"adapter_params": merged["adapter_params"], **merged["model_update"], "seed": defaults["seed"],
-            "output": defaults["output"], "distributed": DistributedSettings(**merged["distributed"])}
+    return {"adapter_params": merged["adapter_params"], **merged["model_update"], "study": study,
+            "seed": defaults["seed"], "output": defaults["output"],
+            "distributed": DistributedSettings(**merged["distributed"])}
 
 
 Key = tuple[str, int]
