@@ -27,11 +27,13 @@ Group = tuple[str, str]
 
 
 def grouped(results: Path) -> dict[Group, dict[str, list[dict[str, Any]]]]:
-    """Leave-one-out records by (pair folder, data set), then by adapter label."""
+    """Leave-one-out records by (the folders above ``model_update``, e.g. ``open-set/fit-20/lite0-lite2``, and the
+    data set), then by adapter label."""
     groups: dict[Group, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for path, record, _ in checked_records(results):
         if record is not None and leave_one_out(record):
-            pair = path.relative_to(results).parts[0]
+            parts = path.relative_to(results).parts
+            pair = "/".join(parts[:parts.index("model_update")])
             groups[pair, record["dataset"]][record["method"]].append(record)
     return groups
 
