@@ -7,7 +7,7 @@ import pytest
 from helpers.records import DELETE, changed, valid_record
 
 from cl2r_bench.reporting import leaderboard
-from cl2r_bench.reporting.experiments import experiment_groups, models_label, short_model_name
+from cl2r_bench.reporting.experiments import experiment_groups, models_label, short_model_name, study_groups
 from cl2r_bench.reporting.leaderboard import (
     MAIN_COLUMNS,
     PUBLISHED_MAIN_COLUMNS,
@@ -39,6 +39,25 @@ def test_a_study_is_labelled_by_its_encoders_short_names():
     assert models_label({"models": {"train": "a.npz", "unseen_classes_drawn": 4}}) == "embeddings, open set"
     unpaired = {**record, "config": {"model_update": {"pairing": "unpaired"}}}
     assert models_label(unpaired) == "Lite0 → Lite2, unpaired", "never summarised with the paired study"
+
+
+def test_studies_of_one_pair_with_other_fitting_splits_are_answered_apart():
+    """The open set fitted on 10 and on 20 images per class: one pair of models, two studies; the adapters and seeds
+    within a study stay together."""
+    models = {"old": {"spec": "timm:tf_efficientnet_lite0@w0.pth"}, "new": {"spec": "timm:tf_efficientnet_lite2"}}
+
+    def record(adapter: str, seed: int, per_class: int) -> dict:
+        return {"models": models, "scenario": "model_update", "dataset": "tinyimagenet", "method": adapter,
+                "seed": seed, "config": {"seed": seed, "adapter": {"name": adapter},
+                                         "adapter_params": {adapter: {"steps": seed}},
+                                         "model_update": {"fit_per_class": per_class}}}
+
+    records = [record(a, s, n) for n in (10, 20) for a in ("procrustes", "fct") for s in (0, 1)]
+    groups = study_groups(records)
+    assert {label: [(r["method"], r["seed"]) for r in runs] for label, runs in groups.items()} == {
+        f"Lite0 → Lite2 [model_update.fit_per_class={n}]": [("procrustes", 0), ("procrustes", 1), ("fct", 0),
+                                                            ("fct", 1)] for n in (10, 20)}
+    assert list(study_groups(records[:4])) == ["Lite0 → Lite2"], "one study keeps the models' label"
 
 
 def test_a_value_no_seed_changes_has_no_spread():

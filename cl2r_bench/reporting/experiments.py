@@ -137,6 +137,35 @@ def experiment_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], li
     return dict(sorted(groups.items()))
 
 
+ADAPTER_KEYS = ("adapter.", "adapter_params.")
+"""The settings of the adapter a study record measures: the one thing its study's records may differ by."""
+
+
+def study_groups(records: list[RunRecord]) -> dict[str, list[RunRecord]]:
+    """Adapter-study records grouped by study: one pair of models (:func:`models_label`) and every setting but the
+    adapter's and the seed (:func:`experiment_settings`), so that one answer never pools two protocols (a study
+    fitted on 1,000 items with one fitted on 2,000). A label is the models', tagged with the settings that tell the
+    studies of one pair apart."""
+    found: dict[str, list[tuple[dict[str, Any], list[RunRecord]]]] = defaultdict(list)
+    for record in records:
+        settings = {k: v for k, v in experiment_settings(record).items() if not k.startswith(ADAPTER_KEYS)}
+        studies = found[models_label(record)]
+        match = next((study for study in studies if _same_experiment(study[0], settings)), None)
+        if match is None:
+            studies.append((settings, [record]))
+        else:
+            match[0].update(settings)
+            match[1].append(record)
+    groups: dict[str, list[RunRecord]] = {}
+    for label, studies in found.items():
+        differing = sorted(k for k in set().union(*(settings for settings, _ in studies))
+                           if not all(_agree(k, one, other) for (one, _), (other, _) in
+                                      itertools.combinations(studies, 2)))
+        for settings, runs in studies:
+            groups[label + (_tag(settings, differing, limit=None) if len(studies) > 1 else "")] = runs
+    return groups
+
+
 def models_label(record: RunRecord) -> str:
     """``old → new`` encoders of a leave-one-out record by short name (:func:`short_model_name`; the full specs are
     in the record's ``models`` and in the report's settings), ``embeddings`` for the user's own, or ``trained on

@@ -43,8 +43,8 @@ from .experiments import (
     experiment_groups,
     experiment_settings,
     model_specs,
-    models_label,
     short_model_name,
+    study_groups,
 )
 from .leaderboard import build, mean_matrices, published_tables
 from .plots import (
@@ -218,11 +218,8 @@ def section(scenario: str, dataset: str, pairs: list[tuple[Path, RunRecord]], li
 def study_answers(dataset: str, records: list[RunRecord]) -> list[StudyAnswer]:
     """One :class:`StudyAnswer` per pair of models among a section's leave-one-out records
     (:mod:`cl2r_bench.reporting.adapter_summary`)."""
-    studies: dict[str, list[RunRecord]] = {}
-    for record in records:
-        studies.setdefault(models_label(record), []).append(record)
     answers = []
-    for label, runs in studies.items():
+    for label, runs in study_groups(records).items():
         rows, verdict = ranked(summarise(runs)), models_verdict(runs)
         cells = [[HtmlCell(text, sort) for text, sort in zip(summary_cells(row), summary_sort_keys(row), strict=True)]
                  for row in rows]
@@ -326,21 +323,23 @@ def figures(scenario: str, dataset: str, records: list[RunRecord]) -> list[Figur
 
 
 def backfilling_grid(dataset: str, records: list[RunRecord]) -> list[Figure]:
-    """The backfilling curves of each adapter experiment that has them, every order, on one top-1 scale per pair of
-    models (:func:`cl2r_bench.reporting.plots.backfilling_scale`, without the no-adapter curve), for the page's grid."""
+    """The backfilling curves of each adapter experiment that has them, every order, on one top-1 scale per study
+    (:func:`cl2r_bench.reporting.experiments.study_groups`; :func:`cl2r_bench.reporting.plots.backfilling_scale`,
+    without the no-adapter curve), for the page's grid."""
     studies: dict[str, dict[str, list[RunRecord]]] = {}
-    for (_, _, label), runs in experiment_groups([r for r in records if adapter_study(r)]).items():
-        drawn = [r for r in runs if backfilling_curves(r)[1]]
-        if drawn:
-            studies.setdefault(models_label(drawn[0]), {})[label] = drawn
+    for study, runs in study_groups([r for r in records if adapter_study(r)]).items():
+        for (_, _, label), experiment in experiment_groups(runs).items():
+            drawn = [r for r in experiment if backfilling_curves(r)[1]]
+            if drawn:
+                studies.setdefault(study, {})[label] = drawn
     out = []
-    for experiments in studies.values():
+    for study, experiments in studies.items():
         curves = {label: [c for r in runs for c in backfilling_curves(r)[1].values()]
                   for label, runs in experiments.items()}
         adapters = [c for label, runs in experiments.items() if runs[0]["method"] != NO_ADAPTER for c in curves[label]]
         scale = backfilling_scale(adapters or [c for cs in curves.values() for c in cs])
         for label, runs in experiments.items():
-            title = f"{label} · {dataset} ({len(runs)} seed{'s' * (len(runs) > 1)})"
+            title = f"{label} · {study} · {dataset} ({len(runs)} seed{'s' * (len(runs) > 1)})"
             out.append(Figure(f"Backfilling: {title}", encode(png_bytes(backfilling_figure, title, runs, scale))))
     return out
 
