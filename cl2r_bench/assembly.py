@@ -110,8 +110,9 @@ def assemble(config: dict[str, Any]) -> Assembly:
     trainer = make_trainer(settings, device, processes) if scenario.trains else None
     used = dict(config, strategy_params=dict(config["strategy_params"]), adapter_params=dict(config["adapter_params"]),
                 scenario_params=dict(config["scenario_params"]))
-    if scenario.parameters_used():
-        used["scenario_params"][settings.scenario] = scenario.parameters_used()
+    scenario_parameters = scenario.parameters_used()
+    if scenario_parameters:
+        used["scenario_params"][settings.scenario] = scenario_parameters
     used["strategy_params"][settings.strategy] = (trainer.parameters if trainer is not None else
                                                   strategy_parameters(settings.strategy, settings.strategy_params))
     adapter = make_adapter(settings.adapter.name, settings.adapter_params) if settings.adapter.used else None

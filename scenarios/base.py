@@ -30,9 +30,8 @@ built-in scenarios' replacements, stream and evaluation).
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -84,7 +83,7 @@ class Scenario:
 
     def parameters_used(self) -> dict[str, Any]:
         """Every setting of the scenario's ``Config``, defaults included (written to the run's config)."""
-        return dataclasses.asdict(self.config)
+        return asdict(self.config)
 
     def check_settings(self) -> None:
         """Refuse, with a one-line :class:`~cl2r_bench.errors.ConfigError`, settings this scenario cannot run (each
