@@ -11,6 +11,7 @@ import itertools
 import json
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,26 +109,43 @@ def _same_experiment(one: dict[str, Any], other: dict[str, Any]) -> bool:
     return all(_agree(key, one, other) for key in one.keys() | other.keys())
 
 
+Grouped = list[tuple[dict[str, Any], list[RunRecord]]]
+"""Groups of runs that agree on every setting (:func:`_same_experiment`), each with the settings they hold."""
+
+
+def _by_settings(records: list[RunRecord], key: Callable[[RunRecord], Any],
+                 settings_of: Callable[[RunRecord], dict[str, Any]]) -> dict[Any, Grouped]:
+    """The records by ``key``, and under each key into groups whose ``settings_of`` agree: a run that predates a
+    setting joins the runs at its default (:func:`_agree`)."""
+    found: dict[Any, Grouped] = defaultdict(list)
+    for record in records:
+        settings, groups = settings_of(record), found[key(record)]
+        match = next((group for group in groups if _same_experiment(group[0], settings)), None)
+        if match is None:
+            groups.append((settings, [record]))
+        else:
+            match[0].update(settings)
+            match[1].append(record)
+    return found
+
+
+def _differing(groups: Grouped) -> list[str]:
+    """The settings on which some two of ``groups`` disagree, those most groups hold first."""
+    keys = sorted(set().union(*(settings for settings, _ in groups)))
+    return sorted((k for k in keys if not all(_agree(k, one, other) for (one, _), (other, _) in
+                                              itertools.combinations(groups, 2))),
+                  key=lambda k: (-sum(k in settings for settings, _ in groups), k))
+
+
 def experiment_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
     """Runs grouped by experiment (:func:`experiment_settings`): runs that differ only by seed, or by a setting one
     of them predates (:func:`_same_experiment`), are one group; when one name covers several experiments, each
     label gets a tag of the settings that tell them apart."""
-    experiments: dict[tuple[str, str, str], list[tuple[dict[str, Any], list[RunRecord]]]] = defaultdict(list)
-    for r in records:
-        settings = experiment_settings(r)
-        found = experiments[(r["scenario"], r["dataset"], r.get("method", r["strategy"]))]
-        match = next((group for group in found if _same_experiment(group[0], settings)), None)
-        if match is None:
-            found.append((settings, [r]))
-        else:
-            match[0].update(settings)
-            match[1].append(r)
+    experiments = _by_settings(records, lambda r: (r["scenario"], r["dataset"], r.get("method", r["strategy"])),
+                               experiment_settings)
     groups: dict[tuple[str, str, str], list[RunRecord]] = {}
     for (scenario, dataset, name), found in experiments.items():
-        keys = sorted(set().union(*(settings for settings, _ in found)))
-        differing = sorted((k for k in keys if not all(_agree(k, first, other) for (first, _), (other, _) in
-                                                       itertools.combinations(found, 2))),
-                           key=lambda k: (-sum(k in settings for settings, _ in found), k))
+        differing = _differing(found)
         labels = [name + (_tag(settings, differing) if len(found) > 1 else "") for settings, _ in found]
         for i, (settings, runs) in enumerate(found):
             if labels.count(labels[i]) > 1:
@@ -146,24 +164,10 @@ def study_groups(records: list[RunRecord]) -> dict[str, list[RunRecord]]:
     adapter's and the seed (:func:`experiment_settings`), so that one answer never pools two protocols (a study
     fitted on 1,000 items with one fitted on 2,000). A label is the models', tagged with the settings that tell the
     studies of one pair apart."""
-    found: dict[str, list[tuple[dict[str, Any], list[RunRecord]]]] = defaultdict(list)
-    for record in records:
-        settings = {k: v for k, v in experiment_settings(record).items() if not k.startswith(ADAPTER_KEYS)}
-        studies = found[models_label(record)]
-        match = next((study for study in studies if _same_experiment(study[0], settings)), None)
-        if match is None:
-            studies.append((settings, [record]))
-        else:
-            match[0].update(settings)
-            match[1].append(record)
-    groups: dict[str, list[RunRecord]] = {}
-    for label, studies in found.items():
-        differing = sorted(k for k in set().union(*(settings for settings, _ in studies))
-                           if not all(_agree(k, one, other) for (one, _), (other, _) in
-                                      itertools.combinations(studies, 2)))
-        for settings, runs in studies:
-            groups[label + (_tag(settings, differing, limit=None) if len(studies) > 1 else "")] = runs
-    return groups
+    found = _by_settings(records, models_label, lambda r: {k: v for k, v in experiment_settings(r).items()
+                                                          if not k.startswith(ADAPTER_KEYS)})
+    return {label + (_tag(settings, _differing(studies), limit=None) if len(studies) > 1 else ""): runs
+            for label, studies in found.items() for settings, runs in studies}
 
 
 def models_label(record: RunRecord) -> str:
