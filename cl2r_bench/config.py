@@ -84,15 +84,34 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+PROFILE_FOLDERS: list[Path] = [CONFIG_DIR]
+"""Where profiles are looked up, first match wins: the suite's ``configs/``, then the ``configs/`` folder beside each
+plug-in file a config names (:func:`add_plugin_profiles`), so that a plug-in data set brings its profile along."""
+
+
+def add_plugin_profiles(plugins: list[str]) -> None:
+    """Look up profiles also in ``configs/`` beside each of ``plugins`` (the config's plug-in files), where one is."""
+    for plugin in plugins:
+        folder = Path(plugin).resolve().parent / "configs"
+        if folder.is_dir() and folder not in PROFILE_FOLDERS:
+            PROFILE_FOLDERS.append(folder)
+
+
+def profile_path(kind: str, name: str) -> Path | None:
+    """The profile ``<kind>/<name>.yaml`` in the first of :data:`PROFILE_FOLDERS` that holds it, or None."""
+    return next((path for folder in PROFILE_FOLDERS if (path := folder / kind / f"{name}.yaml").is_file()), None)
+
+
 def choices(kind: str) -> list[str]:
-    """Names of the YAML profiles of one kind (``datasets``, ``scenarios``, ``presets``)."""
-    return sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml"))
+    """Names of the YAML profiles of one kind (``datasets``, ``scenarios``, ``presets``), the suite's and those
+    beside the plug-ins of the config resolved last (:data:`PROFILE_FOLDERS`)."""
+    return sorted({p.stem for folder in PROFILE_FOLDERS for p in (folder / kind).glob("*.yaml")})
 
 
 def profile_summary(kind: str, name: str) -> str:
     """The first sentence of the leading comment of ``configs/<kind>/<name>.yaml`` (at most 150 characters):
     what the profile is, for ``runner.py list``."""
-    lines = (CONFIG_DIR / kind / f"{name}.yaml").read_text().splitlines()
+    lines = profile_path(kind, name).read_text().splitlines()
     leading = itertools.takewhile(lambda text: text.startswith("#"), lines)
     comment = " ".join(line.lstrip("# ").strip() for line in leading)
     sentence = comment.split(". ")[0].rstrip(".") + "."
@@ -185,7 +204,8 @@ def nested(dotted: str, value: Any) -> dict[str, Any]:
 def resolve(user_layers: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """The full config: defaults, then the dataset / scenario / preset profiles they name, then ``user_layers``. A
     scenario's profile is optional (a plug-in's settings are its ``Config``), so its name is checked by the
-    scenario registry when the run is assembled.
+    scenario registry when the run is assembled; a plug-in data set's profile sits beside the plug-in file
+    (:data:`PROFILE_FOLDERS`).
 
     ``user_layers`` are ``(source name, mapping)`` pairs, lowest priority first (config file, then CLI). Every key
     and value type is checked here; the values themselves are checked by the parts that own them when the assembly
@@ -195,13 +215,16 @@ def resolve(user_layers: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     names = defaults
     for source, layer in user_layers:
         names = merge(names, layer, source)
+    add_plugin_profiles(names["plugins"])
     layers = []
     for kind, key in (("datasets", "dataset"), ("scenarios", "scenario"), ("presets", "preset")):
-        if names[key] not in choices(kind):
+        path = profile_path(kind, names[key])
+        if path is None:
             if kind == "scenarios":
                 continue
-            raise ConfigError(f"unknown {key} {names[key]!r}; choose from {choices(kind)}")
-        layers.append((f"configs/{kind}/{names[key]}.yaml", read_yaml(CONFIG_DIR / kind / f"{names[key]}.yaml")))
+            raise ConfigError(f"unknown {key} {names[key]!r}; choose from {choices(kind)} (a plug-in's profile goes "
+                              f"in configs/{kind}/{names[key]}.yaml beside the plug-in file)")
+        layers.append((f"configs/{kind}/{names[key]}.yaml", read_yaml(path)))
         adapted = CONFIG_DIR / "scenarios" / "per_dataset" / f"{names['scenario']}-{names['dataset']}.yaml"
         if kind == "scenarios" and adapted.is_file():
             layers.append((f"configs/scenarios/per_dataset/{adapted.name}", read_yaml(adapted)))

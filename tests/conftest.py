@@ -40,6 +40,7 @@ def registries_as_found():
     module) and the plug-in modules it loaded are gone for the next test, whichever worker runs it."""
     from benchmarks.backfill_orders import ORDERS
     from cl2r_bench.adapters.base import ADAPTERS
+    from cl2r_bench.config import PROFILE_FOLDERS
     from cl2r_bench.data.datasets import DATA_SETS
     from cl2r_bench.encoders.base import ENCODER_FAMILIES
     from cl2r_bench.plugins import MODULE_PREFIX
@@ -49,7 +50,9 @@ def registries_as_found():
     kept = [(registry, dict(registry.classes)) for registry in (ADAPTERS, DATA_SETS, ENCODER_FAMILIES, ORDERS,
                                                                  SCENARIOS, STRATEGIES)]
     plugins = {name for name in sys.modules if name.startswith(MODULE_PREFIX)}
+    profile_folders = list(PROFILE_FOLDERS)
     yield
+    PROFILE_FOLDERS[:] = profile_folders
     for registry, classes in kept:
         registry.classes.clear()
         registry.classes.update(classes)

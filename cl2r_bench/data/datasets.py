@@ -74,7 +74,8 @@ class DataSet:
     """The template of a data set: one file in ``cl2r_bench/data/`` with a subclass registered by
     ``@register_dataset("name")``, its import in ``cl2r_bench/data/__init__.py``, and its profile
     ``cl2r_bench/configs/datasets/<name>.yaml`` (the stream's shape on it, its held-out classes, its replacement
-    pretraining: the defaults a run on it starts from).
+    pretraining: the defaults a run on it starts from); a plug-in file instead, with its profile in
+    ``configs/datasets/<name>.yaml`` beside it (:data:`cl2r_bench.config.PROFILE_FOLDERS`).
 
     ``classes`` is its class count, known before reading it (the scenarios check a stream against it);
     ``native_size`` the side of its images as released (None: generated at the configured size); ``mean`` / ``std``
