@@ -149,6 +149,21 @@ def test_a_run_resumes_when_an_adapt_only_default_changed_since_it_was_written(t
     assert "resuming" in capsys.readouterr().out
 
 
+def test_resume_compares_the_parameters_of_its_own_scenario_only(tmp_path):
+    """A saved run's ``scenario_params`` of another scenario are not the run's settings; its own scenario's are."""
+    from cl2r_bench.config import resolve
+    from cl2r_bench.run_folder import RunError, RunFolder
+
+    saved = resolve([("test", {"scenario": "cl2r", "dataset": "synthetic",
+                               "scenario_params": {"cl2r": {"every": 2}, "upgrade": {"width": 1}}})])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(saved))
+    folder = RunFolder(tmp_path / "run", resume=True, overwrite=False)
+    folder.check_resumable(dict(saved, scenario_params={"cl2r": {"every": 2}, "upgrade": {"width": 9}}))
+    with pytest.raises(RunError, match=r"scenario_params\.cl2r\.every"):
+        folder.check_resumable(dict(saved, scenario_params={"cl2r": {"every": 3}}))
+
+
 def _truncate(path):
     path.write_bytes(path.read_bytes()[:100])
 
