@@ -2,13 +2,10 @@
 `runner.py adapt --plugin FILE` measures its curve beside the built-in ones, the record holds it under its name,
 and the leaderboard's backfilling table gives it its own columns."""
 import json
-import textwrap
 
 import numpy as np
 import pytest
-from helpers.adapt_inputs import adapt, arrays
-
-from cl2r_bench.cli import main
+from helpers.adapt_inputs import adapt, arrays, backfilling_row, plugin_file
 
 PLUGIN = '''
 import torch
@@ -34,9 +31,7 @@ def leave_one_out_top1(queries: np.ndarray, gallery: np.ndarray, labels: np.ndar
 
 def test_a_plugin_backfill_order_is_measured_recorded_and_tabled(rotated, tmp_path, capsys):
     train, test = rotated
-    plugin = tmp_path / "elsewhere" / "my_order.py"
-    plugin.parent.mkdir()
-    plugin.write_text(textwrap.dedent(PLUGIN))
+    plugin = plugin_file(tmp_path, "my_order.py", PLUGIN)
     out_dir = tmp_path / "results"
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "--plugin", plugin,
                       "--set", "model_update.backfill_orders=[random,last_first]",
@@ -56,14 +51,11 @@ def test_a_plugin_backfill_order_is_measured_recorded_and_tabled(rotated, tmp_pa
     assert backfilling["curves"]["last_first"]["top1"] == pytest.approx(expected, abs=1e-3)
     assert expected[0] < expected[-1], "a stale gallery of the old model answers the new queries worse"
 
-    assert main(["leaderboard", "--results", str(out_dir), "--table", "backfilling"]) == 0
-    board = capsys.readouterr().out
-    titles, cells = ([cell.strip() for cell in next(line for line in board.splitlines() if mark in line)
-                      .strip("|").split("|")] for mark in ("adapter", "| none"))
-    assert "AUC class_mean_cosine top-1" not in titles, "columns only for the orders the records hold"
+    row = backfilling_row(out_dir, capsys, "| none")
+    assert "AUC class_mean_cosine top-1" not in row, "columns only for the orders the records hold"
     area = backfilling["auc"]["last_first"]["top1_auc"]
     assert area == pytest.approx(float(np.trapezoid(expected, backfilling["betas"])), abs=1e-3)
-    assert cells[titles.index("AUC last_first top-1")] == f"{area:.2f}"
+    assert row["AUC last_first top-1"] == f"{area:.2f}"
 
 
 def test_an_unknown_backfill_order_is_one_line_before_any_fit(rotated, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """The inputs of ``runner.py adapt`` tests: clustered features, ``.npz`` files read back, folders of arrays or tensors,
 and the command itself (tests/test_adapt.py, tests/test_adapt_scale.py; the ``rotated`` fixture in conftest.py)."""
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -42,3 +43,20 @@ def write_folder(folder: Path, suffix: str, old, new, labels) -> Path:
 def adapt(*args, capsys=None):
     code = main(["adapt", *map(str, args)])
     return code, capsys.readouterr() if capsys else None
+
+
+def plugin_file(folder: Path, name: str, source: str) -> Path:
+    """``source`` (dedented) written as ``folder/elsewhere/<name>``: a plug-in outside the suite."""
+    path = folder / "elsewhere" / name
+    path.parent.mkdir()
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def backfilling_row(results: Path, capsys, mark: str) -> dict[str, str]:
+    """The leaderboard's backfilling table of ``results``: the first row holding ``mark``, by column title."""
+    assert main(["leaderboard", "--results", str(results), "--table", "backfilling"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    titles, cells = ([cell.strip() for cell in next(line for line in lines if text in line).strip("|").split("|")]
+                     for text in ("adapter", mark))
+    return dict(zip(titles, cells, strict=True))
