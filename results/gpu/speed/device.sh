@@ -1,48 +1,83 @@
 #!/usr/bin/env bash
-# Issue 56 on a lent GPU, in stages over warm calls of the workplace's device tool (64 MiB travel per call, so the
-# data arrive in parts). Every stage runs from the repository root there; work and logs go to $W, data to $D.
-#   device.sh setup           wheels into /tmp/site, CIFAR-10 batches; starts the loop benchmarks in the background
-#   device.sh unpack DIR      a part of Tiny ImageNet carried in DIR (a .tar.gz part, or a piece of the rest)
-#   device.sh protocol        in the background, once the benchmarks end: decode, pretrain, the d-Simplex-HOC run
-#   device.sh wait SECONDS    until the protocol ends or SECONDS pass, then everything into $OUT/speed.tgz
-# What it times: tools/bench_training_loop.py --variants and tools/profile_training.py on generated images (GPU
-# alone), then the decoded-image caches, `runner.py pretrain` (the replacement models) and `runner.py run`
-# (preset fidelity, seed 42) each from command to exit, with nvidia-smi sampled every 2 s.
+# Issue 56 on a lent GPU, over warm calls of the workplace's device tool (64 MiB travel per call beside the working
+# tree, so the data arrive in parts: results/gpu/speed/data_parts.py). Every stage runs from the repository root
+# there; work and logs go to $W, data to $D, the carried parts to $P.
+#   device.sh setup        wheels into /tmp/site, the first part; starts the pipeline in the background
+#   device.sh part         copies the part this call carries (.gpu/pN) into $P
+#   device.sh wait SECONDS until the pipeline ends or SECONDS pass, then $W (no weights) into $OUT/speed.tgz
+# The pipeline, alone on the GPU and in this order, nvidia-smi sampled every 2 s throughout:
+#   1. while the parts arrive, the loop benchmark (the suite's loop against a plain PyTorch loop, generated images)
+#      eager fp16, then with CUDA graphs (training.compile: reduce-overhead);
+#   2. once every part is in: the data rebuilt and checked (SHA-256 of every image array);
+#   3. `runner.py pretrain` (the 3 replacement ResNet-18s), then `runner.py run` (preset fidelity, d-Simplex-HOC,
+#      seed 42), each timed from command to exit, with CUDA graphs when the benchmark found them 1.2x faster
+#      (and again without them, resuming, if they fail);
+#   4. the torch profiler over the loop, eager and with graphs.
 set -uo pipefail
 W=${W:-/tmp/speed}
 D=${D:-/tmp/data}
-mkdir -p "$W" "$D"
+P=${P:-/tmp/parts}
+mkdir -p "$W" "$D" "$P"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 stamp() { echo "$(date +%s.%N) $*" >> "$W/timeline.txt"; }
 
-timed() {  # timed NAME COMMAND...: run it, log its output, note its start, end and exit status
-  local name=$1
-  shift
+timed() {  # timed NAME LIMIT COMMAND...: run it under a time limit, log its output, note start, end and exit status
+  local name=$1 limit=$2
+  shift 2
   stamp "start $name"
-  "$@" > "$W/$name.log" 2>&1
+  timeout "$limit" "$@" > "$W/$name.log" 2>&1
   stamp "end $name rc=$?"
 }
 
+loop_rate() {  # the suite loop's images per second in a benchmark log (0 when absent)
+  local rate
+  rate=$(grep -o "suite: median [0-9.]*s *([0-9]* images/s)" "$W/$1.log" 2>/dev/null | tail -1 | grep -o "([0-9]*" | tr -d '(')
+  echo "${rate:-0}"
+}
+
+LOOP=(--backbone resnet18 --strategy dsimplex_hoc --amp float16 --images 16384 --epochs 1 --device cuda)
+
 benchmarks() {
-  timed bench_fp16 python3 -m tools.bench_training_loop --backbone resnet18 --strategy dsimplex_hoc \
-    --amp float16 --images 16384 --epochs 1 --repeats 2 --device cuda
-  timed bench_fp16_graphs python3 -m tools.bench_training_loop --backbone resnet18 --strategy dsimplex_hoc \
-    --amp float16 --compile reduce-overhead --images 16384 --epochs 1 --repeats 2 --device cuda
-  timed profile_fp16 python3 -m tools.profile_training --amp float16 --json "$W/profile_fp16.json"
+  timed bench_eager 240 python3 -m tools.bench_training_loop "${LOOP[@]}" --repeats 2
+  timed bench_graphs 300 python3 -m tools.bench_training_loop "${LOOP[@]}" --repeats 2 --compile reduce-overhead
   stamp "benchmarks done"
 }
 
 protocol() {
-  until grep -q "benchmarks done" "$W/timeline.txt" 2>/dev/null; do sleep 1; done
+  local expected
+  expected=$(cat "$P/expected.txt")
+  until [ "$(ls "$P" | wc -l)" -ge "$expected" ]; do sleep 1; done
+  timed unpack 300 python3 results/gpu/speed/data_parts.py unpack "$P" "$D" || return
+  grep -q "every SHA-256 equal" "$W/unpack.log" || { stamp "data check failed"; return; }
+  local args=(--preset fidelity --data-root "$D" --no-progress --strategy dsimplex_hoc)
+  local plain=("${args[@]}")
+  if [ -n "${COMPILE:-}" ]; then
+    args+=(--set "training.compile=$COMPILE")
+  fi
+  stamp "protocol settings: ${args[*]}"
+  timed pretrain 600 python3 runner.py pretrain "${args[@]}"
+  if ! grep -q "rc=0" <(grep "end pretrain" "$W/timeline.txt"); then
+    timed pretrain_eager 600 python3 runner.py pretrain "${plain[@]}"
+  fi
+  timed run 900 python3 runner.py run "${args[@]}" --seed 42 --output "$W/runs"
+  if ! ls "$W"/runs/*/*/*/seed42/metrics.json > /dev/null 2>&1; then
+    timed run_eager 900 python3 runner.py run "${plain[@]}" --seed 42 --output "$W/runs" --resume
+  fi
+}
+
+pipeline() {
   nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 2 > "$W/smi.csv" 2>&1 &
   local smi=$!
-  local args=(--preset fidelity --data-root "$D" --no-progress)
-  timed decode python3 -c "import sys; from cl2r_bench.data.tiny_imagenet import read_tiny_imagenet; \
-from cl2r_bench.data.cifar import read_cifar; read_tiny_imagenet(sys.argv[1]); read_cifar('cifar10', sys.argv[1])" "$D"
-  timed pretrain python3 runner.py pretrain "${args[@]}" --strategy dsimplex_hoc
-  timed run python3 runner.py run "${args[@]}" --strategy dsimplex_hoc --seed 42 --output "$W/runs"
+  benchmarks
+  COMPILE=$(python3 -c "import sys; e, g = float(sys.argv[1] or 0), float(sys.argv[2] or 0); \
+print('reduce-overhead' if g > 1.2 * e > 0 else '')" "$(loop_rate bench_eager)" "$(loop_rate bench_graphs)")
+  stamp "graphs for the protocol: ${COMPILE:-no}"
+  COMPILE=$COMPILE protocol
+  timed profile_eager 180 python3 -m tools.profile_training "${LOOP[@]}" --json "$W/profile_eager.json"
+  timed profile_graphs 240 python3 -m tools.profile_training "${LOOP[@]}" --compile reduce-overhead \
+    --json "$W/profile_graphs.json"
   kill "$smi"
-  stamp "protocol done"
+  stamp "pipeline done"
 }
 
 case ${1:?stage} in
@@ -50,41 +85,22 @@ case ${1:?stage} in
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       .whl/*.whl || exit 1
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$W/gpu.txt"
-    python3 -c "import torch, avalanche; print(torch.__version__, torch.version.cuda, avalanche.__version__, \
-torch.cuda.get_device_name())" | tee "$W/versions.txt"
-    (cd data/gpu/c && sha256sum -c --quiet SHA256SUMS) || exit 1
-    mkdir -p "$D/cifar-10-jpeg" && tar -xzf data/gpu/c/cifar-10-jpeg.tar.gz -C "$D/cifar-10-jpeg"
-    timed cifar_batches python3 data/gpu/c/to_batches.py "$D/cifar-10-jpeg" "$D"
+    python3 -c "import torch, avalanche, PIL, sys; print(sys.version.split()[0], torch.__version__, \
+torch.version.cuda, avalanche.__version__, PIL.__version__, torch.cuda.get_device_name())" | tee "$W/versions.txt"
+    cp .gpu/p1/* "$P/" && ls "$P" | wc -l
     stamp "setup done"
-    setsid nohup bash "$0" benchmarks > "$W/benchmarks.out" 2>&1 < /dev/null &
+    setsid nohup bash "$0" pipeline > "$W/pipeline.out" 2>&1 < /dev/null &
     ;;
-  benchmarks) benchmarks ;;
-  unpack)
-    dir=${2:?unpack DIR}
-    sums=$PWD/data/gpu/t01/SHA256SUMS
-    if ls "$dir"/*.tar.gz > /dev/null 2>&1; then
-      (cd "$dir" && sha256sum -c --quiet --ignore-missing "$sums") || exit 1
-      for part in "$dir"/*.tar.gz; do tar -xzf "$part" -C "$D"; done
-    fi
-    mkdir -p "$W/pieces" && cp "$dir"/piece.* "$W/pieces/" 2>/dev/null
-    if [ "$(ls "$W/pieces" | wc -l)" = 3 ]; then
-      mkdir -p /tmp/parts && cat "$W"/pieces/piece.* | tar -x -C /tmp/parts
-      (cd /tmp/parts && sha256sum -c --quiet --ignore-missing "$sums") || exit 1
-      for part in /tmp/parts/*.tar.gz; do tar -xzf "$part" -C "$D"; done
-      rm -rf /tmp/parts "$W/pieces"
-    fi
-    stamp "unpacked $dir"
-    echo "train classes unpacked: $(ls "$D/tiny-imagenet-200/train" 2>/dev/null | wc -l)"
+  pipeline) pipeline ;;
+  part)
+    cp .gpu/p*/* "$P/" && echo "parts in: $(ls "$P" | wc -l) of $(cat "$P/expected.txt")"
+    tail -n 2 "$W/timeline.txt"
     ;;
-  protocol)
-    setsid nohup bash "$0" protocol_now > "$W/protocol.out" 2>&1 < /dev/null &
-    ;;
-  protocol_now) protocol ;;
   wait)
     limit=$(( $(date +%s) + ${2:?wait SECONDS} ))
-    while [ "$(date +%s)" -lt "$limit" ] && ! grep -q "protocol done" "$W/timeline.txt" 2>/dev/null; do sleep 2; done
+    while [ "$(date +%s)" -lt "$limit" ] && ! grep -q "pipeline done" "$W/timeline.txt" 2>/dev/null; do sleep 2; done
     cat "$W/timeline.txt"
-    tail -n 3 "$W"/*.log
-    tar -czf "$OUT/speed.tgz" --exclude='*.pt' --exclude='*.pth' -C "$W" . && ls -la "$OUT"
+    tail -n 4 "$W"/*.log
+    tar -czf "$OUT/speed.tgz" --exclude='*.pt' --exclude='*.pth' --exclude='*.npz' -C "$W" . && ls -la "$OUT"
     ;;
 esac
