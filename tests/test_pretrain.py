@@ -69,3 +69,28 @@ def test_a_pretrained_model_is_cached_per_data_so_no_data_setting_is_served_anot
     other, other_cached = path(make_synthetic(**{**base, **change}))
     assert again == first and cached
     assert other != first and not other_cached
+
+
+def test_plateau_pretraining_through_a_compiled_forward_keeps_the_models_own_state(tmp_path, monkeypatch):
+    """``training.compile`` wraps the training forward (``torch.compile``'s ``_orig_mod.`` keys, as DDP's
+    ``module.``); the plateau hook must still save and restore the model's own state dict. Found on an H200: the
+    fidelity preset's pretraining with ``training.compile=reduce-overhead`` crashed after its last epoch."""
+    import cl2r_bench.training.loop as loop
+    from cl2r_bench.data.synthetic import make_synthetic
+    from cl2r_bench.settings import PlateauSettings, TrainSettings
+    from cl2r_bench.training.pretrain import pretrain_model
+
+    wrapped = []
+    monkeypatch.setattr(loop, "training_forward",
+                        lambda model, settings, processes=None: wrapped.append(1) or torch.compile(model,
+                                                                                                backend="eager"))
+    data = make_synthetic(num_classes=4, train_per_class=8, test_per_class=2, image_size=16)
+    partial = tmp_path / "model.partial.pt"
+    model, log = pretrain_model(data, [0, 1, 2], head="learnable", settings=TrainSettings.with_defaults(
+        epochs=2, batch_size=8, progress=False), model_kwargs={"backbone": "small_cnn", "small_width": 4,
+                                                               "small_out_dim": 8},
+        images_per_class=None, device=torch.device("cpu"), seed=0, partial=partial,
+        plateau=PlateauSettings.with_defaults(), log=lambda _: None)
+    assert wrapped and log["epochs_done"] == 2
+    saved = torch.load(partial, weights_only=True)
+    assert set(saved["model"]) == set(saved["best_model"]) == set(model.state_dict())

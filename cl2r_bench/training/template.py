@@ -169,6 +169,6 @@ class CompatibilityTemplate(SupervisedTemplate):
 
     def _after_training_epoch(self, **kwargs) -> None:
         super()._after_training_epoch(**kwargs)
-        if self.epoch_hook is not None and not self.epoch_hook.after_epoch(self.model, self.optimizer):
+        if self.epoch_hook is not None and not self.epoch_hook.after_epoch(self.trained, self.optimizer):
             self.stop_training()
 
