@@ -1,5 +1,10 @@
-"""Write results/gpu/speed/speed.json from the device run's records in raw/ (device.sh's logs, the run's
-metrics.json, nvidia-smi's samples), and print it. Every figure is read or computed here, none typed in.
+"""Write results/gpu/speed/speed.json from the device sessions' records, and print it. Every figure is read or
+computed here, none typed in.
+
+* ``raw/`` (first session, eager): the fidelity run's 6 tasks, its ``metrics.json``, nvidia-smi's samples.
+* ``raw-graphs/`` (second session, ``graphs`` in the JSON): the loop benchmark and the torch profiler eager and
+  with CUDA graphs (``training.compile: reduce-overhead``), the packing benchmark (6 and 12 processes), and the
+  protocol's wall time projected with graphs from the first session's iterations and non-training seconds.
 
     python results/gpu/speed/summarize.py
 """
@@ -17,12 +22,8 @@ RAW = HERE / "raw"
 
 
 def timeline() -> dict[str, float]:
-    """``{event: epoch seconds}`` of device.sh's timeline (the first time each event was stamped)."""
-    stamps: dict[str, float] = {}
-    for line in (RAW / "timeline.txt").read_text().splitlines():
-        seconds, event = line.split(" ", 1)
-        stamps.setdefault(event, float(seconds))
-    return stamps
+    """``{event: epoch seconds}`` of the first session's device.sh timeline."""
+    return timeline_of(RAW)
 
 
 def smi_samples(start: float) -> list[tuple[int, int]]:
@@ -36,10 +37,23 @@ def smi_samples(start: float) -> list[tuple[int, int]]:
     return samples
 
 
-def bench_rates() -> dict[str, float]:
-    """images/s of the plain and the suite's loop in tools/bench_training_loop.py's fp16 run."""
-    text = (RAW / "bench_fp16.log").read_text()
-    return {loop: float(rate) for loop, rate in re.findall(r"^(plain|suite): .*?\((\d+) images/s\)", text, re.M)}
+GRAPHS = HERE / "raw-graphs"
+RATE = re.compile(r"^(plain|suite): .*?\((\d+) images/s\)", re.M)
+
+
+def bench_rates(path: Path = RAW / "bench_fp16.log") -> dict[str, float]:
+    """images/s of the plain and the suite's loop in one tools/bench_training_loop.py log."""
+    return {loop: float(rate) for loop, rate in RATE.findall(path.read_text())}
+
+
+def packed_rates(texts: list[str]) -> dict[str, float]:
+    """The summed images/s of every packed process's plain and suite loop (their medians)."""
+    sums = {"plain": 0.0, "suite": 0.0, "processes": 0}
+    for text in texts:
+        for loop, rate in RATE.findall(text):
+            sums[loop] += float(rate)
+        sums["processes"] += 1 if RATE.search(text) else 0
+    return sums
 
 
 def missing_task_iterations(done: int) -> list[int]:
@@ -89,8 +103,52 @@ def summary() -> dict:
     }
 
 
+def timeline_of(folder: Path) -> dict[str, float]:
+    """``{event: epoch seconds}`` of a session's device.sh timeline (the first time each event was stamped)."""
+    stamps: dict[str, float] = {}
+    for line in (folder / "timeline.txt").read_text().splitlines():
+        seconds, event = line.split(" ", 1)
+        stamps.setdefault(event, float(seconds))
+    return stamps
+
+
+def profile(name: str) -> dict:
+    """The torch profiler's figures of one loop (tools/profile_training.py's JSON)."""
+    return json.loads((GRAPHS / f"profile_{name}.json").read_text())
+
+
+def graphs_summary(first: dict) -> dict:
+    """The second session: what CUDA graphs change, the packing, and the protocol projected with graphs."""
+    eager, graphs = bench_rates(GRAPHS / "bench_eager.log"), bench_rates(GRAPHS / "bench_graphs.log")
+    six = packed_rates([f.read_text() for f in sorted((GRAPHS / "packing6").glob("packing_*.log"))])
+    twelve_text = (GRAPHS / "packing12" / "output_tail.txt").read_text()
+    twelve = packed_rates([chunk for chunk in re.split(r"(?=^plain:)", twelve_text, flags=re.M) if RATE.search(chunk)])
+    stamps = timeline_of(GRAPHS)
+    iterations = sum(t["iterations"] for t in json.loads((RAW / "run_metrics.json").read_text())["timings"]["tasks"])
+    iterations += sum(first["missing_task_iterations"])
+    seconds_per_iteration = 128 / graphs["suite"]
+    non_training = sum(v for k, v in first["wall_split_s"].items() if k != "training")
+    projected = iterations * seconds_per_iteration + non_training
+    return {
+        "device": (GRAPHS / "gpu.txt").read_text().splitlines()[1].strip(),
+        "versions": (GRAPHS / "versions.txt").read_text().strip(),
+        "loop_img_s": {"eager": eager, "graphs": graphs},
+        "graphs_speedup": {loop: round(graphs[loop] / eager[loop], 2) for loop in ("plain", "suite")},
+        "profile": {name: profile(name) for name in ("eager", "graphs")},
+        "pretrain_25_classes_with_graphs_s": round(stamps["end pretrain rc=1"] - stamps["start pretrain"], 1),
+        "packed_6_processes_img_s": six,
+        "packed_12_processes_img_s": twelve,
+        "protocol_iterations": iterations,
+        "protocol_wall_s_projected_with_graphs": round(projected, 1),
+        "runs_per_hour_one_at_a_time_with_graphs": round(3600 / projected, 1),
+        "runs_per_hour_6_packed_with_graphs": round(6 * 3600 / projected * min(1.0, six["suite"] / 6
+                                                                                / graphs["suite"]), 1),
+    }
+
+
 def main() -> None:
     result = summary()
+    result["graphs"] = graphs_summary(result)
     (HERE / "speed.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
