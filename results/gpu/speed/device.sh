@@ -2,7 +2,7 @@
 # Issue 56 on a lent GPU, over warm calls of the workplace's device tool (64 MiB travel per call beside the working
 # tree, so the data arrive in parts: results/gpu/speed/data_parts.py). Every stage runs from the repository root
 # there; work and logs go to $W, data to $D, the carried parts to $P.
-#   device.sh setup        wheels into /tmp/site, the first part; starts the pipeline in the background
+#   [PROTOCOL_ONLY=1] device.sh setup  wheels into /tmp/site, the first part; starts the pipeline in the background
 #   device.sh part         copies the part this call carries (.gpu/pN) into $P
 #   device.sh wait SECONDS until the pipeline ends or SECONDS pass, then $W (no weights) into $OUT/speed.tgz
 # The pipeline, alone on the GPU and in this order, nvidia-smi sampled every 2 s throughout:
@@ -13,6 +13,8 @@
 #      seed 42), each timed from command to exit, with CUDA graphs when the benchmark found them 1.2x faster
 #      (and again without them, resuming, if they fail);
 #   4. the torch profiler over the loop, eager and with graphs.
+# PROTOCOL_ONLY=1 (set for the setup stage) skips 1 and 4 and runs the protocol with graphs: the benchmarks and
+# profiles are in raw-graphs/, and the device time (about 360 s of pretraining and 314 s of run, projected) is short.
 set -uo pipefail
 W=${W:-/tmp/speed}
 D=${D:-/tmp/data}
@@ -68,6 +70,12 @@ protocol() {
 pipeline() {
   nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 2 > "$W/smi.csv" 2>&1 &
   local smi=$!
+  if [ -n "${PROTOCOL_ONLY:-}" ]; then
+    COMPILE=reduce-overhead protocol
+    kill "$smi"
+    stamp "pipeline done"
+    return
+  fi
   benchmarks
   COMPILE=$(python3 -c "import sys; e, g = float(sys.argv[1] or 0), float(sys.argv[2] or 0); \
 print('reduce-overhead' if g > 1.2 * e > 0 else '')" "$(loop_rate bench_eager)" "$(loop_rate bench_graphs)")
@@ -89,7 +97,7 @@ case ${1:?stage} in
 torch.version.cuda, avalanche.__version__, PIL.__version__, torch.cuda.get_device_name())" | tee "$W/versions.txt"
     cp .gpu/p1/* "$P/" && ls "$P" | wc -l
     stamp "setup done"
-    setsid nohup bash "$0" pipeline > "$W/pipeline.out" 2>&1 < /dev/null &
+    PROTOCOL_ONLY=${PROTOCOL_ONLY:-} setsid nohup bash "$0" pipeline > "$W/pipeline.out" 2>&1 < /dev/null &
     ;;
   pipeline) pipeline ;;
   part)
