@@ -3,7 +3,7 @@
 This is the only code that reads the config mapping (:func:`cl2r_bench.config.resolve` merged it); everything
 downstream (:mod:`cl2r_bench.run`, the scenarios, the trainers, the evaluator) receives :class:`Assembly`'s
 attributes. Building is checking: each settings section checks its own values, the scenario the rules between
-sections (:meth:`scenarios.base.Scenario.check_settings`), the strategy and the adapter their parameters (their
+sections (:meth:`cl2r_bench.scenario.Scenario.check_settings`), the strategy and the adapter their parameters (their
 ``Config`` dataclasses), so every bad setting is a one-line error here, before any data is read. The flow is one
 way: config -> assembly -> scenario -> training -> measuring -> record (docs/layout.md).
 """
@@ -23,11 +23,11 @@ from cl2r_bench.errors import ConfigError, PartError, safe_name, writable_folder
 from cl2r_bench.models import RetrievalModel, build_model, head_over, replacement_family
 from cl2r_bench.plugins import load_plugin
 from cl2r_bench.registry import config_from_params
+from cl2r_bench.scenario import Scenario, ScenarioError
 from cl2r_bench.settings import RunSettings
 from cl2r_bench.tracking import Tracker, make_tracker
 from cl2r_bench.training.trainers import Trainer, make_trainer, strategy_parameters
 from scenarios import get_scenario
-from scenarios.base import Scenario, ScenarioError
 
 
 @dataclass

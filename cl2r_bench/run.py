@@ -2,7 +2,7 @@
 
 For each task t of the scenario's stream (``scenarios/``): the starting model is the scenario's pretrained model
 for t (a replacement in IAM-CL2R, the old and the new model of ``model_update``), else the previous model, else a
-random one; a frozen teacher is kept when the strategy needs one (``strategies/base.py``); the trainer fine-tunes
+random one; a frozen teacher is kept when the strategy needs one (``cl2r_bench/strategy.py``); the trainer fine-tunes
 when the scenario trains (``cl2r_bench/training/trainers.py``: the suite's strategies or any Avalanche strategy);
 the replay memory takes the task's exemplars (the training template's hook); the configured adapter is fitted
 between the outgoing and the new model, on the task's images and the memory it was trained with, when the scenario
@@ -51,6 +51,7 @@ from cl2r_bench.files import atomic_write_json, device_description
 from cl2r_bench.models import NonFiniteError, RetrievalModel
 from cl2r_bench.reporting.plots import save_plots
 from cl2r_bench.run_folder import RunError, RunFolder
+from cl2r_bench.scenario import Finished
 from cl2r_bench.settings import task_seed
 from cl2r_bench.starting_models import (
     cached_score,
@@ -60,10 +61,9 @@ from cl2r_bench.starting_models import (
     task_encoder,
 )
 from cl2r_bench.stops import deferred_stops
+from cl2r_bench.strategy import StrategyFailure
 from cl2r_bench.training.engine import ReplayMemory
 from cl2r_bench.training.pretrain import save_state
-from scenarios.base import Finished
-from strategies.base import StrategyFailure
 
 
 def _quiet(message: str) -> None:
@@ -75,7 +75,7 @@ class DivergedError(RunError):
 
 
 class StrategyFailedError(RunError):
-    """The strategy's own code failed (:class:`strategies.base.StrategyFailure`): the run stops, keeps its finished
+    """The strategy's own code failed (:class:`cl2r_bench.strategy.StrategyFailure`): the run stops, keeps its finished
     tasks and its traceback in the run folder's ``error.log``, and is never complete."""
 
 
@@ -287,7 +287,7 @@ class Run:
             raise RunError(f"--resume: {exc}") from None
 
     def _models_for_task(self, t: int, previous: RetrievalModel | None, starting: dict[int, str]):
-        """``(model, teacher, teacher_classes)`` for task t (see ``strategies/base.py`` on the teacher)."""
+        """``(model, teacher, teacher_classes)`` for task t (see ``cl2r_bench/strategy.py`` on the teacher)."""
         task = self.stream.tasks[t]
         wants_teacher = self.trainer is not None and self.trainer.needs_teacher
         if t in starting:

@@ -7,7 +7,7 @@ each setting's allowed values are declared (:data:`GALLERY_MODES`, ...; the mode
 data sets' are their profiles in ``configs/datasets/``): the parts that interpret a setting import its vocabulary
 from here, and each section checks its ranges, choices and the rules between its own
 fields when it is built (``__post_init__``), with a one-line :class:`~cl2r_bench.errors.ConfigError` naming the
-setting. Rules that tie sections to a scenario are the scenario's (:meth:`scenarios.base.Scenario.check_settings`),
+setting. Rules that tie sections to a scenario are the scenario's (:meth:`cl2r_bench.scenario.Scenario.check_settings`),
 a strategy's or adapter's parameters are its own ``Config``'s. :func:`RunSettings.from_config` builds them from a
 config that :func:`cl2r_bench.config.resolve` has merged, inside the assembly step (:mod:`cl2r_bench.assembly`), so
 the code downstream reads attributes, never string keys.
@@ -222,7 +222,7 @@ class PretrainSettings:
 
     def seeds(self, count: int) -> list[int]:
         """The initialisation seed of each of ``count`` pretrained models: one int shared by all, or one per
-        model (the list's length is checked by the scenario: :meth:`scenarios.base.Scenario.check_settings`)."""
+        model (the list's length is checked by the scenario: :meth:`cl2r_bench.scenario.Scenario.check_settings`)."""
         return [self.seed] * count if isinstance(self.seed, int) else list(self.seed[:count])
 
     def train_settings(self, training: TrainSettings) -> TrainSettings:

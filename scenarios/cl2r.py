@@ -6,8 +6,7 @@ model's queries with every earlier model's gallery. Replacement tasks are IAM-CL
 from __future__ import annotations
 
 from cl2r_bench.errors import ConfigError
-
-from .base import Scenario, register_scenario
+from cl2r_bench.scenario import Scenario, register_scenario
 
 
 @register_scenario("cl2r")

@@ -19,9 +19,8 @@ from cl2r_bench.data.datasets import load_dataset
 from cl2r_bench.data.streams import Stream
 from cl2r_bench.encoders import is_spec
 from cl2r_bench.models import replacement_family
+from cl2r_bench.scenario import Scenario, register_scenario
 from cl2r_bench.training.pretrain import pretrained_replacement
-
-from .base import Scenario, register_scenario
 
 
 @register_scenario("iamcl2r")

@@ -31,10 +31,7 @@ from cl2r_bench.data.streams import Stream
 from cl2r_bench.encoders import check_spec
 from cl2r_bench.errors import ConfigError
 from cl2r_bench.models import RetrievalModel, load_state
-from cl2r_bench.setting_rules import int_list
-from cl2r_bench.training.pretrain import pretrained_replacement
-
-from .base import (
+from cl2r_bench.scenario import (
     Finished,
     Scenario,
     ScenarioError,
@@ -43,6 +40,8 @@ from .base import (
     run_dataset,
     stream_from_settings,
 )
+from cl2r_bench.setting_rules import int_list
+from cl2r_bench.training.pretrain import pretrained_replacement
 
 
 @register_scenario("model_update")

@@ -33,9 +33,15 @@ from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import Stream, Task, experience_images, single_experience
 from cl2r_bench.errors import ConfigError
 from cl2r_bench.models import RetrievalModel, load_state, replacement_family
+from cl2r_bench.scenario import (
+    Finished,
+    Scenario,
+    check_class_budget,
+    register_scenario,
+    run_dataset,
+    stream_from_settings,
+)
 from cl2r_bench.training.pretrain import pretrained_replacement
-
-from .base import Finished, Scenario, check_class_budget, register_scenario, run_dataset, stream_from_settings
 
 TWO_MODEL_CASES = ("old/old", "new/old", "new/new")
 

@@ -19,7 +19,7 @@ of the task's iterations done, e its 0-based epoch and E its epochs. These follo
 (``Ashespt/AdvBCT``: ``COMP_LOSS.TYPE: bct_limit``, ``ELASTIC_BOUNDARY: True``, ``TRAIN.TYPE: adv_compatible``,
 ``THRESHOLD: 1.0``); the mean of ``L_eb`` over the violating samples only is theirs too. The discriminator and the
 boundary parameters are built for each task with a teacher and trained by the task's optimiser
-(:meth:`Strategy.trainable_modules`). The old model is the teacher of ``strategies/base.py`` (at a replacement the
+(:meth:`Strategy.trainable_modules`). The old model is the teacher of ``cl2r_bench/strategy.py`` (at a replacement the
 incoming replacement model; ``replacement_teacher: outgoing`` keeps the model deployed before it). At CL2R task 0 (no
 old model) the loss is CE.
 """
@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from cl2r_bench.registry import check_choice
+from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
-from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 from .old_classes import CENTRE_CLASSES, ClassRegions, task_regions
 
 NEW, OLD = 0, 1

@@ -24,8 +24,7 @@ import torch.nn.functional as F
 
 from cl2r_bench.models import class_means
 from cl2r_bench.registry import check_choice
-
-from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
+from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
 NEW_CLASS_ROWS = ("match_norm", "raw")
 

@@ -6,7 +6,8 @@ memory (at a replacement with the default incoming teacher: every seen class).
 """
 from __future__ import annotations
 
-from .base import register_strategy
+from cl2r_bench.strategy import register_strategy
+
 from .bct import BCT
 
 

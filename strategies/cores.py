@@ -6,7 +6,8 @@ replacement model, keeps the replay memory and the simplex.
 """
 from __future__ import annotations
 
-from .base import register_strategy
+from cl2r_bench.strategy import register_strategy
+
 from .er import ExperienceReplay
 
 

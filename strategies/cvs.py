@@ -9,7 +9,7 @@
 
 Features are L2-normalised throughout (this suite's reading of "normalised features"); anchors without any
 other-class sample in the batch are left out of ``L_m``. The frozen old model is the teacher of
-``strategies/base.py``: the previous task's model, or at a replacement the incoming replacement model (then
+``cl2r_bench/strategy.py``: the previous task's model, or at a replacement the incoming replacement model (then
 ``c_y`` are its class means of the memory); ``replacement_teacher: outgoing`` uses the model deployed before
 the replacement. At CL2R task 0 (no old model) the loss is ``L_c``. The cosine head loads the learnable
 family's replacement models (backbone only).
@@ -23,8 +23,7 @@ import torch.nn.functional as F
 
 from cl2r_bench.models import class_means
 from cl2r_bench.registry import check_choice
-
-from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
+from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ the fixed classifier is the same simplex before and after, which is what keeps t
 """
 from __future__ import annotations
 
-from .base import register_strategy
+from cl2r_bench.strategy import register_strategy
+
 from .fd import FeatureDistillation
 
 

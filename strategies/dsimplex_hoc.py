@@ -23,8 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.registry import check_choice
-
-from .base import REPLACEMENT_TEACHERS, Step, Strategy, register_strategy
+from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, register_strategy
 
 MASKS = ("zero", "true")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import Step, Strategy, register_strategy
+from cl2r_bench.strategy import Step, Strategy, register_strategy
 
 
 @register_strategy("er")

@@ -7,7 +7,7 @@ seen before this task). That is the CL2R code's rule, the inverse of LUCIR's ``s
 and flagged here. ``adaptive: false`` uses ``lambda_base`` as is; ``samples: all`` distils on the whole batch
 instead of the memory half. With no old class (task 0) or no replay sample in the batch the loss is plain CE.
 
-The old model is the frozen teacher of ``strategies/base.py``: the previous task's model, or at a replacement
+The old model is the frozen teacher of ``cl2r_bench/strategy.py``: the previous task's model, or at a replacement
 the incoming replacement itself (``replacement_teacher: outgoing``: the model deployed before it). The features
 distilled are the retrieval features (the backbone output for this head).
 """
@@ -20,8 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.registry import check_choice
-
-from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
+from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
 SAMPLES = ("memory", "all")
 

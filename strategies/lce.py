@@ -12,7 +12,7 @@ to it after the 1.5 IQR rule (``strategies/old_classes.py``); both means run ove
 has a centre and an angle (classes with fewer than two inlier items have none), as the authors' code
 (``Ashespt/AdvBCT``, ``COMP_LOSS.TYPE: lce``, ``K = 0``: without the paper's optional transformation of the old
 features). ``centre_classes`` picks the classes (``old`` as theirs, or ``seen``). The old model is the teacher of
-``strategies/base.py``; its centres are computed once per task from the task's data and the replay memory, so at a
+``cl2r_bench/strategy.py``; its centres are computed once per task from the task's data and the replay memory, so at a
 replacement they are the incoming replacement model's (``replacement_teacher: outgoing`` keeps the model deployed
 before it). At CL2R task 0 (no old model) the loss is CE.
 """
@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.registry import check_choice
+from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
-from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 from .old_classes import CENTRE_CLASSES, ClassRegions, task_regions
 
 ARCCOS_LIMIT = 1 - 1e-7

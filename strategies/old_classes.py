@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import TaskContext
+from cl2r_bench.strategy import TaskContext
 
 CENTRE_CLASSES = ("old", "seen")
 

@@ -15,7 +15,7 @@ every new feature, the negatives' too, as the equation says; the reference code 
 ``all_gather``, which carries no gradient, so there the other samples' new features are constants:
 ``detach_new_negatives: true`` reproduces that (the parity check shows both, METHODS.md §6b). Batch samples of another
 class are negatives; same-class samples are left out of both sets, as in their code. The old model is the teacher of
-``strategies/base.py`` (the previous task's model, or at a replacement the incoming replacement model;
+``cl2r_bench/strategy.py`` (the previous task's model, or at a replacement the incoming replacement model;
 ``replacement_teacher: outgoing`` keeps the model deployed before it). At CL2R task 0 (no old model) the loss is CE.
 Batches mix replay and new samples, so old classes take part in a class-incremental stream.
 """
@@ -27,8 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.registry import check_choice
-
-from .base import REPLACEMENT_TEACHERS, Step, Strategy, register_strategy
+from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, register_strategy
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ the old classes only: ``centre_classes: old``). The refinement's lambda and tau 
 in MixBCT (the paper's own code is not released); METHODS.md §6b says what comes from where. Prototypes are made
 once per task, in ``before_task``, from the task's new data and the replay memory, with the model the task starts
 from as the new model: in a stream it is already trained (the previous task's, or the replacement), so the graph is
-meaningful from the first iteration. The old model is the teacher of ``strategies/base.py`` (at a replacement the
+meaningful from the first iteration. The old model is the teacher of ``cl2r_bench/strategy.py`` (at a replacement the
 incoming replacement model; ``replacement_teacher: outgoing`` keeps the model deployed before it). At CL2R task 0
 (no old model) the loss is CE.
 """
@@ -33,8 +33,8 @@ import torch.nn.functional as F
 
 from cl2r_bench.models import embed, same_features
 from cl2r_bench.registry import check_choice
+from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
-from .base import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 from .old_classes import CENTRE_CLASSES
 
 REFINEMENTS = ("graph", "none")

@@ -44,8 +44,8 @@ def registries_as_found():
     from cl2r_bench.data.datasets import DATA_SETS
     from cl2r_bench.encoders.base import ENCODER_FAMILIES
     from cl2r_bench.plugins import MODULE_PREFIX
-    from scenarios.base import SCENARIOS
-    from strategies.base import STRATEGIES
+    from cl2r_bench.scenario import SCENARIOS
+    from cl2r_bench.strategy import STRATEGIES
 
     kept = [(registry, dict(registry.classes)) for registry in (ADAPTERS, DATA_SETS, ENCODER_FAMILIES, ORDERS,
                                                                  SCENARIOS, STRATEGIES)]

@@ -12,7 +12,7 @@ import runner
 PLUGIN = '''
 from dataclasses import dataclass
 
-from scenarios.base import Scenario, register_scenario
+from cl2r_bench.scenario import Scenario, register_scenario
 
 
 @dataclass(frozen=True)

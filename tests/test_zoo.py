@@ -325,7 +325,7 @@ def test_run_gives_the_chosen_teacher_at_a_replacement(tiny, tmp_path, monkeypat
 TOY = '''
 from dataclasses import dataclass
 import torch.nn.functional as F
-from strategies.base import Step, Strategy, TaskContext, register_strategy
+from cl2r_bench.strategy import Step, Strategy, TaskContext, register_strategy
 
 CALLS = []
 

@@ -43,10 +43,10 @@ from cl2r_bench.data.streams import task_class_counts
 from cl2r_bench.data.synthetic import make_synthetic
 from cl2r_bench.models import RetrievalModel, autocast_dtype, build_model
 from cl2r_bench.settings import RunSettings, TrainSettings
+from cl2r_bench.strategy import Step
 from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr
 from cl2r_bench.training.loop import train_task
 from strategies import Strategy, get_strategy
-from strategies.base import Step
 from tools.bench_evaluation import (
     AMP_CHOICES,
     EvaluationTiming,

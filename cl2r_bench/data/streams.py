@@ -247,7 +247,7 @@ def build_stream(*, dataset: str, data_root: str, download: bool = False, verify
                  replacement_tasks: list[int], eval_dataset: str, heldout_classes: int = 20,
                  queries_per_class: int | None = None, synthetic: dict[str, int] | None = None) -> Stream:
     """Build the stream on ``dataset`` with its evaluation sets (see the module docstring); which tasks are
-    replacements is the scenario's business (``scenarios/base.py``)."""
+    replacements is the scenario's business (``cl2r_bench/scenario.py``)."""
     counts = task_class_counts(initial_classes, increment, num_tasks)
     bad = [t for t in replacement_tasks if not 0 <= t < num_tasks]
     if bad:

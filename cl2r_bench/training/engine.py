@@ -12,7 +12,7 @@ samples, each half drawn without replacement inside the batch and independently 
 ``epoch_length: full_pass`` is this suite's earlier rule: one pass over the new samples per epoch, replay drawn
 with replacement.
 
-The strategy only computes the loss (:class:`strategies.base.Strategy`); this module owns the loop, the
+The strategy only computes the loss (:class:`cl2r_bench.strategy.Strategy`); this module owns the loop, the
 teacher (frozen, eval mode, no gradient) and the replay memory (:func:`update_memory`).
 """
 from __future__ import annotations
@@ -142,7 +142,7 @@ def make_optimizer(model: nn.Module, settings: TrainSettings,
                    extra: Sequence[nn.Module] = ()) -> torch.optim.SGD:
     """SGD with weight decay on weight matrices and kernels only (not on norm weights and biases), over the
     parameters of ``model`` and of the ``extra`` modules a strategy trains with it
-    (:meth:`strategies.base.Strategy.trainable_modules`)."""
+    (:meth:`cl2r_bench.strategy.Strategy.trainable_modules`)."""
     params = [p for module in (model, *extra) for p in module.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim > 1]
     no_decay = [p for p in params if p.ndim <= 1]

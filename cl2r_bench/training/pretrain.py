@@ -43,8 +43,8 @@ from cl2r_bench.models import (
     load_replacement,
 )
 from cl2r_bench.settings import SPEED_OPTIONS, PlateauSettings, TrainSettings
+from cl2r_bench.strategy import Step, Strategy
 from cl2r_bench.training.loop import train_task
-from strategies.base import Step, Strategy
 
 
 def cache_path(cache_dir: str | Path, spec: dict[str, Any]) -> Path:

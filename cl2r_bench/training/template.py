@@ -2,7 +2,7 @@
 
 ``CompatibilityTemplate`` is Avalanche's ``SupervisedTemplate`` with the suite's parts in its own hooks: the data
 are :class:`~cl2r_bench.training.engine.DeviceBatches` (``make_train_dataloader``), the loss is the strategy's
-(``criterion``, checked by :func:`strategies.base.strategy_loss`) on one forward of the model and the frozen teacher
+(``criterion``, checked by :func:`cl2r_bench.strategy.strategy_loss`) on one forward of the model and the frozen teacher
 (``forward``; the teacher is frozen in ``_before_training_exp``), the replay memory takes the task's exemplars in
 ``_after_training_exp``, the learning rate follows the cosine schedule or an epoch hook (``optimizer_step``),
 float16 autocast with gradient scaling on GPU, and the divergence check and the loss log run where the loss is read
@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from cl2r_bench.distributed import Processes
 from cl2r_bench.models import NonFiniteError, RetrievalModel, first_nonfinite_tensor
 from cl2r_bench.settings import TrainSettings
+from cl2r_bench.strategy import Step, Strategy, strategy_loss
 from cl2r_bench.tracking import Tracker
-from strategies.base import Step, Strategy, strategy_loss
 
 from .engine import DeviceBatches, EpochHook, ReplayMemory, scheduled_lr
 

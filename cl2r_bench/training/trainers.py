@@ -19,9 +19,9 @@ from cl2r_bench.data.streams import Task
 from cl2r_bench.distributed import SINGLE, LaunchError, Processes
 from cl2r_bench.models import RetrievalModel
 from cl2r_bench.settings import RunSettings, TrainSettings
+from cl2r_bench.strategy import failures_reported
 from cl2r_bench.tracking import Tracker
 from strategies import Strategy, TaskContext, get_strategy
-from strategies.base import failures_reported
 
 from .avalanche import AvalancheStrategyError, check_params, is_avalanche_strategy, train_on_experience
 from .engine import ReplayMemory
@@ -97,7 +97,7 @@ class AvalancheTrainer:
 def strategy_parameters(name: str, strategy_params: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Every parameter of strategy ``name`` given ``strategy_params`` (the config's), defaults included: those of
     the strategy's ``Config`` dataclass, or of the Avalanche class's constructor for ``avalanche:<Class>``. Unknown
-    names and invalid parameters raise a one-line :class:`~strategies.base.StrategyError`."""
+    names and invalid parameters raise a one-line :class:`~cl2r_bench.strategy.StrategyError`."""
     params = strategy_params.get(name, {})
     if is_avalanche_strategy(name):
         return check_params(name, params)

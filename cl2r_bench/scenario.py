@@ -1,0 +1,252 @@
+"""The scenario template and registry.
+
+A scenario decides what the one run loop (:class:`cl2r_bench.run.Run`) does at each task of its stream: which tasks
+start from a pretrained model instead of the previous one, whether the strategy fine-tunes, when an adapter is
+fitted and on what, and what the record adds. The loop owns everything else (run folder, resume, training,
+evaluation into the compatibility matrix, the record), so every scenario gets them alike. A new scenario is one
+file in ``scenarios/`` plus one import line in ``scenarios/__init__.py`` (or a ``--plugin`` file)::
+
+    from dataclasses import dataclass
+    from cl2r_bench.scenario import Scenario, register_scenario
+
+    @dataclass(frozen=True)
+    class MyScenarioConfig:
+        every: int = 2                # its own settings, with their defaults: scenario_params.my_scenario.every
+
+    @register_scenario("my_scenario")
+    class MyScenario(Scenario):
+        '''One line for `runner.py list`; then the protocol, citing docs/METHODS.md.'''
+        Config = MyScenarioConfig
+        trains = True                 # False: models are used as pretrained (no strategy)
+        scores_starting_models = True # record each starting model's own accuracy before fine-tuning
+
+        def trains_task(self, task):  # a hook; self.config holds the settings
+            return task % self.config.every == 0
+
+Every hook has a default (CL2R's behaviour); override the ones the scenario changes. A scenario's own settings are
+its ``Config`` (``scenario_params.<name>``, checked like a strategy's, the values used written to the run's
+config); a profile ``cl2r_bench/configs/scenarios/<name>.yaml`` may also change the suite's settings for it (the
+built-in scenarios' replacements, stream and evaluation).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from cl2r_bench.data.datasets import DataError, DataSplits, ImageSet, class_count, load_dataset
+from cl2r_bench.data.streams import Stream, build_stream
+from cl2r_bench.encoders import check_spec, is_spec
+from cl2r_bench.errors import ConfigError
+from cl2r_bench.models import RetrievalModel, load_replacement
+from cl2r_bench.registry import NoParams, Registry, config_from_params
+from cl2r_bench.setting_rules import int_list
+from cl2r_bench.settings import RunSettings, task_seed
+
+
+class ScenarioError(DataError):
+    """An unknown scenario, or a scenario that cannot run with the given settings."""
+
+
+@dataclass
+class Finished:
+    """What :meth:`Scenario.finish` may measure after the last task: the last two deployed models, the last
+    fitted adapter (or None), and the run's embedder (``embed(model, images)``: its batch size and
+    precision, each rank embedding its share under torchrun), also as ``embed_and_classify(model, images)``, which
+    adds each image's top classifier output from the same pass."""
+
+    stream: Stream
+    outgoing: RetrievalModel | None
+    model: RetrievalModel
+    adapter: Any
+    embed: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+    embed_and_classify: Callable[[torch.nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class Scenario:
+    """Base class of every scenario (see the module docstring for the template). Defaults: fine-tuning along the
+    stream, replacements at ``replacement.tasks`` (docs/METHODS.md §4)."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type] = NoParams
+    trains: ClassVar[bool] = True
+    scores_starting_models: ClassVar[bool] = True
+
+    def __init__(self, settings: RunSettings) -> None:
+        self.settings = settings
+        self.config = config_from_params(self.Config, settings.scenario_params.get(self.name, {}),
+                                          f"scenario_params.{self.name}", ScenarioError)
+        self.check_settings()
+
+    def parameters_used(self) -> dict[str, Any]:
+        """Every setting of the scenario's ``Config``, defaults included (written to the run's config)."""
+        return asdict(self.config)
+
+    def check_settings(self) -> None:
+        """Refuse, with a one-line :class:`~cl2r_bench.errors.ConfigError`, settings this scenario cannot run (each
+        section has checked its own values): by default the replacements (tasks in the stream, one checkpoint or
+        pretraining class count per replacement task) and the classes the stream, its held-out evaluation and the
+        pretrained replacement models need from the data set."""
+        settings = self.settings
+        if settings.model_update.encoders:
+            raise ConfigError("model_update.old / model_update.new name the models of --scenario model_update; for "
+                              "IAM-CL2R's replacements use replacement.checkpoints")
+        check_replacements(settings)
+        check_class_budget(settings)
+
+    def label(self) -> str:
+        """The run's name in folders and leaderboards: ``adapter.label`` when set, else the strategy (``avalanche:X``
+        written ``avalanche-X``), joined by ``+<adapter>`` when one is used."""
+        adapter = self.settings.adapter
+        if adapter.label:
+            return adapter.label
+        return self.settings.strategy.replace(":", "-") + (f"+{adapter.name}" if adapter.used else "")
+
+    def stream(self) -> Stream:
+        """The tasks and the evaluation sets (docs/METHODS.md §3-§4)."""
+        return stream_from_settings(self.settings, self.settings.replacement.tasks)
+
+    def head(self, strategy_head: str) -> str:
+        """The head family of every model of the run: the strategy's."""
+        return strategy_head
+
+    def independent_models(self, stream: Stream, starting: list[dict[str, Any]], device: torch.device,
+                           log: Callable[[str], None]) -> dict[int, str]:
+        """``{task: path}``: for tasks whose new model has an independently trained counterpart (the BCT line's
+        "independent" new model, trained on the task's classes without any compatibility loss), the file (or
+        encoder spec) of that model, found or trained here; given to strategies that ``needs_independent`` (BT²).
+        ``starting`` is :meth:`starting_models`' list. By default the model a task after the first starts from:
+        a replacement, trained without regard to the model it replaces (IAM-CL2R)."""
+        return {r["task"]: r["path"] for r in starting if r["task"] > 0}
+
+    def starting_models(self, stream: Stream, head: str, device: torch.device,
+                        log: Callable[[str], None]) -> list[dict[str, Any]]:
+        """One ``{"task", "path", "source", ...}`` per task that starts from a pretrained model; none by default."""
+        return []
+
+    def trains_task(self, task: int) -> bool:
+        """Whether the strategy trains at ``task`` (by default at every task of a scenario that :attr:`trains`)."""
+        return self.trains
+
+    def starts_from_scratch(self, task: int) -> bool:
+        """Whether ``task`` trains a freshly initialised model against the previous task's model as its teacher,
+        instead of fine-tuning that model (the BCT line's new model, ``scenarios/upgrade.py``); never by default."""
+        return False
+
+    def load_starting_model(self, model: RetrievalModel, path: str) -> None:
+        """Load a starting model's file into a freshly built model: its feature extractor (the classifier of a
+        replacement model is dropped, docs/METHODS.md §4)."""
+        load_replacement(model, path)
+
+    def adapts_at(self, task: int, starts_fresh: bool) -> bool:
+        """Whether an adapter is fitted between the model deployed before ``task`` and its model
+        (``adapter.at``: at tasks that start from a pretrained model, or at every update)."""
+        return self.settings.adapter.used and task > 0 and (starts_fresh or self.settings.adapter.at == "every_task")
+
+    def adapter_data(self, stream: Stream, task: int, memory: ImageSet | None) -> ImageSet:
+        """The images an adapter is fitted on: the task's training images and the replay memory."""
+        new = stream.tasks[task].train
+        if memory is None:
+            return new
+        return ImageSet(torch.cat([new.images, memory.images]), torch.cat([new.labels, memory.labels]))
+
+    def adapter_seed(self, task: int) -> int:
+        return task_seed(self.settings.seed, task)
+
+    def finish(self, finished: Finished) -> dict[str, Any]:
+        """Fields the record adds after the last task; none by default."""
+        return {}
+
+    def measures_features(self) -> bool:
+        """Whether the run measures two frozen encoders by the papers' leave-one-out protocol on their cached
+        features (docs/METHODS.md §7b) instead of running tasks; the run loop then asks :meth:`feature_study`."""
+        return False
+
+    def feature_study(self, device: torch.device, log: Callable[[str], None]) -> Any:
+        """The train and test features of both encoders (:class:`cl2r_bench.adapt.Study`)."""
+        raise NotImplementedError(f"scenario {self.name!r} does not measure features")
+
+
+def check_replacements(s: RunSettings) -> None:
+    """Replacement tasks are distinct tasks of the stream, each with its checkpoint (a file or an encoder spec) or
+    a pretraining class count and seed."""
+    rep, num_tasks = s.replacement, s.stream.num_tasks
+    tasks = rep.tasks
+    if not int_list(tasks) or len(set(tasks)) != len(tasks) or any(not 0 <= t < num_tasks for t in tasks):
+        raise ConfigError(f"replacement.tasks = {tasks!r} must list distinct task numbers in 0..{num_tasks - 1} "
+                          "(e.g. [0, 2, 4] for 7 tasks)")
+    if rep.checkpoints:
+        if not all(isinstance(p, str) for p in rep.checkpoints) or len(rep.checkpoints) != len(tasks):
+            raise ConfigError(f"replacement.checkpoints has {len(rep.checkpoints)} entries for {len(tasks)} "
+                              f"replacement task(s) {tasks}; give one file path or encoder spec per task")
+        for reference in rep.checkpoints:
+            if is_spec(reference):
+                check_spec(reference)
+            elif not Path(reference).is_file():
+                raise ConfigError(f"replacement.checkpoints: {reference} "
+                                  f"{'is a folder' if Path(reference).is_dir() else 'does not exist'}; give one "
+                                  "state-dict file (or encoder spec) per replacement task")
+        return
+    counts, seed = rep.pretrain.class_counts, rep.pretrain.seed
+    if tasks and (not int_list(counts) or len(counts) < len(tasks) or min(counts) < 1):
+        raise ConfigError(f"replacement.pretrain.class_counts = {counts!r}: give one positive class count per "
+                          f"replacement task ({len(tasks)})")
+    if isinstance(seed, list) and (not int_list(seed) or len(seed) < len(tasks)):
+        raise ConfigError(f"replacement.pretrain.seed = {seed!r}: give one int, or a list of {len(tasks)} ints "
+                          "(one per pretrained model)")
+
+
+def check_class_budget(s: RunSettings, *, pretrains_replacements: bool = True) -> None:
+    """The stream, the held-out evaluation classes and (``pretrains_replacements``) the classes of the replacement
+    models the suite pretrains must fit the data set; the message gives a ``--set`` that fits."""
+    st, evaluation = s.stream, s.evaluation
+    available = class_count(s.dataset, s.data.synthetic_classes)
+    stream = st.initial_classes + st.increment * (st.num_tasks - 1)
+    heldout = evaluation.heldout_classes if evaluation.dataset == "heldout" else 0
+    if stream + heldout > available:
+        fits = (available - heldout - st.initial_classes) // st.increment + 1
+        fix = (f"--set stream.num_tasks={fits}" if fits >= 2 and pretrains_replacements else
+               f"--set stream.initial_classes={max(1, (available - heldout) // 2)} --set stream.increment="
+               f"{max(1, (available - heldout) // 2)}")
+        raise ConfigError(f"the stream needs {stream} classes ({st.initial_classes} + {st.increment} x "
+                          f"{st.num_tasks - 1}){f' + {heldout} held out' if heldout else ''}; {s.dataset} "
+                          f"has {available}; e.g. {fix}")
+    rep = s.replacement
+    if pretrains_replacements and rep.tasks and not rep.checkpoints:
+        source = rep.pretrain.dataset
+        pool = (available - stream - heldout if source == s.dataset
+                else class_count(source, s.data.synthetic_classes))
+        wanted = max(rep.pretrain.class_counts[:len(rep.tasks)])
+        if wanted > pool:
+            raise ConfigError(f"replacement.pretrain.class_counts asks up to {wanted} classes of {source}; only "
+                              f"{pool} are free for pretraining (outside the stream and its evaluation classes); "
+                              "lower the counts or pretrain on another replacement.pretrain.dataset")
+
+
+def run_dataset(settings: RunSettings) -> DataSplits:
+    """The run's own data set (``dataset``, with the ``data`` section's settings), e.g. to pretrain a model of
+    the stream's classes on it."""
+    data = settings.data
+    return load_dataset(settings.dataset, settings.data_root, download=settings.download, image_size=data.image_size,
+                        verify=data.verify, **data.synthetic)
+
+
+def stream_from_settings(settings: RunSettings, replacement_tasks: list[int]) -> Stream:
+    """The stream of the run's data set and evaluation protocol (``stream``, ``evaluation`` and ``data``)."""
+    stream, evaluation, data = settings.stream, settings.evaluation, settings.data
+    return build_stream(
+        dataset=settings.dataset, data_root=settings.data_root, download=settings.download, verify=data.verify,
+        image_size=data.image_size, initial_classes=stream.initial_classes, increment=stream.increment,
+        num_tasks=stream.num_tasks, images_per_class=stream.images_per_class, class_order=stream.class_order,
+        order_seed=stream.order_seed, replacement_tasks=replacement_tasks, eval_dataset=evaluation.dataset,
+        heldout_classes=evaluation.heldout_classes, queries_per_class=evaluation.queries_per_class,
+        synthetic=data.synthetic)
+
+
+SCENARIOS = Registry("scenario", ScenarioError)
+register_scenario = SCENARIOS.register
+get_scenario = SCENARIOS.get
+list_scenarios = SCENARIOS.names
