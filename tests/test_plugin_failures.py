@@ -142,3 +142,27 @@ def test_a_plugin_that_exits_or_fails_at_import_is_one_line_naming_its_line(sour
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and fragment in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_plugin_written_against_the_former_contract_paths_still_registers(tmp_path):
+    """The strategy and scenario contracts moved into the kernel (cl2r_bench/strategy.py, cl2r_bench/scenario.py);
+    ``strategies.base`` and ``scenarios.base`` re-export them, so an older plug-in file loads unchanged."""
+    from cl2r_bench.plugins import load_plugin
+    from cl2r_bench.scenario import SCENARIOS, Scenario
+    from cl2r_bench.strategy import STRATEGIES, Strategy
+
+    plugin = tmp_path / "old_paths.py"
+    plugin.write_text("import torch.nn.functional as F\n"
+                      "from scenarios.base import Scenario, register_scenario\n"
+                      "from strategies.base import Step, Strategy, register_strategy\n\n"
+                      "@register_strategy('old_path_strategy')\n"
+                      "class OldPathStrategy(Strategy):\n"
+                      "    '''Cross-entropy, written against strategies.base.'''\n"
+                      "    def loss(self, step: Step):\n"
+                      "        return F.cross_entropy(step.logits, step.targets)\n\n"
+                      "@register_scenario('old_path_scenario')\n"
+                      "class OldPathScenario(Scenario):\n"
+                      "    '''CL2R, written against scenarios.base.'''\n")
+    load_plugin(str(plugin))
+    assert issubclass(STRATEGIES.classes["old_path_strategy"], Strategy)
+    assert issubclass(SCENARIOS.classes["old_path_scenario"], Scenario)
