@@ -34,7 +34,7 @@ def command_run(args: argparse.Namespace) -> int:
     from cl2r_bench.adapt_command import case_line
     from cl2r_bench.distributed import leave, processes_note
     from cl2r_bench.reporting.leaderboard import tables
-    from cl2r_bench.run import Run
+    from cl2r_bench.run_loop import Run
     from cl2r_bench.run_options import requested_runs
     from cl2r_bench.sweep import distinct_runs
 
@@ -443,8 +443,8 @@ def _main(argv: list[str] | None) -> int:
     from cl2r_bench.errors import ConfigError, PartError
     from cl2r_bench.files import FolderBusyError
     from cl2r_bench.models import CheckpointError
-    from cl2r_bench.run import DivergedError, StrategyFailedError
     from cl2r_bench.run_folder import RunError
+    from cl2r_bench.run_loop import DivergedError, StrategyFailedError
     from cl2r_bench.tracking import TrackingError
 
     show_notices_as_one_line()

@@ -1,6 +1,6 @@
 """The scenario template and registry.
 
-A scenario decides what the one run loop (:class:`cl2r_bench.run.Run`) does at each task of its stream: which tasks
+A scenario decides what the one run loop (:class:`cl2r_bench.run_loop.Run`) does at each task of its stream: which tasks
 start from a pretrained model instead of the previous one, whether the strategy fine-tunes, when an adapter is
 fitted and on what, and what the record adds. The loop owns everything else (run folder, resume, training,
 evaluation into the compatibility matrix, the record), so every scenario gets them alike. A new scenario is one

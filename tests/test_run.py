@@ -1,4 +1,4 @@
-"""The run loop and its folder (cl2r_bench/run.py): diverged tasks, labels that cannot leave the output folder,
+"""The run loop and its folder (cl2r_bench/run_loop.py): diverged tasks, labels that cannot leave the output folder,
 overwrite and resume, the folder's lock, damaged run folders, missing replacement checkpoints."""
 import dataclasses
 import json

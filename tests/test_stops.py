@@ -169,7 +169,7 @@ def test_a_stop_while_a_finished_task_is_saved_keeps_that_task(tiny, tmp_path, m
     """SIGTERM as the first task's checkpoint starts to be written (SLURM stopping a job, say): the run saves the
     task, its state and its record, then stops with 143; the resumed run starts at the next task."""
     from cl2r_bench import cli
-    from cl2r_bench import run as experiment
+    from cl2r_bench import run_loop as experiment
 
     original = experiment.save_state
 

@@ -32,7 +32,7 @@ from cl2r_bench.assembly import assemble
 from cl2r_bench.config import read_yaml, resolve
 from cl2r_bench.data.datasets import DataError, ImageSet
 from cl2r_bench.models import embed
-from cl2r_bench.run import to_device
+from cl2r_bench.run_loop import to_device
 from cl2r_bench.starting_models import load_task_model
 
 
