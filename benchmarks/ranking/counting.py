@@ -86,6 +86,16 @@ def pair_similarities(queries: torch.Tensor, rows: torch.Tensor, query_of: torch
                       for k in range(0, len(query_of), PAIRS_AT_ONCE)] or [queries.new_zeros(0)])
 
 
+def fill_positives(similarity: torch.Tensor, block: torch.Tensor, rows: torch.Tensor, start: int,
+                   pairs: PositivePairs) -> None:
+    """Write into ``similarity`` (``(rows, P)``, :class:`PositivePairs` slots) the ``block``'s similarities to the
+    positives inside the normalised gallery chunk ``rows`` that starts at item ``start``: only those pairs' dot
+    products (:func:`pair_similarities`), not the chunk's whole product."""
+    inside = pairs.within(start, start + len(rows))
+    similarity[pairs.row[inside], pairs.slot[inside]] = pair_similarities(block, rows, pairs.row[inside],
+                                                                          pairs.item[inside] - start)
+
+
 def positive_ranks(similarity: list[torch.Tensor], index: torch.Tensor, valid: torch.Tensor, n: int,
                    fresh_from: torch.Tensor, steps: int,
                    count_above: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], finished: slice = slice(None)

@@ -13,7 +13,7 @@ from cl2r_bench.distributed import Processes
 
 from ..gallery_rows import GalleryRows
 from . import cpu as ranking_cpu
-from .counting import ItemCounter, LabelIndex, PositivePairs, pair_similarities
+from .counting import ItemCounter, LabelIndex, PositivePairs, fill_positives
 from .scores import CMC_DEPTH
 
 SCREEN_ROOM, SCREEN_SLACK = 4, 8192
@@ -92,9 +92,7 @@ def screened_similarity(block: torch.Tensor, versions: list[GalleryRows], index:
         cursor = np.zeros(len(listed), dtype=np.int64)
         for start, rows_read in version.chunks():
             rows = F.normalize(rows_read, dim=1)
-            inside = pairs.within(start, start + len(rows))
-            positives[pairs.row[inside], pairs.slot[inside]] = pair_similarities(
-                block, rows, pairs.row[inside], pairs.item[inside] - start)
+            fill_positives(positives, block, rows, start, pairs)
             ranking_cpu.candidate_dots(queries, rows.numpy(), start, listed, cursor, found)
         similarity.append(version.processes.total(positives))
         scores.append(torch.cat([torch.where(counted, similarity[-1], float("-inf")), torch.from_numpy(found)], dim=1))

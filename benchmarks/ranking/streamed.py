@@ -16,8 +16,8 @@ from .counting import (
     ItemCounter,
     LabelIndex,
     PositivePairs,
+    fill_positives,
     items_above,
-    pair_similarities,
     positive_ranks,
     summarise_ranks,
 )
@@ -131,9 +131,7 @@ def positive_similarity(block: torch.Tensor, gallery: GalleryRows, pairs: Positi
     the sum is exact)."""
     similarity = torch.zeros(valid.shape, device=block.device)
     for start, rows_read in gallery.chunks():
-        inside = pairs.within(start, start + len(rows_read))
-        similarity[pairs.row[inside], pairs.slot[inside]] = pair_similarities(
-            block, F.normalize(rows_read, dim=1), pairs.row[inside], pairs.item[inside] - start)
+        fill_positives(similarity, block, F.normalize(rows_read, dim=1), start, pairs)
     return gallery.processes.total(similarity)
 
 
