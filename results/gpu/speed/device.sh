@@ -9,7 +9,7 @@
 #   1. while the parts arrive, the loop benchmark (the suite's loop against a plain PyTorch loop, generated images)
 #      eager fp16, then with CUDA graphs (training.compile: reduce-overhead);
 #   2. once every part is in: the data rebuilt and checked (SHA-256 of every image array);
-#   3. `runner.py pretrain` (the 3 replacement ResNet-18s), then `runner.py run` (preset fidelity, d-Simplex-HOC,
+#   3. `runner.py pretrain` (the 3 replacement ResNet-18s, side by side), then `runner.py run` (preset fidelity, d-Simplex-HOC,
 #      seed 42), each timed from command to exit, with CUDA graphs when the benchmark found them 1.2x faster
 #      (and again without them, resuming, if they fail);
 #   4. the torch profiler over the loop, eager and with graphs.
@@ -57,7 +57,7 @@ protocol() {
     args+=(--set "training.compile=$COMPILE")
   fi
   stamp "protocol settings: ${args[*]}"
-  timed pretrain 600 python3 runner.py pretrain "${args[@]}"
+  pretrain_packed "${args[@]}"
   if ! grep -q "rc=0" <(grep "end pretrain" "$W/timeline.txt"); then
     timed pretrain_eager 600 python3 runner.py pretrain "${plain[@]}"
   fi
@@ -65,6 +65,21 @@ protocol() {
   if ! ls "$W"/runs/*/*/*/seed42/metrics.json > /dev/null 2>&1; then
     timed run_eager 900 python3 runner.py run "${plain[@]}" --seed 42 --output "$W/runs" --resume
   fi
+}
+
+pretrain_packed() {  # the fidelity preset's 3 replacement models (tasks 0/2/4: 25/50/100 classes, seeds 0/1/2)
+  # pretrained side by side, one process each: the same cache keys, and so the same models, as one `runner.py
+  # pretrain` makes one after the other (checked on the CPU: equal weights), in the time of the largest
+  local tasks=(0 2 4) counts=(25 50 100) pids=() i rc=0
+  stamp "start pretrain"
+  for i in 0 1 2; do
+    timeout 600 python3 runner.py pretrain "$@" --set "replacement.tasks=[${tasks[i]}]" \
+      --set "replacement.pretrain.class_counts=[${counts[i]}]" --set "replacement.pretrain.seed=[$i]" \
+      > "$W/pretrain_$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || rc=1; done
+  stamp "end pretrain rc=$rc"
 }
 
 pipeline() {
