@@ -252,7 +252,11 @@ class ArrayTask:
 
     def __call__(self) -> None:
         """Run the job's command to its end. A thread waits for the run; this one only polls, so submitit's handler,
-        which interrupts it, never meets a lock that the interrupted code holds."""
+        which interrupts it, never meets a lock that the interrupted code holds. A task whose run is complete
+        returns at once: the warning can come as the run finishes, and the requeued task must not run it again."""
+        if self.job.status() == "complete":
+            print(f"{self.job.name}: {self.job.directory} is complete; nothing to run", flush=True)
+            return
         self._run = subprocess.Popen(self.job.command(), env=dict(os.environ, **thread_environment(self.threads)),
                                      preexec_fn=_ignore_time_limit_warning)
         threading.Thread(target=self._wait_for_run, daemon=True).start()

@@ -34,6 +34,9 @@ REPEAT_SECONDS = 10.0
 """How long after a stop another one only says that the process is stopping (:func:`stop_handlers`). Pairs come
 milliseconds apart; a stop after that raises again, in case the first was caught and dropped by code that should
 have let it through."""
+REDELIVER_SECONDS = 0.1
+"""How long after Python dropped a stop it is sent again (:func:`stop_handlers`): long enough to have left the
+callback that dropped it."""
 ALREADY_STOPPING = b"\nalready stopping (kill -9 ends the process at once, and may lose what it is saving)\n"
 
 
@@ -44,8 +47,10 @@ def stop_handlers() -> Iterator[None]:
     ones within :data:`REPEAT_SECONDS` only say that the process is stopping: stops often come in pairs (SLURM's
     ``scancel`` and time limit signal every process of a job, and torchrun passes the signal it gets on to its
     workers, so each worker gets two), and a second one raised while the first unwinds would cut short what it
-    saves and its one line. A stop that Python dropped (raised in a ``__del__``, it is printed as ignored) opens no
-    such window, so the next one raises. A no-op off the main thread, where Python cannot install handlers."""
+    saves and its one line. A stop that Python dropped (raised in a ``__del__`` or a garbage-collector callback,
+    such as the one JAX installs when Avalanche imports it; Python prints it as ignored) is sent again after
+    :data:`REDELIVER_SECONDS`, and opens no such window: one Ctrl-C or SIGTERM is never lost. A no-op off the main
+    thread, where Python cannot install handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -64,8 +69,13 @@ def stop_handlers() -> Iterator[None]:
         nonlocal last_stop
         if isinstance(unraisable.exc_value, Stopped):
             last_stop = None
+            again = threading.Timer(REDELIVER_SECONDS, os.kill, (os.getpid(), unraisable.exc_value.signum))
+            again.daemon = True
+            again.start()
+            redeliveries.append(again)
         previous_hook(unraisable)
 
+    redeliveries: list[threading.Timer] = []
     previous_hook, sys.unraisablehook = sys.unraisablehook, dropped
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     for signum in STOP_SIGNALS:
@@ -73,6 +83,8 @@ def stop_handlers() -> Iterator[None]:
     try:
         yield
     finally:
+        for again in redeliveries:
+            again.cancel()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         sys.unraisablehook = previous_hook

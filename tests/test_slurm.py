@@ -389,12 +389,17 @@ def test_a_job_that_reaches_its_real_time_limit_is_requeued_and_trains_no_finish
 class FakeJob:
     """A job whose run writes ``started``, writes ``alive`` once it sees ``usr2-sent`` (so it lived on after the
     signal), runs until stopped, and on SIGTERM takes a second to write ``stopped`` (a task being saved) before
-    exiting with 143; or, with ``stops=False``, ignores SIGTERM."""
+    exiting with 143; or, with ``stops=False``, ignores SIGTERM. With ``complete=True`` its folder holds a complete
+    run."""
 
     name = "fake"
 
-    def __init__(self, folder: Path, stops: bool = True):
-        self.folder, self.stops = folder, stops
+    def __init__(self, folder: Path, stops: bool = True, complete: bool = False):
+        self.folder, self.stops, self.complete = folder, stops, complete
+        self.directory = folder
+
+    def status(self) -> str:
+        return "complete" if self.complete else "new"
 
     def command(self) -> list[str]:
         return [sys.executable, "-c", textwrap.dedent(f"""
@@ -457,6 +462,18 @@ def test_a_run_that_does_not_stop_holds_the_requeue_back_only_for_its_stop_secon
     assert 1 <= waited < 10 and not task._ended.is_set()
     task._run.kill()
     runner.join(10)
+
+
+def test_a_task_requeued_after_its_run_completed_returns_without_running_it_again(tmp_path, capsys):
+    """The time-limit warning can come as the run finishes (seen under load): submitit requeues the task, and
+    the requeued task must end cleanly instead of starting the complete run again (which refuses its folder)."""
+    pytest.importorskip("submitit")
+    from cl2r_bench.slurm import ArrayTask
+
+    task = ArrayTask(FakeJob(tmp_path, complete=True), stop_seconds=1, threads=1)
+    task()
+    assert task._run is None and not (tmp_path / "started").exists()
+    assert f"fake: {tmp_path} is complete; nothing to run" in capsys.readouterr().out
 
 
 def test_short_time_limits_are_warned_a_quarter_before_their_end():

@@ -144,6 +144,16 @@ def test_a_stop_that_python_dropped_does_not_hold_back_the_next_one():
     assert sys.unraisablehook is before
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_single_stop_that_python_dropped_is_delivered_again():
+    """One SIGTERM that lands in a ``__del__`` (or a garbage-collector callback: JAX's, imported by Avalanche,
+    dropped a test run's Ctrl-C, which then trained to its end and exited 0) still stops the process."""
+    with pytest.raises(Stopped) as stop, stop_handlers():
+        StoppedWhileDeleted()
+        time.sleep(2)
+    assert stop.value.signum == signal.SIGTERM
+
+
 def test_a_stop_after_the_repeat_window_raises_again_in_case_the_first_was_lost(monkeypatch):
     from cl2r_bench import stops
 
