@@ -16,7 +16,6 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 from helpers.launching import CLUSTER, SMALL
@@ -274,10 +273,10 @@ def cluster(monkeypatch):
         pytest.skip("the test cluster does not answer: tests/slurm/cluster.sh start")
 
 
-def sweep_on_cluster(tiny, out, *args):
+def sweep_on_cluster(tiny, out, *args, strategy: str = "er"):
     """The sweep in its own process, so that a hung cluster fails the test instead of blocking it."""
     command = [sys.executable, "-m", "cl2r_bench", "sweep", "--config", str(tiny), "--output", str(out), "--strategy",
-               "er", "--launcher", "slurm", *SMALL, *args]
+               strategy, "--launcher", "slurm", *SMALL, *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240)
     return done.returncode, done.stdout + done.stderr
 
@@ -314,18 +313,20 @@ def wait_until(condition, seconds: float, what: str) -> None:
 @pytest.mark.slurm
 def test_a_job_at_its_time_limit_is_requeued_by_submitit_and_resumes(cluster, tiny, tmp_path):
     """SLURM warns a job before its time limit with USR2 (submitit's sbatch asks for it); the test sends that
-    signal early. submitit requeues the task, whose run resumes after its last finished task once SLURM lets the
-    requeued job start again (after the cluster's ``cred_expire``, 10 s)."""
+    signal early, as the second of the run's three tasks of :data:`TASK_SECONDS` begins. submitit requeues the
+    task, whose run resumes after its last finished task once SLURM lets the requeued job start again (after the
+    cluster's ``cred_expire``, 10 s)."""
     out = tmp_path / "out"
-    code, printed = sweep_on_cluster(tiny, out, "--seeds", "1", "--set", "training.epochs=150", "--no-wait")
+    config = waiting(tiny, tmp_path)
+    code, printed = sweep_on_cluster(config, out, "--seeds", "1", "--no-wait", strategy="waiting_bct")
     assert code == 0, printed
-    job_id = json.loads((out / "sweep" / "slurm" / "submitted.json").read_text())["iamcl2r-synthetic-er-seed1"]
-    run = out / "iamcl2r/synthetic/er/seed1"
+    job_id = json.loads((out / "sweep" / "slurm" / "submitted.json").read_text())["iamcl2r-synthetic-waiting_bct-seed1"]
+    run = out / "iamcl2r/synthetic/waiting_bct/seed1"
     wait_until((run / "metrics.json").exists, 300, "the job finished no task")
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
     wait_until(lambda: "Restarts=1" in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
                                                       text=True, timeout=30).stdout, 60, "the job was not requeued")
-    code, printed = sweep_on_cluster(tiny, out, "--seeds", "1", "--set", "training.epochs=150")
+    code, printed = sweep_on_cluster(config, out, "--seeds", "1", strategy="waiting_bct")
     assert code == 0 and "1 already queued, 0 to submit" in printed and "sweep: 1 done, 0 running" in printed, printed
     log = (out / "sweep" / "slurm" / f"{job_id}_0_log.out").read_text()
     assert "Caught signal SIGUSR2" in (out / "sweep" / "slurm" / f"{job_id}_0_log.err").read_text()
@@ -333,57 +334,58 @@ def test_a_job_at_its_time_limit_is_requeued_by_submitit_and_resumes(cluster, ti
     assert json.loads((run / "metrics.json").read_text())["complete"]
 
 
-TASK_SECONDS = 30
-"""How long each task of the time-limit test trains, calibrated on the machine as it is when the test runs."""
-TASKS = 6
-"""Six tasks of 30 s: 180 s planned, so the run still outlasts the 90 s to the warning if the machine is twice as
-fast as when it was calibrated (a calibration beside another process), and each task fits in one attempt unless
-it is three times slower."""
+WAITING_STRATEGY = Path(__file__).resolve().parent / "helpers" / "waiting_strategy.py"
+TASK_SECONDS = 12
+"""How long each task of the time-limit test lasts: the plug-in strategy waits that long before it trains one
+epoch, so the figure holds on a loaded machine too."""
+TASKS = 9
+"""Nine tasks of 12 s: 108 s, so the run outlasts the 90 s to the 2-minute limit's warning; and every attempt
+finishes a task, since SLURM may warn up to 60 s early (seen: after 76 s), 30 s after the job starts."""
 
 
-def equal_tasks(tiny: Path, folder: Path, epochs: int) -> Path:
-    """cl2r with BCT (no replay, so every task has the same iterations), :data:`TASKS` tasks of three classes, no
-    replacement models."""
+def waiting(tiny: Path, folder: Path) -> Path:
+    """:data:`TINY` with BCT waiting :data:`TASK_SECONDS` before each task (``waiting_strategy.py``)."""
     config = yaml.safe_load(tiny.read_text())
-    config.update(scenario="cl2r", strategy="bct")
-    config["stream"].update(num_tasks=TASKS, initial_classes=3, increment=3)
+    config.update(strategy="waiting_bct", plugins=[str(WAITING_STRATEGY)],
+                  strategy_params={"waiting_bct": {"seconds": TASK_SECONDS}})
+    path = folder / "waiting.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def equal_tasks(tiny: Path, folder: Path) -> Path:
+    """cl2r with BCT waiting :data:`TASK_SECONDS` before each task (``waiting_strategy.py``), :data:`TASKS` tasks of
+    two classes, one epoch each, no replacement models."""
+    config = yaml.safe_load(waiting(tiny, folder).read_text())
+    config["scenario"] = "cl2r"
+    config["stream"].update(num_tasks=TASKS, initial_classes=2, increment=2)
     config["replacement"]["tasks"] = []
-    config["training"]["epochs"] = epochs
-    path = folder / f"equal-tasks-{epochs}.yaml"
+    path = folder / "equal-tasks.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
 @pytest.mark.slurm
 def test_a_job_that_reaches_its_real_time_limit_is_requeued_and_trains_no_finished_task_again(cluster, tiny, tmp_path):
-    """A 2-minute limit on a run of six equal tasks of about 30 s each (the epochs calibrated by a short run on this
-    machine, now, with the job's one thread; :data:`TASKS` says what speed changes it tolerates, with requeues
-    enough for one task an attempt):
-    SLURM warns the job 30 s before its limit (a quarter of it, :func:`cl2r_bench.slurm.warning_seconds`), the array
-    task stops the run (which keeps its finished tasks), submitit requeues the task, and the requeued job resumes
-    after the last finished task and completes; every task is trained to its end exactly once."""
-    calibration = tmp_path / "calibration"
-    subprocess.run([sys.executable, "-m", "cl2r_bench", "run", "--config", str(equal_tasks(tiny, tmp_path, 200)),
-                    "--output", str(calibration), "--no-progress"], env=dict(os.environ, OMP_NUM_THREADS="1"),
-                   check=True, capture_output=True, timeout=600)
-    record = json.loads(next(calibration.rglob("metrics.json")).read_text())
-    per_epoch = float(np.mean([task["seconds"] for task in record["timings"]["tasks"]])) / 200
-    epochs = max(200, round(TASK_SECONDS / per_epoch))
+    """A 2-minute limit on a run of :data:`TASKS` tasks of :data:`TASK_SECONDS` each, with requeues enough for one
+    task an attempt: SLURM warns the job 30 s before its limit (a quarter of it,
+    :func:`cl2r_bench.slurm.warning_seconds`), the array task stops the run (which keeps its finished tasks),
+    submitit requeues the task, and the requeued job resumes after the last finished task and completes; every
+    task is trained to its end exactly once."""
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "cl2r_bench", "sweep", "--config", str(equal_tasks(tiny, tmp_path, epochs)),
-               "--output", str(out), "--strategy", "bct", "--launcher", "slurm", *SMALL, "--time", "2", "--seeds", "1",
-               "--requeues", "8"]
+    command = [sys.executable, "-m", "cl2r_bench", "sweep", "--config", str(equal_tasks(tiny, tmp_path)),
+               "--output", str(out), "--launcher", "slurm", *SMALL, "--time", "2", "--seeds", "1", "--requeues", "8"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout + done.stderr
-    job_id = json.loads((out / "sweep" / "slurm" / "submitted.json").read_text())["cl2r-synthetic-bct-seed1"]
+    job_id = json.loads((out / "sweep" / "slurm" / "submitted.json").read_text())["cl2r-synthetic-waiting_bct-seed1"]
     shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30).stdout
-    assert "Restarts=0" not in shown and "Restarts=" in shown, (epochs, shown)
+    assert "Restarts=0" not in shown and "Restarts=" in shown, shown
     log = (out / "sweep" / "slurm" / f"{job_id}_0_log.out").read_text()
     assert "Caught signal SIGUSR2" in (out / "sweep" / "slurm" / f"{job_id}_0_log.err").read_text()
-    assert f"resuming {out / 'cl2r/synthetic/bct/seed1'} at task" in log
+    assert f"resuming {out / 'cl2r/synthetic/waiting_bct/seed1'} at task" in log
     trained = re.findall(r"^task (\d)[^:]*: trained", log, flags=re.M)
     assert sorted(trained) == [str(t) for t in range(TASKS)], log
-    assert json.loads((out / "cl2r/synthetic/bct/seed1/metrics.json").read_text())["complete"]
+    assert json.loads((out / "cl2r/synthetic/waiting_bct/seed1/metrics.json").read_text())["complete"]
 
 
 class FakeJob:
