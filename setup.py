@@ -51,5 +51,5 @@ setup(
                     "open-clip": OPEN_CLIP,
                     "large": LARGE,
                     "slurm": ["submitit"]},
-    entry_points={"console_scripts": ["cl2r-bench=cl2r_bench.cli:main"]},
+    entry_points={"console_scripts": ["cl2r-bench=cl2r_bench.app.cli:main"]},
 )

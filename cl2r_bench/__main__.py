@@ -1,6 +1,6 @@
 """``python -m cl2r_bench`` is the ``cl2r-bench`` command."""
 import sys
 
-from cl2r_bench.cli import main
+from cl2r_bench.app.cli import main
 
 sys.exit(main())

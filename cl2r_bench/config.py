@@ -5,7 +5,7 @@ Layers, later wins: ``default.yaml`` < ``datasets/<dataset>.yaml`` < ``scenarios
 where one exists) < ``presets/<preset>.yaml`` < ``--config FILE`` < command-line flags. This module only reads and
 layers YAML and parses ``--set``: every value is checked against the type of its default, and unknown keys are
 errors that list the valid ones. The values are checked by the parts that own them when the assembly step builds the
-run (:func:`cl2r_bench.assembly.assemble`): each section of :mod:`cl2r_bench.settings`, the scenario's rules
+run (:func:`cl2r_bench.app.assembly.assemble`): each section of :mod:`cl2r_bench.settings`, the scenario's rules
 between sections, and each strategy's and adapter's own ``Config``, all before any data is read.
 """
 from __future__ import annotations
@@ -209,7 +209,7 @@ def resolve(user_layers: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 
     ``user_layers`` are ``(source name, mapping)`` pairs, lowest priority first (config file, then CLI). Every key
     and value type is checked here; the values themselves are checked by the parts that own them when the assembly
-    step builds the run (:func:`cl2r_bench.assembly.assemble`).
+    step builds the run (:func:`cl2r_bench.app.assembly.assemble`).
     """
     defaults = read_yaml(CONFIG_DIR / "default.yaml")
     names = defaults

@@ -3,7 +3,7 @@
 ``torchrun --nproc_per_node N runner.py ...`` starts N copies of the run command. Each finds its rank in the
 environment torchrun sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and joins one
 process group: NCCL on GPUs (one GPU per process, the one of its local rank), gloo on the CPU. Every rank runs the
-same run loop (:class:`cl2r_bench.run_loop.Run`) on the same data; what differs:
+same run loop (:class:`cl2r_bench.app.run_loop.Run`) on the same data; what differs:
 
 * **training** (:func:`cl2r_bench.training.loop.train_task`): the model is wrapped in
   ``DistributedDataParallel``, which averages the gradients over ranks. Every rank draws the same global batch from

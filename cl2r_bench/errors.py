@@ -2,7 +2,7 @@
 can raise them without importing another.
 
 Each error carries one line saying what is wrong and how to fix it; the command line prints it and exits with code 2
-(:mod:`cl2r_bench.cli`).
+(:mod:`cl2r_bench.app.cli`).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The scenario template and registry.
 
-A scenario decides what the one run loop (:class:`cl2r_bench.run_loop.Run`) does at each task of its stream: which tasks
-start from a pretrained model instead of the previous one, whether the strategy fine-tunes, when an adapter is
-fitted and on what, and what the record adds. The loop owns everything else (run folder, resume, training,
+A scenario decides what the one run loop (:class:`cl2r_bench.app.run_loop.Run`) does at each task of its stream:
+which tasks start from a pretrained model instead of the previous one, whether the strategy fine-tunes, when an
+adapter is fitted and on what, and what the record adds. The loop owns everything else (run folder, resume, training,
 evaluation into the compatibility matrix, the record), so every scenario gets them alike. A new scenario is one
 file in ``scenarios/`` plus one import line in ``scenarios/__init__.py`` (or a ``--plugin`` file)::
 

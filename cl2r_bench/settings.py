@@ -9,7 +9,7 @@ from here, and each section checks its ranges, choices and the rules between its
 fields when it is built (``__post_init__``), with a one-line :class:`~cl2r_bench.errors.ConfigError` naming the
 setting. Rules that tie sections to a scenario are the scenario's (:meth:`cl2r_bench.scenario.Scenario.check_settings`),
 a strategy's or adapter's parameters are its own ``Config``'s. :func:`RunSettings.from_config` builds them from a
-config that :func:`cl2r_bench.config.resolve` has merged, inside the assembly step (:mod:`cl2r_bench.assembly`), so
+config that :func:`cl2r_bench.config.resolve` has merged, inside the assembly step (:mod:`cl2r_bench.app.assembly`), so
 the code downstream reads attributes, never string keys.
 """
 from __future__ import annotations

@@ -90,7 +90,7 @@ def tiny(tmp_path):
 
 def interrupt_run_at(monkeypatch, task: int):
     """Make every run stop with KeyboardInterrupt (Ctrl-C) when it reaches ``task``; returns the undo function."""
-    from cl2r_bench import run_loop as experiment
+    from cl2r_bench.app import run_loop as experiment
     original = experiment.Run._run_task
 
     def stop(self, t, *rest):

@@ -14,7 +14,7 @@ from helpers.adapt_inputs import ROOT, adapt, clustered, write_folder
 from helpers.adapter_pairs import few_steps_options
 from helpers.data_files import write_cifar100
 
-from cl2r_bench.cli import main
+from cl2r_bench.app.cli import main
 
 
 def test_procrustes_recovers_a_rotation_and_the_cases_say_so(rotated, tmp_path, capsys):

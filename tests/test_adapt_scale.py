@@ -15,7 +15,7 @@ from helpers.progress_bars import RecordedBar
 
 from benchmarks.ranking import engine as ranking_engine
 from benchmarks.ranking import screen as ranking_screen
-from cl2r_bench.cli import main
+from cl2r_bench.app.cli import main
 
 
 def test_a_sample_of_queries_is_the_same_for_every_adapter_and_seed_and_says_so(rotated, tmp_path, capsys):
@@ -192,7 +192,7 @@ def test_a_shared_study_refuses_bad_input_on_every_process_in_one_line(rotated, 
 
 FAILING_FIT = """import os, sys
 import cl2r_bench.adapt.study
-from cl2r_bench.cli import main
+from cl2r_bench.app.cli import main
 
 
 def failing_fit(*args, **kwargs):

@@ -24,7 +24,6 @@ from benchmarks.backfill_orders import backfill_order
 from benchmarks.metrics import area_under_curve
 from benchmarks.record import CROSS_CASES, cross_case, unpack_hits
 from benchmarks.retrieval import CompatibilityEvaluator, gallery_accuracy
-from cl2r_bench import cli as runner
 from cl2r_bench.adapters import AdapterError, FeaturePair, fit_adapter, get_adapter, list_adapters, make_adapter
 from cl2r_bench.adapters.base import Adapter
 from cl2r_bench.adapters.lambda_orth import (
@@ -34,7 +33,8 @@ from cl2r_bench.adapters.lambda_orth import (
     supervised_contrastive,
 )
 from cl2r_bench.adapters.translation import farthest_point_subset
-from cl2r_bench.assembly import assemble
+from cl2r_bench.app import cli as runner
+from cl2r_bench.app.assembly import assemble
 from cl2r_bench.config import CONFIG_DIR, resolve
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.models import normalize

@@ -1,4 +1,4 @@
-"""Assembly of every part (cl2r_bench/assembly.py): every scenario, strategy and adapter the suite offers runs on
+"""Assembly of every part (cl2r_bench/app/assembly.py): every scenario, strategy and adapter the suite offers runs on
 the built-in data set, and each scenario's defaults fit it (or fail before anything runs with the --set that fixes
 them)."""
 import json
@@ -7,9 +7,9 @@ import pytest
 import yaml
 from helpers.adapter_pairs import FEW_ROUNDS, SHORT_FITS
 
-from cl2r_bench import cli as runner
 from cl2r_bench.adapters import get_adapter, list_adapters
-from cl2r_bench.assembly import assemble, fills_stream_matrices
+from cl2r_bench.app import cli as runner
+from cl2r_bench.app.assembly import assemble, fills_stream_matrices
 from cl2r_bench.config import resolve
 from cl2r_bench.errors import ConfigError
 from scenarios import list_scenarios

@@ -342,7 +342,7 @@ def test_the_example_runs_iamcl2r_with_the_scenarios_replacement_models(tmp_path
 ])
 def test_an_avalanche_strategy_runs_through_the_suite_into_its_matrix_and_leaderboard(scenario, strategy, params, tiny,
                                                                                         tmp_path, capsys):
-    from cl2r_bench import cli
+    from cl2r_bench.app import cli
 
     out = tmp_path / "out"
     no_replacements = ["--set", "replacement.tasks=[]"] if scenario == "cl2r" else []
@@ -361,7 +361,7 @@ def test_an_avalanche_strategy_runs_through_the_suite_into_its_matrix_and_leader
 
 
 def test_an_avalanche_strategy_without_its_required_arguments_is_a_one_line_error(tiny, tmp_path, capsys):
-    from cl2r_bench import cli
+    from cl2r_bench.app import cli
 
     out = tmp_path / "out"
     assert cli.main(["--config", str(tiny), "--strategy", "avalanche:EWC", "--output", str(out)]) == 2

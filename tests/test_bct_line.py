@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.retrieval import nearest_neighbour_hits
-from cl2r_bench import cli as runner
+from cl2r_bench.app import cli as runner
 from cl2r_bench.heads import BasisTransformationHead
 from strategies import Step, get_strategy
 from strategies.advbct import (

@@ -13,7 +13,7 @@ import torch
 import yaml
 from helpers.launching import TORCHRUN, free_port, launched, torchrun
 
-from cl2r_bench import cli
+from cl2r_bench.app import cli
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.distributed import LaunchError, Processes, place
 from cl2r_bench.settings import DistributedSettings
@@ -166,7 +166,7 @@ class FromMain:
 
 
 def test_a_rank_other_than_0_takes_rank_0s_decision_not_its_own_view_of_the_folder(tmp_path):
-    from cl2r_bench.run_folder import RunError, RunFolder
+    from cl2r_bench.app.run_folder import RunError, RunFolder
 
     folder = tmp_path / "run"
     folder.mkdir()

@@ -1,4 +1,4 @@
-"""``runner.py embed`` (cl2r_bench/embedding.py): a model-update study's splits embedded into the feature cache in
+"""``runner.py embed`` (cl2r_bench/app/embedding.py): a model-update study's splits embedded into the feature cache in
 shards, by two torchrun ranks on the CPU and by a job array on the test SLURM cluster, then found cached by the
 study itself."""
 import re
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers.launching import CLUSTER, SMALL, torchrun
 
-from cl2r_bench.cli import main
+from cl2r_bench.app.cli import main
 
 TESTS = Path(__file__).resolve().parent
 

@@ -195,7 +195,7 @@ def test_iamcl2r_replacements_can_be_pretrained_encoders(tiny, tmp_path, timm_fi
     strategy's head (the d-Simplex lift for HOC), fine-tunes, and a resumed run rebuilds the same architecture."""
     import yaml
 
-    from cl2r_bench.cli import main
+    from cl2r_bench.app.cli import main
 
     torch.manual_seed(5)
     import timm
@@ -218,9 +218,9 @@ def test_iamcl2r_replacements_can_be_pretrained_encoders(tiny, tmp_path, timm_fi
     state = torch.load(next(out.rglob("task1.pt")), weights_only=True)
     assert "backbone.trunk.model.conv_stem.weight" in state
     assert ("head.lift.weight" in state) == (strategy == "dsimplex_hoc")
-    from cl2r_bench.assembly import assemble
+    from cl2r_bench.app.assembly import assemble
+    from cl2r_bench.app.starting_models import load_task_model
     from cl2r_bench.config import read_yaml, resolve
-    from cl2r_bench.starting_models import load_task_model
 
     run_config = resolve([("saved", read_yaml(next(out.rglob("config.yaml"))))])
     parts = assemble(run_config)
@@ -231,7 +231,7 @@ def test_iamcl2r_replacements_can_be_pretrained_encoders(tiny, tmp_path, timm_fi
 
 
 def test_a_replacement_spec_that_cannot_be_built_is_one_line_before_anything_runs(tiny, tmp_path, capsys):
-    from cl2r_bench.cli import main
+    from cl2r_bench.app.cli import main
 
     code = main(["--config", str(tiny), "--scenario", "iamcl2r", "--set",
                  "replacement.checkpoints=[timm:no_such_net, timm:no_such_net]", "--output", str(tmp_path / "o")])

@@ -8,7 +8,7 @@ import math
 import pytest
 from helpers.records import retrieval_record, update_record, valid_record, write
 
-from cl2r_bench import cli as runner
+from cl2r_bench.app import cli as runner
 from cl2r_bench.reporting.leaderboard import TABLES
 from cl2r_bench.reporting.tables import Column, Kind, Table, render
 

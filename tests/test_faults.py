@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.retrieval import CompatibilityEvaluator
-from cl2r_bench import cli as runner
 from cl2r_bench import files as records
+from cl2r_bench.app import cli as runner
 from cl2r_bench.training.engine import DeviceBatches
 
 RUN = Path("cl2r/synthetic/er/seed42")

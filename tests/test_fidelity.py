@@ -9,7 +9,7 @@ import torch
 import yaml
 from helpers.data_files import write_cifar10, write_tiny_imagenet
 
-from cl2r_bench import cli as runner
+from cl2r_bench.app import cli as runner
 from cl2r_bench.config import resolve
 from cl2r_bench.data.datasets import DataNotice
 from cl2r_bench.data.synthetic import make_synthetic
@@ -115,7 +115,7 @@ def test_a_short_seed_list_is_a_usage_error(tiny, capsys):
 
 def test_cross_model_table_has_own_accuracy_on_its_diagonal(tiny, tmp_path, capsys):
     from benchmarks.retrieval import CompatibilityEvaluator
-    from cl2r_bench.assembly import assemble
+    from cl2r_bench.app.assembly import assemble
     from tools import cross_model
 
     assert runner.main(["pretrain", "--config", str(tiny), "--set", "replacement.pretrain.seed=[3,4]"]) == 0

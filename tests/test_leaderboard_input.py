@@ -18,7 +18,7 @@ from helpers.records import (
 
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.record import record_problem
-from cl2r_bench import cli as runner
+from cl2r_bench.app import cli as runner
 from cl2r_bench.reporting.experiments import collect
 from cl2r_bench.reporting.leaderboard import TABLES
 

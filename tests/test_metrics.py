@@ -19,7 +19,7 @@ from benchmarks.metrics import (
     load_matrix,
     replacement_pairs,
 )
-from cl2r_bench import cli as runner
+from cl2r_bench.app import cli as runner
 
 # Hand-built 3x3 (fractions). Pair (1,0): 0.5 vs M[0][0]=0.5 is a tie; (2,0): 0.6 > 0.5; (2,1): 0.4 < 0.6.
 TIE_ROWS = [

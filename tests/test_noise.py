@@ -9,7 +9,7 @@ import torch
 
 from benchmarks.noise import bootstrap_accuracies, entry_index, noise_metrics, wilson_interval
 from benchmarks.retrieval import CompatibilityEvaluator
-from cl2r_bench import cli as runner
+from cl2r_bench.app import cli as runner
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.models import normalize
 
@@ -166,7 +166,7 @@ def test_counts_and_task_lists_are_checked_against_the_matrix_in_one_line(tmp_pa
 
 def test_replacement_scores_are_computed_once_per_study(tiny, tmp_path, monkeypatch):
     """Another seed with the same replacement models and evaluation set reads their own accuracy from the cache."""
-    from cl2r_bench import run_loop as experiment
+    from cl2r_bench.app import run_loop as experiment
     out = tmp_path / "out"
     assert runner.main(["--config", str(tiny), "--strategy", "er", "--output", str(out)]) == 0
     scores = sorted((tmp_path / "cache" / "scores").glob("*.json"))

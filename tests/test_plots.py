@@ -9,7 +9,7 @@ from helpers.records import DELETE, changed, update_record, valid_record, write
 
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import noise_metrics
-from cl2r_bench import cli as runner
+from cl2r_bench.app import cli as runner
 from cl2r_bench.reporting import plots
 from cl2r_bench.reporting.experiments import experiment_groups
 

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from cl2r_bench import cli as runner
+from cl2r_bench.app import cli as runner
 
 # Strategy names are global to the test process (the registry), so each plugin here registers its own.
 PLUGIN = textwrap.dedent('''

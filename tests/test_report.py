@@ -10,7 +10,7 @@ import pytest
 import yaml
 from helpers.records import changed, retrieval_record, update_record, valid_record
 
-from cl2r_bench import cli
+from cl2r_bench.app import cli
 from cl2r_bench.reporting.published import IAMCL2R_RELEASED
 from cl2r_bench.reporting.report import write_report
 

@@ -1,4 +1,4 @@
-"""The run loop and its folder (cl2r_bench/run_loop.py): diverged tasks, labels that cannot leave the output folder,
+"""The run loop and its folder (cl2r_bench/app/run_loop.py): diverged tasks, labels that cannot leave the output folder,
 overwrite and resume, the folder's lock, damaged run folders, missing replacement checkpoints."""
 import dataclasses
 import json
@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from cl2r_bench import cli as runner
+from cl2r_bench.app import cli as runner
 from cl2r_bench.files import exclusive
 
 
@@ -151,8 +151,8 @@ def test_a_run_resumes_when_an_adapt_only_default_changed_since_it_was_written(t
 
 def test_resume_compares_the_parameters_of_its_own_scenario_only(tmp_path):
     """A saved run's ``scenario_params`` of another scenario are not the run's settings; its own scenario's are."""
+    from cl2r_bench.app.run_folder import RunError, RunFolder
     from cl2r_bench.config import resolve
-    from cl2r_bench.run_folder import RunError, RunFolder
 
     saved = resolve([("test", {"scenario": "cl2r", "dataset": "synthetic",
                                "scenario_params": {"cl2r": {"every": 2}, "upgrade": {"width": 1}}})])
@@ -190,7 +190,7 @@ def test_resume_works_from_another_working_directory(tiny, tmp_path, monkeypatch
 
 
 def test_missing_replacement_checkpoints_are_named_before_any_data_is_read(tiny, tmp_path, capsys):
-    from cl2r_bench.cli import main
+    from cl2r_bench.app.cli import main
 
     code = main(["--config", str(tiny), "--set", f"replacement.checkpoints=[{tmp_path / 'a.pt'},{tmp_path}]",
                  "--data-root", str(tmp_path / "no_data"), "--output", str(tmp_path / "o")])

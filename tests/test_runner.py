@@ -10,7 +10,7 @@ from conftest import HOC_REFERENCE_ROWS as HOC_ROWS
 from conftest import interrupt_run_at
 
 from benchmarks.metrics import all_metrics, as_matrix
-from cl2r_bench import cli as runner
+from cl2r_bench.app import cli as runner
 
 
 def run_cli(*args):
@@ -216,7 +216,7 @@ def test_a_run_ends_by_saying_where_the_figures_are_and_what_to_do_next(tiny, tm
 def test_runs_of_one_command_that_would_share_a_folder_are_refused_before_any_runs(tmp_path, capsys):
     """--adapter all with one adapter.label would write every adapter into one folder, each replacing the
     last; it is one line, exit 2, and nothing is written."""
-    from cl2r_bench.cli import main
+    from cl2r_bench.app.cli import main
 
     code = main(["--scenario", "model_update", "--dataset", "synthetic", "--adapter", "all", "--set",
                  "adapter.label=same", "--output", str(tmp_path / "out")])
@@ -234,7 +234,7 @@ def test_runs_of_one_command_that_would_share_a_folder_are_refused_before_any_ru
 def test_parameters_of_parts_a_run_does_not_use_are_still_checked(setting, message, tmp_path, capsys):
     """A typo in a part's name, or an invalid value of a part the run does not use, is an error, as an
     unknown key is everywhere else."""
-    from cl2r_bench.cli import main
+    from cl2r_bench.app.cli import main
 
     assert main(["--dataset", "synthetic", "--set", setting, "--output", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err

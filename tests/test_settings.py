@@ -3,7 +3,7 @@ line before anything runs; numbers and YAML aliases read safely."""
 import pytest
 import yaml
 
-from cl2r_bench import cli as runner
+from cl2r_bench.app import cli as runner
 from cl2r_bench.errors import ConfigError
 from cl2r_bench.settings import TrainSettings
 
@@ -76,7 +76,7 @@ def bad_paths(tmp_path):
 def test_bad_paths_files_and_values_are_one_line_before_anything_runs(tmp_path, capsys):
     """Output folders below a file, an empty output, a config file that is not UTF-8 and a value of the
     wrong type are one line and exit 2, and nothing is written."""
-    from cl2r_bench.cli import main
+    from cl2r_bench.app.cli import main
 
     for args, message in bad_paths(tmp_path):
         try:
@@ -91,7 +91,7 @@ def test_bad_paths_files_and_values_are_one_line_before_anything_runs(tmp_path, 
 def test_yaml_aliases_are_refused_in_config_files_and_set_values(tmp_path, capsys):
     """Nested aliases ("billion laughs") expand a few hundred bytes into gigabytes; settings never need
     them, so any alias is one line, exit 2."""
-    from cl2r_bench.cli import main
+    from cl2r_bench.app.cli import main
 
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text('a: &a ["x", "x"]\nb: &b [*a, *a]\nc: [*b, *b]\n')

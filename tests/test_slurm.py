@@ -21,9 +21,9 @@ import yaml
 from helpers.launching import CLUSTER, SMALL
 from helpers.records import valid_record
 
-from cl2r_bench import cli, slurm
+from cl2r_bench.app import cli, slurm
+from cl2r_bench.app.sweep import Job
 from cl2r_bench.errors import UsageError
-from cl2r_bench.sweep import Job
 
 
 def slurm_sweep(out, *args):
@@ -242,7 +242,7 @@ def test_a_stop_while_following_leaves_the_jobs_running_and_reaches_the_command(
     the array must end the command (its exit code), not count as failed tasks."""
     import signal
 
-    from cl2r_bench.stops import Stopped
+    from cl2r_bench.app.stops import Stopped
 
     new, = jobs_in(tmp_path, "new")
     folder = tmp_path / "slurm"
@@ -369,7 +369,7 @@ def equal_tasks(tiny: Path, folder: Path) -> Path:
 def test_a_job_that_reaches_its_real_time_limit_is_requeued_and_trains_no_finished_task_again(cluster, tiny, tmp_path):
     """A 2-minute limit on a run of :data:`TASKS` tasks of :data:`TASK_SECONDS` each, with requeues enough for one
     task an attempt: SLURM warns the job 30 s before its limit (a quarter of it,
-    :func:`cl2r_bench.slurm.warning_seconds`), the array task stops the run (which keeps its finished tasks),
+    :func:`cl2r_bench.app.slurm.warning_seconds`), the array task stops the run (which keeps its finished tasks),
     submitit requeues the task, and the requeued job resumes after the last finished task and completes; every
     task is trained to its end exactly once."""
     out = tmp_path / "out"
@@ -427,7 +427,7 @@ def test_at_the_time_limit_warning_the_array_task_stops_its_run_cleanly_before_i
     was saving, and hands submitit a fresh task of the same job to requeue. The run uses as many threads as the job
     has CPUs."""
     pytest.importorskip("submitit")
-    from cl2r_bench.slurm import ArrayTask
+    from cl2r_bench.app.slurm import ArrayTask
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     task = ArrayTask(FakeJob(tmp_path), stop_seconds=30, threads=3)
@@ -452,7 +452,7 @@ def test_a_run_that_does_not_stop_holds_the_requeue_back_only_for_its_stop_secon
     """The requeue must come before the time limit, so :meth:`ArrayTask.checkpoint` waits no longer than
     ``stop_seconds`` for a run that ignores SIGTERM (SLURM's requeue then ends it)."""
     pytest.importorskip("submitit")
-    from cl2r_bench.slurm import ArrayTask
+    from cl2r_bench.app.slurm import ArrayTask
 
     task = ArrayTask(FakeJob(tmp_path, stops=False), stop_seconds=1, threads=1)
     runner = threading.Thread(target=lambda: pytest.raises(RuntimeError, task))
@@ -470,7 +470,7 @@ def test_a_task_requeued_after_its_run_completed_returns_without_running_it_agai
     """The time-limit warning can come as the run finishes (seen under load): submitit requeues the task, and
     the requeued task must end cleanly instead of starting the complete run again (which refuses its folder)."""
     pytest.importorskip("submitit")
-    from cl2r_bench.slurm import ArrayTask
+    from cl2r_bench.app.slurm import ArrayTask
 
     task = ArrayTask(FakeJob(tmp_path, complete=True), stop_seconds=1, threads=1)
     task()
@@ -479,7 +479,7 @@ def test_a_task_requeued_after_its_run_completed_returns_without_running_it_agai
 
 
 def test_short_time_limits_are_warned_a_quarter_before_their_end():
-    from cl2r_bench.slurm import sbatch_parameters, warning_seconds
+    from cl2r_bench.app.slurm import sbatch_parameters, warning_seconds
 
     assert [warning_seconds(m) for m in (1, 2, 4, 6, 180)] == [15, 30, 60, 90, 90]
     args = Namespace(time=2, gpus_per_job=0, cpus_per_job=1, array_parallelism=1, mem_per_job=1.0, requeues=3,

@@ -1,4 +1,4 @@
-"""Stops that do not depend on how the suite was launched (cl2r_bench/stops.py): a run or a sweep started with
+"""Stops that do not depend on how the suite was launched (cl2r_bench/app/stops.py): a run or a sweep started with
 SIGINT ignored (as a background job of a script inherits it) still stops cleanly on SIGINT, and on SIGTERM (SLURM's
 time limit, docker stop, timeout) with exit 143; finished tasks are kept and the same command continues. The other
 core is kept busy: a guarantee that holds only on an idle machine is not one."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cl2r_bench.stops import Stopped, deferred_stops, exit_code, stop_handlers
+from cl2r_bench.app.stops import Stopped, deferred_stops, exit_code, stop_handlers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,7 +155,7 @@ def test_a_single_stop_that_python_dropped_is_delivered_again():
 
 
 def test_a_stop_after_the_repeat_window_raises_again_in_case_the_first_was_lost(monkeypatch):
-    from cl2r_bench import stops
+    from cl2r_bench.app import stops
 
     monkeypatch.setattr(stops, "REPEAT_SECONDS", 0.3)
     with stop_handlers():
@@ -178,8 +178,8 @@ def test_a_block_that_fails_keeps_its_own_error_and_drops_the_waiting_stop():
 def test_a_stop_while_a_finished_task_is_saved_keeps_that_task(tiny, tmp_path, monkeypatch, capsys):
     """SIGTERM as the first task's checkpoint starts to be written (SLURM stopping a job, say): the run saves the
     task, its state and its record, then stops with 143; the resumed run starts at the next task."""
-    from cl2r_bench import cli
-    from cl2r_bench import run_loop as experiment
+    from cl2r_bench.app import cli
+    from cl2r_bench.app import run_loop as experiment
 
     original = experiment.save_state
 
@@ -203,7 +203,7 @@ def test_a_stop_while_a_finished_task_is_saved_keeps_that_task(tiny, tmp_path, m
 
 
 def test_the_stop_message_names_resume_where_the_command_needs_it():
-    from cl2r_bench.cli import how_to_continue
+    from cl2r_bench.app.cli import how_to_continue
     assert "--resume" in how_to_continue(["adapt", "--old", "a.pt"])
     assert "--resume" in how_to_continue(["run", "--strategy", "er"])
     assert how_to_continue(["adapt", "--resume"]) == how_to_continue(["embed"]) == "the same command continues"

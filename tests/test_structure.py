@@ -14,7 +14,7 @@ import typing
 import pytest
 import yaml
 
-from cl2r_bench.assembly import assemble
+from cl2r_bench.app.assembly import assemble
 from cl2r_bench.config import CONFIG_DIR, EXTRA_TYPES, FREE_FORM, flatten, resolve
 from cl2r_bench.settings import RunSettings, section_fields
 
@@ -148,7 +148,7 @@ def test_every_adapter_satisfies_the_protocol_that_measuring_uses():
 def test_a_result_without_a_run_state_is_neither_overwritten_nor_resumed(tmp_path):
     """A model_update folder of version 0.1 holds metrics.json but no state.pt: a plain run refuses it, and
     ``--resume`` says there is nothing to continue instead of silently training it again."""
-    from cl2r_bench.run_folder import RunError, RunFolder
+    from cl2r_bench.app.run_folder import RunError, RunFolder
 
     (tmp_path / "metrics.json").write_text("{}")
     (tmp_path / "config.yaml").write_text("scenario: model_update\ndataset: synthetic\nseed: 42\n")
@@ -160,7 +160,7 @@ def test_a_result_without_a_run_state_is_neither_overwritten_nor_resumed(tmp_pat
 
 
 def test_missing_data_leave_no_run_folder_behind(tmp_path, capsys):
-    from cl2r_bench import cli
+    from cl2r_bench.app import cli
 
     out = tmp_path / "out"
     assert cli.main(["--scenario", "iamcl2r", "--dataset", "cifar100", "--data-root", str(tmp_path / "none"),

@@ -7,7 +7,7 @@ import sys
 import pytest
 from helpers.records import valid_record
 
-from cl2r_bench import cli
+from cl2r_bench.app import cli
 
 
 def sweep(tiny, out, *args):
@@ -56,7 +56,7 @@ def test_bad_sweep_input_is_one_line_before_any_run(args, message, tiny, tmp_pat
 
 
 def test_a_set_list_is_a_grid_dimension_unless_its_setting_holds_a_list():
-    from cl2r_bench.sweep import list_settings, set_grid
+    from cl2r_bench.app.sweep import list_settings, set_grid
 
     lists = list_settings()
     assert {"replacement.tasks", "stream.class_order", "replacement.pretrain.seed"} <= lists
@@ -75,8 +75,8 @@ def test_a_set_list_is_a_grid_dimension_unless_its_setting_holds_a_list():
 
 
 def grid(tmp_path, *args):
-    from cl2r_bench.arguments import build_parser
-    from cl2r_bench.sweep import grid_runs
+    from cl2r_bench.app.arguments import build_parser
+    from cl2r_bench.app.sweep import grid_runs
 
     return grid_runs(build_parser().parse_args(["sweep", "--dataset", "synthetic", "--preset", "quick", "--device",
                                                 "cpu", "--output", str(tmp_path / "out"), *args]))
@@ -115,7 +115,7 @@ def test_sweep_points_that_cannot_run_are_one_line_before_anything_is_written(ar
 
 
 def test_identical_points_are_one_job(tmp_path):
-    from cl2r_bench.sweep import plan
+    from cl2r_bench.app.sweep import plan
 
     runs, output = grid(tmp_path, "--strategy", "er", "er", "--seeds", "1", "1")
     jobs = plan(runs, output / "sweep")
@@ -195,7 +195,7 @@ def test_a_sweep_whose_output_holds_a_file_named_sweep_is_one_line(tiny, tmp_pat
 
 def test_a_sweep_reruns_a_point_whose_record_the_leaderboard_would_reject(tmp_path):
     """A hand-written {"complete": true} is not a finished run for the sweep either (one record check)."""
-    from cl2r_bench.sweep import Job
+    from cl2r_bench.app.sweep import Job
 
     folder = tmp_path / "run"
     folder.mkdir()
@@ -225,8 +225,8 @@ def test_parallel_local_runs_share_the_cores_unless_the_user_set_the_threads(use
                                                                               monkeypatch):
     """Four cores and two runs at a time: each run is given two threads (torch would take all four in each); an
     ``OMP_NUM_THREADS`` the user set is kept."""
-    from cl2r_bench import sweep as sweeps
     from cl2r_bench import threads
+    from cl2r_bench.app import sweep as sweeps
 
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)

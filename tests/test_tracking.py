@@ -127,7 +127,7 @@ def test_a_run_with_tensorboard_logs_its_losses_matrix_rows_and_metrics(tiny, tm
     """``--tensorboard`` on a 3-task run: the logged matrix entries and running AC / AA are the record's own."""
     import json
 
-    from cl2r_bench import cli
+    from cl2r_bench.app import cli
 
     out = tmp_path / "out"
     assert cli.main(["--config", str(tiny), "--strategy", "er", "--output", str(out), "--tensorboard"]) == 0

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from benchmarks.record import record_problem, unpack_hits
-from cl2r_bench import cli as runner
+from cl2r_bench.app import cli as runner
 from cl2r_bench.data.streams import evaluation_sets
 from cl2r_bench.data.synthetic import make_synthetic
 from cl2r_bench.reporting.leaderboard import build

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from cl2r_bench import cli as runner
-from cl2r_bench.assembly import assemble
+from cl2r_bench.app import cli as runner
+from cl2r_bench.app.assembly import assemble
 from cl2r_bench.config import CONFIG_DIR, resolve
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.heads import simplex_vertices

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cl2r_bench.cli import main as runner
+from cl2r_bench.app.cli import main as runner
 
 
 def synthetic_pair(n: int, dim: int, classes: int, seed: int) -> dict[str, np.ndarray]:

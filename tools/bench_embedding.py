@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from cl2r_bench.assembly import resolve_device
+from cl2r_bench.app.assembly import resolve_device
 from cl2r_bench.encoders import build_encoder
 from cl2r_bench.feature_cache import embed_raw
 from cl2r_bench.models import autocast_dtype

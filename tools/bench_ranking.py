@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.ranking import retrieval_scores
-from cl2r_bench.assembly import resolve_device
+from cl2r_bench.app.assembly import resolve_device
 
 
 def resident_high_water_gb(process: int | str = "self") -> float | None:

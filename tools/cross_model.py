@@ -21,11 +21,11 @@ from tabulate import tabulate
 
 from benchmarks.noise import wilson_interval
 from benchmarks.retrieval import gallery_accuracy
-from cl2r_bench.assembly import assemble
+from cl2r_bench.app.assembly import assemble
+from cl2r_bench.app.run_loop import to_device
 from cl2r_bench.config import read_yaml, resolve
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.models import DEFAULT_AMP, embed
-from cl2r_bench.run_loop import to_device
 from cl2r_bench.training.pretrain import load_cached_model
 
 

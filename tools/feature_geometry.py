@@ -28,12 +28,12 @@ import torch.nn.functional as F
 from tabulate import tabulate
 
 from benchmarks.retrieval import class_templates
-from cl2r_bench.assembly import assemble
+from cl2r_bench.app.assembly import assemble
+from cl2r_bench.app.run_loop import to_device
+from cl2r_bench.app.starting_models import load_task_model
 from cl2r_bench.config import read_yaml, resolve
 from cl2r_bench.data.datasets import DataError, ImageSet
 from cl2r_bench.models import embed
-from cl2r_bench.run_loop import to_device
-from cl2r_bench.starting_models import load_task_model
 
 
 def mean_resultant_length(features: torch.Tensor) -> float:

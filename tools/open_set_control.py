@@ -19,7 +19,7 @@ import torch
 from benchmarks.adapter_study import PairedFeatures, Scoring
 from benchmarks.record import cross_case, unpack_hits
 from cl2r_bench.adapt import Study, encoder_study, evaluate_adapter
-from cl2r_bench.assembly import assemble
+from cl2r_bench.app.assembly import assemble
 from cl2r_bench.reporting.adapter_summary import paired_gain_interval
 from tools.pretrained_study import lite_pair, run_config
 

@@ -37,10 +37,10 @@ from benchmarks.record import holds_complete_record
 from cl2r_bench.adapt import encoder_study
 from cl2r_bench.adapt.driver import Protocol, StudyRun, drive
 from cl2r_bench.adapters import convergence_note, list_adapters, unpaired_adapters
-from cl2r_bench.assembly import assemble
+from cl2r_bench.app.assembly import assemble
+from cl2r_bench.app.run_folder import RunFolder
 from cl2r_bench.config import resolve
 from cl2r_bench.files import atomic_write_json
-from cl2r_bench.run_folder import RunFolder
 
 DATASETS = {"cifar10": {"fit_per_class": 200, "test_per_class": 100},
             "tinyimagenet": {"fit_per_class": 10, "test_per_class": 10}}

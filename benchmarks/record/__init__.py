@@ -1,6 +1,6 @@
 """The run record: what a run's ``metrics.json`` holds, written once for its writer and its readers.
 
-:class:`RunRecord` and the ``TypedDict`` s it nests name every field the run loop (``cl2r_bench/run_loop.py``,
+:class:`RunRecord` and the ``TypedDict`` s it nests name every field the run loop (``cl2r_bench/app/run_loop.py``,
 ``Run.record``) writes, with its unit; the leaderboard, the figures and the tools read records as these types.
 :func:`record_problem` is the schema's runtime check and :func:`read_record` the one way to read a file, so a
 hand-made, damaged or partial ``metrics.json`` is named in one line instead of crashing a reader or being averaged.

@@ -19,7 +19,7 @@ def run_record(*, identity: dict[str, Any], num_tasks: int, tasks_completed: int
     package versions added; ``identity`` holds ``scenario``, ``strategy``, ``method``, ``dataset`` and ``seed``;
     ``negative_flips`` those of ``matrix``'s per-query hits (None without them);
     ``extra`` adds a scenario's own fields (``model_update``'s ``cases`` and ``backfilling``). The one place
-    where this layout is built: the run loop (:class:`cl2r_bench.run_loop.Run`) passes the values."""
+    where this layout is built: the run loop (:class:`cl2r_bench.app.run_loop.Run`) passes the values."""
     record = {**identity, "num_tasks": num_tasks, "tasks_completed": tasks_completed, "complete": complete,
               "replacement_tasks": replacement_tasks, "compatibility_matrix": matrix,
               "metrics": all_metrics(as_matrix(matrix), tie_rule) if matrix else None,

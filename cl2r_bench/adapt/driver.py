@@ -76,7 +76,7 @@ class Driven:
 
 Writing = Callable[[StudyRun], contextlib.AbstractContextManager[Any]]
 """How a run's folder is held while its record is written: it saves ``config.yaml`` on entry (a lock and the
-resume and overwrite checks of :class:`cl2r_bench.run_folder.RunFolder` for a run; none for ``adapt``)."""
+resume and overwrite checks of :class:`cl2r_bench.app.run_folder.RunFolder` for a run; none for ``adapt``)."""
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ float16 autocast with gradient scaling on GPU, and the divergence check and the 
 (``_after_training_iteration``). The forward, the loss, the backward and the optimizer step run inside the torch
 profiler's labels ``cl2r.forward``, ``cl2r.loss``, ``cl2r.backward``, ``cl2r.optimizer`` (``tools/profile_training.py``;
 free when no profiler runs). A model swap at a replacement task happens outside ``train()``
-(:class:`cl2r_bench.run_loop.Run`), as Avalanche requires (the optimizer is built for the model being trained). This
+(:class:`cl2r_bench.app.run_loop.Run`), as Avalanche requires (the optimizer is built for the model being trained). This
 module imports Avalanche (seconds), so :func:`~cl2r_bench.training.loop.train_task` imports it on first use.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cl2r_bench.cli import main
+from cl2r_bench.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.metrics import all_metrics, as_matrix
-from cl2r_bench.assembly import assemble
+from cl2r_bench.app.assembly import assemble
 from cl2r_bench.config import resolve
 from tools.parity.common import ROOT  # noqa: I001
 

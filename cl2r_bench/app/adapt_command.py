@@ -26,7 +26,7 @@ def command_adapt(args: argparse.Namespace) -> int:
     from benchmarks.ranking import screen_problem
     from cl2r_bench.adapt import adapt_settings
     from cl2r_bench.adapt.embeddings import AUTO_STREAM_BYTES, stream_rows_for
-    from cl2r_bench.assembly import load_plugins, resolve_device
+    from cl2r_bench.app.assembly import load_plugins, resolve_device
     from cl2r_bench.distributed import connect, leave, place
 
     load_plugins(args.plugin)
@@ -60,7 +60,7 @@ def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: P
     from cl2r_bench.adapt import adapt_config, finished_records, study_from_embeddings
     from cl2r_bench.adapt.driver import Protocol, StudyRun, drive
     from cl2r_bench.adapters import list_adapters, make_adapter, unpaired_adapters
-    from cl2r_bench.assembly import check_pairing
+    from cl2r_bench.app.assembly import check_pairing
     from cl2r_bench.errors import safe_name
     from cl2r_bench.reporting.adapter_answer import summary_json, summary_text
 

@@ -8,7 +8,7 @@ the replay memory takes the task's exemplars (the training template's hook); the
 between the outgoing and the new model, on the task's images and the memory it was trained with, when the scenario
 says so (docs/METHODS.md §7); the model is deployed to the :class:`CompatibilityEvaluator` (gallery and
 queries embedded once per model); then the model, the run state and a partial ``metrics.json`` are saved
-atomically, with SIGINT and SIGTERM waiting until they are (:func:`cl2r_bench.stops.deferred_stops`), so a task
+atomically, with SIGINT and SIGTERM waiting until they are (:func:`cl2r_bench.app.stops.deferred_stops`), so a task
 reported finished is never trained again. ``resume=True`` continues after the last finished task; every task
 seeds its own random streams from ``(seed, t)``, so a resumed run ends with the same metrics as an uninterrupted
 one. Under torchrun every process runs this loop; training and evaluation are shared and only rank 0 writes,
@@ -43,24 +43,24 @@ from benchmarks.record import run_record, write_record
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.adapt.driver import Protocol, StudyRun, drive
 from cl2r_bench.adapters import convergence_note, embed_pair, fit_adapter, get_adapter
-from cl2r_bench.assembly import Assembly
-from cl2r_bench.data.datasets import ImageSet
-from cl2r_bench.distributed import connect
-from cl2r_bench.encoders import is_spec
-from cl2r_bench.files import atomic_write_json, device_description
-from cl2r_bench.models import NonFiniteError, RetrievalModel
-from cl2r_bench.reporting.plots import save_plots
-from cl2r_bench.run_folder import RunError, RunFolder
-from cl2r_bench.scenario import Finished
-from cl2r_bench.settings import task_seed
-from cl2r_bench.starting_models import (
+from cl2r_bench.app.assembly import Assembly
+from cl2r_bench.app.run_folder import RunError, RunFolder
+from cl2r_bench.app.starting_models import (
     cached_score,
     evaluation_fingerprint,
     load_task_model,
     replacement_score_key,
     task_encoder,
 )
-from cl2r_bench.stops import deferred_stops
+from cl2r_bench.app.stops import deferred_stops
+from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.distributed import connect
+from cl2r_bench.encoders import is_spec
+from cl2r_bench.files import atomic_write_json, device_description
+from cl2r_bench.models import NonFiniteError, RetrievalModel
+from cl2r_bench.reporting.plots import save_plots
+from cl2r_bench.scenario import Finished
+from cl2r_bench.settings import task_seed
 from cl2r_bench.strategy import StrategyFailure
 from cl2r_bench.training.engine import ReplayMemory
 from cl2r_bench.training.pretrain import save_state

@@ -1,4 +1,4 @@
-"""The commands of the suite (their options and usage: :mod:`cl2r_bench.arguments`).
+"""The commands of the suite (their options and usage: :mod:`cl2r_bench.app.arguments`).
 
 Usage errors print one line and exit with code 2; an interrupted run keeps every finished task (``--resume``); a
 diverged run (NaN or infinite loss, weights or features) prints one line, exits with code 3 and keeps the tasks
@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cl2r_bench.arguments import COMMANDS, build_parser
+from cl2r_bench.app.arguments import COMMANDS, build_parser
+from cl2r_bench.app.stops import exit_code, stop_handlers, stop_name
 from cl2r_bench.errors import UsageError, writable_folder
-from cl2r_bench.stops import exit_code, stop_handlers, stop_name
 from cl2r_bench.threads import own_threads
 
 # Each command imports its parts inside its handler: they import timm and Avalanche (seconds), so --help, a usage
@@ -31,12 +31,12 @@ EXIT_STRATEGY_FAILED = 4
 def command_run(args: argparse.Namespace) -> int:
     """Run each asked configuration (one per seed); under torchrun every process runs them together and rank 0
     prints (:mod:`cl2r_bench.distributed`)."""
-    from cl2r_bench.adapt_command import case_line
+    from cl2r_bench.app.adapt_command import case_line
+    from cl2r_bench.app.run_loop import Run
+    from cl2r_bench.app.run_options import requested_runs
+    from cl2r_bench.app.sweep import distinct_runs
     from cl2r_bench.distributed import leave, processes_note
     from cl2r_bench.reporting.leaderboard import tables
-    from cl2r_bench.run_loop import Run
-    from cl2r_bench.run_options import requested_runs
-    from cl2r_bench.sweep import distinct_runs
 
     try:
         parts = distinct_runs(requested_runs(args))
@@ -124,31 +124,31 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 def command_sweep(args: argparse.Namespace) -> int:
     """Resolve every point of the grid (all bad input fails here, and with ``--launcher slurm`` a cluster that
-    cannot take the jobs), then run what is not complete (:mod:`cl2r_bench.sweep`, :mod:`cl2r_bench.slurm`)."""
-    from cl2r_bench.sweep import grid_runs, plan, run_local
+    cannot take the jobs), then run what is not complete (:mod:`cl2r_bench.app.sweep`, :mod:`cl2r_bench.app.slurm`)."""
+    from cl2r_bench.app.sweep import grid_runs, plan, run_local
 
     if args.seed is not None:
         raise UsageError("a sweep takes its seeds with --seeds K1 K2 ...")
     if args.launcher == "slurm":
-        from cl2r_bench.slurm import check_cluster
+        from cl2r_bench.app.slurm import check_cluster
 
         check_cluster(args)
     runs, output = grid_runs(args)
     writable_folder(output / "sweep", "the sweep's folder (inside --output)")
     jobs = plan(runs, output / "sweep")
     if args.launcher == "slurm":
-        from cl2r_bench.slurm import run_slurm
+        from cl2r_bench.app.slurm import run_slurm
 
         return run_slurm(jobs, args, output / "sweep" / "slurm")
     return run_local(jobs, parallel=args.jobs)
 
 
 def command_embed(args: argparse.Namespace) -> int:
-    """Embed the asked study's splits into the feature cache as this process's shards (:mod:`cl2r_bench.embedding`),
+    """Embed the asked study's splits into the feature cache as this process's shards (:mod:`cl2r_bench.app.embedding`),
     or, with ``--launcher slurm``, as a job array followed to its end, then join what the tasks left."""
-    from cl2r_bench.embedding import embed_study, mark_done, slurm_workers, this_worker
+    from cl2r_bench.app.embedding import embed_study, mark_done, slurm_workers, this_worker
+    from cl2r_bench.app.run_options import requested_runs
     from cl2r_bench.feature_cache import Sharding
-    from cl2r_bench.run_options import requested_runs
 
     sharding = this_worker(args)
     runs = requested_runs(args)
@@ -157,7 +157,7 @@ def command_embed(args: argparse.Namespace) -> int:
                          "model_update --set model_update.old=SPEC --set model_update.new=SPEC (one seed, one adapter)")
     parts = runs[0]
     if args.launcher == "slurm" and args.worker is None:
-        from cl2r_bench.slurm import check_cluster, run_slurm
+        from cl2r_bench.app.slurm import check_cluster, run_slurm
 
         check_cluster(args)
         folder = Path(parts.settings.model_update.feature_cache) / "slurm"
@@ -173,8 +173,8 @@ def command_embed(args: argparse.Namespace) -> int:
 
 def command_pretrain(args: argparse.Namespace) -> int:
     """Find or pretrain the starting models of each asked run (the scenario's replacement or old/new models)."""
+    from cl2r_bench.app.run_options import requested_runs
     from cl2r_bench.models import replacement_family
-    from cl2r_bench.run_options import requested_runs
 
     done = set()
     for parts in requested_runs(args):
@@ -195,7 +195,7 @@ def command_pretrain(args: argparse.Namespace) -> int:
 
 
 def command_adapt(args: argparse.Namespace) -> int:
-    from cl2r_bench.adapt_command import command_adapt as adapt
+    from cl2r_bench.app.adapt_command import command_adapt as adapt
 
     return adapt(args)
 
@@ -416,7 +416,7 @@ def take_job_threads(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command of ``runner.py``; SIGINT and SIGTERM stop it cleanly whatever the process inherited
-    (:mod:`cl2r_bench.stops`). Its output is line-buffered, also into a file or a pipe: a log holds each line as it
+    (:mod:`cl2r_bench.app.stops`). Its output is line-buffered, also into a file or a pipe: a log holds each line as it
     is printed, so one read while the command runs, or left by a process killed later (SLURM's SIGKILL after a
     time limit, the out-of-memory killer), names every task that was trained."""
     if isinstance(sys.stdout, io.TextIOWrapper):
@@ -438,13 +438,13 @@ def _main(argv: list[str] | None) -> int:
         return 0
     take_job_threads(args)
     from benchmarks.metrics import MatrixError
+    from cl2r_bench.app.run_folder import RunError
+    from cl2r_bench.app.run_loop import DivergedError, StrategyFailedError
     from cl2r_bench.data.datasets import DataError
     from cl2r_bench.distributed import LaunchError, torchrun_ranks
     from cl2r_bench.errors import ConfigError, PartError
     from cl2r_bench.files import FolderBusyError
     from cl2r_bench.models import CheckpointError
-    from cl2r_bench.run_folder import RunError
-    from cl2r_bench.run_loop import DivergedError, StrategyFailedError
     from cl2r_bench.tracking import TrackingError
 
     show_notices_as_one_line()

@@ -7,15 +7,15 @@ runs ``python -m cl2r_bench run --config <job file>`` where the job file is the 
 (``<output>/sweep/jobs/``), and a progress line says how many are done, running, failed and waiting. The ``local``
 launcher runs ``jobs`` of them at a time, one GPU each when there are several (``CUDA_VISIBLE_DEVICES``), their
 output in ``<output>/sweep/logs/``; the ``slurm`` launcher submits them as one SLURM job array
-(:mod:`cl2r_bench.slurm`).
+(:mod:`cl2r_bench.app.slurm`).
 
 ``--set KEY=[v1,v2,...]`` is a grid dimension when the setting does not hold a list itself (:func:`set_grid`); the
 points of such a grid differ in a setting that does not name the run folder, so each gets its own results folder
 ``<output>/KEY=v1/``, and two points that would still share a run folder are refused (:func:`plan`).
 
 This module imports no training or scenario code (the runs are assembled through
-:func:`cl2r_bench.run_options.requested_runs`, which imports them when called), so that a SLURM array task unpickling a
-:class:`Job` starts without them.
+:func:`cl2r_bench.app.run_options.requested_runs`, which imports them when called), so that a SLURM array task
+unpickling a :class:`Job` starts without them.
 """
 from __future__ import annotations
 
@@ -38,15 +38,15 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from benchmarks.record import holds_complete_record
+from cl2r_bench.app.run_options import GRID_OPTIONS, requested_output, requested_runs
+from cl2r_bench.app.stops import STOP_SIGNALS, exit_code, stop_handlers, stop_name
 from cl2r_bench.config import CONFIG_DIR, EXTRA_TYPES, FLOAT_TEXT, differing, flatten, parse_assignment, read_yaml
 from cl2r_bench.errors import ConfigError, safe_name
 from cl2r_bench.files import atomic_write_text
-from cl2r_bench.run_options import GRID_OPTIONS, requested_output, requested_runs
-from cl2r_bench.stops import STOP_SIGNALS, exit_code, stop_handlers, stop_name
 from cl2r_bench.threads import cores_per_run, thread_environment
 
 if TYPE_CHECKING:
-    from cl2r_bench.assembly import Assembly
+    from cl2r_bench.app.assembly import Assembly
 
 LAUNCHERS = ("local", "slurm")
 UNSAFE = re.compile(r"[^A-Za-z0-9_.+=,-]")
@@ -202,7 +202,7 @@ def progress(done: int, running: int, failed: int, waiting: int) -> str:
 def run_local(jobs: list[Job], *, parallel: int, log: Callable[[str], None] = print, poll: float = 0.5) -> int:
     """Run the jobs that are not complete, ``parallel`` at a time; returns 0 when every job is complete, else 1
     (the failed jobs and their logs are named). Ctrl-C, ``kill -INT`` or ``kill -TERM`` of the sweep
-    (:mod:`cl2r_bench.stops`: handled whatever the sweep inherited) send SIGTERM to its running runs, which handle
+    (:mod:`cl2r_bench.app.stops`: handled whatever the sweep inherited) send SIGTERM to its running runs, which handle
     it themselves, keep their finished tasks and stop; the sweep waits for them and exits with 130 (143 for
     SIGTERM) after one line, so no run is left training as an orphan and the same command resumes."""
     running: dict[int, tuple[Job, subprocess.Popen, Any]] = {}

@@ -8,7 +8,7 @@ Who embeds which shards (:class:`cl2r_bench.feature_cache.Sharding`):
 * torchrun (``torchrun --nproc_per_node N runner.py embed ... --shards K``): rank r of N is worker r of N, each on
   its local GPU when there are GPUs;
 * SLURM (``--launcher slurm``): one job array of ``--workers`` tasks (default: one per shard) through submitit, the
-  sweep's launcher and options (:mod:`cl2r_bench.slurm`); each task runs this command as its worker. When the array
+  sweep's launcher and options (:mod:`cl2r_bench.app.slurm`); each task runs this command as its worker. When the array
   has ended, the submitting process runs it once more as the only worker: it joins the shards, and embeds again any
   shard whose task was killed.
 

@@ -1,7 +1,7 @@
 """The one assembly step: a resolved config in, the typed settings and every built part of a run out.
 
 This is the only code that reads the config mapping (:func:`cl2r_bench.config.resolve` merged it); everything
-downstream (:mod:`cl2r_bench.run_loop`, the scenarios, the trainers, the evaluator) receives :class:`Assembly`'s
+downstream (:mod:`cl2r_bench.app.run_loop`, the scenarios, the trainers, the evaluator) receives :class:`Assembly`'s
 attributes. Building is checking: each settings section checks its own values, the scenario the rules between
 sections (:meth:`cl2r_bench.scenario.Scenario.check_settings`), the strategy and the adapter their parameters (their
 ``Config`` dataclasses), so every bad setting is a one-line error here, before any data is read. The flow is one

@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from cl2r_bench.assembly import Assembly
+from cl2r_bench.app.assembly import Assembly
+from cl2r_bench.app.run_folder import RunError
 from cl2r_bench.data.streams import Stream
 from cl2r_bench.encoders import is_spec
 from cl2r_bench.models import RetrievalModel, older_width_in, state_sha256
-from cl2r_bench.run_folder import RunError
 
 
 def evaluation_fingerprint(stream: Stream, mode: str, device: torch.device, autocast: str | bool) -> str:

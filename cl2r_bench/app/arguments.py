@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 
+from cl2r_bench.app.run_options import add_run_options
 from cl2r_bench.limits import count_argument, seed_argument
 from cl2r_bench.plugins import PLUGIN_KINDS
-from cl2r_bench.run_options import add_run_options
 
 COMMANDS = ("run", "pretrain", "embed", "sweep", "metrics", "leaderboard", "plot", "report", "list", "adapt")
 
@@ -91,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser("sweep", help="a grid of runs (several scenarios, strategies, adapters, data sets and "
                            "seeds), one process per run: complete runs are skipped, interrupted ones resumed")
     add_run_options(sweep, several=True)
-    from cl2r_bench.slurm import add_slurm_options
-    from cl2r_bench.sweep import LAUNCHERS
+    from cl2r_bench.app.slurm import add_slurm_options
+    from cl2r_bench.app.sweep import LAUNCHERS
 
     sweep.add_argument("--launcher", default="local", choices=LAUNCHERS, help="local: a pool of processes on this "
                        "machine, one GPU each when there are several; slurm: one SLURM job array (submitit)")
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     embed = sub.add_parser("embed", help="embed a model-update study's splits with its two encoders into the feature "
                            "cache, in shards spread over processes (torchrun ranks, a SLURM job array)")
     add_run_options(embed)
-    from cl2r_bench.embedding import add_embed_options
+    from cl2r_bench.app.embedding import add_embed_options
 
     add_embed_options(embed)
     add_slurm_options(embed)

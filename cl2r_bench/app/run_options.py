@@ -2,7 +2,7 @@
 
 Each option is declared once (:data:`RUN_OPTIONS`): its flag, its help and the setting of ``configs/default.yaml``
 it overrides, so that the parser and the config layer it makes cannot drift apart. :func:`requested_runs` turns the
-options into assembled runs (:func:`cl2r_bench.assembly.assemble`), which checks every setting before any data is
+options into assembled runs (:func:`cl2r_bench.app.assembly.assemble`), which checks every setting before any data is
 read.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from cl2r_bench.limits import seed_argument
 from cl2r_bench.plugins import PLUGIN_KINDS
 
 if TYPE_CHECKING:
-    from cl2r_bench.assembly import Assembly
+    from cl2r_bench.app.assembly import Assembly
 
 GRID_OPTIONS = ("scenario", "strategy", "adapter", "dataset")
 
@@ -123,10 +123,10 @@ def requested_output(args: argparse.Namespace) -> str:
 def requested_runs(args: argparse.Namespace) -> list[Assembly]:
     """One assembled run per (strategy, adapter, seed) the command asks for (``all`` expands to the registered
     strategies, after the plugins are loaded, and to ``none`` and every adapter the scenario can run,
-    :func:`cl2r_bench.assembly.adapters_for`): every bad setting is an error
+    :func:`cl2r_bench.app.assembly.adapters_for`): every bad setting is an error
     here, before any data is read or model trained."""
     # The run's parts import torch and timm (seconds): only when runs are asked for, not for --help.
-    from cl2r_bench.assembly import adapters_for, assemble, load_plugins
+    from cl2r_bench.app.assembly import adapters_for, assemble, load_plugins
     from strategies import list_strategies
 
     layers = requested_layers(args)

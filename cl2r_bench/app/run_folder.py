@@ -1,6 +1,6 @@
 """A run's folder (``<output>/<scenario>/<dataset>/<label>/seed<k>/``): whether it holds results this run may
 resume or overwrite, the settings a resumed run must share with the interrupted one, its saved run state, and the
-lock held while a run writes (:class:`RunFolder`). The run loop (:mod:`cl2r_bench.run_loop`) writes into it."""
+lock held while a run writes (:class:`RunFolder`). The run loop (:mod:`cl2r_bench.app.run_loop`) writes into it."""
 from __future__ import annotations
 
 import contextlib

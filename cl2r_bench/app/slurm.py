@@ -1,7 +1,7 @@
 """The sweep's SLURM launcher (``runner.py sweep --launcher slurm``), through submitit.
 
 The jobs of a sweep that are not complete go to the cluster as one job array; each array task runs the same run
-command as the local launcher (:meth:`cl2r_bench.sweep.Job.command`, asked when the task starts), so every job is an
+command as the local launcher (:meth:`cl2r_bench.app.sweep.Job.command`, asked when the task starts), so every job is an
 ordinary resumable run folder: a task that SLURM starts again (a preemption, or its time limit: submitit requeues
 it, :meth:`ArrayTask.checkpoint`) resumes after the run's last finished task. submitit's files and the tasks' logs
 are in ``<output>/sweep/slurm/``.
@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from cl2r_bench.app.sweep import Job, progress
 from cl2r_bench.errors import UsageError
 from cl2r_bench.files import atomic_write_text
-from cl2r_bench.sweep import Job, progress
 from cl2r_bench.threads import thread_environment
 
 JOB_NAME = "cl2r-sweep"
