@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import interrupt_run_at
 from helpers.adapter_pairs import FEW_ROUNDS, SHORT_FITS
+from helpers.runs import interrupt_run_at
 from torch import nn
 
 from benchmarks.adapter_study import (

@@ -3,8 +3,8 @@ import math
 
 import numpy as np
 import pytest
-from conftest import ER_REFERENCE_ROWS as ER_ROWS
-from conftest import HOC_REFERENCE_ROWS as HOC_ROWS
+from helpers.runs import ER_REFERENCE_ROWS as ER_ROWS
+from helpers.runs import HOC_REFERENCE_ROWS as HOC_ROWS
 
 from benchmarks.metrics import (
     MatrixError,

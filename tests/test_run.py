@@ -134,7 +134,7 @@ def test_a_damaged_run_folder_is_one_line_naming_the_file_and_the_fix(damage, fr
 
 
 def test_a_run_resumes_when_an_adapt_only_default_changed_since_it_was_written(tiny, tmp_path, monkeypatch, capsys):
-    from conftest import interrupt_run_at
+    from helpers.runs import interrupt_run_at
 
     args = ("--config", tiny, "--strategy", "er", "--output", tmp_path / "out")
     undo = interrupt_run_at(monkeypatch, 1)
@@ -169,7 +169,7 @@ def _truncate(path):
 
 
 def test_resume_works_from_another_working_directory(tiny, tmp_path, monkeypatch):
-    from conftest import interrupt_run_at
+    from helpers.runs import interrupt_run_at
 
     work = tmp_path / "work"
     work.mkdir()

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import HOC_REFERENCE_ROWS as HOC_ROWS
-from conftest import interrupt_run_at
+from helpers.runs import HOC_REFERENCE_ROWS as HOC_ROWS
+from helpers.runs import interrupt_run_at
 
 from benchmarks.metrics import all_metrics, as_matrix
 from cl2r_bench.app import cli as runner

@@ -284,7 +284,7 @@ def sweep_on_cluster(tiny, out, *args, strategy: str = "er"):
 @pytest.mark.slurm
 def test_a_sweep_on_a_slurm_cluster_runs_what_is_missing_and_resumes_an_interrupted_run(
         cluster, tiny, tmp_path, monkeypatch):
-    from conftest import interrupt_run_at
+    from helpers.runs import interrupt_run_at
 
     out = tmp_path / "out"
     undo = interrupt_run_at(monkeypatch, 1)
