@@ -46,6 +46,9 @@ from cl2r_bench.registry import NoParams, Registry, config_from_params
 from cl2r_bench.setting_rules import int_list
 from cl2r_bench.settings import RunSettings, task_seed
 
+__all__ = ["SCENARIOS", "Finished", "Scenario", "ScenarioError", "check_class_budget", "check_replacements",
+           "get_scenario", "list_scenarios", "register_scenario", "run_dataset", "stream_from_settings"]
+
 
 class ScenarioError(DataError):
     """An unknown scenario, or a scenario that cannot run with the given settings."""

@@ -54,6 +54,10 @@ from cl2r_bench.heads import HEADS
 from cl2r_bench.models import DEFAULT_AMP, forward_in_batches
 from cl2r_bench.registry import NoParams, Registry, config_from_params
 
+__all__ = ["REPLACEMENT_TEACHERS", "STRATEGIES", "Step", "Strategy", "StrategyError", "StrategyFailure", "TaskContext",
+           "failures_reported", "get_strategy", "list_strategies", "loss_contract_problem", "register_strategy",
+           "strategy_loss"]
+
 REPLACEMENT_TEACHERS = ("incoming", "outgoing")
 
 
