@@ -36,7 +36,11 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(autouse=True)
 def registries_as_found():
     """Each test leaves every registry as it found it: the parts a test registers (from a plug-in file or a test
-    module) and the plug-in modules it loaded are gone for the next test, whichever worker runs it."""
+    module) and the plug-in modules it loaded are gone for the next test, whichever worker runs it. The built-in
+    scenarios and strategies are imported first, so they are in the registries it keeps: registered during a test,
+    they would be cleared after it and never registered again (as when one file's tests ran alone)."""
+    import scenarios  # noqa: F401
+    import strategies  # noqa: F401
     from benchmarks.backfill_orders import ORDERS
     from cl2r_bench.adapters.base import ADAPTERS
     from cl2r_bench.config import PROFILE_FOLDERS
