@@ -490,11 +490,14 @@ def test_short_time_limits_are_warned_a_quarter_before_their_end():
 @pytest.mark.slurm
 def test_the_sweeps_default_resources_on_a_small_node_are_refused_before_anything_is_submitted(cluster, tmp_path,
                                                                                                  capsys):
-    """The test cluster's one node has no GPU: jobs asking one would pend for ever; sbatch --test-only says so."""
-    before = subprocess.run(["squeue", "-h", "-t", "all"], capture_output=True, text=True, timeout=30).stdout
+    """The test cluster's one node has no GPU: jobs asking one would pend for ever; sbatch --test-only says so.
+    No job of this sweep is in the queue (each job is named by its log's path; other tests' jobs may come and go
+    meanwhile on the shared cluster)."""
     assert slurm_sweep(tmp_path / "out") == 2
     err = capsys.readouterr().err.strip()
     assert "SLURM would never start the sweep's jobs: each asks 4 CPUs, 16 GB, 1 GPU, 180 minutes" in err, err
     assert "the partition offers localhost:" in err and "no GPU" in err
     assert not (tmp_path / "out").exists()
-    assert subprocess.run(["squeue", "-h", "-t", "all"], capture_output=True, text=True, timeout=30).stdout == before
+    logs = subprocess.run(["squeue", "-h", "-t", "all", "-O", "StdOut:1000"], capture_output=True, text=True,
+                          timeout=30)
+    assert logs.returncode == 0 and str(tmp_path) not in logs.stdout, logs.stdout + logs.stderr
