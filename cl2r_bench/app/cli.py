@@ -257,11 +257,7 @@ def command_leaderboard(args: argparse.Namespace) -> int:
                          "with --table timing, --table across or --table matrices")
     existing_folder(args.results, "; pass --results DIR")
     records, skipped = collect(args.results)
-    for path, reason in skipped:
-        print(f"skipped {path}: {reason}", file=sys.stderr)
-    if not records:
-        raise UsageError(f"no complete metrics.json under {args.results}; run an experiment first"
-                         + (f" ({len(skipped)} file(s) skipped, reasons above)" if skipped else ""))
+    refuse_nothing_read(skipped, bool(records), args.results)
     built = build(records, args.format, baseline=args.baseline, published=args.published)
     if args.table is None and args.format != "csv":
         names = [name for name in (*SUMMARY, *extra, "published") if name in built]
@@ -302,15 +298,22 @@ def command_plot(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"cannot write {exc.filename or out}: {exc.strerror or exc}; pass a writable --out "
                          "and check the run folders' permissions") from None
-    for path, reason in skipped:
-        print(f"skipped {path}: {reason}", file=sys.stderr)
-    if not comparisons:
-        raise UsageError(f"no complete metrics.json under {results} to plot; run an experiment first"
-                         + (f" ({len(skipped)} file(s) skipped, reasons above)" if skipped else ""))
+    refuse_nothing_read(skipped, bool(comparisons), results, "plot")
     print(f"redrew {len(run_figures)} run figure(s) next to their metrics.json")
     for path in comparisons:
         print(path)
     return 0
+
+
+def refuse_nothing_read(skipped: list[tuple[Path, str]], found: bool, results: Path | str, verb: str = "") -> None:
+    """Name each skipped record file on stderr (leaderboard, plot, report); with no complete record found (to
+    ``verb``), a :class:`UsageError`."""
+    for path, reason in skipped:
+        print(f"skipped {path}: {reason}", file=sys.stderr)
+    if not found:
+        raise UsageError(f"no complete metrics.json under {results}{f' to {verb}' if verb else ''}; run an "
+                         "experiment first"
+                         + (f" ({len(skipped)} file(s) skipped, reasons above)" if skipped else ""))
 
 
 def command_report(args: argparse.Namespace) -> int:
@@ -326,11 +329,7 @@ def command_report(args: argparse.Namespace) -> int:
         written, runs, skipped = write_report(results, out)
     except OSError as exc:
         raise UsageError(f"cannot write {exc.filename or out}: {exc.strerror or exc}; pass a writable --out") from None
-    for path, reason in skipped:
-        print(f"skipped {path}: {reason}", file=sys.stderr)
-    if not runs:
-        raise UsageError(f"no complete metrics.json under {results} to report; run an experiment first"
-                         + (f" ({len(skipped)} file(s) skipped, reasons above)" if skipped else ""))
+    refuse_nothing_read(skipped, bool(runs), results, "report")
     print(f"{written} ({runs} runs)")
     return 0
 
