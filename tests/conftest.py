@@ -3,7 +3,6 @@ import pathlib
 import sys
 
 import pytest
-import yaml
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One thread per worker (and per process it starts): the workers share the machine's cores, and two
@@ -12,13 +11,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import numpy as np  # after the thread count above: numpy's BLAS reads it when imported
 from helpers.adapt_inputs import clustered
-from helpers.runs import TINY
+from helpers.runs import tiny_config
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 SLOW_FIXTURES = {"tiny"}
-LONGEST_FILES = ("test_slurm.py", "test_distributed.py")
+LONGEST_FILES = ("test_slurm_time_limits.py", "test_slurm.py", "test_distributed.py")
 """The files that take longest, run first: the README's ``-n 2 --dist loadfile --no-loadscope-reorder`` runs each
 file on one worker (the SLURM test cluster's tests one after another), in collection order, so the other worker
 works through the rest meanwhile. Measured: 15 min 14 s for all 868 tests on 2 idle cores, against 16 min 41 s
@@ -31,7 +30,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.path.name not in LONGEST_FILES)
+    items.sort(key=lambda item: LONGEST_FILES.index(item.path.name) if item.path.name in LONGEST_FILES
+               else len(LONGEST_FILES))
 
 @pytest.fixture(autouse=True)
 def registries_as_found():
@@ -66,11 +66,7 @@ def registries_as_found():
 @pytest.fixture
 def tiny(tmp_path):
     """The path of a YAML config for :data:`TINY`, caching its replacement models under ``tmp_path``."""
-    config = dict(TINY, replacement=dict(TINY["replacement"], pretrain=dict(
-        TINY["replacement"]["pretrain"], cache_dir=str(tmp_path / "cache"))))
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return tiny_config(tmp_path)
 
 
 @pytest.fixture(scope="session")

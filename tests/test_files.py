@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from helpers.load import busy_core
 
 from cl2r_bench.files import (
     EMPTY_GRACE_SECONDS,
@@ -22,11 +23,10 @@ from cl2r_bench.files import (
 )
 
 
-@pytest.fixture
-def busy_core():
-    load = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    yield
-    load.kill()
+@pytest.fixture(name="busy_core")
+def busy_core_fixture():
+    with busy_core():
+        yield
 
 
 def aged(path, seconds: float) -> None:

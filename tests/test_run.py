@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers.load import busy_core
 
 from cl2r_bench.app import cli as runner
 from cl2r_bench.files import exclusive
@@ -200,9 +201,10 @@ def test_missing_replacement_checkpoints_are_named_before_any_data_is_read(tiny,
 
 @pytest.mark.slow
 def test_a_second_run_on_a_held_folder_never_trains_beside_the_first_under_load(tmp_path):
-    """The reproduction of a lock that hung, three times with a busy process on the other core: while the first run
-    holds its folder's lock, the same command with --resume is either refused (the lock) or, when it gets the lock
-    after the first finished, resumes after its last task; it never trains task 0 beside the first. The folder's
+    """The reproduction of a lock that hung, three times, with a busy process on the other core while the second run
+    lives: while the first run holds its folder's lock, the same command with --resume is either refused (the lock)
+    or, when it gets the lock after the first finished, resumes after its last task; it never trains task 0 beside
+    the first. The folder's
     results are checked again under the lock, so the state seen before reading the data cannot mislead it."""
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "out"
@@ -210,20 +212,17 @@ def test_a_second_run_on_a_held_folder_never_trains_beside_the_first_under_load(
                "--preset", "quick", "--epochs", "1", "--no-progress", "--set", "stream.num_tasks=3",
                "--output", str(out)]
     lock = out / "cl2r/synthetic/er/seed42.lock"
-    load = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        for attempt in range(3):
-            first = subprocess.Popen([*command, "--overwrite"] if attempt else command, cwd=root,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            deadline = time.monotonic() + 120
-            while not lock.exists() and time.monotonic() < deadline and first.poll() is None:
-                time.sleep(0.02)
+    for attempt in range(3):
+        first = subprocess.Popen([*command, "--overwrite"] if attempt else command, cwd=root,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 120
+        while not lock.exists() and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.02)
+        with busy_core():
             second = subprocess.run([*command, "--resume"], cwd=root, capture_output=True, text=True, timeout=300)
-            first_out, _ = first.communicate(timeout=300)
-            assert first.returncode == 0, first_out
-            refused = second.returncode == 2 and "is in use by pid" in second.stderr
-            resumed = second.returncode == 0 and "resuming" in second.stdout and "task 0:" not in second.stdout
-            assert refused or resumed, (second.returncode, second.stdout[-500:], second.stderr[-500:])
-            assert json.loads((out / "cl2r/synthetic/er/seed42/metrics.json").read_text())["complete"]
-    finally:
-        load.kill()
+        first_out, _ = first.communicate(timeout=300)
+        assert first.returncode == 0, first_out
+        refused = second.returncode == 2 and "is in use by pid" in second.stderr
+        resumed = second.returncode == 0 and "resuming" in second.stdout and "task 0:" not in second.stdout
+        assert refused or resumed, (second.returncode, second.stdout[-500:], second.stderr[-500:])
+        assert json.loads((out / "cl2r/synthetic/er/seed42/metrics.json").read_text())["complete"]

@@ -5,8 +5,6 @@ to the end, an interrupted run resumed by its job, and a last sweep that submits
 import json
 import os
 import pickle
-import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,8 +15,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
-import yaml
-from helpers.launching import CLUSTER, SMALL
+from helpers.launching import SMALL, cluster_environment, sweep_on_cluster, wait_until
 from helpers.records import valid_record
 
 from cl2r_bench.app import cli, slurm
@@ -263,22 +260,7 @@ def test_a_stop_while_following_leaves_the_jobs_running_and_reaches_the_command(
 @pytest.fixture
 def cluster(monkeypatch):
     """The one-node cluster of tests/slurm/cluster.sh, or a skip saying how to start it."""
-    pytest.importorskip("submitit")
-    if shutil.which("sbatch") is None:
-        pytest.skip("sbatch is not on PATH: no SLURM here (apt-get install slurm-wlm; tests/slurm/cluster.sh start)")
-    if not (CLUSTER.parent / "slurmctld.pid").exists():
-        pytest.skip(f"the test cluster is not up (no {CLUSTER.parent / 'slurmctld.pid'}): tests/slurm/cluster.sh start")
-    monkeypatch.setenv("SLURM_CONF", str(CLUSTER))
-    if subprocess.run(["sinfo"], capture_output=True, timeout=30).returncode != 0:
-        pytest.skip("the test cluster does not answer: tests/slurm/cluster.sh start")
-
-
-def sweep_on_cluster(tiny, out, *args, strategy: str = "er"):
-    """The sweep in its own process, so that a hung cluster fails the test instead of blocking it."""
-    command = [sys.executable, "-m", "cl2r_bench", "sweep", "--config", str(tiny), "--output", str(out), "--strategy",
-               strategy, "--launcher", "slurm", *SMALL, *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
-    return done.returncode, done.stdout + done.stderr
+    monkeypatch.setenv("SLURM_CONF", cluster_environment()["SLURM_CONF"])
 
 
 @pytest.mark.slurm
@@ -301,91 +283,6 @@ def test_a_sweep_on_a_slurm_cluster_runs_what_is_missing_and_resumes_an_interrup
     assert f"resuming {out / 'iamcl2r/synthetic/er/seed3'} at task 1" in logs
     code, printed = sweep_on_cluster(tiny, out, "--seeds", "1", "3")
     assert code == 0 and "2 already complete, 0 already queued, 0 to submit" in printed and "submitted" not in printed
-
-
-def wait_until(condition, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} after {seconds} s"
-        time.sleep(0.2)
-
-
-@pytest.mark.slurm
-def test_a_job_at_its_time_limit_is_requeued_by_submitit_and_resumes(cluster, tiny, tmp_path):
-    """SLURM warns a job before its time limit with USR2 (submitit's sbatch asks for it); the test sends that
-    signal early, as the second of the run's three tasks of :data:`TASK_SECONDS` begins. submitit requeues the
-    task, whose run resumes after its last finished task once SLURM lets the requeued job start again (after the
-    cluster's ``cred_expire``, 10 s)."""
-    out = tmp_path / "out"
-    config = waiting(tiny, tmp_path)
-    code, printed = sweep_on_cluster(config, out, "--seeds", "1", "--no-wait", strategy="waiting_bct")
-    assert code == 0, printed
-    job_id = json.loads((out / "sweep" / "slurm" / "submitted.json").read_text())["iamcl2r-synthetic-waiting_bct-seed1"]
-    run = out / "iamcl2r/synthetic/waiting_bct/seed1"
-    wait_until((run / "metrics.json").exists, 300, "the job finished no task")
-    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
-    wait_until(lambda: "Restarts=1" in subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
-                                                      text=True, timeout=30).stdout, 60, "the job was not requeued")
-    code, printed = sweep_on_cluster(config, out, "--seeds", "1", strategy="waiting_bct")
-    assert code == 0 and "1 already queued, 0 to submit" in printed and "sweep: 1 done, 0 running" in printed, printed
-    log = (out / "sweep" / "slurm" / f"{job_id}_0_log.out").read_text()
-    assert "Caught signal SIGUSR2" in (out / "sweep" / "slurm" / f"{job_id}_0_log.err").read_text()
-    assert f"resuming {run} at task" in log
-    assert json.loads((run / "metrics.json").read_text())["complete"]
-
-
-WAITING_STRATEGY = Path(__file__).resolve().parent / "helpers" / "waiting_strategy.py"
-TASK_SECONDS = 12
-"""How long each task of the time-limit test lasts: the plug-in strategy waits that long before it trains one
-epoch, so the figure holds on a loaded machine too."""
-TASKS = 9
-"""Nine tasks of 12 s: 108 s, so the run outlasts the 90 s to the 2-minute limit's warning; and every attempt
-finishes a task, since SLURM may warn up to 60 s early (seen: after 76 s), 30 s after the job starts."""
-
-
-def waiting(tiny: Path, folder: Path) -> Path:
-    """:data:`TINY` with BCT waiting :data:`TASK_SECONDS` before each task (``waiting_strategy.py``)."""
-    config = yaml.safe_load(tiny.read_text())
-    config.update(strategy="waiting_bct", plugins=[str(WAITING_STRATEGY)],
-                  strategy_params={"waiting_bct": {"seconds": TASK_SECONDS}})
-    path = folder / "waiting.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def equal_tasks(tiny: Path, folder: Path) -> Path:
-    """cl2r with BCT waiting :data:`TASK_SECONDS` before each task (``waiting_strategy.py``), :data:`TASKS` tasks of
-    two classes, one epoch each, no replacement models."""
-    config = yaml.safe_load(waiting(tiny, folder).read_text())
-    config["scenario"] = "cl2r"
-    config["stream"].update(num_tasks=TASKS, initial_classes=2, increment=2)
-    config["replacement"]["tasks"] = []
-    path = folder / "equal-tasks.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-@pytest.mark.slurm
-def test_a_job_that_reaches_its_real_time_limit_is_requeued_and_trains_no_finished_task_again(cluster, tiny, tmp_path):
-    """A 2-minute limit on a run of :data:`TASKS` tasks of :data:`TASK_SECONDS` each, with requeues enough for one
-    task an attempt: SLURM warns the job 30 s before its limit (a quarter of it,
-    :func:`cl2r_bench.app.slurm.warning_seconds`), the array task stops the run (which keeps its finished tasks),
-    submitit requeues the task, and the requeued job resumes after the last finished task and completes; every
-    task is trained to its end exactly once."""
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "cl2r_bench", "sweep", "--config", str(equal_tasks(tiny, tmp_path)),
-               "--output", str(out), "--launcher", "slurm", *SMALL, "--time", "2", "--seeds", "1", "--requeues", "8"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stdout + done.stderr
-    job_id = json.loads((out / "sweep" / "slurm" / "submitted.json").read_text())["cl2r-synthetic-waiting_bct-seed1"]
-    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30).stdout
-    assert "Restarts=0" not in shown and "Restarts=" in shown, shown
-    log = (out / "sweep" / "slurm" / f"{job_id}_0_log.out").read_text()
-    assert "Caught signal SIGUSR2" in (out / "sweep" / "slurm" / f"{job_id}_0_log.err").read_text()
-    assert f"resuming {out / 'cl2r/synthetic/waiting_bct/seed1'} at task" in log
-    trained = re.findall(r"^task (\d)[^:]*: trained", log, flags=re.M)
-    assert sorted(trained) == [str(t) for t in range(TASKS)], log
-    assert json.loads((out / "cl2r/synthetic/waiting_bct/seed1/metrics.json").read_text())["complete"]
 
 
 class FakeJob:

@@ -1,7 +1,8 @@
 """Stops that do not depend on how the suite was launched (cl2r_bench/app/stops.py): a run or a sweep started with
 SIGINT ignored (as a background job of a script inherits it) still stops cleanly on SIGINT, and on SIGTERM (SLURM's
 time limit, docker stop, timeout) with exit 143; finished tasks are kept and the same command continues. The other
-core is kept busy: a guarantee that holds only on an idle machine is not one."""
+core is kept busy while a stop is handled (and while a run killed outright writes its log): a guarantee that holds
+only on an idle machine is not one."""
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.load import busy_core
 
 from cl2r_bench.app.stops import Stopped, deferred_stops, exit_code, stop_handlers
 
@@ -53,16 +55,13 @@ def test_a_run_that_inherited_an_ignored_sigint_stops_cleanly_and_resumes(tiny, 
     out = tmp_path / "out"
     command = [sys.executable, "runner.py", "--config", str(slow_config(tiny, tmp_path)), "--strategy", "er",
                "--output", str(out), "--seed", "5"]
-    load = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=ignore_sigint)
-        record = out / "iamcl2r/synthetic/er/seed5/metrics.json"
-        wait_for(record, run)
+    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=ignore_sigint)
+    record = out / "iamcl2r/synthetic/er/seed5/metrics.json"
+    wait_for(record, run)
+    with busy_core():
         run.send_signal(getattr(signal, signal_name))
         _, err = run.communicate(timeout=120)
-    finally:
-        load.kill()
     assert run.returncode == code, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines[-1].startswith(f"stopped ({'SIGTERM' if code == 143 else 'Ctrl-C / SIGINT'}): finished tasks are "
@@ -80,17 +79,14 @@ def test_a_run_killed_outright_leaves_a_log_that_names_every_task_it_saved(tiny,
     out, log = tmp_path / "out", tmp_path / "run.log"
     command = [sys.executable, "runner.py", "--config", str(slow_config(tiny, tmp_path)), "--strategy", "er",
                "--output", str(out), "--seed", "5", "--no-progress"]
-    load = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        with open(log, "w") as handle:
-            buffered = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
-            run = subprocess.Popen(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, env=buffered)
-            record = out / "iamcl2r/synthetic/er/seed5/metrics.json"
+    with open(log, "w") as handle:
+        buffered = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+        run = subprocess.Popen(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, env=buffered)
+        record = out / "iamcl2r/synthetic/er/seed5/metrics.json"
+        with busy_core():
             wait_for(record, run)
             run.kill()
             run.wait()
-    finally:
-        load.kill()
     assert run.returncode == -signal.SIGKILL and not json.loads(record.read_text())["complete"]
     assert "task 0 (replacement): trained" in log.read_text()
 

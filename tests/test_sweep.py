@@ -5,6 +5,7 @@ import os
 import sys
 
 import pytest
+from helpers.load import busy_core
 from helpers.records import valid_record
 
 from cl2r_bench.app import cli
@@ -139,12 +140,10 @@ def test_a_set_grid_runs_each_point_in_its_own_folder(tiny, tmp_path, capsys):
 def test_an_interrupted_sweep_stops_its_runs_and_the_same_command_resumes_them(tiny, tmp_path, signal_name, code):
     """kill -INT / kill -TERM of a sweep started with SIGINT ignored (as a script's background job inherits it)
     sends SIGTERM to its runs, waits for them, says so in one line and exits 130 / 143; no run keeps training as an
-    orphan, and the same command finishes the run. The machine is loaded by a busy process on the other core, as a
-    guarantee that holds only on an idle machine is not one."""
-    import os
+    orphan, and the same command finishes the run. The machine is loaded by a busy process on the other core while
+    the stop is handled, as a guarantee that holds only on an idle machine is not one."""
     import signal
     import subprocess
-    import sys
     import time
     from pathlib import Path
 
@@ -158,26 +157,22 @@ def test_an_interrupted_sweep_stops_its_runs_and_the_same_command_resumes_them(t
     command = [sys.executable, "runner.py", "sweep", "--config", str(slow), "--output", str(out), "--strategy", "er",
                "--seeds", "5"]
     root = Path(__file__).resolve().parents[1]
-    load = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        sweep_process = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-        partial = out / "iamcl2r/synthetic/er/seed5/metrics.json"
-        deadline = time.monotonic() + 240
-        while not partial.exists() and time.monotonic() < deadline and sweep_process.poll() is None:
-            time.sleep(0.2)
-        assert partial.exists(), "the run never finished its first task"
-        children = subprocess.run(["pgrep", "-P", str(sweep_process.pid)],
-                                  capture_output=True, text=True).stdout.split()
+    sweep_process = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    partial = out / "iamcl2r/synthetic/er/seed5/metrics.json"
+    deadline = time.monotonic() + 240
+    while not partial.exists() and time.monotonic() < deadline and sweep_process.poll() is None:
+        time.sleep(0.2)
+    assert partial.exists(), "the run never finished its first task"
+    children = subprocess.run(["pgrep", "-P", str(sweep_process.pid)], capture_output=True, text=True).stdout.split()
+    with busy_core():
         sweep_process.send_signal(getattr(signal, signal_name))
         _, err = sweep_process.communicate(timeout=120)
-        assert sweep_process.returncode == code, err
-        assert "sweep stopped (" in err and "1 running run(s) stopped" in err and "Traceback" not in err
-        for child in map(int, children):
-            with pytest.raises(ProcessLookupError):
-                os.kill(child, 0)
-    finally:
-        load.kill()
+    assert sweep_process.returncode == code, err
+    assert "sweep stopped (" in err and "1 running run(s) stopped" in err and "Traceback" not in err
+    for child in map(int, children):
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
     finished = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr
     assert json.loads((out / "iamcl2r/synthetic/er/seed5/metrics.json").read_text())["complete"]

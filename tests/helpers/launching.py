@@ -1,9 +1,12 @@
 """Launching the suite as its users do: torchrun with two processes on a free port, a rank's environment, and
 the one-node SLURM test cluster (``tests/slurm/cluster.sh``) with the small resources its jobs ask for."""
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
@@ -31,3 +34,37 @@ CLUSTER = Path(os.environ.get("CL2R_SLURM_DIR", "/tmp/cl2r-slurm")) / "slurm.con
 
 
 SMALL = ["--gpus-per-job", "0", "--cpus-per-job", "1", "--mem-per-job", "1", "--time", "10"]
+
+
+def cluster_environment() -> dict[str, str]:
+    """The environment that reaches the one-node cluster of tests/slurm/cluster.sh, or a skip saying how to start
+    it."""
+    import pytest
+
+    pytest.importorskip("submitit")
+    if shutil.which("sbatch") is None:
+        pytest.skip("sbatch is not on PATH: no SLURM here (apt-get install slurm-wlm; tests/slurm/cluster.sh start)")
+    if not (CLUSTER.parent / "slurmctld.pid").exists():
+        pytest.skip(f"the test cluster is not up (no {CLUSTER.parent / 'slurmctld.pid'}): tests/slurm/cluster.sh start")
+    environment = dict(os.environ, SLURM_CONF=str(CLUSTER))
+    if subprocess.run(["sinfo"], capture_output=True, timeout=30, env=environment).returncode != 0:
+        pytest.skip("the test cluster does not answer: tests/slurm/cluster.sh start")
+    return environment
+
+
+def sweep_on_cluster(config: Path, out: Path, *args: str, strategy: str = "er",
+                     environment: dict[str, str] | None = None) -> tuple[int, str]:
+    """``sweep --launcher slurm`` with :data:`SMALL` resources in its own process, so that a hung cluster fails the
+    test instead of blocking it; the exit code and what it printed."""
+    command = [sys.executable, "-m", "cl2r_bench", "sweep", "--config", str(config), "--output", str(out),
+               "--strategy", strategy, "--launcher", "slurm", *SMALL, *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=environment)
+    return done.returncode, done.stdout + done.stderr
+
+
+def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
+    """Poll ``condition`` every 0.2 s; fail with ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} after {seconds} s"
+        time.sleep(0.2)

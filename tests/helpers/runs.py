@@ -1,6 +1,10 @@
 """The small run the tests share and what they do to runs: :data:`TINY`, a 3-task IAM-CL2R run on generated data in
 a few seconds (the ``tiny`` fixture of conftest.py writes it as a config), an interrupt at a chosen task, and the
 authors' released matrices."""
+from pathlib import Path
+
+import yaml
+
 from cl2r_bench.reporting.published import IAMCL2R_RELEASED
 
 # A 3-task IAM-CL2R run on generated data in a few seconds: replacements at tasks 0 and 2.
@@ -15,6 +19,17 @@ TINY = {
     "training": {"epochs": 1, "batch_size": 32, "new_batch_size": 16, "memory_batch_size": 16, "progress": False},
     "evaluation": {"heldout_classes": 6, "queries_per_class": None, "plots": True},
 }
+
+
+def tiny_config(folder: Path) -> Path:
+    """Write :data:`TINY` as ``folder/tiny.yaml``, caching its replacement models under ``folder/cache``; its
+    path."""
+    config = dict(TINY, replacement=dict(TINY["replacement"], pretrain=dict(
+        TINY["replacement"]["pretrain"], cache_dir=str(folder / "cache"))))
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
 
 # METHODS.md §2: the authors' released 7-task d-Simplex-HOC and ER matrices (percent).
 HOC_REFERENCE_ROWS = IAMCL2R_RELEASED["matrices"]["dsimplex_hoc"]

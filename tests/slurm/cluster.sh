@@ -14,7 +14,9 @@
 # (seen once in CI: the node was not idle after 30 s), so a node not idle in 15 s is resumed and its slurmd
 # restarted, and a node that stays down prints its state and the daemons' logs. A cluster is started with empty
 # state and spool folders: a run killed before `stop` (seen in CI) leaves an allocated job that slurmctld would
-# recover, and the node then never becomes idle.
+# recover, and the node then never becomes idle. The node offers at least 4 CPUs whatever the machine has
+# (SlurmdParameters=config_overrides): the time-limit tests' two jobs spend their time waiting, and with slots
+# for two more the other tests' jobs never queue behind them.
 set -euo pipefail
 
 DIR=${CL2R_SLURM_DIR:-/tmp/cl2r-slurm}
@@ -49,7 +51,8 @@ SelectTypeParameters=CR_Core_Memory
 MpiDefault=none
 ReturnToService=2
 KillWait=2
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=$memory State=UNKNOWN
+SlurmdParameters=config_overrides
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=$(( $(nproc) > 4 ? $(nproc) : 4 )) RealMemory=$memory State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 CONF
 }
