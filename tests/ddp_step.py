@@ -1,11 +1,13 @@
-"""One training step of a strategy with a teacher and a replay memory, in one process or under torchrun; saves the
-loss and every parameter's change (``tests/test_distributed.py``).
+"""One training step of each named strategy with a teacher and a replay memory, in one process or under torchrun;
+saves each one's loss and every parameter's change as ``FOLDER/<strategy>.pt`` (``tests/test_distributed.py``): one
+launch serves every strategy.
 
 The model has no batch norm: with it, plain DDP normalises each rank's share by its own statistics, which one
 process on the global batch cannot reproduce (``distributed.sync_batchnorm`` syncs them, on GPUs only).
 """
 import copy
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -30,7 +32,12 @@ PARAMS = {"bt2": {"added_dims": 8}}
 the new basis P never meets a loss (a property of the method's widths, as in the authors' code)."""
 
 
-def main(out: str, name: str) -> None:
+def main(folder: str, *names: str) -> None:
+    for name in names:
+        one_step(Path(folder) / f"{name}.pt", name)
+
+
+def one_step(out: Path, name: str) -> None:
     strategy = get_strategy(name).from_params(PARAMS.get(name, {}))
     torch.manual_seed(0)
     def plain(head: str, **options) -> nn.Module:
@@ -66,4 +73,4 @@ def main(out: str, name: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

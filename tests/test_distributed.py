@@ -52,9 +52,22 @@ def test_the_ranks_shares_of_each_batch_are_the_one_process_batch_with_its_crops
         assert sizes == [len(labels)] and all(p[3] == [len(q[1]) for q in parts] for p in parts)
 
 
+STEPPED = ["fd", "dsimplex_hoc", "advbct", "bt2"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_steps(tmp_path_factory) -> Path:
+    """The folder where one torchrun launch of two gloo ranks saved a step of each of :data:`STEPPED`."""
+    folder = tmp_path_factory.mktemp("two-ranks")
+    result = torchrun(str(TESTS / "ddp_step.py"), str(folder), *STEPPED)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return folder
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["fd", "dsimplex_hoc", "advbct", "bt2"])
-def test_two_gloo_ranks_give_the_loss_and_gradients_of_one_process_on_the_global_batch(strategy, tmp_path):
+@pytest.mark.parametrize("strategy", STEPPED)
+def test_two_gloo_ranks_give_the_loss_and_gradients_of_one_process_on_the_global_batch(strategy, two_rank_steps,
+                                                                                       tmp_path):
     """FD: per-sample terms, the teacher, the replay half; d-Simplex-HOC: a batch-level term (pairs across the
     whole global batch), which needs the gathered outputs; AdvBCT: the strategy's own trained modules (its
     discriminator, with batch norm, and elastic boundary), not wrapped by DDP, each rank computing their gradient
@@ -62,13 +75,11 @@ def test_two_gloo_ranks_give_the_loss_and_gradients_of_one_process_on_the_global
     gradient) and an independent model's. The gathered batch holds the ranks' shares one after the other, so its
     sums run in another order than one process's: the loss agrees within float32 rounding (2e-6 relative; AdvBCT's
     came to 1.1e-6)."""
-    from ddp_step import main as one_step
+    from ddp_step import one_step
 
-    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    one_step(str(one), strategy)
-    result = torchrun(str(TESTS / "ddp_step.py"), str(two), strategy)
-    assert result.returncode == 0, result.stderr[-2000:]
-    a, b = torch.load(one), torch.load(two)
+    one = tmp_path / "one.pt"
+    one_step(one, strategy)
+    a, b = torch.load(one), torch.load(two_rank_steps / f"{strategy}.pt")
     from strategies import get_strategy
 
     images = 64 + 64 if get_strategy(strategy).uses_memory else 96    # 64 new + 64 replayed, or the 96 new alone

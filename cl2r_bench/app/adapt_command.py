@@ -46,7 +46,7 @@ def command_adapt(args: argparse.Namespace) -> int:
         raise UsageError("under torchrun, adapt shares a streamed test split's passes between the processes: add "
                          "--set model_update.stream_rows=65536 (with a folder of .npy files); in memory, run adapt "
                          "in one process")
-    connect(processes, launch, device)
+    connect(processes, launch, device, trains=False)
     try:
         return adapt_study(args, settings, processes, device)
     finally:
