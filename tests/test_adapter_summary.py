@@ -179,6 +179,34 @@ def test_the_chosen_deployment_is_the_cheapest_that_reaches_95_percent_of_new_ne
     assert chosen_deployment(low_target, upgrade).startswith("re-embed all"), "below old/old is no upgrade"
 
 
+@pytest.mark.parametrize("adapted, reaches", [(66.6, True), (66.4, False)])
+def test_the_recommendation_and_the_deployment_read_one_estimate_at_the_boundary(adapted, reaches):
+    """An adapter with both maps (λ-orth): its backfilling curve at β = 0 is B/F, the stored vectors rewritten
+    through F and queries through B, a deployment of its own beside B/old. B/old (66.4) is short of 0.95 × 70.0 =
+    66.5; B/F at 66.6 reaches it, at 66.4 it does not: the recommendation and the chosen deployment say the same
+    either way (they once read B/F's curve and B/old's case and disagreed, seen at 53.9 against a target of 54.0)."""
+    records = with_new_new([record("lambda_orth", s, cross="B/old", cross_top1=66.4, hits=np.arange(N) < int(N * 0.664),
+                                   auc=68.0, curve=[adapted, 68.0, 70.0], fit={"converged": True, "steps": 900})
+                            for s in (0, 1)], np.arange(N) < int(N * 0.7))
+    for r in records:
+        r["retrieval"]["cases"].update({"F/F": {"top1": 60.0}, "B/F": {"top1": adapted}})
+    answer = summary_json(records)
+    plan = {d["case"]: d for d in answer["deployments"]["lambda_orth"]}
+    assert list(plan) == ["old/old", "B/old", "B/F" if reaches else "backfilled", "new/new"]
+    if reaches:
+        assert "the adapted gallery already gives 95% of new/new's top-1 with nothing re-embedded" in \
+            answer["recommendation"]
+        assert (plan["B/F"]["top1"], plan["B/F"]["vectors_rewritten"], plan["B/F"]["images_reembedded"]) == \
+            (66.6, N, 0)
+        assert answer["deployment"].startswith("rewrite every stored vector through F, no image read, new queries "
+                                               "through B (B/F, top-1 66.6): the cheapest that reaches 95%")
+    else:
+        assert "re-embedding 50% of the gallery (random order) reaches 95% of new/new's top-1" in \
+            answer["recommendation"]
+        assert answer["deployment"].startswith("re-embed 50% of the images (random order), the others through F "
+                                               "(backfilled, top-1 68.0)")
+
+
 def test_the_negative_flips_stand_beside_the_gain_for_the_cross_case_and_every_deployment():
     """old/old hits the first half of the queries; the cross case hits the first 60 %: it flips none of old/old's
     hits. A case that hits queries 100-339 instead loses old/old's queries 0-99: 100 of 400, 25 %."""
@@ -211,13 +239,13 @@ def test_a_dual_query_is_the_cross_case_and_a_deployment_that_keeps_the_old_enco
 
 
 def test_the_cost_figure_puts_each_deployment_at_its_step_of_cost_cheapest_first():
-    from cl2r_bench.reporting.cost_figure import COST_STEPS, deployment_cost_figure, deployment_points
+    from cl2r_bench.reporting.cost_figure import COST_ORDER, deployment_cost_figure, deployment_points
     from cl2r_bench.reporting.plots import png_bytes
 
     records = with_new_new(study(), np.arange(N) < int(N * 0.7))
     rows = summarise(records)
     points = deployment_points(rows, records)
-    assert COST_STEPS == ("old/old", "B/old", "new/F", "old+new/old", "backfilled", "new/new")   # the answer's order
-    assert points["lambda_orth"] == [(1, 60.0, ""), (4, 67.0, "50%")]
+    assert COST_ORDER == ("old/old", "B/old", "new/F", "B/F", "old+new/old", "backfilled", "new/new")
+    assert points["lambda_orth"] == [(1, 60.0, ""), (5, 67.0, "50%")]
     assert points["procrustes"][0] == (1, 50.0, "")
     assert png_bytes(deployment_cost_figure, "t", rows, records).startswith(b"\x89PNG")

@@ -87,12 +87,18 @@ def paired_gain_interval(cross: np.ndarray, baseline: np.ndarray, confidence: fl
     return float(difference.mean() * 100), (float(low), float(high))
 
 
-def reembed_share(betas: list[float], top1: list[float], full: float | None = None,
-                  target: float = BACKFILL_TARGET) -> float | None:
-    """The first β of the grid whose top-1 reaches ``target`` times ``full``: new/new's top-1, the one target every
-    adapter is held to (default: the curve's own top-1 at β = 1); None where the curve never reaches it."""
-    goal = target * (top1[-1] if full is None else full)
-    return next((beta for beta, value in zip(betas, top1, strict=True) if value >= goal - 1e-9), None)
+def reaches_target(top1: float, full: float) -> bool:
+    """Whether ``top1`` reaches :data:`BACKFILL_TARGET` of new/new's ``full`` (to float rounding): the one test of the
+    share to re-embed and of the deployment to run, so the two never disagree at the boundary."""
+    return top1 >= BACKFILL_TARGET * full - 1e-9
+
+
+def reembed_share(betas: list[float], top1: list[float], full: float | None = None) -> float | None:
+    """The first β of the grid whose top-1 reaches the target share of ``full`` (:func:`reaches_target`): new/new's
+    top-1, the one target every adapter is held to (default: the curve's own top-1 at β = 1); None where the curve
+    never reaches it."""
+    full = top1[-1] if full is None else full
+    return next((beta for beta, value in zip(betas, top1, strict=True) if reaches_target(value, full)), None)
 
 
 def _best_backfilling(records: list[dict[str, Any]]) -> tuple[str | None, float | None, float | None]:

@@ -1,13 +1,13 @@
 """Every deployment of an adapter study on one figure: top-1 against what it costs to deploy (docs/METHODS.md §7b),
 the deployments of :mod:`cl2r_bench.reporting.deployments` on one axis of cost, cheapest first, one colour per adapter.
 
-The cost axis follows the answer's own cost rule (:data:`cl2r_bench.reporting.deployments.DEPLOYMENTS`): keep the old
-model;
-new queries through B against the untouched index; stored vectors rewritten through F without reading an image;
-both encoders per query against the untouched index; a share of the images re-embedded (the share that reaches
-95 % of new/new, in the adapter's legend entry); every image re-embedded. old/old and new/new are the two ends, the
-same for every adapter, drawn as lines; each adapter's legend entry carries its fit time. The figure answers where each
-adapter sits on accuracy against what its deployment costs, which the summary table gives as numbers."""
+The cost axis follows the answer's own cost rule (:data:`cl2r_bench.reporting.deployments.COST_ORDER`): keep the old
+model; new queries through B against the untouched index; stored vectors rewritten through F without reading an
+image, with new queries as they are or through B; both encoders per query against the untouched index; a share of
+the images re-embedded (the share that reaches 95 % of new/new, in the adapter's legend entry); every image
+re-embedded. old/old and new/new are the two ends, the same for every adapter, drawn as lines; each adapter's legend
+entry carries its fit time. The figure answers where each adapter sits on accuracy against what its deployment
+costs, which the summary table gives as numbers."""
 from __future__ import annotations
 
 from typing import Any
@@ -15,26 +15,24 @@ from typing import Any
 from benchmarks.record import DUAL_CASE
 
 from .adapter_summary import BACKFILL_TARGET, AdapterSummary
-from .deployments import DEPLOYMENTS, deployments
+from .deployments import COST_ORDER, deployments
 from .plots import adapter_colour
 
 STEP_LABELS = {"old/old": "keep the\nold model", "B/old": "new + B\nper query",
-               "new/F": "stored vectors\nrewritten (F)", DUAL_CASE: "old + new\nper query",
+               "new/F": "stored vectors\nrewritten (F)", "B/F": "rewritten (F),\nnew + B per query",
+               DUAL_CASE: "old + new\nper query",
                "backfilled": "a share of images\nre-embedded", "new/new": "every image\nre-embedded"}
-COST_STEPS = (*(case for _, case, *_ in DEPLOYMENTS[:-1]), "backfilled", DEPLOYMENTS[-1][1])
-"""The cases of the cost axis, cheapest first: the answer's own order (:data:`DEPLOYMENTS`), with a partial
-backfilling before re-embedding everything, as :func:`cl2r_bench.reporting.deployments.deployments` lists them."""
 ENDS = ("old/old", "new/new")
 
 
 def deployment_points(rows: list[AdapterSummary],
                       runs: list[dict[str, Any]]) -> dict[str, list[tuple[int, float, str]]]:
     """``{adapter: [(cost step, top-1, note)]}``: each adapter's deployments between the two ends, at their step of
-    :data:`COST_STEPS`; the note is the share of images a backfilled deployment re-embeds. An adapter with none is
+    :data:`COST_ORDER`; the note is the share of images a backfilled deployment re-embeds. An adapter with none is
     left out."""
     points = {}
     for row in rows:
-        found = [(COST_STEPS.index(d.case), d.top1, f"{row.reembed_share:.0%}" if d.case == "backfilled" else "")
+        found = [(COST_ORDER.index(d.case), d.top1, f"{row.reembed_share:.0%}" if d.case == "backfilled" else "")
                  for d in deployments(row, runs) if d.case not in ENDS]
         if found:
             points[row.adapter] = found
@@ -57,12 +55,12 @@ def deployment_cost_figure(plt, title: str, rows: list[AdapterSummary], runs: li
                 color=adapter_colour(plt, rows, adapter),
                 label=f"{adapter} (fit {fits[adapter]:.0f} s{''.join(shares)})")
     ax.plot([0], [old], marker="s", color="black")
-    ax.plot([len(COST_STEPS) - 1], [new], marker="s", color="black")
+    ax.plot([len(COST_ORDER) - 1], [new], marker="s", color="black")
     ax.axhline(old, color="black", linestyle="--", linewidth=1)
     ax.axhline(BACKFILL_TARGET * new, color="grey", linestyle=":", linewidth=1)
     ax.axhline(new, color="grey", linestyle="-", linewidth=0.8)
-    ax.set_xticks(range(len(COST_STEPS)), [STEP_LABELS[case] for case in COST_STEPS], fontsize=7)
-    ax.set_xlim(-0.5, len(COST_STEPS) - 0.5)
+    ax.set_xticks(range(len(COST_ORDER)), [STEP_LABELS[case] for case in COST_ORDER], fontsize=7)
+    ax.set_xlim(-0.5, len(COST_ORDER) - 0.5)
     ax.set_xlabel("what the deployment costs, cheapest first")
     ax.set_ylabel(f"top-1 (%); dashed: old/old {old:.1f}, dotted: {BACKFILL_TARGET:.0%} of new/new {new:.1f}",
                   fontsize=7)

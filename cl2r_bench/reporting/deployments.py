@@ -12,7 +12,15 @@ from tabulate import tabulate
 
 from benchmarks.record import BASELINE, DUAL_CASE
 
-from .adapter_summary import BACKFILL_TARGET, AdapterSummary, ModelsVerdict, flips_cell, mean_flips, recommended
+from .adapter_summary import (
+    BACKFILL_TARGET,
+    AdapterSummary,
+    ModelsVerdict,
+    flips_cell,
+    mean_flips,
+    reaches_target,
+    recommended,
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,10 @@ DEPLOYMENTS = (
 """``(deployment, case, query encoders, vectors rewritten?, share of images re-embedded)``, cheapest first: [choice]
 rewriting the stored vectors once without reading an image ranks below running a second encoder on every query for
 as long as the old index serves, and that below re-embedding images (docs/METHODS.md §7b)."""
+COST_ORDER = (*(case for _, case, *_ in DEPLOYMENTS[:3]), "B/F", DUAL_CASE, "backfilled", "new/new")
+"""Every deployment's case, cheapest first: :data:`DEPLOYMENTS` with the backfilling curve's own galleries
+(:func:`_backfilled`): at a share of 0 with both maps, B/F (the vectors rewritten through F, B per query) beside
+new/F; a share of the images re-embedded before all of them."""
 
 
 def deployments(row: AdapterSummary, records: list[dict[str, Any]]) -> list[Deployment]:
@@ -65,18 +77,37 @@ def deployments(row: AdapterSummary, records: list[dict[str, Any]]) -> list[Depl
         fit = row.fit_seconds if case in ("B/old", "new/F", DUAL_CASE) else 0.0
         found.append(Deployment(name, case, top1(case), encoders, items if rewrites else 0, round(share * items), fit,
                                 None if case == BASELINE else mean_flips(own, case)))
-    if row.reembed_share and row.reembed_share < 1:
-        curves = [r["retrieval"]["backfilling"] for r in own]
-        at = curves[0]["betas"].index(row.reembed_share)
-        value = float(np.mean([c["curves"][row.backfill_order]["top1"][at] for c in curves]))
-        images = round(row.reembed_share * items)
-        forward = all(c.get("F/F") for c in cases)
-        found.insert(-1, Deployment(
-            f"re-embed {row.reembed_share:.0%} of the images ({row.backfill_order} order), the others "
-            f"{'through F' if forward else 'as stored'}", "backfilled", value,
-            "new + B" if all(c.get("B/old") for c in cases) else "new", items - images if forward else 0, images,
-            row.fit_seconds))
-    return found
+    backfilled = _backfilled(row, own, cases, items)
+    if backfilled is not None:
+        found.append(backfilled)
+    return sorted(found, key=lambda d: COST_ORDER.index(d.case))
+
+
+def _backfilled(row: AdapterSummary, own: list[dict[str, Any]], cases: list[dict[str, Any]],
+                items: int) -> Deployment | None:
+    """The gallery of ``row``'s backfilling curve at the share that reaches the target
+    (:attr:`AdapterSummary.reembed_share`), read from the curve itself, the one estimate the recommendation reads
+    too: a share of the images re-embedded, the others through F where the adapter has a forward map, queries
+    through B where it has one. At a share of 0 with both maps it is B/F (every stored vector rewritten, no image
+    read); with one map it is B/old or new/F, listed already; None at a share of 1 (new/new) or without one."""
+    share = row.reembed_share
+    if share is None or share == 1:
+        return None
+    forward = all(c.get("F/F") for c in cases)
+    backward = all(c.get("B/old") for c in cases)
+    if share == 0 and not (forward and backward):
+        return None
+    curves = [r["retrieval"]["backfilling"] for r in own]
+    at = curves[0]["betas"].index(share)
+    value = float(np.mean([c["curves"][row.backfill_order]["top1"][at] for c in curves]))
+    images = round(share * items)
+    encoders = "new + B" if backward else "new"
+    if share == 0:
+        return Deployment("rewrite every stored vector through F, no image read, new queries through B", "B/F", value,
+                          encoders, items, 0, row.fit_seconds, mean_flips(own, "B/F"))
+    return Deployment(f"re-embed {share:.0%} of the images ({row.backfill_order} order), the others "
+                      f"{'through F' if forward else 'as stored'}", "backfilled", value, encoders,
+                      items - images if forward else 0, images, row.fit_seconds)
 
 
 def chosen_deployment(plan: list[Deployment], verdict: ModelsVerdict | None) -> str:
@@ -95,7 +126,7 @@ def chosen_deployment(plan: list[Deployment], verdict: ModelsVerdict | None) -> 
     if full is None:
         return ""
     target = BACKFILL_TARGET * full.top1
-    chosen = next(d for d in plan if d.case == "new/new" or (d.case != "old/old" and d.top1 >= target
+    chosen = next(d for d in plan if d.case == "new/new" or (d.case != "old/old" and reaches_target(d.top1, full.top1)
                                                                 and d.top1 > old.top1))
     costs = (f"{chosen.query_encoders} per query, {chosen.vectors_rewritten} vectors rewritten, "
              f"{chosen.images_reembedded} images re-embedded")
