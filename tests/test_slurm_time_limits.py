@@ -16,7 +16,7 @@ import yaml
 from helpers.launching import SMALL, cluster_environment, sweep_on_cluster, wait_until
 from helpers.runs import tiny_config
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 WAITING_STRATEGY = Path(__file__).resolve().parent / "helpers" / "waiting_strategy.py"
 TASK_SECONDS = 12
@@ -58,7 +58,8 @@ def environment() -> dict[str, str]:
 def real_limit_sweep(environment, tmp_path_factory):
     """A 2-minute limit on a run of :data:`TASKS` tasks of :data:`TASK_SECONDS` each, with requeues enough for one
     task an attempt, submitted and followed by a sweep in its own process from the module's start; its process and
-    results folder. A job left on the cluster when the module ends early is cancelled."""
+    results folder. When the module ends early, the sweep is stopped (SIGTERM, as a user would) and its jobs are
+    cancelled."""
     folder = tmp_path_factory.mktemp("real-limit")
     out = folder / "out"
     command = [sys.executable, "-m", "cl2r_bench", "sweep", "--config", str(equal_tasks(tiny_config(folder), folder)),
@@ -66,8 +67,12 @@ def real_limit_sweep(environment, tmp_path_factory):
     sweep = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment)
     yield sweep, out
     if sweep.poll() is None:
-        sweep.kill()
-        sweep.communicate()
+        sweep.terminate()
+        try:
+            sweep.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            sweep.kill()
+            sweep.communicate()
     submitted = out / "sweep" / "slurm" / "submitted.json"
     if submitted.exists():
         subprocess.run(["scancel", *json.loads(submitted.read_text()).values()], env=environment, timeout=30)

@@ -1,8 +1,8 @@
 """Stops that do not depend on how the suite was launched (cl2r_bench/app/stops.py): a run or a sweep started with
 SIGINT ignored (as a background job of a script inherits it) still stops cleanly on SIGINT, and on SIGTERM (SLURM's
-time limit, docker stop, timeout) with exit 143; finished tasks are kept and the same command continues. The other
-core is kept busy while a stop is handled (and while a run killed outright writes its log): a guarantee that holds
-only on an idle machine is not one."""
+time limit, docker stop, timeout) with exit 143; finished tasks are kept and the same configuration with
+``--resume`` continues (in the test's process). The other core is kept busy while a stop is handled (and while a run
+killed outright writes its log): a guarantee that holds only on an idle machine is not one."""
 import json
 import os
 import signal

@@ -1,7 +1,7 @@
 """Every deployment an adapter study's answer compares (docs/METHODS.md §7b), with what it costs: keep the old model,
-new queries through B against the untouched index, stored vectors rewritten through F, both encoders per query, a
-share of the images re-embedded, every image re-embedded; and the one to run, by a cost rule
-(:func:`chosen_deployment`)."""
+new queries through B against the untouched index, stored vectors rewritten through F (new queries as they are, or
+through B: B/F), both encoders per query, a share of the images re-embedded, every image re-embedded; and the one to
+run, by a cost rule (:func:`chosen_deployment`)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -52,17 +52,17 @@ DEPLOYMENTS = (
 """``(deployment, case, query encoders, vectors rewritten?, share of images re-embedded)``, cheapest first: [choice]
 rewriting the stored vectors once without reading an image ranks below running a second encoder on every query for
 as long as the old index serves, and that below re-embedding images (docs/METHODS.md §7b)."""
-COST_ORDER = (*(case for _, case, *_ in DEPLOYMENTS[:3]), "B/F", DUAL_CASE, "backfilled", "new/new")
+_CASES = [case for _, case, *_ in DEPLOYMENTS]
+COST_ORDER = (*_CASES[:3], "B/F", *_CASES[3:-1], "backfilled", _CASES[-1])
 """Every deployment's case, cheapest first: :data:`DEPLOYMENTS` with the backfilling curve's own galleries
 (:func:`_backfilled`): at a share of 0 with both maps, B/F (the vectors rewritten through F, B per query) beside
 new/F; a share of the images re-embedded before all of them."""
 
 
 def deployments(row: AdapterSummary, records: list[dict[str, Any]]) -> list[Deployment]:
-    """The deployments ``row``'s adapter offers (those whose case its records hold), with the partial backfilling
-    that reaches 95 % of new/new (:attr:`AdapterSummary.reembed_share`; the gallery's other items are its old
-    vectors through F where the adapter has a forward map, as the backfilling curves are measured), cheapest
-    first; seed means of top-1."""
+    """The deployments ``row``'s adapter offers (those whose case its records hold), with the gallery of its
+    backfilling curve that reaches 95 % of new/new (:func:`_backfilled`: a share of the images re-embedded, or B/F
+    with none), in :data:`COST_ORDER`; seed means of top-1."""
     items = int((records[0].get("models") or {}).get("test_items") or records[0]["retrieval"]["queries"])
     own = [r for r in records if r["method"] == row.adapter]
     cases = [r["retrieval"]["cases"] for r in own]
@@ -87,16 +87,17 @@ def _backfilled(row: AdapterSummary, own: list[dict[str, Any]], cases: list[dict
                 items: int) -> Deployment | None:
     """The gallery of ``row``'s backfilling curve at the share that reaches the target
     (:attr:`AdapterSummary.reembed_share`), read from the curve itself, the one estimate the recommendation reads
-    too: a share of the images re-embedded, the others through F where the adapter has a forward map, queries
-    through B where it has one. At a share of 0 with both maps it is B/F (every stored vector rewritten, no image
-    read); with one map it is B/old or new/F, listed already; None at a share of 1 (new/new) or without one."""
+    too: a share of the images re-embedded, the others through F where the adapter has a forward map. At a share of
+    0 the curve's stale end is a case of the study: B/F where the records hold it (both maps, F not into the new
+    space: every stored vector rewritten, no image read, queries through B), a deployment of its own; any other
+    case is listed already. None at a share of 1 (new/new) or without a share."""
     share = row.reembed_share
     if share is None or share == 1:
         return None
+    if share == 0 and not all(c.get("B/F") for c in cases):
+        return None
     forward = all(c.get("F/F") for c in cases)
     backward = all(c.get("B/old") for c in cases)
-    if share == 0 and not (forward and backward):
-        return None
     curves = [r["retrieval"]["backfilling"] for r in own]
     at = curves[0]["betas"].index(share)
     value = float(np.mean([c["curves"][row.backfill_order]["top1"][at] for c in curves]))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A one-node SLURM cluster on this machine for tests/test_slurm.py: `cluster.sh start` writes its
+# A one-node SLURM cluster on this machine for tests/test_slurm*.py: `cluster.sh start` writes its
 # slurm.conf into $CL2R_SLURM_DIR (default /tmp/cl2r-slurm) and starts munged, slurmctld and slurmd; `cluster.sh
 # stop` cancels every job, waits for an empty queue and stops the daemons. Needs root and Debian's slurm-wlm
 # (apt-get install -y slurm-wlm). The clients find the cluster with SLURM_CONF=$CL2R_SLURM_DIR/slurm.conf, so a
