@@ -49,7 +49,7 @@ import torch
 from benchmarks.avalanche_plugin import CompatibilityPlugin
 from cl2r_bench.app.assembly import assemble
 from cl2r_bench.config import resolve
-from cl2r_bench.data.streams import avalanche_warnings_filtered
+from cl2r_bench.data.avalanche_import import avalanche_warnings_filtered
 from cl2r_bench.models import RetrievalModel
 from cl2r_bench.training.avalanche import LogitsOnly, ReplacementPlugin
 

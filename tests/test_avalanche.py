@@ -13,7 +13,8 @@ import torch
 
 from benchmarks.avalanche_plugin import CompatibilityPlugin
 from benchmarks.retrieval import CompatibilityEvaluator
-from cl2r_bench.data.streams import avalanche_warnings_filtered, build_stream
+from cl2r_bench.data.avalanche_import import DeferredModule, avalanche_warnings_filtered
+from cl2r_bench.data.streams import build_stream
 from cl2r_bench.models import CheckpointError, build_model
 from cl2r_bench.training.avalanche import (
     AvalancheStrategyError,
@@ -171,6 +172,20 @@ def test_naive_trains_the_model_the_run_loop_hands_it_also_after_a_replacement(s
                                       SETTINGS, device="cpu")
     assert replacement.head.classifier.weight.shape == (12, 16)
     assert not torch.equal(grown[8:], replacement.head.classifier.weight[8:])
+
+
+def test_gem_solves_its_quadratic_programs_with_the_qpsolvers_the_suite_deferred(stream):
+    """GEM projects the gradient with qpsolvers from the second experience on; the suite deferred qpsolvers at
+    Avalanche's import (cl2r_bench/data/avalanche_import.py), so this is its first use, and it trains."""
+    model = small_model(stream, num_classes=stream.tasks[1].num_seen_classes)
+    strategy, _ = train_on_experience(None, "avalanche:GEM", {"patterns_per_exp": 8}, model,
+                                      stream.tasks[0].experience, SETTINGS, device="cpu")
+    before = copy.deepcopy(model.state_dict())
+    strategy, timing = train_on_experience(strategy, "avalanche:GEM", {"patterns_per_exp": 8}, model,
+                                           stream.tasks[1].experience, SETTINGS, device="cpu")
+    assert timing["iterations"] == 3 and timing["final_loss"] > 0
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not isinstance(sys.modules["qpsolvers"], DeferredModule)
 
 
 def test_rebind_gives_the_strategy_the_new_model_and_optimizer(stream):

@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from cl2r_bench.adapt import embedded, study_images
 from cl2r_bench.config import config_text
 from cl2r_bench.errors import UsageError
 from cl2r_bench.feature_cache import Sharding
@@ -59,6 +58,8 @@ def this_worker(args: argparse.Namespace) -> Sharding:
 
 def embed_study(parts: Any, sharding: Sharding, log: Any = print) -> None:
     """Embed (or find cached) the study's splits under both encoders, this worker's shards first."""
+    from cl2r_bench.adapt import embedded, study_images  # here: every command's parser imports this module
+
     settings = parts.settings
     device = parts.device
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:

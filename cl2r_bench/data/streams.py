@@ -28,9 +28,6 @@ Closed set (the stream's own classes, for the BCT line's two-model protocol, ``s
 """
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .avalanche_import import avalanche_warnings_filtered
 from .datasets import DataError, DataSplits, ImageSet, load_dataset
 from .transforms import CROP_PADDING
 
@@ -110,23 +108,6 @@ def relabel(images: ImageSet, class_order: list[int]) -> ImageSet:
     lookup = torch.full((max(class_order) + 1,), -1, dtype=torch.long)
     lookup[torch.tensor(class_order)] = torch.arange(len(class_order))
     return ImageSet(images.images, lookup[images.labels])
-
-
-@contextlib.contextmanager
-def avalanche_warnings_filtered() -> Iterator[None]:
-    """Silence Avalanche 0.6's known warnings on this stack, and only those: qpsolvers' and JAXopt's at import, an
-    evaluator without loggers, the replay buffers' deprecated ``update`` (Replay, ER_ACE, MIR: once per
-    experience), and NumPy 2 / PyTorch indexing deprecations inside EWC, MAS and SynapticIntelligence. Any other
-    warning still shows."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*QP solver.*")
-        warnings.filterwarnings("ignore", message="JAXopt is no longer maintained", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", message="No loggers specified")
-        warnings.filterwarnings("ignore", message="Call to deprecated function update", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", message="__array_wrap__ must accept context", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", message="Using a non-tuple sequence for multidimensional indexing",
-                                category=UserWarning)
-        yield
 
 
 class CropFlip:

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cl2r_bench.data.streams import avalanche_warnings_filtered
+from cl2r_bench.data.avalanche_import import avalanche_warnings_filtered
 from cl2r_bench.errors import ConfigError
 from cl2r_bench.heads import DSimplexHead
 from cl2r_bench.models import NonFiniteError, RetrievalModel, first_nonfinite_tensor, load_replacement

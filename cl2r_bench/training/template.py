@@ -15,11 +15,11 @@ module imports Avalanche (seconds), so :func:`~cl2r_bench.training.loop.train_ta
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 import torch.nn.functional as F
 
+from cl2r_bench.data.avalanche_import import avalanche_warnings_filtered
 from cl2r_bench.distributed import Processes
 from cl2r_bench.models import NonFiniteError, RetrievalModel, first_nonfinite_tensor
 from cl2r_bench.settings import TrainSettings
@@ -28,8 +28,7 @@ from cl2r_bench.tracking import Tracker
 
 from .engine import DeviceBatches, EpochHook, ReplayMemory, scheduled_lr
 
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message=".*QP solver.*")
+with avalanche_warnings_filtered():
     from avalanche.training.templates import SupervisedTemplate
 
 
