@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 from helpers.load import busy_core
+from helpers.runs import waiting_config
 
 from cl2r_bench.app import cli as runner
 from cl2r_bench.files import exclusive
@@ -200,18 +201,19 @@ def test_missing_replacement_checkpoints_are_named_before_any_data_is_read(tiny,
 
 
 @pytest.mark.slow
-def test_a_second_run_on_a_held_folder_never_trains_beside_the_first_under_load(tmp_path):
+def test_a_second_run_on_a_held_folder_never_trains_beside_the_first_under_load(tiny, tmp_path):
     """The reproduction of a lock that hung, three times, with a busy process on the other core while the second run
     lives: while the first run holds its folder's lock, the same command with --resume is either refused (the lock)
     or, when it gets the lock after the first finished, resumes after its last task; it never trains task 0 beside
-    the first. The folder's
-    results are checked again under the lock, so the state seen before reading the data cannot mislead it."""
+    the first. The folder's results are checked again under the lock, so the state seen before reading the data
+    cannot mislead it. The runs are :data:`TINY`'s 3 tasks, each after a 3 s wait (``waiting_strategy.py``): the
+    first holds the lock while the second builds its stream and reaches the lock (refused each time on 2 cores), and
+    spends no CPU meanwhile."""
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "out"
-    command = [sys.executable, "runner.py", "--scenario", "cl2r", "--strategy", "er", "--dataset", "synthetic",
-               "--preset", "quick", "--epochs", "1", "--no-progress", "--set", "stream.num_tasks=3",
-               "--output", str(out)]
-    lock = out / "cl2r/synthetic/er/seed42.lock"
+    command = [sys.executable, "runner.py", "--config", str(waiting_config(tiny, tmp_path, 3.0)), "--scenario",
+               "cl2r", "--set", "replacement.tasks=[]", "--no-progress", "--output", str(out)]
+    lock = out / "cl2r/synthetic/waiting_bct/seed42.lock"
     for attempt in range(3):
         first = subprocess.Popen([*command, "--overwrite"] if attempt else command, cwd=root,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -225,4 +227,4 @@ def test_a_second_run_on_a_held_folder_never_trains_beside_the_first_under_load(
         refused = second.returncode == 2 and "is in use by pid" in second.stderr
         resumed = second.returncode == 0 and "resuming" in second.stdout and "task 0:" not in second.stdout
         assert refused or resumed, (second.returncode, second.stdout[-500:], second.stderr[-500:])
-        assert json.loads((out / "cl2r/synthetic/er/seed42/metrics.json").read_text())["complete"]
+        assert json.loads((out / "cl2r/synthetic/waiting_bct/seed42/metrics.json").read_text())["complete"]

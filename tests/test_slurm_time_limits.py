@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers.launching import SMALL, cluster_environment, sweep_on_cluster, wait_until
-from helpers.runs import tiny_config
+from helpers.runs import tiny_config, waiting_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-WAITING_STRATEGY = Path(__file__).resolve().parent / "helpers" / "waiting_strategy.py"
 TASK_SECONDS = 12
 """How long each task of the time-limit tests lasts: the plug-in strategy waits that long before it trains one
 epoch, so the figure holds on a loaded machine too."""
@@ -27,20 +26,10 @@ TASKS = 9
 finishes a task, since SLURM may warn up to 60 s early (seen: after 76 s), 30 s after the job starts."""
 
 
-def waiting(tiny: Path, folder: Path) -> Path:
-    """:data:`TINY` with BCT waiting :data:`TASK_SECONDS` before each task (``waiting_strategy.py``)."""
-    config = yaml.safe_load(tiny.read_text())
-    config.update(strategy="waiting_bct", plugins=[str(WAITING_STRATEGY)],
-                  strategy_params={"waiting_bct": {"seconds": TASK_SECONDS}})
-    path = folder / "waiting.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 def equal_tasks(tiny: Path, folder: Path) -> Path:
     """cl2r with BCT waiting :data:`TASK_SECONDS` before each task (``waiting_strategy.py``), :data:`TASKS` tasks of
     two classes, one epoch each, no replacement models."""
-    config = yaml.safe_load(waiting(tiny, folder).read_text())
+    config = yaml.safe_load(waiting_config(tiny, folder, TASK_SECONDS).read_text())
     config["scenario"] = "cl2r"
     config["stream"].update(num_tasks=TASKS, initial_classes=2, increment=2)
     config["replacement"]["tasks"] = []
@@ -84,7 +73,7 @@ def test_a_job_at_its_time_limit_is_requeued_by_submitit_and_resumes(environment
     task, whose run resumes after its last finished task once SLURM lets the requeued job start again (after the
     cluster's ``cred_expire``, 10 s)."""
     out = tmp_path / "out"
-    config = waiting(tiny, tmp_path)
+    config = waiting_config(tiny, tmp_path, TASK_SECONDS)
     code, printed = sweep_on_cluster(config, out, "--seeds", "1", "--no-wait", strategy="waiting_bct",
                                      environment=environment)
     assert code == 0, printed

@@ -31,6 +31,20 @@ def tiny_config(folder: Path) -> Path:
     return path
 
 
+WAITING_STRATEGY = Path(__file__).resolve().parent / "waiting_strategy.py"
+
+
+def waiting_config(config: Path, folder: Path, seconds: float) -> Path:
+    """``config`` (a :data:`TINY` config) with BCT waiting ``seconds`` before each task (``waiting_strategy.py``), as
+    ``folder/waiting.yaml``: a run that lasts as long on a loaded machine as on an idle one, and mostly waits."""
+    settings = yaml.safe_load(config.read_text())
+    settings.update(strategy="waiting_bct", plugins=[str(WAITING_STRATEGY)],
+                    strategy_params={"waiting_bct": {"seconds": seconds}})
+    path = folder / "waiting.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    return path
+
+
 # METHODS.md §2: the authors' released 7-task d-Simplex-HOC and ER matrices (percent).
 HOC_REFERENCE_ROWS = IAMCL2R_RELEASED["matrices"]["dsimplex_hoc"]
 ER_REFERENCE_ROWS = IAMCL2R_RELEASED["matrices"]["er"]
