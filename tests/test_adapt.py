@@ -318,8 +318,8 @@ def test_the_papers_command_with_download_runs_on_the_libraries_own_download_pat
     """README's command for a user with internet (torchvision encoders, CIFAR-100 with --download), offline: the
     data set comes through torchvision's downloader from an HTTP server on this machine's loopback (its downloader
     reads HTTP only) and the weights from torch.hub's cache, as a first run leaves them; only the internet is
-    missing. The pair is smaller than ResNet-18 -> ViT-L/16 (whose random weights alone are 1.2 GB) but takes the
-    same path."""
+    missing. The pair (MNASNet 0.5 -> MobileNet V3 small, 1280-d -> 1024-d) is smaller than ResNet-18 -> ViT-L/16
+    (whose random weights alone are 1.2 GB) but takes the same path."""
     import functools
     import hashlib
     import http.server
@@ -346,10 +346,11 @@ def test_the_papers_command_with_download_runs_on_the_libraries_own_download_pat
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     cache = tmp_path / "torch" / "hub" / "checkpoints"
     cache.mkdir(parents=True)
-    torch.save(torchvision.models.resnet18().state_dict(), cache / "resnet18-f37072fd.pth")
-    torch.save(torchvision.models.mobilenet_v3_small().state_dict(), cache / "mobilenet_v3_small-047dcff4.pth")
+    for name, weights in (("mnasnet0_5", "MNASNet0_5_Weights"), ("mobilenet_v3_small", "MobileNet_V3_Small_Weights")):
+        file_name = torchvision.models.get_weight(f"{weights}.IMAGENET1K_V1").url.rpartition("/")[2]
+        torch.save(torchvision.models.get_model(name).state_dict(), cache / file_name)
     code = main(["--scenario", "model_update", "--dataset", "cifar100", "--download", "--data-root",
-                 str(tmp_path / "data"), "--set", "model_update.old=torchvision:resnet18:IMAGENET1K_V1",
+                 str(tmp_path / "data"), "--set", "model_update.old=torchvision:mnasnet0_5:IMAGENET1K_V1",
                  "--set", "model_update.new=torchvision:mobilenet_v3_small:IMAGENET1K_V1", "--adapter", "procrustes",
                  "--set", "model_update.fit_per_class=1", "--set", "model_update.test_per_class=2", "--device", "cpu",
                  "--no-progress", "--output", str(tmp_path / "out"),
@@ -358,7 +359,7 @@ def test_the_papers_command_with_download_runs_on_the_libraries_own_download_pat
     assert code == 0, capsys.readouterr().err
     assert (tmp_path / "data" / "cifar-100-python" / "train").is_file()
     record = json.loads(next((tmp_path / "out").rglob("metrics.json")).read_text())
-    assert record["models"]["old"]["feature_dim"] == 512 and record["models"]["new"]["feature_dim"] == 1024
+    assert record["models"]["old"]["feature_dim"] == 1280 and record["models"]["new"]["feature_dim"] == 1024
     assert record["retrieval"]["queries"] == 200 and record["retrieval"]["cases"]["B/old"] is not None
 
 
