@@ -19,13 +19,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 SLOW_FIXTURES = {"tiny"}
 FIRST_FILES = ("test_slurm_time_limits.py", "test_distributed.py", "test_slurm.py", "test_adapt_scale.py",
                "test_run.py", "test_sweep.py", "test_stops.py")
-"""The files that run first, in this order. The README's ``-n 2 --dist loadfile --no-loadscope-reorder`` runs each
+"""The files that run first, in this order. The README's ``-n 3 --dist loadfile --no-loadscope-reorder`` runs each
 file on one worker and hands the files out in collection order, one to each worker, then another to a worker with
-two tests or fewer pending: the first worker gets the SLURM time-limit file (two tests), which mostly waits for the
-test cluster (its two jobs at once, 2.5 to 3.5 minutes), and at once test_slurm.py behind it; the second gets the
-two-process (torchrun) files, whose ranks use the core the waiting worker leaves free. The other long files follow,
-so that none is left for the end while the other worker has nothing to do. Measured on 2 idle cores: 7 min 34 s for
-the 967 tests, against 8 min 8 s with test_slurm.py second and the rest in name order."""
+two tests or fewer pending: the SLURM time-limit file (two tests), which mostly waits for the test cluster (its two
+jobs at once, 2.5 to 3.5 minutes), goes first, the two-process (torchrun) files and test_slurm.py to the other two
+workers, and the other long files follow, so that none is left for the end. Three workers on two cores keep both
+busy while the time-limit file, the lock test and the stop tests wait (99 % of the two cores through the run,
+sampled every 5 s, where two workers left them 50-85 % busy for the first three minutes). Measured on 2 idle AMD
+EPYC cores: 6 min 7 s for the 971 tests, twice, against 6 min 36 s, twice, on two workers."""
 
 
 def pytest_collection_modifyitems(items):
