@@ -29,11 +29,11 @@ import torch
 
 from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.retrieval import CompatibilityEvaluator
-from cl2r_bench.data.avalanche_import import avalanche_warnings_filtered
+from cl2r_bench.data.avalanche_import import importing_avalanche
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.models import DEFAULT_AMP
 
-with avalanche_warnings_filtered():
+with importing_avalanche():
     from avalanche.core import SupervisedPlugin
     from avalanche.evaluation.metric_results import MetricValue
 

@@ -242,9 +242,9 @@ def connect(processes: Processes, settings: DistributedSettings, device: torch.d
         return
     _wait_for_master(processes.rank, processes.world_size, settings.connect_timeout)
     if trains:
-        from cl2r_bench.data.avalanche_import import avalanche_warnings_filtered
+        from cl2r_bench.data.avalanche_import import importing_avalanche  # here: adapt processes never import it
 
-        with avalanche_warnings_filtered():
+        with importing_avalanche():
             import avalanche  # noqa: F401
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=processes.rank,
                             world_size=processes.world_size, timeout=timedelta(seconds=settings.timeout),

@@ -1,67 +1,77 @@
 """The suite's import of Avalanche (cl2r_bench/data/avalanche_import.py): the three libraries Avalanche imports but
-the suite calls only in GEM, A-GEM, W&B logging and the CUB-200 download stay unimported until first used, and work
-when they are used."""
+the suite calls only in GEM, W&B logging and the CUB-200 download stay unimported until first used, work when they
+are used, and are ordinary modules to every other importer."""
 import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from cl2r_bench.data.avalanche_import import DEFERRED_LIBRARIES, DeferredModule, defer_import
+from cl2r_bench.data.avalanche_import import DEFERRED_LIBRARIES, DeferredModule, defer_import, deferring
 
 
 @pytest.fixture
 def fake_library(tmp_path, monkeypatch):
-    """A module ``fake_library`` whose import appends a line to ``imports.txt``; the path of that file."""
+    """A module ``fake_library`` that counts its imports in ``imports.txt``, and one that fails to import; the
+    function that reads the count."""
     record = tmp_path / "imports.txt"
     (tmp_path / "fake_library.py").write_text(f"open({str(record)!r}, 'a').write('imported\\n')\n"
                                               "ANSWER = 42\nstate = 'before'\n"
                                               "def change():\n    global state\n    state = 'after'\n")
+    (tmp_path / "broken_library.py").write_text("raise ImportError('broken_library needs a missing part')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    yield record
-    sys.modules.pop("fake_library", None)
+    yield lambda: record.read_text().count("imported") if record.exists() else 0
+    for name in ("fake_library", "broken_library"):
+        sys.modules.pop(name, None)
 
 
-def test_a_deferred_module_is_imported_at_the_first_attribute_it_lacks_and_reads_its_later_state(fake_library):
+def test_a_deferred_module_is_imported_at_the_first_attribute_it_lacks_and_reads_its_later_state(fake_library,
+                                                                                                   tmp_path):
     defer_import("fake_library")
-    import fake_library
+    import fake_library as bound
 
-    assert isinstance(fake_library, DeferredModule) and not fake_library_was_run(fake_library)
-    inspect.getmodule(test_a_deferred_module_is_imported_at_the_first_attribute_it_lacks_and_reads_its_later_state)
-    assert not fake_library_was_run(fake_library)
-    assert fake_library.ANSWER == 42 and fake_library_was_run(fake_library) == 1
+    assert isinstance(bound, DeferredModule) and fake_library() == 0
+    assert inspect.getmodule(compile("", str(tmp_path / "elsewhere.py"), "exec")) is None
+    assert fake_library() == 0, "inspect.getmodule reads every module's __file__ and must not import it"
+    assert bound.ANSWER == 42 and fake_library() == 1
     assert not isinstance(sys.modules["fake_library"], DeferredModule)
-    fake_library.change()
-    assert fake_library.state == "after" and sys.modules["fake_library"].state == "after"
-    assert fake_library_was_run(fake_library) == 1
+    bound.change()
+    assert bound.state == "after" and sys.modules["fake_library"].state == "after" and fake_library() == 1
 
 
-def test_only_an_installed_module_not_yet_imported_is_deferred(fake_library):
-    import fake_library
+def test_stand_ins_leave_sys_modules_after_the_import_and_what_bound_one_reads_the_one_real_module(fake_library):
+    with deferring(["fake_library", "no_such_library_here"]):
+        import fake_library as bound
 
-    defer_import("fake_library")
-    assert sys.modules["fake_library"] is fake_library and not isinstance(fake_library, DeferredModule)
-    defer_import("no_such_library_here")
-    assert "no_such_library_here" not in sys.modules
+        assert "no_such_library_here" not in sys.modules
+    assert "fake_library" not in sys.modules and fake_library() == 0
+    import fake_library as ordinary
+
+    assert not isinstance(ordinary, DeferredModule) and fake_library() == 1
+    assert bound.ANSWER == 42 and fake_library() == 1
 
 
-def fake_library_was_run(module) -> int:
-    record = module.__file__.replace("fake_library.py", "imports.txt")
-    try:
-        return open(record).read().count("imported")
-    except FileNotFoundError:
-        return 0
+def test_an_imported_module_is_left_as_it_is_and_a_failing_import_fails_at_the_first_use(fake_library):
+    import fake_library as already
+
+    assert defer_import("fake_library") is None and sys.modules["fake_library"] is already
+    broken = defer_import("broken_library")
+    with pytest.raises(ImportError, match="needs a missing part"):
+        _ = broken.anything
 
 
 def test_a_stream_is_built_without_importing_the_deferred_libraries():
-    """In a fresh process, as every run is: Avalanche imported and a stream built, and none of the three (nor JAX,
-    which qpsolvers would import) loaded."""
+    """In a fresh process, as every run is: Avalanche imported and a stream built, none of the three (nor JAX, which
+    qpsolvers would import) loaded, and none left standing in for them."""
     code = ("import sys\nfrom cl2r_bench.data.streams import build_stream\n"
             "build_stream(dataset='synthetic', data_root='unused', initial_classes=2, increment=2, num_tasks=2, "
             "images_per_class=4, replacement_tasks=[], eval_dataset='heldout', heldout_classes=2, "
             "synthetic={'synthetic_classes': 6, 'synthetic_train_per_class': 4, 'synthetic_test_per_class': 2})\n"
-            f"print([type(sys.modules[name]).__name__ for name in {DEFERRED_LIBRARIES!r}], 'jax' in sys.modules, "
-            "'avalanche' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+            "import avalanche.training.plugins.gem as gem\n"
+            f"print([name in sys.modules for name in {DEFERRED_LIBRARIES!r}], 'jax' in sys.modules, "
+            "type(gem.qpsolvers).__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["['DeferredModule',", "'DeferredModule',", "'DeferredModule']", "False", "True"]
+    assert done.stdout.split() == ["[False,", "False,", "False]", "False", "DeferredModule"]

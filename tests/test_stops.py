@@ -142,8 +142,9 @@ def test_a_stop_that_python_dropped_does_not_hold_back_the_next_one():
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_single_stop_that_python_dropped_is_delivered_again():
-    """One SIGTERM that lands in a ``__del__`` (or a garbage-collector callback: JAX's, imported by Avalanche,
-    dropped a test run's Ctrl-C, which then trained to its end and exited 0) still stops the process."""
+    """One SIGTERM that lands in a ``__del__`` (or a garbage-collector callback: JAX's, which qpsolvers imports for
+    Avalanche's GEM, dropped a test run's Ctrl-C, which then trained to its end and exited 0) still stops the
+    process."""
     with pytest.raises(Stopped) as stop, stop_handlers():
         StoppedWhileDeleted()
         time.sleep(2)

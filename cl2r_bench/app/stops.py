@@ -47,9 +47,9 @@ def stop_handlers() -> Iterator[None]:
     ones within :data:`REPEAT_SECONDS` only say that the process is stopping: stops often come in pairs (SLURM's
     ``scancel`` and time limit signal every process of a job, and torchrun passes the signal it gets on to its
     workers, so each worker gets two), and a second one raised while the first unwinds would cut short what it
-    saves and its one line. A stop that Python dropped (raised in a ``__del__`` or a garbage-collector callback,
-    such as the one JAX installs when Avalanche imports it; Python prints it as ignored) is sent again after
-    :data:`REDELIVER_SECONDS`, and opens no such window: one Ctrl-C or SIGTERM is never lost. A no-op off the main
+    saves and its one line. A stop that Python dropped (raised in a ``__del__`` or a garbage-collector callback, such
+    as the one JAX installs when qpsolvers imports it for Avalanche's GEM; Python prints it as ignored) is sent again
+    after :data:`REDELIVER_SECONDS`, and opens no such window: one Ctrl-C or SIGTERM is never lost. A no-op off the main
     thread, where Python cannot install handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -1,66 +1,82 @@
-"""How the suite imports Avalanche 0.6: its known warnings silenced, and the three libraries it imports at start-up
-but calls only in parts the suite does not use (by default) deferred until they are first used.
+"""How the suite imports Avalanche 0.6 (:func:`importing_avalanche`) and runs its strategies
+(:func:`avalanche_warnings_filtered`): its known warnings silenced, and three libraries it imports at start-up but
+calls only in parts the suite does not use by default deferred until they are first used.
 
-``import avalanche`` imports every part of Avalanche, and with it ``qpsolvers`` (for GEM and A-GEM; it imports every
-QP solver installed, JAX among them), ``wandb`` (the W&B logger and confusion-matrix plots) and ``gdown`` (the CUB-200
-download). Avalanche binds them at import and calls them only inside those strategies, loggers and downloads, so
-the suite puts a :class:`DeferredModule` in ``sys.modules`` for each before importing Avalanche. Importing torch and
-Avalanche then takes 5.1 s of CPU instead of 6.5 s on 2 idle CPU cores (``/usr/bin/time``; torch alone 1.7 s),
-saved in every process that trains: runs, sweep points, ranks and SLURM jobs. The first use of any of them
-(``avalanche:GEM``, a W&B logger) imports the real library; nothing else changes."""
+``import avalanche`` imports every part of Avalanche, and with it ``qpsolvers`` (for GEM; it imports every QP solver
+installed, JAX's among them), ``wandb`` (the W&B logger and confusion-matrix plots) and ``gdown`` (the CUB-200
+download). Avalanche binds them at import and calls them only inside GEM, those loggers and that download, so while
+the suite imports Avalanche a :class:`DeferredModule` stands in ``sys.modules`` for each (:data:`DEFERRED_LIBRARIES`).
+Importing torch and Avalanche then takes 5.1 s of CPU instead of 6.5 s on 2 idle CPU cores (``/usr/bin/time``;
+torch alone 1.7 s), saved in every process that trains: runs, sweep points, ranks and SLURM jobs.
+
+The stand-ins leave ``sys.modules`` once Avalanche is imported: Avalanche's own modules keep them, and every other
+import of these libraries gets the real module as usual. An Avalanche strategy may call any of them, so building one
+imports them for real first (:func:`import_deferred`), before its training is timed."""
 import contextlib
-import importlib
 import importlib.util
 import sys
+import threading
 import types
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 DEFERRED_LIBRARIES = ("qpsolvers", "wandb", "gdown")
+"""The libraries Avalanche imports at start-up and calls only in GEM, its W&B logging and its CUB-200 download."""
+_RESOLVING = threading.Lock()
 
 
 class DeferredModule(types.ModuleType):
-    """A stand-in for an installed module that is imported for real at the first use of an attribute it lacks.
+    """A stand-in for an installed module that reads every attribute it lacks from the real module, imported (once,
+    by the import system) at the first such read.
 
     It carries the module's ``__spec__``, ``__file__`` and ``__loader__``, so an ``import`` statement (which reads
-    ``__spec__``) and :func:`inspect.getmodule` (which reads every module's ``__file__``) leave it deferred. Every
-    other attribute is read from the real module each time, so the module's later state (``wandb.run``) is seen."""
+    ``__spec__``) and :func:`inspect.getmodule` (which reads every module's ``__file__``) leave it deferred. Each read
+    goes to the real module, so its later state (``wandb.run``) is seen; a failed import raises at the read."""
 
     def __getattr__(self, attribute: str) -> Any:
         name = self.__name__
-        if sys.modules.get(name) is self:
-            del sys.modules[name]
-            try:
-                importlib.import_module(name)
-            except BaseException:
-                sys.modules.setdefault(name, self)
-                raise
-        return getattr(sys.modules[name], attribute)
+        with _RESOLVING:
+            if sys.modules.get(name) is self:
+                del sys.modules[name]
+        return getattr(importlib.import_module(name), attribute)
 
 
-def defer_import(name: str) -> None:
-    """Put a :class:`DeferredModule` for ``name`` in ``sys.modules``, unless it is imported already or not
-    installed."""
+def defer_import(name: str) -> DeferredModule | None:
+    """Put a :class:`DeferredModule` for ``name`` in ``sys.modules`` and return it; None (and nothing changed) when
+    ``name`` is imported already or not installed."""
     if name in sys.modules:
-        return
+        return None
     spec = importlib.util.find_spec(name)
     if spec is None:
-        return
+        return None
     module = DeferredModule(name)
-    module.__spec__, module.__file__, module.__loader__, module.__package__ = spec, spec.origin, spec.loader, name
+    module.__spec__, module.__file__, module.__loader__, module.__package__ = (spec, spec.origin, spec.loader,
+                                                                               spec.parent)
     sys.modules[name] = module
+    return module
+
+
+@contextlib.contextmanager
+def deferring(names: Iterable[str]) -> Iterator[None]:
+    """Inside: ``names`` stand deferred in ``sys.modules`` (:func:`defer_import`). After: the stand-ins still there
+    are removed, so that later imports of those names are ordinary ones; whatever bound a stand-in meanwhile keeps
+    it."""
+    stand_ins = [module for module in map(defer_import, names) if module is not None]
+    try:
+        yield
+    finally:
+        for module in stand_ins:
+            if sys.modules.get(module.__name__) is module:
+                del sys.modules[module.__name__]
 
 
 @contextlib.contextmanager
 def avalanche_warnings_filtered() -> Iterator[None]:
-    """Import Avalanche, or run its strategies, inside this: :data:`DEFERRED_LIBRARIES` are deferred first, and
-    Avalanche 0.6's known warnings on this stack are silenced, and only those: qpsolvers' and JAXopt's at import, an
+    """Silence Avalanche 0.6's known warnings on this stack, and only those: qpsolvers' and JAXopt's at import, an
     evaluator without loggers, the replay buffers' deprecated ``update`` (Replay, ER_ACE, MIR: once per
     experience), and NumPy 2 / PyTorch indexing deprecations inside EWC, MAS and SynapticIntelligence. Any other
     warning still shows."""
-    for name in DEFERRED_LIBRARIES:
-        defer_import(name)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*QP solver.*")
         warnings.filterwarnings("ignore", message="JAXopt is no longer maintained", category=DeprecationWarning)
@@ -70,3 +86,23 @@ def avalanche_warnings_filtered() -> Iterator[None]:
         warnings.filterwarnings("ignore", message="Using a non-tuple sequence for multidimensional indexing",
                                 category=UserWarning)
         yield
+
+
+@contextlib.contextmanager
+def importing_avalanche() -> Iterator[None]:
+    """Import Avalanche (or any part of it) inside this: :data:`DEFERRED_LIBRARIES` deferred and its warnings
+    filtered (:func:`avalanche_warnings_filtered`)."""
+    with deferring(DEFERRED_LIBRARIES), avalanche_warnings_filtered():
+        yield
+
+
+def import_deferred() -> None:
+    """Import :data:`DEFERRED_LIBRARIES` for real (those installed; their import warnings filtered), so that
+    Avalanche's stand-ins read from imported modules: before an Avalanche strategy trains, which may call them."""
+    with avalanche_warnings_filtered():
+        for name in DEFERRED_LIBRARIES:
+            module = sys.modules.get(name)
+            if isinstance(module, DeferredModule):
+                getattr(module, "__version__", None)
+            elif module is None and importlib.util.find_spec(name) is not None:
+                importlib.import_module(name)

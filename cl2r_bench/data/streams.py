@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .avalanche_import import avalanche_warnings_filtered
+from .avalanche_import import importing_avalanche
 from .datasets import DataError, DataSplits, ImageSet, load_dataset
 from .transforms import CROP_PADDING
 
@@ -146,7 +146,7 @@ def classification_dataset(images: ImageSet, *, padding: int = CROP_PADDING) -> 
     """``images`` as an Avalanche classification dataset with ``targets``, task labels (all 0: a class-incremental
     stream, as Avalanche's own; strategies such as LwF and EWC read them) and the ``train`` (:class:`CropFlip`)
     and ``eval`` (identity) transform groups. Items are ``(uint8 image, label, 0)``."""
-    with avalanche_warnings_filtered():
+    with importing_avalanche():
         from avalanche.benchmarks.utils import DataAttribute
         from avalanche.benchmarks.utils.classification_dataset import TaskAwareSupervisedClassificationDataset
         from avalanche.benchmarks.utils.transform_groups import TransformGroups
@@ -162,7 +162,7 @@ def avalanche_benchmark(train: ImageSet, test: ImageSet, class_counts: list[int]
     """The Avalanche class-incremental benchmark over ``train`` / ``test`` (labels already in stream order):
     experience i holds classes ``sum(class_counts[:i]) .. sum(class_counts[:i+1]) - 1``, task label 0
     (``experience.task_label``)."""
-    with avalanche_warnings_filtered():
+    with importing_avalanche():
         from avalanche.benchmarks import class_incremental_benchmark
         from avalanche.benchmarks.scenarios.task_aware import with_task_labels
 
@@ -174,7 +174,7 @@ def avalanche_benchmark(train: ImageSet, test: ImageSet, class_counts: list[int]
 def single_experience(images: ImageSet) -> Any:
     """One Avalanche experience carrying ``images`` (e.g. a replacement model's pretraining set), for training
     outside a class-incremental stream."""
-    with avalanche_warnings_filtered():
+    with importing_avalanche():
         from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
 
     cpu = ImageSet(images.images.cpu(), images.labels.cpu())
@@ -184,7 +184,7 @@ def single_experience(images: ImageSet) -> Any:
 def experience_images(experience: Any) -> ImageSet:
     """The images and labels an experience carries, untransformed (its ``eval`` view), in Avalanche's order
     (Avalanche's ``load_all_dataset``: one batch of the whole experience)."""
-    with avalanche_warnings_filtered():
+    with importing_avalanche():
         from avalanche.training.utils import load_all_dataset
 
     images, labels = load_all_dataset(experience.dataset.eval())[:2]

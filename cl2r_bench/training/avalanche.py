@@ -55,7 +55,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cl2r_bench.data.avalanche_import import avalanche_warnings_filtered
+from cl2r_bench.data.avalanche_import import avalanche_warnings_filtered, import_deferred, importing_avalanche
 from cl2r_bench.errors import ConfigError
 from cl2r_bench.heads import DSimplexHead
 from cl2r_bench.models import NonFiniteError, RetrievalModel, first_nonfinite_tensor, load_replacement
@@ -98,8 +98,8 @@ def is_avalanche_strategy(name: str) -> bool:
 
 
 def _import_avalanche_training() -> Any:
-    """``avalanche.training`` (its import-time warnings filtered)."""
-    with avalanche_warnings_filtered():
+    """``avalanche.training`` (imported by :func:`importing_avalanche`)."""
+    with importing_avalanche():
         import avalanche.training
         import avalanche.training.templates
     return avalanche.training
@@ -409,10 +409,12 @@ def build_avalanche_strategy(name: str, params: dict[str, Any] | None, model: Re
     """The ``SupervisedTemplate`` named ``name`` on ``LogitsOnly(model)`` with ``params`` (:func:`check_params`),
     cross-entropy, ``epochs`` epochs of mini-batches of ``batch_size`` per experience, an evaluator without
     loggers and ``plugins`` (no learning-rate schedule unless a plugin sets one: :func:`cosine_lr_plugin`).
-    ``optimizer`` must hold ``model``'s parameters. A constructor failure raises :class:`AvalancheStrategyError`."""
+    ``optimizer`` must hold ``model``'s parameters. A constructor failure raises :class:`AvalancheStrategyError`.
+    The libraries the suite deferred at Avalanche's import are imported here, before any training is timed."""
     cls = avalanche_strategy_class(name)
     kwargs = check_params(name, params)
     _import_avalanche_training()
+    import_deferred()
     from avalanche.training.plugins import EvaluationPlugin
 
     wrapped = model if isinstance(model, LogitsOnly) else LogitsOnly(model)

@@ -19,7 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.data.avalanche_import import avalanche_warnings_filtered
+from cl2r_bench.data.avalanche_import import importing_avalanche
 from cl2r_bench.distributed import Processes
 from cl2r_bench.models import NonFiniteError, RetrievalModel, first_nonfinite_tensor
 from cl2r_bench.settings import TrainSettings
@@ -28,7 +28,7 @@ from cl2r_bench.tracking import Tracker
 
 from .engine import DeviceBatches, EpochHook, ReplayMemory, scheduled_lr
 
-with avalanche_warnings_filtered():
+with importing_avalanche():
     from avalanche.training.templates import SupervisedTemplate
 
 

@@ -1,6 +1,6 @@
 """The small run the tests share and what they do to runs: :data:`TINY`, a 3-task IAM-CL2R run on generated data in
-a few seconds (the ``tiny`` fixture of conftest.py writes it as a config), an interrupt at a chosen task, and the
-authors' released matrices."""
+a few seconds (the ``tiny`` fixture of conftest.py writes it as a config), the same run waiting before each task
+(:func:`waiting_config`), an interrupt at a chosen task, and the authors' released matrices."""
 from pathlib import Path
 
 import yaml

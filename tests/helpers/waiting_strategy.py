@@ -1,5 +1,6 @@
-"""A plug-in strategy for the SLURM time-limit tests: BCT whose every task first waits ``seconds``, so a task
-lasts as long on a loaded machine as on an idle one, without a calibration run, and costs no CPU meanwhile."""
+"""A plug-in strategy for the SLURM time-limit tests and the lock test (``helpers/runs.py waiting_config``): BCT
+whose every task first waits ``seconds``, so a task lasts as long on a loaded machine as on an idle one, without a
+calibration run, and costs no CPU meanwhile."""
 import time
 from dataclasses import dataclass
 
