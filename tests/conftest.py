@@ -25,8 +25,8 @@ two tests or fewer pending: the SLURM time-limit file (two tests), which mostly 
 jobs at once, 2.5 to 3.5 minutes), goes first and has another long file behind it at once, and the other long files
 follow, so that none is left for the end. Three workers on two cores keep both busy while the time-limit file, the
 lock test and the stop tests wait (99 % of the two cores through the run, sampled every 5 s, where two workers left
-them 50-85 % busy for the first three minutes). Measured on 2 idle AMD EPYC cores: 6 min 7 s to 6 min 13 s for
-971 passed and 1 skipped (three runs), against 6 min 36 s (two runs) on two workers."""
+them 50-85 % busy for the first three minutes). Measured on 2 idle AMD EPYC cores: 6 min 7 s to 6 min 20 s for
+the 972 tests (four runs), against 6 min 36 s (two runs) on two workers."""
 
 
 def pytest_collection_modifyitems(items):
