@@ -35,11 +35,15 @@ class DeferredModule(types.ModuleType):
     goes to the real module, so its later state (``wandb.run``) is seen; a failed import raises at the read."""
 
     def __getattr__(self, attribute: str) -> Any:
-        name = self.__name__
-        with _RESOLVING:
-            if sys.modules.get(name) is self:
-                del sys.modules[name]
-        return getattr(importlib.import_module(name), attribute)
+        return getattr(_imported(self.__name__), attribute)
+
+
+def _imported(name: str) -> types.ModuleType:
+    """The real module ``name``, imported now if a stand-in held its place."""
+    with _RESOLVING:
+        if isinstance(sys.modules.get(name), DeferredModule):
+            del sys.modules[name]
+    return importlib.import_module(name)
 
 
 def defer_import(name: str) -> DeferredModule | None:
@@ -101,8 +105,5 @@ def import_deferred() -> None:
     Avalanche's stand-ins read from imported modules: before an Avalanche strategy trains, which may call them."""
     with avalanche_warnings_filtered():
         for name in DEFERRED_LIBRARIES:
-            module = sys.modules.get(name)
-            if isinstance(module, DeferredModule):
-                getattr(module, "__version__", None)
-            elif module is None and importlib.util.find_spec(name) is not None:
-                importlib.import_module(name)
+            if name in sys.modules or importlib.util.find_spec(name) is not None:
+                _imported(name)
