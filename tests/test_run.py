@@ -7,12 +7,12 @@ import pickle
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from helpers.launching import wait_until
 from helpers.load import busy_core
 from helpers.runs import waiting_config
 
@@ -217,9 +217,8 @@ def test_a_second_run_on_a_held_folder_never_trains_beside_the_first_under_load(
     for attempt in range(3):
         first = subprocess.Popen([*command, "--overwrite"] if attempt else command, cwd=root,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 120
-        while not lock.exists() and time.monotonic() < deadline and first.poll() is None:
-            time.sleep(0.02)
+        wait_until(lambda run=first: lock.exists() or run.poll() is not None, 120, "the first run took no lock",
+                   every=0.02)
         with busy_core():
             second = subprocess.run([*command, "--resume"], cwd=root, capture_output=True, text=True, timeout=300)
         first_out, _ = first.communicate(timeout=300)

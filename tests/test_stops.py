@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.launching import wait_for_first_task
 from helpers.load import busy_core
 
 from cl2r_bench.app.cli import main
@@ -31,13 +32,6 @@ def slow_config(tiny: Path, tmp_path: Path) -> Path:
     path = tmp_path / "slow.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def wait_for(path: Path, process: subprocess.Popen, seconds: float = 240) -> None:
-    deadline = time.monotonic() + seconds
-    while not path.exists() and time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.2)
-    assert path.exists(), "the run never finished its first task"
 
 
 def test_the_handlers_raise_a_stop_and_are_restored_after():
@@ -59,7 +53,7 @@ def test_a_run_that_inherited_an_ignored_sigint_stops_cleanly_and_resumes(tiny, 
     run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            preexec_fn=ignore_sigint)
     record = out / "iamcl2r/synthetic/er/seed5/metrics.json"
-    wait_for(record, run)
+    wait_for_first_task(record, run)
     with busy_core():
         run.send_signal(getattr(signal, signal_name))
         _, err = run.communicate(timeout=120)
@@ -84,7 +78,7 @@ def test_a_run_killed_outright_leaves_a_log_that_names_every_task_it_saved(tiny,
         run = subprocess.Popen(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, env=buffered)
         record = out / "iamcl2r/synthetic/er/seed5/metrics.json"
         with busy_core():
-            wait_for(record, run)
+            wait_for_first_task(record, run)
             run.kill()
             run.wait()
     assert run.returncode == -signal.SIGKILL and not json.loads(record.read_text())["complete"]

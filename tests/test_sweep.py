@@ -5,6 +5,7 @@ import os
 import sys
 
 import pytest
+from helpers.launching import wait_for_first_task
 from helpers.load import busy_core
 from helpers.records import valid_record
 
@@ -144,7 +145,6 @@ def test_an_interrupted_sweep_stops_its_runs_and_the_same_command_resumes_them(t
     the stop is handled, as a guarantee that holds only on an idle machine is not one."""
     import signal
     import subprocess
-    import time
     from pathlib import Path
 
     import yaml
@@ -159,11 +159,7 @@ def test_an_interrupted_sweep_stops_its_runs_and_the_same_command_resumes_them(t
     root = Path(__file__).resolve().parents[1]
     sweep_process = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    partial = out / "iamcl2r/synthetic/er/seed5/metrics.json"
-    deadline = time.monotonic() + 240
-    while not partial.exists() and time.monotonic() < deadline and sweep_process.poll() is None:
-        time.sleep(0.2)
-    assert partial.exists(), "the run never finished its first task"
+    wait_for_first_task(out / "iamcl2r/synthetic/er/seed5/metrics.json", sweep_process)
     children = subprocess.run(["pgrep", "-P", str(sweep_process.pid)], capture_output=True, text=True).stdout.split()
     with busy_core():
         sweep_process.send_signal(getattr(signal, signal_name))

@@ -96,16 +96,15 @@ def _backfilled(row: AdapterSummary, own: list[dict[str, Any]], cases: list[dict
         return None
     if share == 0 and not all(c.get("B/F") for c in cases):
         return None
-    forward = all(c.get("F/F") for c in cases)
-    backward = all(c.get("B/old") for c in cases)
     curves = [r["retrieval"]["backfilling"] for r in own]
     at = curves[0]["betas"].index(share)
     value = float(np.mean([c["curves"][row.backfill_order]["top1"][at] for c in curves]))
-    images = round(share * items)
-    encoders = "new + B" if backward else "new"
+    encoders = "new + B" if all(c.get("B/old") for c in cases) else "new"
     if share == 0:
         return Deployment("rewrite every stored vector through F, no image read, new queries through B", "B/F", value,
                           encoders, items, 0, row.fit_seconds, mean_flips(own, "B/F"))
+    images = round(share * items)
+    forward = all(c.get("F/F") for c in cases)
     return Deployment(f"re-embed {share:.0%} of the images ({row.backfill_order} order), the others "
                       f"{'through F' if forward else 'as stored'}", "backfilled", value, encoders,
                       items - images if forward else 0, images, row.fit_seconds)

@@ -62,9 +62,16 @@ def sweep_on_cluster(config: Path, out: Path, *args: str, strategy: str = "er",
     return done.returncode, done.stdout + done.stderr
 
 
-def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    """Poll ``condition`` every 0.2 s; fail with ``what`` after ``seconds``."""
+def wait_until(condition: Callable[[], bool], seconds: float, what: str, every: float = 0.2) -> None:
+    """Poll ``condition`` every ``every`` seconds; fail with ``what`` after ``seconds``."""
     deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline, f"{what} after {seconds} s"
-        time.sleep(0.2)
+        time.sleep(every)
+
+
+def wait_for_first_task(record: Path, process: subprocess.Popen, seconds: float = 240) -> None:
+    """Wait until the run (or sweep) in ``process`` has written ``record``, its metrics after its first task; fail
+    if it never does, whether it ends first or runs past ``seconds``."""
+    wait_until(lambda: record.exists() or process.poll() is not None, seconds, "the run never finished its first task")
+    assert record.exists(), f"the run never finished its first task (exit code {process.returncode})"
