@@ -77,7 +77,7 @@ def with_defaults(cls: type[Section], section: str, **changes: Any) -> Section:
     return cls(**{**{k: v for k, v in values.items() if k in names}, **changes})
 
 
-SPEED_OPTIONS = ("channels_last", "compile")  # training settings that change speed, not what is trained
+SPEED_OPTIONS = ("channels_last", "fused_optimizer", "compile")  # training settings of speed, not of what is trained
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 """``training.compile``'s modes besides true (``default``) and false: ``torch.compile``'s own."""
 
@@ -101,6 +101,7 @@ class TrainSettings:
     schedule_step: str
     progress: bool
     channels_last: bool
+    fused_optimizer: bool
     compile: bool | str
 
     def __post_init__(self) -> None:

@@ -212,6 +212,30 @@ def test_make_optimizer_skips_decay_on_vectors():
     assert optimizer.defaults["lr"] == 0.05
 
 
+def test_fused_optimizer_is_the_foreach_update_in_one_kernel():
+    """``training.fused_optimizer`` changes how SGD's update is launched, not what it computes: five steps of momentum
+    and weight decay (on the decayed group only) at a changing learning rate leave the same weights either way."""
+    torch.manual_seed(0)
+    model = build_model(backbone="small_cnn", head="learnable", num_classes=4, small_width=8, small_out_dim=16)
+    models = {fused: copy.deepcopy(model) for fused in (True, False)}
+    optimizers = {fused: make_optimizer(m, TrainSettings.with_defaults(lr=0.05, weight_decay=1e-3,
+                                                                        fused_optimizer=fused))
+                  for fused, m in models.items()}
+    assert optimizers[True].defaults["fused"] and not optimizers[False].defaults["fused"]
+    images, labels = torch.randn(8, 3, 32, 32), torch.arange(8) % 4
+    for step in range(5):
+        for fused, m in models.items():
+            optimizers[fused].zero_grad()
+            F.cross_entropy(m(images)[0], labels).backward()
+            for group in optimizers[fused].param_groups:
+                group["lr"] = 0.05 / (step + 1)
+            optimizers[fused].step()
+    moved = [(a - b).abs().max().item() for a, b in zip(model.parameters(), models[True].parameters(), strict=True)]
+    assert min(moved) > 0
+    for fused_weight, foreach_weight in zip(models[True].parameters(), models[False].parameters(), strict=True):
+        torch.testing.assert_close(fused_weight, foreach_weight, rtol=1e-6, atol=1e-7)
+
+
 def indexed_set(counts, first_label=0):
     labels = torch.cat([torch.full((n,), first_label + c, dtype=torch.long) for c, n in enumerate(counts)])
     images = torch.arange(len(labels), dtype=torch.uint8).view(-1, 1, 1, 1).expand(-1, 3, 2, 2).clone()

@@ -8,9 +8,10 @@ interleaved and repeated; the figure is the ratio of the median times (target <=
 the small-CNN CPU check the README cites).
 
 Speed variants apply to both loops alike: ``--amp`` (autocast on CUDA; float16 with gradient scaling, as the
-template), ``--channels-last`` (model and batches) and ``--compile`` (``torch.compile`` of the training forward).
-The suite's loop gets them as ``TrainSettings`` fields (``amp``, ``amp_dtype``, ``channels_last``, ``compile``); the
-plain loop applies them by hand. Every variant and loop runs once unmeasured first (compilation, cuDNN's algorithm
+template), ``--channels-last`` (model and batches), ``--compile`` (``torch.compile`` of the training forward) and
+``--foreach-sgd`` (SGD's multi-tensor update instead of its fused kernel). The suite's loop gets them as
+``TrainSettings`` fields (``amp``, ``amp_dtype``, ``channels_last``, ``compile``, ``fused_optimizer``); the plain
+loop applies them by hand. Every variant and loop runs once unmeasured first (compilation, cuDNN's algorithm
 search). Peak GPU memory is ``torch.cuda.max_memory_allocated`` of each measured run (reset before it; "n/a" off
 CUDA). ``--variants`` measures fp32, bf16, bf16+channels-last, bf16+channels-last+compile and fp16 in one run, one
 row each, with the speed-up of the suite's loop over its fp32 row.
@@ -74,18 +75,21 @@ class Variant:
     amp: str = "none"
     channels_last: bool = False
     compile: bool | str = False   # True or a torch.compile mode (training.compile)
+    fused_optimizer: bool = True  # training.fused_optimizer; false: SGD's foreach update
 
     @property
     def name(self) -> str:
         precision = {"none": "fp32", "float16": "fp16", "bfloat16": "bf16"}[self.amp]
         compiled = [] if self.compile is False else ["compile" if self.compile is True else f"compile-{self.compile}"]
-        return "+".join([precision] + ["channels-last"] * self.channels_last + compiled)
+        return "+".join([precision] + ["channels-last"] * self.channels_last + compiled
+                        + ["foreach-sgd"] * (not self.fused_optimizer))
 
     def settings(self, base: TrainSettings) -> TrainSettings:
         """``base`` with this variant's training fields."""
         amp = self.amp != "none"
         return dataclasses.replace(base, amp=amp, amp_dtype=self.amp if amp else base.amp_dtype,
-                                   channels_last=self.channels_last, compile=self.compile)
+                                   channels_last=self.channels_last, compile=self.compile,
+                                   fused_optimizer=self.fused_optimizer)
 
 
 VARIANTS = (Variant(), Variant("bfloat16"), Variant("bfloat16", True), Variant("bfloat16", True, True),
@@ -345,7 +349,14 @@ def add_loop_arguments(parser: argparse.ArgumentParser, *, backbone: str, strate
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--compile", nargs="?", const=True, default=False, metavar="MODE",
                         help="torch.compile the forward, in MODE if given (training.compile: reduce-overhead, ...)")
+    parser.add_argument("--foreach-sgd", action="store_true",
+                        help="SGD's multi-tensor update instead of the fused kernel (training.fused_optimizer: false)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def loop_variant(args: argparse.Namespace) -> Variant:
+    """The variant the options of :func:`add_loop_arguments` ask for."""
+    return Variant(args.amp, args.channels_last, args.compile, not args.foreach_sgd)
 
 
 def parse_args() -> argparse.Namespace:
@@ -363,7 +374,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     bench = build_bench(args)
-    variants = VARIANTS if args.variants else (Variant(args.amp, args.channels_last, args.compile),)
+    variants = VARIANTS if args.variants else (loop_variant(args),)
     measured = measure(bench, variants, args.repeats)
     device = bench.data.images.device
     print(f"device {device}, backbone {args.backbone}, strategy {args.strategy}, {args.images} images x "

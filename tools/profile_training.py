@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from tools.bench_training_loop import Bench, Variant, add_loop_arguments, build_bench, suite_loop
+from tools.bench_training_loop import Bench, Variant, add_loop_arguments, build_bench, loop_variant, suite_loop
 
 REGIONS = ("cl2r.batch", "cl2r.augmentation", "cl2r.forward", "cl2r.loss", "cl2r.backward", "cl2r.optimizer")
 """The loop's labelled regions; ``cl2r.augmentation`` is nested in ``cl2r.batch``, the others are disjoint."""
@@ -94,7 +94,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    result = profile_once(build_bench(args), Variant(args.amp, args.channels_last, args.compile))
+    result = profile_once(build_bench(args), loop_variant(args))
     print(report(result))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -142,12 +142,14 @@ def make_optimizer(model: nn.Module, settings: TrainSettings,
                    extra: Sequence[nn.Module] = ()) -> torch.optim.SGD:
     """SGD with weight decay on weight matrices and kernels only (not on norm weights and biases), over the
     parameters of ``model`` and of the ``extra`` modules a strategy trains with it
-    (:meth:`cl2r_bench.strategy.Strategy.trainable_modules`)."""
+    (:meth:`cl2r_bench.strategy.Strategy.trainable_modules`), updated by torch's fused kernel with
+    ``settings.fused_optimizer``."""
     params = [p for module in (model, *extra) for p in module.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim > 1]
     no_decay = [p for p in params if p.ndim <= 1]
     return torch.optim.SGD([{"params": decay, "weight_decay": settings.weight_decay},
-                            {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr, momentum=settings.momentum)
+                            {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr, momentum=settings.momentum,
+                           fused=settings.fused_optimizer or None)
 
 
 def cosine_lr(step: int, total: int, lr: float, lr_min: float) -> float:
