@@ -2,8 +2,8 @@
 # Issue 56 on a lent GPU, third session: the fidelity protocol run alone, with CUDA graphs and the fused SGD update.
 # The data travel as the original archives of ../shared/data (Tiny ImageNet JPEGs and CIFAR-10 JPEGs, 172 MB; the
 # second session's WebP mosaics of the decoded pixels took 273 MB), one tar split into chunks that each fit the device
-# tool's 64 MiB beside the working tree; the wheels (.whl, wheels.txt) ride with the first.
-#   device.sh bundle                   here: .gpu/c0 (16 MB, beside the wheels) ... .gpu/cN (41 MB) from ../shared/data
+# tool's 64 MiB beside the working tree (27.5 MB on disk); the wheels (.whl, wheels.txt) ride with the first.
+#   device.sh bundle                   here: .gpu/c0 (10.5 MB, beside the wheels) ... .gpu/cN (38 MB) from ../shared/data
 #   CHUNKS=N COMMIT=SHA device.sh setup  there (carry .whl, .gpu/c0): wheels into /tmp/site, the first chunk; starts the
 #                                      pipeline in the background
 #   device.sh part                     there (carry .gpu/cK): the chunk this call carries
@@ -98,8 +98,8 @@ case ${1:?stage} in
   bundle)
     rm -rf .gpu && mkdir -p .gpu
     tar -c -C "$SHARED" tiny-imagenet-200 cifar-10-jpeg > .gpu/all.tar
-    head -c "${FIRST_BYTES:-16000000}" .gpu/all.tar > .gpu/c0
-    tail -c +$(( ${FIRST_BYTES:-16000000} + 1 )) .gpu/all.tar | split -b "${CHUNK_BYTES:-41000000}" -d \
+    head -c "${FIRST_BYTES:-10500000}" .gpu/all.tar > .gpu/c0
+    tail -c +$(( ${FIRST_BYTES:-10500000} + 1 )) .gpu/all.tar | split -b "${CHUNK_BYTES:-38000000}" -d \
       --numeric-suffixes=1 -a 1 - .gpu/c
     rm .gpu/all.tar
     du -b .gpu/* .whl | sed 's/^/  /'
