@@ -212,9 +212,29 @@ def test_make_optimizer_skips_decay_on_vectors():
     assert optimizer.defaults["lr"] == 0.05
 
 
-def test_fused_optimizer_is_the_foreach_update_in_one_kernel():
-    """``training.fused_optimizer`` changes how SGD's update is launched, not what it computes: five steps of momentum
-    and weight decay (on the decayed group only) at a changing learning rate leave the same weights either way."""
+def train_steps_under_scaler(model, optimizer, overflow_steps, steps=5, seed=0):
+    """``steps`` float16-style steps of ``optimizer`` under a gradient scaler (on the CPU), the loss made infinite at
+    ``overflow_steps`` so that the scaler skips them, and the optimizer's state cleared after step 2 (as Avalanche
+    resets it between experiences)."""
+    scaler = torch.amp.GradScaler("cpu")
+    images, labels = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(seed)), torch.arange(8) % 4
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(images)[0], labels) * (math.inf if step in overflow_steps else 1.0)
+        for group in optimizer.param_groups:
+            group["lr"] = 0.05 / (step + 1)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        if step == 2:
+            optimizer.state.clear()
+
+
+@pytest.mark.parametrize("overflow_steps", [(), (0,), (0, 3), (1,)])
+def test_fused_optimizer_is_the_foreach_update_in_one_kernel(overflow_steps):
+    """``training.fused_optimizer`` changes how SGD's update is launched, not what it computes: momentum and weight
+    decay (on the decayed group only) at a changing learning rate leave the same weights either way, also where the
+    gradient scaler skips a first step (torch's own fused SGD then reads uninitialised momentum: ZeroStartFusedSGD)."""
     torch.manual_seed(0)
     model = build_model(backbone="small_cnn", head="learnable", num_classes=4, small_width=8, small_out_dim=16)
     models = {fused: copy.deepcopy(model) for fused in (True, False)}
@@ -222,14 +242,8 @@ def test_fused_optimizer_is_the_foreach_update_in_one_kernel():
                                                                         fused_optimizer=fused))
                   for fused, m in models.items()}
     assert optimizers[True].defaults["fused"] and not optimizers[False].defaults["fused"]
-    images, labels = torch.randn(8, 3, 32, 32), torch.arange(8) % 4
-    for step in range(5):
-        for fused, m in models.items():
-            optimizers[fused].zero_grad()
-            F.cross_entropy(m(images)[0], labels).backward()
-            for group in optimizers[fused].param_groups:
-                group["lr"] = 0.05 / (step + 1)
-            optimizers[fused].step()
+    for fused, m in models.items():
+        train_steps_under_scaler(m, optimizers[fused], overflow_steps)
     moved = [(a - b).abs().max().item() for a, b in zip(model.parameters(), models[True].parameters(), strict=True)]
     assert min(moved) > 0
     for fused_weight, foreach_weight in zip(models[True].parameters(), models[False].parameters(), strict=True):

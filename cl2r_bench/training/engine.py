@@ -138,18 +138,39 @@ class EpochHook(Protocol):
         """Called after each epoch; returns whether to train another epoch."""
 
 
+class ZeroStartFusedSGD(torch.optim.SGD):
+    """torch's fused SGD (``fused=True``) whose momentum buffers start at zero.
+
+    torch allocates the buffers uninitialised (``torch.empty_like``) at the first step and lets the kernel fill them,
+    but the kernel returns at once when the float16 gradient scaler found an overflow, as it often does at a task's
+    first step. The next step then reads memory garbage as momentum: a replacement pretraining on an H200 diverged at
+    iteration 3 (torch 2.11; results/gpu/speed/speed.md), and torch 2.14 on the CPU does the same
+    (``tests/test_strategies.py``). A zero buffer gives the first step its own value, 0.9 x 0 + gradient (dampening
+    is 0), so the weights equal the foreach update's, skipped first step or not; a buffer is added wherever one is
+    missing, so an optimizer whose state was cleared (Avalanche's reset between experiences) is covered too."""
+
+    def step(self, closure=None):
+        for group in self.param_groups:
+            if group["momentum"]:
+                for param in group["params"]:
+                    if param.grad is not None and "momentum_buffer" not in self.state[param]:
+                        self.state[param]["momentum_buffer"] = torch.zeros_like(param)
+        return super().step(closure)
+
+
 def make_optimizer(model: nn.Module, settings: TrainSettings,
                    extra: Sequence[nn.Module] = ()) -> torch.optim.SGD:
     """SGD with weight decay on weight matrices and kernels only (not on norm weights and biases), over the
     parameters of ``model`` and of the ``extra`` modules a strategy trains with it
     (:meth:`cl2r_bench.strategy.Strategy.trainable_modules`), updated by torch's fused kernel with
-    ``settings.fused_optimizer``."""
+    ``settings.fused_optimizer`` (:class:`ZeroStartFusedSGD`)."""
     params = [p for module in (model, *extra) for p in module.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim > 1]
     no_decay = [p for p in params if p.ndim <= 1]
-    return torch.optim.SGD([{"params": decay, "weight_decay": settings.weight_decay},
-                            {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr, momentum=settings.momentum,
-                           fused=settings.fused_optimizer or None)
+    groups = [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if settings.fused_optimizer:
+        return ZeroStartFusedSGD(groups, lr=settings.lr, momentum=settings.momentum, fused=True)
+    return torch.optim.SGD(groups, lr=settings.lr, momentum=settings.momentum)
 
 
 def cosine_lr(step: int, total: int, lr: float, lr_min: float) -> float:
