@@ -69,7 +69,9 @@ pretrain_packed() {  # the fidelity preset's 3 replacement models (tasks 0/2/4: 
 }
 
 protocol() {
-  timed unpack 240 unpack || return
+  stamp "start unpack"
+  unpack > "$W/unpack.log" 2>&1 || return
+  stamp "end unpack"
   timed data_sha 240 python3 results/gpu/speed/data_sha.py "$D" --expect results/gpu/speed/data_sha.json
   local plain=(--preset fidelity --data-root "$D" --no-progress --strategy dsimplex_hoc)
   local graphs=("${plain[@]}" --set training.compile=reduce-overhead)

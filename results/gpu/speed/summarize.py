@@ -5,6 +5,9 @@ computed here, none typed in.
 * ``raw-graphs/`` (second session, ``graphs`` in the JSON): the loop benchmark and the torch profiler eager and
   with CUDA graphs (``training.compile: reduce-overhead``), the packing benchmark (6 and 12 processes), and the
   protocol's wall time projected with graphs from the first session's iterations and non-training seconds.
+* ``raw-v3/`` (third session, ``protocol`` in the JSON): the whole protocol run alone with CUDA graphs and the fused
+  SGD update, its replacement models pretrained side by side before it, the loop benchmark with SGD's foreach and
+  fused update, and ``zoo/``: eight strategies' runs started together after it (``packed``).
 
     python results/gpu/speed/summarize.py
 """
@@ -26,18 +29,19 @@ def timeline() -> dict[str, float]:
     return timeline_of(RAW)
 
 
-def smi_samples(start: float) -> list[tuple[int, int]]:
-    """``(memory used MiB, utilisation %)`` of every nvidia-smi sample from ``start`` on."""
+def smi_samples(start: float, end: float = float("inf"), folder: Path = RAW) -> list[tuple[int, int]]:
+    """``(memory used MiB, utilisation %)`` of every nvidia-smi sample of ``folder`` from ``start`` to ``end``."""
     samples = []
-    with open(RAW / "smi.csv") as handle:
+    with open(folder / "smi.csv") as handle:
         for row in list(csv.reader(handle))[1:]:
             when = datetime.strptime(row[0].strip(), "%Y/%m/%d %H:%M:%S.%f").replace(tzinfo=timezone.utc)
-            if when.timestamp() >= start:
+            if start <= when.timestamp() <= end:
                 samples.append((int(row[1].split()[0]), int(row[2].split()[0])))
     return samples
 
 
 GRAPHS = HERE / "raw-graphs"
+V3 = HERE / "raw-v3"
 RATE = re.compile(r"^(plain|suite): .*?\((\d+) images/s\)", re.M)
 
 
@@ -146,9 +150,81 @@ def graphs_summary(first: dict) -> dict:
     }
 
 
+def protocol_summary() -> dict:
+    """The third session: the protocol run alone, command to exit, and where its time went. (Its pipeline's first
+    unpack stage could not start, a shell function under ``timeout``; the pipeline was started again without the
+    benchmarks, which had run: ``benchmarks measured`` in the timeline.)"""
+    stamps = timeline_of(V3)
+    metrics = json.loads((V3 / "run_metrics.json").read_text())
+    timings, tasks = metrics["timings"], metrics["timings"]["tasks"]
+    start, end = stamps["start run"], stamps["end run rc=0"]
+    wall = end - start
+    samples = smi_samples(start, end, V3)
+    foreach, fused = bench_rates(V3 / "bench_graphs_foreach.log"), bench_rates(V3 / "bench_graphs_fused.log")
+    evaluated = metrics["evaluation"]["queries"] + metrics["evaluation"]["gallery_images"]
+    accounted = timings["train_seconds"] + timings["eval_seconds"] + timings["pretrain_seconds"]
+    return {
+        "device": (V3 / "gpu.txt").read_text().splitlines()[1].strip(),
+        "cpu_cores": int((V3 / "cpus.txt").read_text()),
+        "versions": (V3 / "versions.txt").read_text().strip(),
+        "commit": (V3 / "commit.txt").read_text().strip(),
+        "run": "runner.py run --preset fidelity --strategy dsimplex_hoc --seed 42 "
+               "--set training.compile=reduce-overhead (ResNet-18, 70 epochs, fp16, fused SGD)",
+        "tasks_completed": metrics["tasks_completed"], "num_tasks": metrics["num_tasks"],
+        "protocol_wall_s": round(wall, 1),
+        "target_wall_s": 120.0,
+        "wall_split_s": {"training": round(timings["train_seconds"], 1),
+                         "evaluation": round(timings["eval_seconds"], 1),
+                         "starting_models": round(timings["pretrain_seconds"], 1),
+                         "start_up_compile_data_records": round(wall - accounted, 1)},
+        "iterations": sum(t["iterations"] for t in tasks),
+        "train_img_s": round(sum(t["images"] for t in tasks) / timings["train_seconds"]),
+        "ms_per_iteration": round(1000 * timings["train_seconds"] / sum(t["iterations"] for t in tasks), 2),
+        "eval_img_s": round(evaluated * len(tasks) / timings["eval_seconds"]),
+        "peak_gpu_mem_gb": round(max(m for m, _ in samples) / 1024, 2),
+        "gpu_utilisation_mean_pct": round(statistics.mean(u for _, u in samples), 1),
+        "smi_samples": len(samples),
+        "loop_img_s_graphs": {"foreach_sgd": foreach, "fused_sgd": fused},
+        "fused_speedup": {loop: round(fused[loop] / foreach[loop], 2) for loop in ("plain", "suite")},
+        "plain_loop_img_s": fused["plain"], "suite_loop_img_s": fused["suite"],
+        "data_unpack_s": round(stamps["end unpack"] - stamps["benchmarks measured"], 1),
+        "data_decode_and_check_s": round(stamps["end data_sha rc=0"] - stamps["start data_sha"], 1),
+        "pretrain_wall_s": round(stamps["end pretrain rc=0"] - stamps["start pretrain"], 1),
+        "runs_per_hour_one_at_a_time": round(3600 / wall, 1),
+        "metrics": {k: round(metrics["metrics"][k], 4) for k in ("AC", "AA", "ACA")},
+        "replacement_own_accuracy": [round(m["own_accuracy"], 4) for m in metrics["replacement_models"]],
+    }
+
+
+def packed_summary() -> dict:
+    """The third session's eight runs started together: which finished, when, and why the others stopped."""
+    zoo = V3 / "zoo"
+    start = float((zoo / "timeline.txt").read_text().split()[1])
+    ended = {}
+    for line in (zoo / "timeline.txt").read_text().splitlines()[1:]:
+        seconds, _, strategy, _ = line.split(" ")
+        ended[strategy] = float(seconds) - start
+    runs = {}
+    for strategy, seconds in ended.items():
+        errors = [line for line in (zoo / f"{strategy}.log").read_text().splitlines() if line.startswith("error:")]
+        record = zoo / "runs" / strategy / "metrics.json"
+        runs[strategy] = {"seconds_from_start": round(seconds, 1), "finished": record.is_file(),
+                          "error": errors[0] if errors else None}
+        if record.is_file():
+            metrics = json.loads(record.read_text())
+            runs[strategy]["train_seconds"] = round(metrics["timings"]["train_seconds"], 1)
+            runs[strategy]["metrics"] = {k: round(metrics["metrics"][k], 4) for k in ("AC", "AA", "ACA")}
+    samples = smi_samples(start, start + max(ended.values()), zoo)
+    return {"processes": len(runs), "runs": runs,
+            "peak_gpu_mem_gb": round(max(m for m, _ in samples) / 1024, 2),
+            "gpu_utilisation_mean_pct": round(statistics.mean(u for _, u in samples), 1)}
+
+
 def main() -> None:
     result = summary()
     result["graphs"] = graphs_summary(result)
+    result["protocol"] = protocol_summary()
+    result["packed"] = packed_summary()
     (HERE / "speed.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
