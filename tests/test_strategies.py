@@ -250,6 +250,24 @@ def test_fused_optimizer_is_the_foreach_update_in_one_kernel(overflow_steps):
         torch.testing.assert_close(fused_weight, foreach_weight, rtol=1e-6, atol=1e-7)
 
 
+def test_a_foreach_optimizers_state_loads_into_the_fused_one_and_steps_under_the_scaler():
+    """A pretraining's progress file saved with the foreach update resumes under ``training.fused_optimizer``: the
+    loaded state keeps the update fused, so the gradient scaler's fused path steps it, to the foreach update's
+    weights."""
+    torch.manual_seed(0)
+    model = build_model(backbone="small_cnn", head="learnable", num_classes=4, small_width=8, small_out_dim=16)
+    foreach = make_optimizer(model, TrainSettings.with_defaults(fused_optimizer=False))
+    train_steps_under_scaler(model, foreach, overflow_steps=(), steps=2)
+    resumed = {fused: copy.deepcopy(model) for fused in (True, False)}
+    for fused, m in resumed.items():
+        optimizer = make_optimizer(m, TrainSettings.with_defaults(fused_optimizer=fused))
+        optimizer.load_state_dict(copy.deepcopy(foreach.state_dict()))
+        assert bool(optimizer.param_groups[0]["fused"]) is fused
+        train_steps_under_scaler(m, optimizer, overflow_steps=(1,), steps=3, seed=1)
+    for fused_weight, foreach_weight in zip(resumed[True].parameters(), resumed[False].parameters(), strict=True):
+        torch.testing.assert_close(fused_weight, foreach_weight, rtol=1e-6, atol=1e-7)
+
+
 def indexed_set(counts, first_label=0):
     labels = torch.cat([torch.full((n,), first_label + c, dtype=torch.long) for c, n in enumerate(counts)])
     images = torch.arange(len(labels), dtype=torch.uint8).view(-1, 1, 1, 1).expand(-1, 3, 2, 2).clone()

@@ -147,7 +147,15 @@ class ZeroStartFusedSGD(torch.optim.SGD):
     iteration 3 (torch 2.11; results/gpu/speed/speed.md), and torch 2.14 on the CPU does the same
     (``tests/test_strategies.py``). A zero buffer gives the first step its own value, 0.9 x 0 + gradient (dampening
     is 0), so the weights equal the foreach update's, skipped first step or not; a buffer is added wherever one is
-    missing, so an optimizer whose state was cleared (Avalanche's reset between experiences) is covered too."""
+    missing, so an optimizer whose state was cleared (Avalanche's reset between experiences) is covered too. A state
+    saved by the foreach update (a pretraining's progress file from before ``training.fused_optimizer``) loads as
+    fused: torch would take its ``fused: None``, and the gradient scaler, which hands a fused optimizer its overflow
+    check, would then fail the foreach update's step."""
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            group["fused"] = True
 
     def step(self, closure=None):
         for group in self.param_groups:
