@@ -4,8 +4,9 @@
 # second session's WebP mosaics of the decoded pixels took 273 MB), one tar split into chunks that each fit the device
 # tool's 64 MiB beside the working tree (27.5 MB on disk); the wheels (.whl, wheels.txt) ride with the first.
 #   device.sh bundle                   here: .gpu/c0 (10.5 MB, beside the wheels) ... .gpu/cN (38 MB) from ../shared/data
-#   CHUNKS=N COMMIT=SHA device.sh setup  there (carry .whl, .gpu/c0): wheels into /tmp/site, the first chunk; starts the
-#                                      pipeline in the background
+#   CHUNKS=N COMMIT=SHA [PIPELINE=zoo [SEEDS="42 1 2"] [JOBS=8]] device.sh setup
+#                                      there (carry .whl, .gpu/c0): wheels into /tmp/site, the first chunk; starts the
+#                                      pipeline (the protocol run below, or the zoo of issue 57) in the background
 #   device.sh part                     there (carry .gpu/cK): the chunk this call carries
 #   device.sh wait SECONDS             there (carry the last chunk, or none): until the pipeline ends or SECONDS
 #                                      pass, then $W (no weights) into $OUT/speed.tgz
@@ -17,6 +18,8 @@
 #   3. `runner.py pretrain` (the 3 replacement ResNet-18s side by side, one process each), then `runner.py run`
 #      (preset fidelity, d-Simplex-HOC, seed 42) alone, each timed from command to exit, with CUDA graphs
 #      (training.compile: reduce-overhead; without them, resuming, if they fail).
+# PIPELINE=zoo instead runs 2 and then every registered strategy through `runner.py sweep --strategy all --jobs N`
+# (issue 57), after the replacement models of both head families were pretrained side by side; two `wait` calls.
 set -uo pipefail
 W=${W:-/tmp/speed}
 D=${D:-/tmp/data}
@@ -55,37 +58,59 @@ unpack() {
 pretrain_packed() {  # the fidelity preset's 3 replacement models (tasks 0/2/4: 25/50/100 classes, seeds 0/1/2)
   # pretrained side by side, one process each: the same cache keys, and so the same models, as one `runner.py
   # pretrain` makes one after the other (checked on the CPU: equal weights), in the time of the largest
-  local tasks=(0 2 4) counts=(25 50 100) pids=() i rc=0
-  stamp "start pretrain"
+  local name=$1 tasks=(0 2 4) counts=(25 50 100) pids=() i rc=0
+  shift
+  stamp "start $name"
   for i in 0 1 2; do
     timeout 480 python3 runner.py pretrain "$@" --set "replacement.tasks=[${tasks[i]}]" \
       --set "replacement.pretrain.class_counts=[${counts[i]}]" --set "replacement.pretrain.seed=[$i]" \
-      > "$W/pretrain_$i.log" 2>&1 &
+      > "$W/${name}_$i.log" 2>&1 &
     pids+=($!)
   done
   for i in "${pids[@]}"; do wait "$i" || rc=1; done
-  stamp "end pretrain rc=$rc"
+  stamp "end $name rc=$rc"
   return $rc
 }
 
-protocol() {
+prepare_data() {
   stamp "start unpack"
   unpack > "$W/unpack.log" 2>&1 || return
   stamp "end unpack"
   timed data_sha 240 python3 results/gpu/speed/data_sha.py "$D" --expect results/gpu/speed/data_sha.json
+}
+
+protocol() {
+  prepare_data || return
   local plain=(--preset fidelity --data-root "$D" --no-progress --strategy dsimplex_hoc)
   local graphs=("${plain[@]}" --set training.compile=reduce-overhead)
   stamp "protocol settings: ${graphs[*]}"
-  pretrain_packed "${graphs[@]}" || timed pretrain_eager 480 python3 runner.py pretrain "${plain[@]}"
+  pretrain_packed pretrain "${graphs[@]}" || timed pretrain_eager 480 python3 runner.py pretrain "${plain[@]}"
   timed run 600 python3 runner.py run "${graphs[@]}" --seed 42 --output "$W/runs" ||
     timed run_eager 600 python3 runner.py run "${plain[@]}" --seed 42 --output "$W/runs" --resume
+}
+
+zoo() {  # issue 57: every registered strategy packed by the suite's sweep, after both head families' replacement
+  # models (d-Simplex: HOC, FD, CoReS; learnable: the others) were pretrained, six processes side by side
+  prepare_data || return
+  local graphs=(--preset fidelity --data-root "$D" --no-progress --set training.compile=reduce-overhead)
+  stamp "zoo settings: ${graphs[*]} seeds ${SEEDS:-42} jobs ${JOBS:-8}"
+  pretrain_packed pretrain_dsimplex "${graphs[@]}" --strategy dsimplex_hoc &
+  pretrain_packed pretrain_learnable "${graphs[@]}" --strategy er &
+  wait
+  timed sweep 1200 python3 runner.py sweep "${graphs[@]}" --strategy all --seeds ${SEEDS:-42} --jobs "${JOBS:-8}" \
+    --output "$W/zoo"
+  python3 runner.py leaderboard --results "$W/zoo" --matrices > "$W/zoo_leaderboard.md" 2>&1
 }
 
 pipeline() {
   nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 2 > "$W/smi.csv" 2>&1 &
   local smi=$!
-  benchmarks
-  protocol
+  if [ "${PIPELINE:-protocol}" = zoo ]; then
+    zoo
+  else
+    benchmarks
+    protocol
+  fi
   kill "$smi"
   stamp "pipeline done"
 }
@@ -118,7 +143,7 @@ torch.version.cuda, avalanche.__version__, PIL.__version__, torch.cuda.get_devic
     echo "${COMMIT:-}" > "$W/commit.txt"
     take_chunks
     stamp "setup done"
-    setsid nohup bash "$0" pipeline > "$W/pipeline.out" 2>&1 < /dev/null &
+    PIPELINE=${PIPELINE:-protocol} setsid nohup bash "$0" pipeline > "$W/pipeline.out" 2>&1 < /dev/null &
     ;;
   pipeline) pipeline ;;
   part)
