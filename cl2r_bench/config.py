@@ -22,6 +22,9 @@ import yaml
 from cl2r_bench.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+SPEED_OPTIONS = ("training.channels_last", "training.fused_optimizer", "training.compile")
+"""Settings that change how fast a run trains, not what it trains: a run resumes under other values, the leaderboard
+counts its seeds in one experiment, and a replacement model's cache key leaves them out."""
 FREE_FORM = {"strategy_params", "adapter_params", "scenario_params"}
 EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "stream.class_order": (str, list),

@@ -77,7 +77,6 @@ def with_defaults(cls: type[Section], section: str, **changes: Any) -> Section:
     return cls(**{**{k: v for k, v in values.items() if k in names}, **changes})
 
 
-SPEED_OPTIONS = ("channels_last", "fused_optimizer", "compile")  # training settings of speed, not of what is trained
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 """``training.compile``'s modes besides true (``default``) and false: ``torch.compile``'s own."""
 

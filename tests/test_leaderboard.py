@@ -115,6 +115,13 @@ def test_a_setting_a_run_predates_splits_its_seeds_only_when_the_other_run_left_
     assert len(experiment_groups([older, newer, other, param])) == 3, "a key two groups both lack"
 
 
+def test_seeds_run_under_other_speed_options_are_one_experiment():
+    fused = changed(valid_record(1), "config.training.fused_optimizer", True)
+    foreach = changed(changed(valid_record(2), "config.training.fused_optimizer", False),
+                      "config.training.compile", "reduce-overhead")
+    assert [[r["seed"] for r in runs] for runs in experiment_groups([fused, foreach]).values()] == [[1, 2]]
+
+
 def test_experiments_that_differ_beyond_the_first_three_settings_of_their_tag_keep_their_own_runs():
     """Two experiments of one name that agree on the first three settings that tell the group apart and differ on a
     fourth: each keeps its own seeds under its own label (one overwrote the other, and the report lost its runs)."""

@@ -166,6 +166,23 @@ def test_resume_compares_the_parameters_of_its_own_scenario_only(tmp_path):
         folder.check_resumable(dict(saved, scenario_params={"cl2r": {"every": 3}}))
 
 
+def test_a_run_resumes_under_other_speed_options(tmp_path):
+    """``training.fused_optimizer``, ``compile`` and ``channels_last`` change how fast a run trains, not what it
+    trains (``cl2r_bench.config.SPEED_OPTIONS``): a run saved with one value of each resumes under another."""
+    from cl2r_bench.app.run_folder import RunError, RunFolder
+    from cl2r_bench.config import resolve
+
+    saved = resolve([("test", {"dataset": "synthetic"})])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(saved))
+    folder = RunFolder(tmp_path / "run", resume=True, overwrite=False)
+    folder.check_resumable(resolve([("test", {"dataset": "synthetic", "training": {
+        "fused_optimizer": not saved["training"]["fused_optimizer"], "compile": "reduce-overhead",
+        "channels_last": True}})]))
+    with pytest.raises(RunError, match=r"training\.lr"):
+        folder.check_resumable(resolve([("test", {"dataset": "synthetic", "training": {"lr": 0.5}})]))
+
+
 def _truncate(path):
     path.write_bytes(path.read_bytes()[:100])
 

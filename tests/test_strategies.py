@@ -214,8 +214,8 @@ def test_make_optimizer_skips_decay_on_vectors():
 
 def train_steps_under_scaler(model, optimizer, overflow_steps, steps=5, seed=0):
     """``steps`` float16-style steps of ``optimizer`` under a gradient scaler (on the CPU), the loss made infinite at
-    ``overflow_steps`` so that the scaler skips them, and the optimizer's state cleared after step 2 (as Avalanche
-    resets it between experiences)."""
+    ``overflow_steps`` so that the scaler skips them; after step 2 the optimizer's state is cleared, all of it (as
+    Avalanche resets it between experiences), and after step 3 the first parameter's alone."""
     scaler = torch.amp.GradScaler("cpu")
     images, labels = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(seed)), torch.arange(8) % 4
     for step in range(steps):
@@ -228,44 +228,65 @@ def train_steps_under_scaler(model, optimizer, overflow_steps, steps=5, seed=0):
         scaler.update()
         if step == 2:
             optimizer.state.clear()
+        if step == 3:
+            optimizer.state.pop(optimizer.param_groups[0]["params"][0], None)
 
 
-@pytest.mark.parametrize("overflow_steps", [(), (0,), (0, 3), (1,)])
-def test_fused_optimizer_is_the_foreach_update_in_one_kernel(overflow_steps):
-    """``training.fused_optimizer`` changes how SGD's update is launched, not what it computes: momentum and weight
-    decay (on the decayed group only) at a changing learning rate leave the same weights either way, also where the
-    gradient scaler skips a first step (torch's own fused SGD then reads uninitialised momentum: ZeroStartFusedSGD)."""
+def small_model():
     torch.manual_seed(0)
-    model = build_model(backbone="small_cnn", head="learnable", num_classes=4, small_width=8, small_out_dim=16)
+    return build_model(backbone="small_cnn", head="learnable", num_classes=4, small_width=8, small_out_dim=16)
+
+
+def optimizer_of(model, fused):
+    return make_optimizer(model, TrainSettings.with_defaults(lr=0.05, weight_decay=1e-3, fused_optimizer=fused))
+
+
+def assert_same_weights(first, second):
+    for weight, other in zip(first.parameters(), second.parameters(), strict=True):
+        torch.testing.assert_close(weight, other, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("overflow_steps", [(), (0,), (0, 4), (1,)])
+def test_fused_optimizer_changes_how_sgd_is_launched_not_what_it_computes(overflow_steps):
+    """``training.fused_optimizer`` leaves the weights of torch's unfused update (momentum, weight decay on the
+    decayed group only, a changing learning rate, state cleared in whole and in part), also where the gradient scaler
+    skips a first step: torch's own fused SGD then reads uninitialised momentum (ZeroStartSGD)."""
+    model = small_model()
     models = {fused: copy.deepcopy(model) for fused in (True, False)}
-    optimizers = {fused: make_optimizer(m, TrainSettings.with_defaults(lr=0.05, weight_decay=1e-3,
-                                                                        fused_optimizer=fused))
-                  for fused, m in models.items()}
+    optimizers = {fused: optimizer_of(m, fused) for fused, m in models.items()}
     assert optimizers[True].defaults["fused"] and not optimizers[False].defaults["fused"]
     for fused, m in models.items():
         train_steps_under_scaler(m, optimizers[fused], overflow_steps)
     moved = [(a - b).abs().max().item() for a, b in zip(model.parameters(), models[True].parameters(), strict=True)]
     assert min(moved) > 0
-    for fused_weight, foreach_weight in zip(models[True].parameters(), models[False].parameters(), strict=True):
-        torch.testing.assert_close(fused_weight, foreach_weight, rtol=1e-6, atol=1e-7)
+    assert_same_weights(models[True], models[False])
 
 
-def test_a_foreach_optimizers_state_loads_into_the_fused_one_and_steps_under_the_scaler():
-    """A pretraining's progress file saved with the foreach update resumes under ``training.fused_optimizer``: the
-    loaded state keeps the update fused, so the gradient scaler's fused path steps it, to the foreach update's
-    weights."""
-    torch.manual_seed(0)
-    model = build_model(backbone="small_cnn", head="learnable", num_classes=4, small_width=8, small_out_dim=16)
-    foreach = make_optimizer(model, TrainSettings.with_defaults(fused_optimizer=False))
-    train_steps_under_scaler(model, foreach, overflow_steps=(), steps=2)
+def test_a_first_step_the_scaler_skips_leaves_zero_momentum_and_the_weights_as_they_were():
+    model = small_model()
+    before = copy.deepcopy(model)
+    optimizer = optimizer_of(model, fused=True)
+    train_steps_under_scaler(model, optimizer, overflow_steps=(0,), steps=1)
+    assert_same_weights(model, before)
+    buffers = [optimizer.state[p]["momentum_buffer"] for p in model.parameters() if p.grad is not None]
+    assert buffers and all(torch.count_nonzero(b) == 0 for b in buffers)
+
+
+@pytest.mark.parametrize("saved_fused", [False, True])
+def test_a_saved_state_loads_into_either_optimizer_and_keeps_its_kind_of_update(saved_fused):
+    """A pretraining's progress file saved by one kind of update resumes under the other: the loaded optimizer keeps
+    its own (with float16 the gradient scaler hands a fused optimizer its overflow check, and an unfused step would
+    refuse it), and both reach the same weights."""
+    model = small_model()
+    saved = optimizer_of(model, saved_fused)
+    train_steps_under_scaler(model, saved, overflow_steps=(), steps=2)
     resumed = {fused: copy.deepcopy(model) for fused in (True, False)}
     for fused, m in resumed.items():
-        optimizer = make_optimizer(m, TrainSettings.with_defaults(fused_optimizer=fused))
-        optimizer.load_state_dict(copy.deepcopy(foreach.state_dict()))
+        optimizer = optimizer_of(m, fused)
+        optimizer.load_state_dict(copy.deepcopy(saved.state_dict()))
         assert bool(optimizer.param_groups[0]["fused"]) is fused
         train_steps_under_scaler(m, optimizer, overflow_steps=(1,), steps=3, seed=1)
-    for fused_weight, foreach_weight in zip(resumed[True].parameters(), resumed[False].parameters(), strict=True):
-        torch.testing.assert_close(fused_weight, foreach_weight, rtol=1e-6, atol=1e-7)
+    assert_same_weights(resumed[True], resumed[False])
 
 
 def indexed_set(counts, first_label=0):

@@ -9,7 +9,7 @@ the small-CNN CPU check the README cites).
 
 Speed variants apply to both loops alike: ``--amp`` (autocast on CUDA; float16 with gradient scaling, as the
 template), ``--channels-last`` (model and batches), ``--compile`` (``torch.compile`` of the training forward) and
-``--foreach-sgd`` (SGD's multi-tensor update instead of its fused kernel). The suite's loop gets them as
+``--foreach-sgd`` (torch's default SGD update instead of its fused kernel). The suite's loop gets them as
 ``TrainSettings`` fields (``amp``, ``amp_dtype``, ``channels_last``, ``compile``, ``fused_optimizer``); the plain
 loop applies them by hand. Every variant and loop runs once unmeasured first (compilation, cuDNN's algorithm
 search). Peak GPU memory is ``torch.cuda.max_memory_allocated`` of each measured run (reset before it; "n/a" off
@@ -75,21 +75,22 @@ class Variant:
     amp: str = "none"
     channels_last: bool = False
     compile: bool | str = False   # True or a torch.compile mode (training.compile)
-    fused_optimizer: bool = True  # training.fused_optimizer; false: SGD's foreach update
+    fused_optimizer: bool | None = None  # training.fused_optimizer; None: its default
 
     @property
     def name(self) -> str:
         precision = {"none": "fp32", "float16": "fp16", "bfloat16": "bf16"}[self.amp]
         compiled = [] if self.compile is False else ["compile" if self.compile is True else f"compile-{self.compile}"]
         return "+".join([precision] + ["channels-last"] * self.channels_last + compiled
-                        + ["foreach-sgd"] * (not self.fused_optimizer))
+                        + ["foreach-sgd"] * (self.fused_optimizer is False))
 
     def settings(self, base: TrainSettings) -> TrainSettings:
         """``base`` with this variant's training fields."""
         amp = self.amp != "none"
         return dataclasses.replace(base, amp=amp, amp_dtype=self.amp if amp else base.amp_dtype,
                                    channels_last=self.channels_last, compile=self.compile,
-                                   fused_optimizer=self.fused_optimizer)
+                                   fused_optimizer=base.fused_optimizer if self.fused_optimizer is None
+                                   else self.fused_optimizer)
 
 
 VARIANTS = (Variant(), Variant("bfloat16"), Variant("bfloat16", True), Variant("bfloat16", True, True),
@@ -356,7 +357,7 @@ def add_loop_arguments(parser: argparse.ArgumentParser, *, backbone: str, strate
 
 def loop_variant(args: argparse.Namespace) -> Variant:
     """The variant the options of :func:`add_loop_arguments` ask for."""
-    return Variant(args.amp, args.channels_last, args.compile, not args.foreach_sgd)
+    return Variant(args.amp, args.channels_last, args.compile, False if args.foreach_sgd else None)
 
 
 def parse_args() -> argparse.Namespace:
@@ -364,7 +365,8 @@ def parse_args() -> argparse.Namespace:
     add_loop_arguments(parser, backbone="small_cnn", strategy="er", images=2048, epochs=2, amp="none")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", action="store_true", help="fp32, bf16, bf16+channels-last, "
-                        "bf16+channels-last+compile, fp16 (ignores --amp, --channels-last, --compile)")
+                        "bf16+channels-last+compile, fp16, each with the fused SGD update (ignores --amp, "
+                        "--channels-last, --compile, --foreach-sgd)")
     parser.add_argument("--protocol", action="store_true", help="estimate the 7-task paper protocol's time")
     parser.add_argument("--eval-images", type=int, default=None,
                         help="images embedded to time an evaluation (default: the protocol's 60,000)")

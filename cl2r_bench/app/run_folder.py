@@ -12,14 +12,14 @@ from typing import Any
 import torch
 import yaml
 
-from cl2r_bench.config import config_text, differing, flatten
+from cl2r_bench.config import SPEED_OPTIONS, config_text, differing, flatten
 from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.files import atomic_write_text, exclusive
 
-IGNORED_ON_RESUME = ("training.progress", "training.channels_last", "training.compile", "evaluation.plots",
-                     "tracking.", "distributed.connect_timeout", "distributed.timeout", "device", "output",
+IGNORED_ON_RESUME = ("training.progress", *SPEED_OPTIONS, "evaluation.plots", "tracking.",
+                     "distributed.connect_timeout", "distributed.timeout", "device", "output",
                      "model_update.stream_rows", "model_update.screen")
-"""Settings that leave a run's results as they are: where they go, progress and logging, and the two that only
+"""Settings that leave a run's results as they are: where they go, speed, progress and logging, and the two that only
 ``runner.py adapt`` reads (a run ranks in memory whatever they say, so a default changed since does not block it)."""
 RUN_MARKER = ".cl2r-run"
 STATE_KEYS = {"next_task", "timings", "replacements", "pretrain_seconds"}

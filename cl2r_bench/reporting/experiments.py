@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.record import RunRecord, checked_records
-from cl2r_bench.config import CONFIG_DIR, flatten, read_yaml
+from cl2r_bench.config import CONFIG_DIR, SPEED_OPTIONS, flatten, read_yaml
 
 NOT_EXPERIMENT = {"seed", "output", "device", "data_root", "download", "plugins", "training.progress",
-                  "training.channels_last", "training.compile", "distributed.connect_timeout", "distributed.timeout",
-                  "evaluation.plots", "replacement.pretrain.cache_dir", "model_update.feature_cache",
-                  "model_update.encoder_batch_size", "model_update.stream_rows"}
+                  *SPEED_OPTIONS, "distributed.connect_timeout", "distributed.timeout", "evaluation.plots",
+                  "replacement.pretrain.cache_dir", "model_update.feature_cache", "model_update.encoder_batch_size",
+                  "model_update.stream_rows"}
 """Settings that change where or how a run computes, not its figures: ``model_update.stream_rows`` reads the same
 features in memory or in chunks, to the same cases and curves (``tests/test_adapt.py``)."""
 

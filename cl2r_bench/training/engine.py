@@ -18,7 +18,7 @@ teacher (frozen, eval mode, no gradient) and the replay memory (:func:`update_me
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import torch
@@ -138,30 +138,37 @@ class EpochHook(Protocol):
         """Called after each epoch; returns whether to train another epoch."""
 
 
-class ZeroStartFusedSGD(torch.optim.SGD):
-    """torch's fused SGD (``fused=True``) whose momentum buffers start at zero.
+class ZeroStartSGD(torch.optim.SGD):
+    """torch's SGD whose momentum buffers start at zero and whose update stays the kind it was built with.
 
-    torch allocates the buffers uninitialised (``torch.empty_like``) at the first step and lets the kernel fill them,
-    but the kernel returns at once when the float16 gradient scaler found an overflow, as it often does at a task's
-    first step. The next step then reads memory garbage as momentum: a replacement pretraining on an H200 diverged at
-    iteration 3 (torch 2.11; results/gpu/speed/speed.md), and torch 2.14 on the CPU does the same
+    With ``fused=True`` torch allocates the buffers uninitialised (``torch.empty_like``) at the first step and lets the
+    kernel fill them, but the kernel returns at once when the float16 gradient scaler found an overflow, as it often
+    does at a task's first step; the next step then reads memory garbage as momentum: a replacement pretraining on an
+    H200 diverged at iteration 3 (torch 2.11; results/gpu/speed/speed.md), and torch 2.14 on the CPU does the same
     (``tests/test_strategies.py``). A zero buffer gives the first step its own value, 0.9 x 0 + gradient (dampening
-    is 0), so the weights equal the foreach update's, skipped first step or not; a buffer is added wherever one is
-    missing, so an optimizer whose state was cleared (Avalanche's reset between experiences) is covered too. A state
-    saved by the foreach update (a pretraining's progress file from before ``training.fused_optimizer``) loads as
-    fused: torch would take its ``fused: None``, and the gradient scaler, which hands a fused optimizer its overflow
-    check, would then fail the foreach update's step."""
+    is 0, fixed here), so the weights equal the unfused update's, skipped first step or not. A buffer is added wherever
+    one is missing, so an optimizer whose state was cleared in whole or in part (Avalanche's reset between experiences)
+    is covered too.
+
+    A loaded state keeps this optimizer's ``fused`` and ``foreach``: torch would take the saved ones, and a progress
+    file saved by the other kind of update would then change it (with float16 the gradient scaler, which hands a fused
+    optimizer its overflow check, would fail the unfused step)."""
+
+    def __init__(self, groups: list[dict], *, lr: float, momentum: float, fused: bool) -> None:
+        super().__init__(groups, lr=lr, momentum=momentum, dampening=0.0, fused=fused or None)
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load, with this optimizer's kind of update kept."""
         super().load_state_dict(state_dict)
         for group in self.param_groups:
-            group["fused"] = True
+            group["fused"], group["foreach"] = self.defaults["fused"], self.defaults["foreach"]
 
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """torch's step, after a zero momentum buffer for every parameter with a gradient and none yet."""
         for group in self.param_groups:
             if group["momentum"]:
                 for param in group["params"]:
-                    if param.grad is not None and "momentum_buffer" not in self.state[param]:
+                    if param.grad is not None and self.state[param].get("momentum_buffer") is None:
                         self.state[param]["momentum_buffer"] = torch.zeros_like(param)
         return super().step(closure)
 
@@ -171,14 +178,12 @@ def make_optimizer(model: nn.Module, settings: TrainSettings,
     """SGD with weight decay on weight matrices and kernels only (not on norm weights and biases), over the
     parameters of ``model`` and of the ``extra`` modules a strategy trains with it
     (:meth:`cl2r_bench.strategy.Strategy.trainable_modules`), updated by torch's fused kernel with
-    ``settings.fused_optimizer`` (:class:`ZeroStartFusedSGD`)."""
+    ``settings.fused_optimizer`` (:class:`ZeroStartSGD`)."""
     params = [p for module in (model, *extra) for p in module.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim > 1]
     no_decay = [p for p in params if p.ndim <= 1]
     groups = [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if settings.fused_optimizer:
-        return ZeroStartFusedSGD(groups, lr=settings.lr, momentum=settings.momentum, fused=True)
-    return torch.optim.SGD(groups, lr=settings.lr, momentum=settings.momentum)
+    return ZeroStartSGD(groups, lr=settings.lr, momentum=settings.momentum, fused=settings.fused_optimizer)
 
 
 def cosine_lr(step: int, total: int, lr: float, lr_min: float) -> float:

@@ -42,7 +42,8 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     ``epoch_hook`` replaces the cosine schedule by epoch-level control (:class:`EpochHook`); ``tracker`` receives
     the loss and learning rate where the loss is read (:mod:`cl2r_bench.tracking`). Under torchrun (``processes``)
     the model trains data-parallel on each rank's share of every global batch (:mod:`cl2r_bench.distributed`);
-    ``training.channels_last`` and ``training.compile`` are speed options (:func:`training_forward`)."""
+    ``training.channels_last``, ``training.compile`` (:func:`training_forward`) and ``training.fused_optimizer``
+    (:func:`~cl2r_bench.training.engine.make_optimizer`) are speed options."""
     from tqdm import tqdm
 
     # The template imports Avalanche's training templates (3 s): only when a task trains, not for `runner.py list`.

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from cl2r_bench.config import SPEED_OPTIONS
 from cl2r_bench.data.datasets import DataSplits, ImageSet
 from cl2r_bench.data.streams import first_per_class, relabel
 from cl2r_bench.files import atomic_write, atomic_write_json, exclusive
@@ -42,7 +43,7 @@ from cl2r_bench.models import (
     forward_in_batches,
     load_replacement,
 )
-from cl2r_bench.settings import SPEED_OPTIONS, PlateauSettings, TrainSettings
+from cl2r_bench.settings import PlateauSettings, TrainSettings
 from cl2r_bench.strategy import Step, Strategy
 from cl2r_bench.training.loop import train_task
 
@@ -197,7 +198,8 @@ def pretrained_replacement(data: DataSplits, classes: list[int], *, head: str, m
     the training log are written to ``<model>.json``."""
     spec = {"dataset": data.name, "data_sha256": [data.train.digest(), data.test.digest()], "classes": classes,
             "head": head, **model_kwargs,
-            "settings": {k: v for k, v in settings.__dict__.items() if k not in SPEED_OPTIONS} | {"progress": None},
+            "settings": {k: v for k, v in settings.__dict__.items()
+                         if f"training.{k}" not in SPEED_OPTIONS} | {"progress": None},
             "images_per_class": images_per_class,
             "seed": seed, "image_size": int(data.train.images.shape[-1])}
     if keep_classifier:

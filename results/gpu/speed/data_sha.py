@@ -22,10 +22,13 @@ CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
 
 
 def sha(array: np.ndarray) -> str:
+    """The SHA-256 of ``array``'s bytes in C order."""
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
 def data_sha(root: Path) -> dict[str, str]:
+    """``{array name: SHA-256}`` of the Tiny ImageNet cache the suite's reader decodes under ``root`` (it writes the
+    cache if absent) and of the CIFAR-10 pickles' images and labels."""
     tiny = read_tiny_imagenet(root)
     digests = {"tiny_train_x": sha(tiny.train.images.numpy()), "tiny_train_y": sha(tiny.train.labels.numpy()),
                "tiny_val_x": sha(tiny.test.images.numpy()), "tiny_val_y": sha(tiny.test.labels.numpy())}

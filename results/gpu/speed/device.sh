@@ -47,11 +47,15 @@ benchmarks() {
   stamp "benchmarks done"
 }
 
-unpack() {
-  until [ "$(ls "$P" | wc -l)" -ge "$(cat "$W/chunks.txt")" ]; do sleep 1; done
+unpack() {  # once every chunk is in (each is renamed into place once copied whole), or fail after 20 minutes
+  local deadline=$(( $(date +%s) + 1200 ))
+  until [ "$(ls "$P" | grep -vc '\.part$')" -ge "$(cat "$W/chunks.txt")" ]; do
+    [ "$(date +%s)" -lt "$deadline" ] || { echo "chunks missing after 20 minutes: $(ls "$P")"; return 1; }
+    sleep 1
+  done
   stamp "chunks in"
   mkdir -p /tmp/src "$D"
-  cat "$P"/c* | tar -x -C /tmp/src || return
+  cat "$P"/c[0-9] | tar -x -C /tmp/src || return
   bash /tmp/src/tiny-imagenet-200/unpack.sh "$D" && bash /tmp/src/cifar-10-jpeg/unpack.sh "$D"
 }
 
@@ -95,8 +99,9 @@ zoo() {  # issue 57: every registered strategy packed by the suite's sweep, afte
   local graphs=(--preset fidelity --data-root "$D" --no-progress --set training.compile=reduce-overhead)
   stamp "zoo settings: ${graphs[*]} seeds ${SEEDS:-42} jobs ${JOBS:-8}"
   pretrain_packed pretrain_dsimplex "${graphs[@]}" --strategy dsimplex_hoc &
+  local dsimplex=$!
   pretrain_packed pretrain_learnable "${graphs[@]}" --strategy er &
-  wait
+  wait $dsimplex $!
   timed sweep 1200 python3 runner.py sweep "${graphs[@]}" --strategy all --seeds ${SEEDS:-42} --jobs "${JOBS:-8}" \
     --output "$W/zoo"
   python3 runner.py leaderboard --results "$W/zoo" --matrices > "$W/zoo_leaderboard.md" 2>&1
@@ -117,17 +122,20 @@ pipeline() {
 
 take_chunks() {
   mkdir -p "$P"
-  cp .gpu/c* "$P/" 2>/dev/null
-  echo "chunks in: $(ls "$P" | wc -l) of $(cat "$W/chunks.txt")"
+  for chunk in .gpu/c*; do
+    [ -e "$P/${chunk##*/}" ] || { cp "$chunk" "$P/${chunk##*/}.part" && mv "$P/${chunk##*/}.part" "$P/${chunk##*/}"; }
+  done
+  echo "chunks in: $(ls "$P" | grep -vc '\.part$') of $(cat "$W/chunks.txt")"
 }
 
 case ${1:?stage} in
   bundle)
+    set -e
     rm -rf .gpu && mkdir -p .gpu
     tar -c -C "$SHARED" tiny-imagenet-200 cifar-10-jpeg > .gpu/all.tar
     head -c "${FIRST_BYTES:-10500000}" .gpu/all.tar > .gpu/c0
     tail -c +$(( ${FIRST_BYTES:-10500000} + 1 )) .gpu/all.tar | split -b "${CHUNK_BYTES:-38000000}" -d \
-      --numeric-suffixes=1 -a 1 - .gpu/c
+      --numeric-suffixes=1 -a 1 - .gpu/c  # at most c9: 350 MB
     rm .gpu/all.tar
     du -b .gpu/* .whl | sed 's/^/  /'
     ;;

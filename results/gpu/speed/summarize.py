@@ -1,5 +1,5 @@
-"""Write results/gpu/speed/speed.json from the device sessions' records, and print it. Every figure is read or
-computed here, none typed in.
+"""Write results/gpu/speed/speed.json from the device sessions' records, and print it. Every measured figure is read
+or computed here, none typed in (the issue's 120 s target and the commands are).
 
 * ``raw/`` (first session, eager): the fidelity run's 6 tasks, its ``metrics.json``, nvidia-smi's samples.
 * ``raw-graphs/`` (second session, ``graphs`` in the JSON): the loop benchmark and the torch profiler eager and
