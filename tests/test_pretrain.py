@@ -71,6 +71,28 @@ def test_a_pretrained_model_is_cached_per_data_so_no_data_setting_is_served_anot
     assert other != first and not other_cached
 
 
+def test_speed_options_share_a_replacement_models_cache_key_and_training_settings_do_not(tmp_path):
+    """``cl2r_bench.config.SPEED_OPTIONS`` train the same model, so one cached checkpoint serves every value of
+    them; a setting of what is trained (the learning rate) gets its own."""
+    from cl2r_bench.data.synthetic import make_synthetic
+    from cl2r_bench.settings import TrainSettings
+    from cl2r_bench.training.pretrain import pretrained_replacement
+
+    data = make_synthetic(num_classes=8, train_per_class=4, test_per_class=2, image_size=16)
+    kwargs = {"backbone": "small_cnn", "simplex_vertices_count": 16, "small_width": 4, "small_out_dim": 8}
+
+    def path(**training):
+        settings = TrainSettings.with_defaults(epochs=1, batch_size=16, progress=False, **training)
+        return pretrained_replacement(data, [0, 1, 2], head="learnable", model_kwargs=kwargs, settings=settings,
+                                      images_per_class=None, device=torch.device("cpu"), seed=0,
+                                      cache_dir=tmp_path, log=lambda _: None)
+
+    first, _ = path(fused_optimizer=True)
+    assert path(fused_optimizer=False, channels_last=True, compile="reduce-overhead") == (first, True)
+    other, cached = path(lr=0.5)
+    assert other != first and not cached
+
+
 def test_plateau_pretraining_through_a_compiled_forward_keeps_the_models_own_state(tmp_path, monkeypatch):
     """``training.compile`` wraps the training forward (``torch.compile``'s ``_orig_mod.`` keys, as DDP's
     ``module.``); the plateau hook must still save and restore the model's own state dict. Found on an H200: the
