@@ -4,9 +4,10 @@
 # second session's WebP mosaics of the decoded pixels took 273 MB), one tar split into chunks that each fit the device
 # tool's 64 MiB beside the working tree (27.5 MB on disk); the wheels (.whl, wheels.txt) ride with the first.
 #   device.sh bundle                   here: .gpu/c0 (10.5 MB, beside the wheels) ... .gpu/cN (38 MB) from ../shared/data
-#   CHUNKS=N COMMIT=SHA [PIPELINE=zoo [SEEDS="42 1 2"] [JOBS=8]] device.sh setup
+#   CHUNKS=N COMMIT=SHA [PIPELINE=zoo [SEEDS="42 1 2"] [JOBS=8] | PIPELINE=ab] device.sh setup
 #                                      there (carry .whl, .gpu/c0): wheels into /tmp/site, the first chunk; starts the
-#                                      pipeline (the protocol run below, or the zoo of issue 57) in the background
+#                                      pipeline (the protocol run below, the zoo of issue 57, or the levers' A/B on
+#                                      results) in the background
 #   device.sh part                     there (carry .gpu/cK): the chunk this call carries
 #   device.sh wait SECONDS             there (carry the last chunk, or none): until the pipeline ends or SECONDS
 #                                      pass, then $W (no weights) into $OUT/speed.tgz
@@ -20,6 +21,9 @@
 #      (training.compile: reduce-overhead; without them, resuming, if they fail).
 # PIPELINE=zoo instead runs 2 and then every registered strategy through `runner.py sweep --strategy all --jobs N`
 # (issue 57), after the replacement models of both head families were pretrained side by side; two `wait` calls.
+# PIPELINE=ab runs 2, the HOC replacement models, then HOC eager (torch's default SGD update) and with the levers
+# (CUDA graphs, fused update) on those same models, seeds 42 and 1, four runs side by side: the levers' effect on
+# results without the replacement models' own differences (speed.md, "HOC before and after").
 set -uo pipefail
 W=${W:-/tmp/speed}
 D=${D:-/tmp/data}
@@ -107,15 +111,37 @@ zoo() {  # issue 57: every registered strategy packed by the suite's sweep, afte
   python3 runner.py leaderboard --results "$W/zoo" --matrices > "$W/zoo_leaderboard.md" 2>&1
 }
 
+levers_ab() {  # issue 56's check of the levers on results: d-Simplex-HOC on the same replacement models, eager with
+  # torch's default SGD update against CUDA graphs with the fused update, seeds 42 and 1, the four runs side by side
+  # (their speed is not the question), into two folders (the leaderboard counts speed options as one experiment)
+  prepare_data || return
+  local plain=(--preset fidelity --data-root "$D" --no-progress --strategy dsimplex_hoc)
+  pretrain_packed pretrain "${plain[@]}" --set training.compile=reduce-overhead || return  # the same cache keys
+  local pids=() seed
+  stamp "start ab"
+  for seed in 42 1; do
+    timeout 900 python3 runner.py run "${plain[@]}" --set training.fused_optimizer=false --seed $seed \
+      --output "$W/ab/eager" > "$W/ab_eager_$seed.log" 2>&1 &
+    pids+=($!)
+    timeout 900 python3 runner.py run "${plain[@]}" --set training.compile=reduce-overhead --seed $seed \
+      --output "$W/ab/levers" > "$W/ab_levers_$seed.log" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  stamp "end ab"
+  for side in eager levers; do
+    python3 runner.py leaderboard --results "$W/ab/$side" --matrices > "$W/ab_$side.md" 2>&1
+  done
+}
+
 pipeline() {
   nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 2 > "$W/smi.csv" 2>&1 &
   local smi=$!
-  if [ "${PIPELINE:-protocol}" = zoo ]; then
-    zoo
-  else
-    benchmarks
-    protocol
-  fi
+  case ${PIPELINE:-protocol} in
+    zoo) zoo ;;
+    ab) levers_ab ;;
+    *) benchmarks; protocol ;;
+  esac
   kill "$smi"
   stamp "pipeline done"
 }
