@@ -37,7 +37,7 @@ from benchmarks.record import holds_complete_record
 from cl2r_bench.adapt import encoder_study
 from cl2r_bench.adapt.driver import Protocol, StudyRun, drive
 from cl2r_bench.adapters import convergence_note, list_adapters, unpaired_adapters
-from cl2r_bench.app.assembly import assemble
+from cl2r_bench.app.assembly import assemble, resolve_device
 from cl2r_bench.app.run_folder import RunFolder
 from cl2r_bench.config import resolve
 from cl2r_bench.files import atomic_write_json
@@ -51,6 +51,8 @@ LAMBDA_VARIANTS = {"lambda_orth-lam22": {"lam": 22.0}, "lambda_orth-affine": {"c
 """The λ ablation (λ-orth's CUB table: strict, λ = 12 as ``lambda_orth``, λ = 22, affine), run where zero-shot
 retention is measured: Lite0 -> Lite2 on Tiny ImageNet. Strict runs last: its matrix exponential of a 1280 x 1280
 matrix costs about 5 s a step on 2 CPU cores."""
+FULL_SPLITS = {"fit_per_class": None, "test_per_class": None}
+"""``--full-splits``: every train image fitted, every test image query and gallery (issue 58)."""
 RESNET_PRETRAINING = {"epochs": 8, "images_per_class": 300, "lr": 0.1, "lr_min": 0.0001, "batch_size": 128,
                       "seed": 0}
 
@@ -71,8 +73,9 @@ def lite_pair(output: Path) -> dict[str, str]:
     return {"old": f"timm:tf_efficientnet_lite0@{lite['lite0']}", "new": f"timm:tf_efficientnet_lite2@{lite['lite2']}"}
 
 
-def suite_resnet(data_root: str, cache_dir: Path, log: Any) -> Path:
-    """The suite's ResNet-18 on all 200 Tiny ImageNet classes at 32x32, its classifier kept (cached)."""
+def suite_resnet(data_root: str, cache_dir: Path, device: torch.device, log: Any) -> Path:
+    """The suite's ResNet-18 on all 200 Tiny ImageNet classes at 32x32, its classifier kept (cached; the cache key
+    leaves the device out)."""
     from cl2r_bench.data.datasets import load_dataset
     from cl2r_bench.settings import TrainSettings
     from cl2r_bench.training.pretrain import pretrained_replacement
@@ -83,7 +86,7 @@ def suite_resnet(data_root: str, cache_dir: Path, log: Any) -> Path:
     path, _ = pretrained_replacement(
         load_dataset("tinyimagenet", data_root, image_size=32), list(range(200)), head="learnable",
         model_kwargs={"backbone": "resnet18", "simplex_vertices_count": 1024, "small_width": 32, "small_out_dim": 128},
-        settings=settings, images_per_class=p["images_per_class"], device=torch.device("cpu"), seed=p["seed"],
+        settings=settings, images_per_class=p["images_per_class"], device=device, seed=p["seed"],
         cache_dir=cache_dir, keep_classifier=True, log=log)
     return path
 
@@ -101,7 +104,8 @@ def run_config(args: argparse.Namespace, pair: dict[str, str], dataset: str, ada
                               "backfill_orders": list(BACKFILL_ORDERS), "unseen_classes": args.unseen_classes,
                               "pairing": args.pairing,
                               "feature_cache": str(Path(args.output) / "feature_cache"), **DATASETS[dataset],
-                              **({"fit_per_class": args.fit_per_class} if args.fit_per_class else {})}}
+                              **({"fit_per_class": args.fit_per_class} if args.fit_per_class else {}),
+                              **(FULL_SPLITS if args.full_splits else {})}}
     return resolve([("pretrained study", layer)])
 
 
@@ -121,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
                         "adapters fitted without pairs, under OUTPUT/unpaired/ (model_update.pairing)")
     parser.add_argument("--fit-per-class", type=int, default=0, help="fit on this many train images per class "
                         "instead of the data set's default; runs under .../fit-N/")
+    parser.add_argument("--full-splits", action="store_true", help="fit on every train image and score every test "
+                        "image (CIFAR-10: 50,000 / 10,000; Tiny ImageNet: 100,000 / 10,000), runs under .../full/: "
+                        "a GPU's study (results/gpu/speed/device.sh PIPELINE=adapters)")
     parser.add_argument("--adapters", nargs="+", choices=list_adapters(), help="only these adapters (default: every "
                         "registered one)")
     args = parser.parse_args(argv)
@@ -129,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     runs = output / "open-set" if args.unseen_classes else output
     runs = runs / "unpaired" if args.pairing == "unpaired" else runs
     runs = runs / f"fit-{args.fit_per_class}" if args.fit_per_class else runs
+    runs = runs / "full" if args.full_splits else runs
     adapters = unpaired_adapters() if args.pairing == "unpaired" else list_adapters()
     adapters = [a for a in adapters if a in args.adapters] if args.adapters else adapters
     pairs = {"lite0-lite2": lite_pair(output)}
     if "resnet18-lite2" in args.pairs:
-        pairs["resnet18-lite2"] = {"old": f"suite:{suite_resnet(args.data_root, output / 'models', print)}",
+        resnet = suite_resnet(args.data_root, output / "models", resolve_device(args.device), print)
+        pairs["resnet18-lite2"] = {"old": f"suite:{resnet}",
                                    "new": pairs["lite0-lite2"]["new"]}
     timings: list[dict[str, Any]] = []
     timing_file = runs / f"study_timing_{int(time.time())}.json"

