@@ -5,7 +5,7 @@
 # one tar split into chunks that each fit the device tool's 64 MiB beside the working tree (27.5 MB on disk); the
 # wheels the suite imports (.whl, wheels.txt) ride with the first.
 #   device.sh bundle                   here: .gpu/c0 (10.5 MB, beside the wheels) ... .gpu/cN (38 MB); prints CHUNKS
-#   CHUNKS=N COMMIT=SHA [PIPELINE=zoo [SEEDS="42 1 2"] [JOBS=8] | PIPELINE=ab | PIPELINE=adapters] device.sh setup
+#   CHUNKS=N COMMIT=SHA [PIPELINE=zoo|long [SEEDS="42 1 2"] [JOBS=N] | PIPELINE=ab|adapters] device.sh setup
 #                                      there (carry .whl, .gpu/c0): wheels into /tmp/site, the first chunk; starts the
 #                                      pipeline (the protocol run below, the zoo of issue 57, or the levers' A/B on
 #                                      results) in the background
@@ -22,6 +22,7 @@
 #      (training.compile: reduce-overhead; without them, resuming, if they fail).
 # PIPELINE=zoo instead runs 2 and then every registered strategy through `runner.py sweep --strategy all --jobs N`
 # (issue 57), after the replacement models of both head families were pretrained side by side; two `wait` calls.
+# PIPELINE=long runs 2 and then issue 59's 31-task split for d-Simplex-HOC and ER, after their replacement models.
 # PIPELINE=adapters runs 2 and then issue 58's study: tools/pretrained_study.py --full-splits on the GPU (Lite0 ->
 # Lite2 and the suite's ResNet-18 -> Lite2, CIFAR-10 and Tiny ImageNet, every adapter, 3 seeds), the open set, the
 # tables. Records committed under results/gpu/pretrained/ are copied in first, so their runs are skipped; the
@@ -116,6 +117,22 @@ zoo() {  # issue 57: every registered strategy packed by the suite's sweep, afte
   python3 runner.py leaderboard --results "$W/zoo" --matrices > "$W/zoo_leaderboard.md" 2>&1
 }
 
+long_protocol() {  # issue 59: d-Simplex-HOC and ER on the 31-task split (10 classes, then 3 a task; replacements at
+  # tasks 0, 10, 20; docs/configuration.md) of the fidelity data, after both head families' replacement models
+  prepare_data || return
+  local graphs=(--preset fidelity --data-root "$D" --no-progress --set training.compile=reduce-overhead)
+  local long=(--set stream.num_tasks=31 --set stream.increment=3 --set "replacement.tasks=[0,10,20]")
+  stamp "long settings: ${graphs[*]} ${long[*]} seeds ${SEEDS:-42}"
+  pretrain_packed pretrain_dsimplex "${graphs[@]}" "${long[@]}" --strategy dsimplex_hoc &
+  local dsimplex=$!
+  pretrain_packed pretrain_learnable "${graphs[@]}" "${long[@]}" --strategy er &
+  wait $dsimplex $!
+  timed long 1800 python3 runner.py sweep "${graphs[@]}" "${long[@]}" --strategy dsimplex_hoc er \
+    --seeds ${SEEDS:-42} --jobs "${JOBS:-4}" --output "$W/long"
+  python3 runner.py leaderboard --results "$W/long" --matrices > "$W/long_leaderboard.md" 2>&1
+  python3 runner.py leaderboard --results "$W/long" --published > "$W/long_published.md" 2>&1
+}
+
 levers_ab() {  # issue 56's check of the levers on results: d-Simplex-HOC on the same replacement models, eager with
   # torch's default SGD update against CUDA graphs with the fused update, seeds 42 and 1, the four runs side by side
   # (their speed is not the question), into two folders (the leaderboard counts speed options as one experiment)
@@ -158,6 +175,7 @@ pipeline() {
     zoo) zoo ;;
     ab) levers_ab ;;
     adapters) adapters ;;
+    long) long_protocol ;;
     *) benchmarks; protocol ;;
   esac
   kill "$smi"
