@@ -1,5 +1,5 @@
 """``tools/pretrained_study.py``'s run configs: the subset study's splits, the control's fitting share, and
-``--full-splits`` (issue 58's study on a GPU)."""
+``--full-splits`` (the study on a GPU: every train image fitted, every test image scored)."""
 import argparse
 
 import pytest

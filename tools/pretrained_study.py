@@ -52,7 +52,7 @@ LAMBDA_VARIANTS = {"lambda_orth-lam22": {"lam": 22.0}, "lambda_orth-affine": {"c
 retention is measured: Lite0 -> Lite2 on Tiny ImageNet. Strict runs last: its matrix exponential of a 1280 x 1280
 matrix costs about 5 s a step on 2 CPU cores."""
 FULL_SPLITS = {"fit_per_class": None, "test_per_class": None}
-"""``--full-splits``: every train image fitted, every test image query and gallery (issue 58)."""
+"""``--full-splits``: every train image fitted, every test image query and gallery (the study on a GPU)."""
 RESNET_PRETRAINING = {"epochs": 8, "images_per_class": 300, "lr": 0.1, "lr_min": 0.0001, "batch_size": 128,
                       "seed": 0}
 
