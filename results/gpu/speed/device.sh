@@ -69,10 +69,10 @@ unpack() {  # once every chunk is in (each is renamed into place once copied who
   bash /tmp/src/tiny-imagenet-200/unpack.sh "$D" && bash /tmp/src/cifar-10-jpeg/unpack.sh "$D"
 }
 
-pretrain_packed() {  # the fidelity preset's 3 replacement models (tasks 0/2/4: 25/50/100 classes, seeds 0/1/2)
-  # pretrained side by side, one process each: the same cache keys, and so the same models, as one `runner.py
-  # pretrain` makes one after the other (checked on the CPU: equal weights), in the time of the largest
-  local name=$1 tasks=(0 2 4) counts=(25 50 100) pids=() i rc=0
+pretrain_packed() {  # the fidelity preset's 3 replacement models (tasks $REPLACEMENT_TASKS, default 0/2/4: 25/50/100
+  # classes, seeds 0/1/2) pretrained side by side, one process each: the same cache keys, and so the same models, as
+  # one `runner.py pretrain` makes one after the other (checked on the CPU: equal weights), in the time of the largest
+  local name=$1 tasks=(${REPLACEMENT_TASKS:-0 2 4}) counts=(25 50 100) pids=() i rc=0
   shift
   stamp "start $name"
   for i in 0 1 2; do
@@ -123,9 +123,9 @@ long_protocol() {  # issue 59: d-Simplex-HOC and ER on the 31-task split (10 cla
   local graphs=(--preset fidelity --data-root "$D" --no-progress --set training.compile=reduce-overhead)
   local long=(--set stream.num_tasks=31 --set stream.increment=3 --set "replacement.tasks=[0,10,20]")
   stamp "long settings: ${graphs[*]} ${long[*]} seeds ${SEEDS:-42}"
-  pretrain_packed pretrain_dsimplex "${graphs[@]}" "${long[@]}" --strategy dsimplex_hoc &
+  REPLACEMENT_TASKS="0 10 20" pretrain_packed pretrain_dsimplex "${graphs[@]}" "${long[@]}" --strategy dsimplex_hoc &
   local dsimplex=$!
-  pretrain_packed pretrain_learnable "${graphs[@]}" "${long[@]}" --strategy er &
+  REPLACEMENT_TASKS="0 10 20" pretrain_packed pretrain_learnable "${graphs[@]}" "${long[@]}" --strategy er &
   wait $dsimplex $!
   timed long 1800 python3 runner.py sweep "${graphs[@]}" "${long[@]}" --strategy dsimplex_hoc er \
     --seeds ${SEEDS:-42} --jobs "${JOBS:-4}" --output "$W/long"
