@@ -7,11 +7,13 @@ writers never share a temporary file. JSON is strict (no ``NaN`` / ``Infinity`` 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
 import platform
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -259,14 +261,37 @@ def exclusive(lock_path: str | Path, what: str, *, wait: Callable[[str], Any] | 
             lock_path.unlink(missing_ok=True)
 
 
+CODE_ROOT = Path(__file__).resolve().parents[1]
+COMMIT_VARIABLE = "CL2R_COMMIT"
+"""Where a copy of the suite without its ``.git`` (a lent GPU machine, a container) says which commit it is."""
+
+
 def package_versions() -> dict[str, str | None]:
+    """Python's and :data:`PACKAGES`' versions (None where not installed), and the suite's own commit
+    (:func:`code_commit`): a package version does not tell two checkouts of one release apart."""
     versions: dict[str, str | None] = {"python": platform.python_version()}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
+    versions["cl2r-bench commit"] = code_commit()
     return versions
+
+
+@functools.cache
+def code_commit(root: Path = CODE_ROOT) -> str | None:
+    """The git commit of the checkout at ``root``, with ``-dirty`` when a tracked file differs from it (read once per
+    process: the code a process runs is the code it imported); else :data:`COMMIT_VARIABLE`; else None."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        head = git("rev-parse", "--verify", "HEAD")
+        if head.returncode == 0 and (root / ".git").exists():
+            dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+            return head.stdout.strip() + ("-dirty" if dirty else "")
+    return os.environ.get(COMMIT_VARIABLE) or None
 
 
 def device_description(device: torch.device) -> dict[str, Any]:

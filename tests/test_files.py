@@ -190,3 +190,34 @@ def test_every_file_the_suite_writes_goes_through_the_atomic_writer():
                 if above not in parents and not isinstance(above, ast.Call):
                     found.append(f"{relative}:{node.lineno}: {ast.unparse(node)[:100]}")
     assert not found, "written outside the atomic writer:\n" + "\n".join(found)
+
+
+def test_a_record_names_the_suites_commit_a_dirty_tree_and_a_copy_without_git(tmp_path, monkeypatch):
+    """``versions`` tells two checkouts of one release apart: the checkout's commit, ``-dirty`` when a tracked file
+    differs from it, and in a copy without ``.git`` (a lent GPU machine) what ``CL2R_COMMIT`` says, else None."""
+    from cl2r_bench.files import COMMIT_VARIABLE, code_commit, package_versions
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "tracked.py").write_text("a = 1\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "tracked.py"], ["commit", "-q", "-m", "one"]):
+        subprocess.run(git + args, check=True, capture_output=True)
+    head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    code_commit.cache_clear()
+    assert code_commit(repo) == head
+    (repo / "untracked.py").write_text("")
+    code_commit.cache_clear()
+    assert code_commit(repo) == head, "an untracked file leaves the tree clean"
+    (repo / "tracked.py").write_text("a = 2\n")
+    code_commit.cache_clear()
+    assert code_commit(repo) == f"{head}-dirty"
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    monkeypatch.delenv(COMMIT_VARIABLE, raising=False)
+    assert code_commit(copy) is None
+    monkeypatch.setenv(COMMIT_VARIABLE, "b9d4623")
+    code_commit.cache_clear()
+    assert code_commit(copy) == "b9d4623"
+    code_commit.cache_clear()
+    assert "cl2r-bench commit" in package_versions()

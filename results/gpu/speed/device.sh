@@ -35,7 +35,7 @@ W=${W:-/tmp/speed}
 D=${D:-/tmp/data}
 P=${P:-/tmp/chunks}
 SHARED=${SHARED:-../shared/data}
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CL2R_COMMIT=${COMMIT:-${CL2R_COMMIT:-}}  # the records' commit
 stamp() { echo "$(date +%s.%N) $*" >> "$W/timeline.txt"; }
 
 timed() {  # timed NAME LIMIT COMMAND...: run it under a time limit, log its output, note start, end and exit status
