@@ -287,8 +287,8 @@ def code_commit(root: Path = CODE_ROOT) -> str | None:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
 
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        head = git("rev-parse", "--verify", "HEAD")
-        if head.returncode == 0 and (root / ".git").exists():
+        head = git("rev-parse", "--verify", "HEAD") if (root / ".git").exists() else None
+        if head is not None and head.returncode == 0:
             dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
             return head.stdout.strip() + ("-dirty" if dirty else "")
     return os.environ.get(COMMIT_VARIABLE) or None

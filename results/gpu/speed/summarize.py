@@ -7,7 +7,8 @@ or computed here, none typed in (the issue's 120 s target and the commands are).
   protocol's wall time projected with graphs from the first session's iterations and non-training seconds.
 * ``raw-v3/`` (third session, ``protocol`` in the JSON): the whole protocol run alone with CUDA graphs and the fused
   SGD update, its replacement models pretrained side by side before it, the loop benchmark with SGD's foreach and
-  fused update, and ``zoo/``: eight strategies' runs started together after it (``packed``).
+  fused update, and ``zoo/``: eight strategies' runs started together after it (``packed``; the records of those
+  that finished are in ``results/gpu/zoo/runs/``).
 
     python results/gpu/speed/summarize.py
 """
@@ -42,6 +43,8 @@ def smi_samples(start: float, end: float = float("inf"), folder: Path = RAW) -> 
 
 GRAPHS = HERE / "raw-graphs"
 V3 = HERE / "raw-v3"
+ZOO_RUNS = HERE.parent / "zoo" / "runs" / "iamcl2r" / "tinyimagenet"
+"""The records of the third session's runs that finished (results/gpu/zoo/: the leaderboard reads them there)."""
 RATE = re.compile(r"^(plain|suite): .*?\((\d+) images/s\)", re.M)
 
 
@@ -207,7 +210,7 @@ def packed_summary() -> dict:
     runs = {}
     for strategy, seconds in ended.items():
         errors = [line for line in (zoo / f"{strategy}.log").read_text().splitlines() if line.startswith("error:")]
-        record = zoo / "runs" / strategy / "metrics.json"
+        record = ZOO_RUNS / strategy / "seed42" / "metrics.json"
         runs[strategy] = {"seconds_from_start": round(seconds, 1), "finished": record.is_file(),
                           "error": errors[0] if errors else None}
         if record.is_file():
