@@ -1,6 +1,6 @@
-"""The suite's import of Avalanche (cl2r_bench/data/avalanche_import.py): the three libraries Avalanche imports but
-the suite calls only in GEM, W&B logging and the CUB-200 download stay unimported until first used, work when they
-are used, and are ordinary modules to every other importer."""
+"""The suite's import of Avalanche (cl2r_bench/data/avalanche_import.py): the libraries Avalanche imports but the suite
+calls only in GEM, W&B logging, the CUB-200 download and the top-k accuracy stay unimported until first used, work
+when they are used, and are ordinary modules to every other importer."""
 import inspect
 import subprocess
 import sys
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cl2r_bench.data import avalanche_import
 from cl2r_bench.data.avalanche_import import DEFERRED_LIBRARIES, DeferredModule, defer_import, deferring
 
 
@@ -61,17 +62,50 @@ def test_an_imported_module_is_left_as_it_is_and_a_failing_import_fails_at_the_f
         _ = broken.anything
 
 
+def test_a_function_bound_from_a_deferred_submodule_imports_its_package_whole_at_the_first_call(tmp_path,
+                                                                                                 monkeypatch):
+    """As Avalanche binds torchmetrics' ``accuracy``: ``from package.functional import double`` under the stand-ins
+    imports nothing; the first call imports the package (whose ``__init__`` imports the submodule) and no stand-in is
+    left among its modules."""
+    package = tmp_path / "fake_package"
+    package.mkdir()
+    record = tmp_path / "imports.txt"
+    (package / "__init__.py").write_text(f"open({str(record)!r}, 'a').write('package\\n')\nfrom . import functional\n")
+    (package / "functional.py").write_text("def double(x):\n    return 2 * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(avalanche_import.DEFERRED_FUNCTIONS, "fake_package.functional", ("double",))
+    try:
+        with deferring(["fake_package.functional", "fake_package", "fake_package.functional"]):
+            from fake_package.functional import double
+
+            assert isinstance(double, avalanche_import.DeferredFunction) and not record.exists()
+        assert "fake_package" not in sys.modules and "fake_package.functional" not in sys.modules
+        assert double(21) == 42 and record.read_text() == "package\n"
+        assert not any(isinstance(sys.modules[name], DeferredModule) for name in ("fake_package",
+                                                                                  "fake_package.functional"))
+        assert double(1) == 2 and record.read_text() == "package\n"
+    finally:
+        for name in ("fake_package", "fake_package.functional"):
+            sys.modules.pop(name, None)
+
+
 def test_a_stream_is_built_without_importing_the_deferred_libraries():
-    """In a fresh process, as every run is: Avalanche imported and a stream built, none of the three (nor JAX, which
-    qpsolvers would import) loaded, and none left standing in for them."""
+    """In a fresh process, as every run is: Avalanche imported and a stream built, none of the deferred libraries
+    (nor JAX, which qpsolvers would import, nor SciPy's signal processing, which torchmetrics would) loaded, and none
+    left standing in for them. Avalanche's top-k accuracy then calls torchmetrics' real ``accuracy`` through the
+    function it bound: top-2 of [0.1, 0.5, 0.4] holds label 2, top-2 of [0.7, 0.1, 0.2] misses label 1, so 0.5."""
     code = ("import sys\nfrom cl2r_bench.data.streams import build_stream\n"
             "build_stream(dataset='synthetic', data_root='unused', initial_classes=2, increment=2, num_tasks=2, "
             "images_per_class=4, replacement_tasks=[], eval_dataset='heldout', heldout_classes=2, "
             "synthetic={'synthetic_classes': 6, 'synthetic_train_per_class': 4, 'synthetic_test_per_class': 2})\n"
             "import avalanche.training.plugins.gem as gem\n"
-            f"print([name in sys.modules for name in {DEFERRED_LIBRARIES!r}], 'jax' in sys.modules, "
-            "type(gem.qpsolvers).__name__)")
+            "import avalanche.evaluation.metrics.topk_acc as topk\n"
+            f"print(any(name in sys.modules for name in {DEFERRED_LIBRARIES!r}), 'jax' in sys.modules, "
+            "'scipy.signal' in sys.modules, type(gem.qpsolvers).__name__, type(topk.accuracy).__name__)\n"
+            "import torch\nmetric = topk.TopkAccuracy(2)\n"
+            "metric.update(torch.tensor([[0.1, 0.5, 0.4], [0.7, 0.1, 0.2]]), torch.tensor([2, 1]), 0)\n"
+            "print(metric.result()[0], type(sys.modules['torchmetrics']).__name__)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["[False,", "False,", "False]", "False", "DeferredModule"]
+    assert done.stdout.split() == ["False", "False", "False", "DeferredModule", "DeferredFunction", "0.5", "module"]
