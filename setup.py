@@ -15,6 +15,9 @@ BROWSER = ["playwright"]
 # faiss's exact top-k search: the independent check and yardstick of the ranking on large galleries
 # (benchmarks/faiss_search.py, python -m tools.bench_large); faiss-gpu where a GPU is.
 LARGE = ["faiss-cpu"]
+# What tests/test_mini_vec2vec.py checks mini_vec2vec against: scipy's orthogonal Procrustes and its 2-opt quadratic
+# assignment, which the suite's equals (scikit-learn installs scipy too).
+REFERENCES = ["scipy"]
 
 setup(
     name="cl2r-bench",
@@ -42,10 +45,9 @@ setup(
         "jinja2",
         "numba",
         "scikit-learn",              # k-means of mini_vec2vec (as its reference code; also an Avalanche dependency)
-        "scipy",                     # the quadratic assignment of mini_vec2vec (as its reference code)
     ],
     extras_require={"test": ["pytest", "pytest-xdist", "tensorboard", "submitit", *LITE_WEIGHTS,
-                             *OPEN_CLIP, *CHECKS, *BROWSER, *LARGE],
+                             *OPEN_CLIP, *CHECKS, *BROWSER, *LARGE, *REFERENCES],
                     "tensorboard": ["tensorboard"],
                     "imagenet-lite": LITE_WEIGHTS,
                     "open-clip": OPEN_CLIP,

@@ -6,9 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from scipy.linalg import orthogonal_procrustes
+from scipy.optimize import quadratic_assignment
 
 from cl2r_bench.adapters import AdapterError, FeaturePair, fit_adapter, make_adapter, unpaired_halves
 from cl2r_bench.adapters.mini_vec2vec import centred_gram, pseudo_pairs, refine_by_clusters, refine_by_neighbours
+from cl2r_bench.adapters.quadratic_assignment import objective, swap_gains, two_opt_maximum
 
 
 def cos_sim_matrix(x, y):
@@ -48,6 +50,42 @@ def test_the_pseudo_pairs_and_the_first_map_equal_the_reference():
     torch.testing.assert_close(got, y_matched, rtol=0, atol=1e-5)
     from cl2r_bench.adapters.translation import procrustes_weight
     torch.testing.assert_close(procrustes_weight(x, got), reference_procrustes(x, y_matched), rtol=0, atol=1e-5)
+
+
+def test_each_swaps_gain_is_the_change_of_the_objective():
+    rng = np.random.default_rng(0)
+    a, b, order = rng.normal(size=(7, 7)), rng.normal(size=(7, 7)), rng.permutation(7)
+    gains = swap_gains(a, b[order][:, order])
+    for i in range(7):
+        for j in range(7):
+            swapped = order.copy()
+            swapped[[i, j]] = swapped[[j, i]]
+            assert gains[i, j] == pytest.approx(objective(a, b, swapped) - objective(a, b, order), abs=1e-12)
+
+
+def assignment_inputs(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Square matrices of 1 to 23 rows: Gaussian, centred Gram matrices of rank 3 (as the anchors'), or of zeros and
+    ones, whose many swaps change the objective by exactly nothing."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 24))
+    if seed % 3 == 0:
+        return rng.normal(size=(n, n)), rng.normal(size=(n, n))
+    if seed % 3 == 1:
+        c, d = rng.normal(size=(n, 3)), rng.normal(size=(n, 3))
+        return centred_gram(torch.tensor(c)).numpy(), centred_gram(torch.tensor(d)).numpy()
+    return rng.integers(0, 2, size=(n, n)).astype(float), rng.integers(0, 2, size=(n, n)).astype(float)
+
+
+def test_the_assignment_is_scipys_two_opt_for_the_same_generator():
+    """The reference's call, three starts from one generator on each of 60 inputs: the same permutation and the same
+    objective, bit for bit (ties included)."""
+    for seed in range(60):
+        a, b = assignment_inputs(seed)
+        theirs, ours = np.random.default_rng(seed + 1000), np.random.default_rng(seed + 1000)
+        for _ in range(3):
+            expected = quadratic_assignment(a, b, method="2opt", options={"maximize": True, "rng": theirs})
+            order, found = two_opt_maximum(a, b, ours)
+            assert np.array_equal(order, expected.col_ind) and found == expected.fun, seed
 
 
 def test_both_refinements_equal_the_reference():

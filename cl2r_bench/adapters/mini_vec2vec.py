@@ -13,7 +13,8 @@ uses no correspondence. Backward only: ``X`` is the new side, ``Y`` the old.
 2. **Matched anchors**, ``anchor_runs`` times: draw ``subsample`` items of each side (independently), k-means them
    into ``anchor_clusters`` centres each, and match the two sets of centres by the quadratic assignment that
    maximises ``⟨K_X, P K_Y Pᵀ⟩`` between their centred Gram matrices ``K = H C Cᵀ H`` (``H = I - 11ᵀ/k``): scipy's
-   2-opt from a random start, the best of ``qap_runs``. The matched centres of all runs are stacked.
+   2-opt from a random start (:mod:`.quadratic_assignment`: its result, faster), the best of ``qap_runs``. The
+   matched centres of all runs are stacked.
 3. **Pseudo-pairs**: each item's cosine profile against its side's stacked centres; for each ``x`` the ``neighbours``
    items ``y`` whose profiles are most cosine-similar to its own, averaged: ``ỹ(x)``.
 4. **Procrustes**: ``W = U Vᵀ`` of ``X̂ᵀ Ỹ`` (the orthogonal ``W`` minimising ``‖X̂ W - Ỹ‖_F``).
@@ -28,7 +29,7 @@ uses no correspondence. Backward only: ``X`` is the new side, ``Y`` the old.
 ``backward(new) = N(new - μ_X), padded, times W``; ``old_frame(old) = N(old - μ_Y)``, padded: the old gallery as
 those queries compare with it. The defaults are the notebook's (30 anchor runs of 20 clusters on 10,000-item
 subsamples, 30 QAP starts, 50 neighbours, 100 refinements of 1,000 items, one cluster refinement of 500 centres).
-k-means is scikit-learn's and the assignment scipy's, as in the reference, each seeded from the fit's generator.
+k-means is scikit-learn's and the assignment scipy's 2-opt, as in the reference, each seeded from the fit's generator.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import Adapter, FeaturePair, in_memory, register_adapter
+from .quadratic_assignment import two_opt_maximum
 from .translation import pad_columns, procrustes_weight
 
 SIMILARITY_CHUNK = 2048
@@ -99,18 +101,17 @@ def kmeans_centres(points: torch.Tensor, clusters: int, seed: int, start: torch.
 
 def matched_order(kernel_x: torch.Tensor, kernel_y: torch.Tensor, runs: int, seed: int) -> torch.Tensor:
     """The permutation of the ``y`` centres that best matches the ``x`` centres: scipy's 2-opt quadratic assignment
-    maximising ``⟨K_X, P K_Y Pᵀ⟩``, the best objective of ``runs`` random starts (2-opt starts from a random
-    permutation; the reference's ``P0`` option belongs to the FAQ method, and 2-opt ignores it with a warning)."""
-    from scipy.optimize import quadratic_assignment
-
+    maximising ``⟨K_X, P K_Y Pᵀ⟩`` (:func:`.quadratic_assignment.two_opt_maximum`), the best objective of ``runs``
+    random starts (2-opt starts from a random permutation; the reference's ``P0`` option belongs to the FAQ method,
+    and 2-opt ignores it with a warning)."""
     a, b = kernel_x.cpu().double().numpy(), kernel_y.cpu().double().numpy()
     rng = np.random.default_rng(seed)
-    best = None
+    best_order, best = None, None
     for _ in range(runs):
-        found = quadratic_assignment(a, b, method="2opt", options={"maximize": True, "rng": rng})
-        if best is None or found.fun > best.fun:
-            best = found
-    return torch.as_tensor(best.col_ind, device=kernel_x.device)
+        order, found = two_opt_maximum(a, b, rng)
+        if best is None or found > best:
+            best_order, best = order, found
+    return torch.as_tensor(best_order, device=kernel_x.device)
 
 
 def pseudo_pairs(x: torch.Tensor, y: torch.Tensor, centres_x: torch.Tensor, centres_y: torch.Tensor,
