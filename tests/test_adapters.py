@@ -433,7 +433,7 @@ def model_update_config(tiny, tmp_path):
 def test_model_update_runs_every_adapter_and_reports_its_cases(tiny, tmp_path, capsys):
     out = tmp_path / "out"
     config = model_update_config(tiny, tmp_path)
-    assert run_cli("--config", config, "--adapter", "all", "--output", out) == 0
+    assert run_cli("--config", config, "--adapter", "all", "--output", out, "--set", "evaluation.plots=true") == 0
     printed = capsys.readouterr().out
     records = {p.parent.parent.name: json.loads(p.read_text())
                for p in (out / "model_update" / "synthetic").rglob("metrics.json")}

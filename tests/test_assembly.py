@@ -32,7 +32,7 @@ def test_every_strategy_runs_on_the_built_in_data(scenario, tiny, tmp_path):
     out = tmp_path / "out"
     no_replacements = ["--set", "replacement.tasks=[]"] if scenario == "cl2r" else []
     assert run_cli("--config", tiny, "--scenario", scenario, "--strategy", "all", "--output", out,
-                   *no_replacements) == 0
+                   "--set", "evaluation.plots=true", *no_replacements) == 0
     assert sorted(finished(out, scenario)) == sorted(list_strategies())
 
 
@@ -41,7 +41,7 @@ def test_every_adapter_runs_along_a_stream_on_the_built_in_data(tiny, tmp_path):
     (tmp_path / "adapters.yaml").write_text(yaml.safe_dump(config))
     out = tmp_path / "out"
     assert run_cli("--config", tmp_path / "adapters.yaml", "--scenario", "iamcl2r", "--strategy", "er", "--adapter",
-                   "all", "--output", out) == 0
+                   "all", "--output", out, "--set", "evaluation.plots=true") == 0
     streamed = [a for a in list_adapters() if fills_stream_matrices(get_adapter(a))]
     assert sorted(finished(out, "iamcl2r")) == sorted(["er", *(f"er+{a}" for a in streamed)])
     assert "slerp" in list_adapters() and "slerp" not in streamed, "a dual query fills no stream matrix"

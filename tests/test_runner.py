@@ -19,7 +19,8 @@ def run_cli(*args):
 
 def test_iamcl2r_run_writes_consistent_results(tiny, tmp_path, capsys):
     out = tmp_path / "out"
-    assert run_cli("--config", tiny, "--scenario", "iamcl2r", "--strategy", "dsimplex_hoc", "--output", out) == 0
+    assert run_cli("--config", tiny, "--scenario", "iamcl2r", "--strategy", "dsimplex_hoc", "--output", out,
+                   "--set", "evaluation.plots=true") == 0
     run_dir = out / "iamcl2r" / "synthetic" / "dsimplex_hoc" / "seed42"
     record = json.loads((run_dir / "metrics.json").read_text())
     matrix = record["compatibility_matrix"]
@@ -206,7 +207,7 @@ def test_help_and_list_show_what_can_be_run(capsys):
 def test_a_run_ends_by_saying_where_the_figures_are_and_what_to_do_next(tiny, tmp_path, capsys):
     out = tmp_path / "out"
     assert run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er",
-                   "--output", out) == 0
+                   "--output", out, "--set", "evaluation.plots=true") == 0
     last = capsys.readouterr().out.strip().splitlines()[-3:]
     assert last[0] == f"figures: {out}/cl2r/synthetic/er/seed42/*.png"
     assert last[1].startswith(f"next: python runner.py leaderboard --results {out}")

@@ -17,7 +17,9 @@ TINY = {
     "replacement": {"tasks": [0, 2], "pretrain": {"class_counts": [3, 6], "epochs": 1}},
     "model": {"small_width": 8, "small_out_dim": 16},
     "training": {"epochs": 1, "batch_size": 32, "new_batch_size": 16, "memory_batch_size": 16, "progress": False},
-    "evaluation": {"heldout_classes": 6, "queries_per_class": None, "plots": True},
+    # Figures off: the tests of figures turn them on (every strategy and adapter in test_assembly.py and
+    # test_adapters.py, test_runner.py).
+    "evaluation": {"heldout_classes": 6, "queries_per_class": None, "plots": False},
 }
 
 
