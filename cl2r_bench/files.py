@@ -269,11 +269,11 @@ COMMIT_VARIABLE = "CL2R_COMMIT"
 def package_versions() -> dict[str, str | None]:
     """Python's and :data:`PACKAGES`' versions (None where not installed), and the suite's own commit
     (:func:`code_commit`): a package version does not tell two checkouts of one release apart."""
-    return {"python": platform.python_version(), **installed_versions(), "cl2r-bench commit": code_commit()}
+    return {"python": platform.python_version(), **_installed_versions(), "cl2r-bench commit": code_commit()}
 
 
 @functools.cache
-def installed_versions() -> dict[str, str | None]:
+def _installed_versions() -> dict[str, str | None]:
     """:data:`PACKAGES`' versions, read once per process like :func:`code_commit` (each read parses the package's
     metadata file, and a run writes its record after every task); :func:`package_versions` copies it."""
     versions: dict[str, str | None] = {}

@@ -50,8 +50,9 @@ def run(tiny, plugin, out, *sets):
 
 def test_a_plugin_scenario_runs_on_its_own_settings_and_records_them(tiny, plugin, tmp_path):
     out = tmp_path / "out"
-    assert run(tiny, plugin, out, "scenario_params.every_other.every=2") == 0
+    assert run(tiny, plugin, out, "scenario_params.every_other.every=2", "evaluation.plots=true") == 0
     folder = out / "every_other" / "synthetic" / "er" / "seed42"
+    assert {p.name for p in folder.glob("*.png")} == {"compatibility_matrix.png", "aa_per_task.png"}
     record = json.loads((folder / "metrics.json").read_text())
     assert [task["iterations"] > 0 for task in record["timings"]["tasks"]] == [True, False, True]
     assert yaml.safe_load((folder / "config.yaml").read_text())["scenario_params"] == {"every_other": {"every": 2}}

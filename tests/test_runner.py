@@ -210,6 +210,12 @@ def test_a_run_ends_by_saying_where_the_figures_are_and_what_to_do_next(tiny, tm
                    "--output", out, "--set", "evaluation.plots=true") == 0
     last = capsys.readouterr().out.strip().splitlines()[-3:]
     assert last[0] == f"figures: {out}/cl2r/synthetic/er/seed42/*.png"
+    assert {p.name for p in (out / "cl2r/synthetic/er/seed42").glob("*.png")} == {"compatibility_matrix.png",
+                                                                                 "aa_per_task.png"}
+    assert run_cli("--config", tiny, "--scenario", "cl2r", "--set", "replacement.tasks=[]", "--strategy", "er",
+                   "--output", out, "--overwrite") == 0
+    printed = capsys.readouterr().out
+    assert "figures:" not in printed and "next: python runner.py leaderboard" in printed, "no figures, none named"
     assert last[1].startswith(f"next: python runner.py leaderboard --results {out}")
     assert last[2].startswith("note: on the generated data these numbers show that the pipeline runs end to end")
 

@@ -45,6 +45,10 @@ def test_the_new_model_trains_from_scratch_on_every_class_against_the_old_one(ti
     assert not torch.equal(call["start"]["backbone.features.0.weight"], old["backbone.features.0.weight"])
     assert record["timings"]["tasks"][0]["iterations"] == 0 and record["timings"]["tasks"][1]["iterations"] > 0
     assert record_problem(record) is None
+    assert runner.main(["--config", str(tiny), *UPGRADE, "--strategy", "bct", "--output", str(out), "--overwrite",
+                        "--set", "evaluation.plots=true"]) == 0
+    assert {p.name for p in (out / "upgrade/synthetic/bct/seed42").glob("*.png")} == {"compatibility_matrix.png",
+                                                                                     "aa_per_task.png"}
 
 
 def test_the_two_model_protocol_is_leave_one_out_on_the_test_split_with_its_flips(tiny, tmp_path, monkeypatch):

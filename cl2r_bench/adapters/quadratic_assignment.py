@@ -12,9 +12,9 @@ spent 17 s of its 20 s in it (cProfile, one CPU core), and the fit takes 4.4 s i
 :func:`swap_gains` gives every swap's change of the objective at once from two matrix products. Only the swaps
 whose change is not clearly negative are tried, in scipy's order, each by scipy's own objective in scipy's
 arithmetic (:func:`objective`), and kept when scipy would keep it, so near-ties are decided exactly as scipy
-decides them. A swap is skipped only when its change lies below ``-TOLERANCE`` times a bound on the objective's
-terms, far beyond any rounding of either computation; skipped swaps are ones scipy tries and rejects. The result
-equals scipy's for the same generator (``tests/test_mini_vec2vec.py``)."""
+decides them. A swap is skipped only when its change lies below ``-TOLERANCE`` times ``Σ|A| · max|B|``, which bounds
+the sum of the objective's terms' magnitudes: far beyond any rounding of either computation, so skipped swaps are
+ones scipy tries and rejects. The result equals scipy's for the same generator (``tests/test_mini_vec2vec.py``)."""
 from __future__ import annotations
 
 import numpy as np

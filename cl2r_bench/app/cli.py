@@ -105,13 +105,16 @@ def study_answers(records: list[dict[str, Any]]) -> str:
 
 
 def what_next(runs: list[Any]) -> str:
-    """The closing lines of a run command: where the figures are, the next commands, and on the generated data
-    set what its numbers do and do not show."""
+    """The closing lines of a run command: where the figures are (when drawn, ``evaluation.plots``), the next
+    commands, and on the generated data set what its numbers do and do not show."""
     output = runs[0].settings.output
-    lines = ["", f"figures: {runs[-1].dir}/*.png" + (f" (and in the other {len(runs) - 1} run folders)"
-                                                     if len(runs) > 1 else ""),
-             f"next: python runner.py leaderboard --results {output}  (one row per experiment);  python runner.py "
-             f"plot {output}  (comparison figures)"]
+    drawn = [run for run in runs if run.settings.evaluation.plots]
+    lines = [""]
+    if drawn:
+        lines.append(f"figures: {drawn[-1].dir}/*.png" + (f" (and in the other {len(drawn) - 1} run folders)"
+                                                          if len(drawn) > 1 else ""))
+    lines.append(f"next: python runner.py leaderboard --results {output}  (one row per experiment);  python "
+                 f"runner.py plot {output}  (comparison figures)")
     if runs[0].settings.dataset == "synthetic":
         lines.append("note: on the generated data these numbers show that the pipeline runs end to end, not the "
                      "papers' results (README, 'What the demo's numbers show')")

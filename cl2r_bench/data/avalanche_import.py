@@ -10,8 +10,8 @@ that download and that metric, so while the suite imports Avalanche a :class:`De
 ``sys.modules`` for each (:data:`DEFERRED_LIBRARIES`); the one function Avalanche binds by ``from … import``
 (torchmetrics' ``accuracy``) is a :class:`DeferredFunction`. Importing torch and Avalanche then takes 4.4 s of CPU
 instead of 7.2 s (5.6 s with only the first three deferred) on 2 idle CPU cores (``/usr/bin/time``, user and
-system; torch alone 1.9 s, torch and torchvision 3.6 s), saved in every process that trains: runs, sweep points,
-ranks and SLURM jobs.
+system; torch alone 1.9 s, torch and torchvision 3.6 s), saved in every process that trains the suite's strategies:
+runs, sweep points, ranks and SLURM jobs.
 
 The stand-ins leave ``sys.modules`` once Avalanche is imported: Avalanche's own modules keep them, and every other
 import of these libraries gets the real module as usual. An Avalanche strategy may call any of them, so building one
@@ -39,12 +39,12 @@ class DeferredModule(types.ModuleType):
 
     It carries the module's ``__spec__``, ``__file__`` and ``__loader__``, so an ``import`` statement (which reads
     ``__spec__``) and :func:`inspect.getmodule` (which reads every module's ``__file__``) leave it deferred. Each read
-    goes to the real module, so its later state (``wandb.run``) is seen; a failed import raises at the read. A
-    package's stand-in carries its ``__path__``; a plain module's has none, as the real one, so that ``from module
-    import name`` does not import it."""
+    goes to the real module, so its later state (``wandb.run``) is seen; a failed import raises at the read. A plain
+    module's stand-in has no ``__path__``, as the real one, so that ``from module import name`` does not import it
+    (a package's, see :func:`defer_import`)."""
 
     def __getattr__(self, attribute: str) -> Any:
-        if attribute == "__path__":
+        if attribute == "__path__" and self.__spec__.submodule_search_locations is None:
             raise AttributeError(f"module {self.__name__!r} is not a package")
         if attribute in DEFERRED_FUNCTIONS.get(self.__name__, ()):
             return DeferredFunction(self.__name__, attribute)
@@ -70,16 +70,19 @@ def _imported(name: str) -> types.ModuleType:
     first, so that the real package and its submodules are imported together, never a stand-in among them."""
     package = name.partition(".")[0]
     with _RESOLVING:
-        for held in [held for held, module in sys.modules.items() if isinstance(module, DeferredModule)
-                     and (held == package or held.startswith(package + "."))]:
-            del sys.modules[held]
+        if isinstance(sys.modules.get(package), DeferredModule) or isinstance(sys.modules.get(name), DeferredModule):
+            for held, module in list(sys.modules.items()):
+                if isinstance(module, DeferredModule) and (held == package or held.startswith(package + ".")):
+                    del sys.modules[held]
     return importlib.import_module(name)
 
 
-def defer_import(name: str) -> DeferredModule | None:
+def defer_import(name: str, package_path: bool = False) -> DeferredModule | None:
     """Put a :class:`DeferredModule` for ``name`` in ``sys.modules`` and return it; None (and nothing changed) when
-    ``name`` is imported already or not installed, or is a submodule of a package that is not deferred. A package's
-    stand-in carries its ``__path__``, so that its deferred submodules are found without importing it."""
+    ``name`` is imported already or not installed, or is a submodule of a package that is not deferred. With
+    ``package_path``, a package's stand-in carries its ``__path__``, so that its deferred submodules are found and
+    its deferred functions bound without importing it; without, reading ``__path__`` imports the package, so that a
+    submodule that is not deferred is imported under the real package."""
     parent = name.rpartition(".")[0]
     if name in sys.modules or (parent and not isinstance(sys.modules.get(parent), DeferredModule)):
         return None
@@ -89,7 +92,7 @@ def defer_import(name: str) -> DeferredModule | None:
     module = DeferredModule(name)
     module.__spec__, module.__file__, module.__loader__, module.__package__ = (spec, spec.origin, spec.loader,
                                                                                spec.parent)
-    if spec.submodule_search_locations is not None:
+    if package_path and spec.submodule_search_locations is not None:
         module.__path__ = list(spec.submodule_search_locations)
     sys.modules[name] = module
     return module
@@ -97,10 +100,13 @@ def defer_import(name: str) -> DeferredModule | None:
 
 @contextlib.contextmanager
 def deferring(names: Iterable[str]) -> Iterator[None]:
-    """Inside: ``names`` stand deferred in ``sys.modules`` (:func:`defer_import`). After: the stand-ins still there
-    are removed, so that later imports of those names are ordinary ones; whatever bound a stand-in meanwhile keeps
-    it."""
-    stand_ins = [module for module in map(defer_import, names) if module is not None]
+    """Inside: ``names`` stand deferred in ``sys.modules`` (:func:`defer_import`; a package carries its ``__path__``
+    when a submodule or a function of it is deferred). After: the stand-ins still there are removed, so that later
+    imports of those names are ordinary ones; whatever bound a stand-in meanwhile keeps it."""
+    names = list(names)
+    holders = {name.rpartition(".")[0] for name in names} | set(DEFERRED_FUNCTIONS)
+    stand_ins = [module for module in (defer_import(name, package_path=name in holders) for name in names)
+                 if module is not None]
     try:
         yield
     finally:
@@ -139,5 +145,6 @@ def import_deferred() -> None:
     Avalanche's stand-ins read from imported modules: before an Avalanche strategy trains, which may call them."""
     with avalanche_warnings_filtered():
         for name in DEFERRED_LIBRARIES:
-            if name in sys.modules or importlib.util.find_spec(name) is not None:
-                _imported(name)
+            with contextlib.suppress(ModuleNotFoundError):
+                if name in sys.modules or importlib.util.find_spec(name) is not None:
+                    _imported(name)
