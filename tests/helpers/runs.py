@@ -18,7 +18,7 @@ TINY = {
     "model": {"small_width": 8, "small_out_dim": 16},
     "training": {"epochs": 1, "batch_size": 32, "new_batch_size": 16, "memory_batch_size": 16, "progress": False},
     # Figures off: the tests of figures turn them on (every strategy and adapter in test_assembly.py and
-    # test_adapters.py; test_runner.py, test_upgrade.py, test_plugin_scenario.py).
+    # test_adapter_runs.py; test_runner.py, test_upgrade.py, test_plugin_scenario.py).
     "evaluation": {"heldout_classes": 6, "queries_per_class": None, "plots": False},
 }
 
