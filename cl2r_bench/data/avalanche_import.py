@@ -25,11 +25,11 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-DEFERRED_LIBRARIES = ("qpsolvers", "wandb", "gdown", "torchmetrics", "torchmetrics.functional")
-"""The libraries Avalanche imports at start-up and calls only in GEM, its W&B logging, its CUB-200 download and its
-top-k accuracy; a package's submodule follows the package."""
 DEFERRED_FUNCTIONS = {"torchmetrics.functional": ("accuracy",)}
 """The functions Avalanche binds by ``from module import function`` at start-up, by module."""
+DEFERRED_LIBRARIES = ("qpsolvers", "wandb", "gdown", "torchmetrics", *DEFERRED_FUNCTIONS)
+"""The libraries Avalanche imports at start-up and calls only in GEM, its W&B logging, its CUB-200 download and its
+top-k accuracy, with the modules of :data:`DEFERRED_FUNCTIONS`; a package's submodule follows the package."""
 _RESOLVING = threading.Lock()
 
 
