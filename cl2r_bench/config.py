@@ -2,7 +2,8 @@
 
 Layers, later wins: ``default.yaml`` < ``datasets/<dataset>.yaml`` < ``scenarios/<scenario>.yaml`` <
 ``scenarios/per_dataset/<scenario>-<dataset>.yaml`` (a scenario's defaults adapted to a data set's class count,
-where one exists) < ``presets/<preset>.yaml`` < ``--config FILE`` < command-line flags. This module only reads and
+where one exists) < ``presets/<preset>.yaml`` < ``presets/per_scenario/<preset>-<scenario>.yaml`` (a preset adapted
+to a scenario, where one exists) < ``--config FILE`` < command-line flags. This module only reads and
 layers YAML and parses ``--set``: every value is checked against the type of its default, and unknown keys are
 errors that list the valid ones. The values are checked by the parts that own them when the assembly step builds the
 run (:func:`cl2r_bench.app.assembly.assemble`): each section of :mod:`cl2r_bench.settings`, the scenario's rules
@@ -204,8 +205,16 @@ def nested(dotted: str, value: Any) -> dict[str, Any]:
     return value
 
 
+ADAPTED_PROFILES = {"scenarios": "scenarios/per_dataset/{scenario}-{dataset}.yaml",
+                    "presets": "presets/per_scenario/{preset}-{scenario}.yaml"}
+"""The optional profiles that adapt one profile to another, each read right after the profile it adapts: a
+scenario's defaults to a data set's class count, a preset to a scenario (the pretrained-backbone track's encoders
+and evaluation for ``upgrade``)."""
+
+
 def resolve(user_layers: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """The full config: defaults, then the dataset / scenario / preset profiles they name, then ``user_layers``. A
+    """The full config: defaults, then the dataset / scenario / preset profiles they name (each followed by the
+    profile adapting it, :data:`ADAPTED_PROFILES`), then ``user_layers``. A
     scenario's profile is optional (a plug-in's settings are its ``Config``), so its name is checked by the
     scenario registry when the run is assembled; a plug-in data set's profile sits beside the plug-in file
     (:data:`PROFILE_FOLDERS`).
@@ -228,9 +237,10 @@ def resolve(user_layers: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             raise ConfigError(f"unknown {key} {names[key]!r}; choose from {choices(kind)} (a plug-in's profile goes "
                               f"in configs/{kind}/{names[key]}.yaml beside the plug-in file)")
         layers.append((f"configs/{kind}/{names[key]}.yaml", read_yaml(path)))
-        adapted = CONFIG_DIR / "scenarios" / "per_dataset" / f"{names['scenario']}-{names['dataset']}.yaml"
-        if kind == "scenarios" and adapted.is_file():
-            layers.append((f"configs/scenarios/per_dataset/{adapted.name}", read_yaml(adapted)))
+        adapted = ADAPTED_PROFILES.get(kind)
+        adapted = adapted and CONFIG_DIR / adapted.format(**names)
+        if adapted and adapted.is_file():
+            layers.append((str(adapted.relative_to(CONFIG_DIR.parent)), read_yaml(adapted)))
     config = defaults
     for source, layer in layers + user_layers:
         config = merge(config, layer, source)

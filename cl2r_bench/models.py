@@ -39,7 +39,7 @@ from torch import nn
 
 from cl2r_bench.heads import BasisTransformationHead, DSimplexHead, build_head
 
-BACKBONES = ("resnet18", "resnet18_cifar", "small_cnn")
+BACKBONES = ("resnet18", "resnet18_cifar", "small_cnn", "frozen_encoder")
 
 CLASSIFIER_PREFIX = "head.classifier."
 IDENTITY_MEAN: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -130,6 +130,30 @@ class ResNet18(nn.Module):
         return self.net(x)
 
 
+class EmbeddingNetwork(nn.Module):
+    """The trainable backbone of a model on a frozen pretrained encoder (the pretrained-backbone track, METHODS.md
+    §4b): a two-layer perceptron, ``Linear -> BatchNorm -> ReLU -> Linear``, from the encoder's cached features to a
+    ``out_dim`` feature that the strategy's head reads, as a ResNet-18's 512-d output is read.
+
+    Its input items hold the features of every encoder of the run side by side; ``columns`` ``(start, stop)`` are
+    this model's encoder's (all of them when None). They are not part of the state dict, so a model trained on one
+    encoder's features alone loads into a model that reads them among others (an IAM-CL2R replacement, pretrained on
+    its own encoder, joins the stream whose items hold all three)."""
+
+    def __init__(self, in_dim: int, width: int = 1024, out_dim: int = 512,
+                 columns: tuple[int, int] | None = None) -> None:
+        super().__init__()
+        if columns is not None and columns[1] - columns[0] != in_dim:
+            raise ValueError(f"columns {columns} hold {columns[1] - columns[0]} features, not in_dim = {in_dim}")
+        self.columns = columns
+        self.net = nn.Sequential(nn.Linear(in_dim, width), nn.BatchNorm1d(width), nn.ReLU(inplace=True),
+                                 nn.Linear(width, out_dim))
+        self.out_dim = out_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x if self.columns is None else x[:, self.columns[0]:self.columns[1]])
+
+
 class RetrievalModel(nn.Module):
     """Input normalisation + backbone + head with a uniform training and retrieval interface.
 
@@ -150,8 +174,9 @@ class RetrievalModel(nn.Module):
                              persistent=False)
 
     def preprocess(self, x: torch.Tensor) -> torch.Tensor:
-        """uint8 images (0..255) or floating images in [0, 1] -> the backbone's normalised input (:func:`normalize`)."""
-        return normalize(x, self.input_mean, self.input_std)
+        """uint8 images (0..255) or floating images in [0, 1] -> the backbone's normalised input (:func:`normalize`);
+        items that are feature vectors (``N x D``, an :class:`EmbeddingNetwork`'s input) pass unchanged."""
+        return x if x.ndim == 2 else normalize(x, self.input_mean, self.input_std)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.head(self.backbone(self.preprocess(x)))
@@ -259,7 +284,15 @@ def classifier_rows(model: RetrievalModel, num_classes: int) -> torch.Tensor:
     return head.classifier.weight[:num_classes].detach()
 
 
-def build_backbone(name: str, *, width: int = 32, out_dim: int = 128) -> nn.Module:
+def build_backbone(name: str, *, width: int = 32, out_dim: int = 128, embedding_width: int = 1024,
+                   embedding_dim: int = 512, feature_columns: tuple[int, int] | None = None,
+                   feature_dim: int | None = None) -> nn.Module:
+    """The backbone ``name`` of :data:`BACKBONES`; ``frozen_encoder`` is an :class:`EmbeddingNetwork` of
+    ``feature_dim`` inputs (read from ``feature_columns`` of the items when given)."""
+    if name == "frozen_encoder":
+        if feature_dim is None:
+            raise ValueError("the frozen_encoder backbone needs feature_dim, the width of its encoder's features")
+        return EmbeddingNetwork(feature_dim, embedding_width, embedding_dim, feature_columns)
     if name == "resnet18":
         return ResNet18("imagenet")
     if name == "resnet18_cifar":
@@ -270,17 +303,20 @@ def build_backbone(name: str, *, width: int = 32, out_dim: int = 128) -> nn.Modu
 
 
 def build_model(*, backbone: str, head: str, num_classes: int, simplex_vertices_count: int = 1024,
-                small_width: int = 32, small_out_dim: int = 128, mean: Sequence[float] = IDENTITY_MEAN,
-                std: Sequence[float] = IDENTITY_STD, input_size: int = 32,
+                small_width: int = 32, small_out_dim: int = 128, embedding_width: int = 1024, embedding_dim: int = 512,
+                feature_columns: tuple[int, int] | None = None, feature_dim: int | None = None,
+                mean: Sequence[float] = IDENTITY_MEAN, std: Sequence[float] = IDENTITY_STD, input_size: int = 32,
                 head_options: dict | None = None) -> RetrievalModel:
-    """A fresh model: ``head`` is ``"learnable"`` or ``"cosine"`` (sized to ``num_classes``) or ``"dsimplex"``.
+    """A fresh model: ``head`` is ``"learnable"`` or ``"cosine"`` (sized to ``num_classes``) or ``"dsimplex"``;
+    ``backbone`` as :func:`build_backbone` takes it.
 
     ``mean`` / ``std`` are the per-channel statistics of the data the model will see (a stream's, or a
     pretraining source's while it pretrains); the model normalises its inputs with them. The default is the
     identity standardisation (mean 0, std 1: uint8 images are only scaled to [0, 1], floating ones pass
     unchanged), for models whose inputs are prepared elsewhere (tests, parity checks). ``input_size`` is the side
     of the square images the model is built for (recorded, not enforced)."""
-    net = build_backbone(backbone, width=small_width, out_dim=small_out_dim)
+    net = build_backbone(backbone, width=small_width, out_dim=small_out_dim, embedding_width=embedding_width,
+                         embedding_dim=embedding_dim, feature_columns=feature_columns, feature_dim=feature_dim)
     return RetrievalModel(net, build_head(head, net.out_dim, num_classes, simplex_vertices_count, head_options),
                           mean=mean, std=std, input_size=input_size)
 

@@ -37,17 +37,18 @@ from typing import Any, ClassVar
 
 import torch
 
-from cl2r_bench.data.datasets import DataError, DataSplits, ImageSet, class_count, load_dataset
+from cl2r_bench.data.datasets import DataError, DataSplits, ImageSet, class_count, load_dataset, native_image_size
 from cl2r_bench.data.streams import Stream, build_stream
-from cl2r_bench.encoders import check_spec, is_spec
+from cl2r_bench.encoders import build_encoder, check_spec, is_spec
 from cl2r_bench.errors import ConfigError
+from cl2r_bench.feature_cache import feature_splits
 from cl2r_bench.models import RetrievalModel, load_replacement
 from cl2r_bench.registry import NoParams, Registry, config_from_params
 from cl2r_bench.setting_rules import int_list
 from cl2r_bench.settings import RunSettings, task_seed
 
 __all__ = ["SCENARIOS", "Finished", "Scenario", "ScenarioError", "check_class_budget", "check_replacements",
-           "get_scenario", "list_scenarios", "register_scenario", "run_dataset", "stream_from_settings"]
+           "get_scenario", "items_read", "list_scenarios", "read_data", "register_scenario", "stream_from_settings"]
 
 
 class ScenarioError(DataError):
@@ -78,11 +79,14 @@ class Scenario:
     trains: ClassVar[bool] = True
     scores_starting_models: ClassVar[bool] = True
 
-    def __init__(self, settings: RunSettings) -> None:
+    def __init__(self, settings: RunSettings, device: torch.device | None = None) -> None:
         self.settings = settings
+        self.device = device or torch.device("cpu")
         self.config = config_from_params(self.Config, settings.scenario_params.get(self.name, {}),
                                           f"scenario_params.{self.name}", ScenarioError)
         self.check_settings()
+        check_encoders(self)
+        self._read: dict[str, DataSplits] = {}
 
     def parameters_used(self) -> dict[str, Any]:
         """Every setting of the scenario's ``Config``, defaults included (written to the run's config)."""
@@ -110,7 +114,34 @@ class Scenario:
 
     def stream(self) -> Stream:
         """The tasks and the evaluation sets (docs/METHODS.md §3-§4)."""
-        return stream_from_settings(self.settings, self.settings.replacement.tasks)
+        return stream_from_settings(self.settings, self.settings.replacement.tasks, self.read_data)
+
+    def read_data(self, name: str, encoder: str | None = None) -> DataSplits:
+        """Data set ``name`` as the run's models read it, read once per run: its images (``data`` settings), or on
+        the pretrained-backbone track (``model.encoders``, docs/METHODS.md §4b) each split's features under every
+        encoder of the run side by side, from the feature cache or embedded into it on the run's device, each data
+        set at its native size (every encoder resizes to its own input); ``encoder``: that one encoder's features
+        alone (what a model on it is pretrained on)."""
+        if name not in self._read:
+            self._read[name] = read_data(self.settings, name, self.device)
+        data = self._read[name]
+        return data if encoder is None else data.features_of(encoder)
+
+    def model_generation(self, task: int) -> int:
+        """How many models up to ``task``'s started afresh instead of fine-tuning their predecessor (a replacement,
+        or a model trained from scratch: :meth:`starts_from_scratch`) after the first: 0 for the first model and
+        those fine-tuned from it. On the pretrained-backbone track it picks the task's encoder
+        (:meth:`model_encoder`)."""
+        replacements = set(self.settings.replacement.tasks)
+        return sum(1 for t in range(1, task + 1) if t in replacements or self.starts_from_scratch(t))
+
+    def model_encoder(self, task: int) -> str | None:
+        """The frozen encoder whose features ``task``'s model reads (``model.encoders`` by
+        :meth:`model_generation`; a single spec serves every model), or None when the models read images."""
+        encoders = self.settings.model.encoders
+        if not encoders:
+            return None
+        return encoders[0] if len(encoders) == 1 else encoders[self.model_generation(task)]
 
     def head(self, strategy_head: str) -> str:
         """The head family of every model of the run: the strategy's."""
@@ -229,16 +260,63 @@ def check_class_budget(s: RunSettings, *, pretrains_replacements: bool = True) -
                               "lower the counts or pretrain on another replacement.pretrain.dataset")
 
 
-def run_dataset(settings: RunSettings) -> DataSplits:
-    """The run's own data set (``dataset``, with the ``data`` section's settings), e.g. to pretrain a model of
-    the stream's classes on it."""
+def check_encoders(scenario: Scenario) -> None:
+    """On the pretrained-backbone track (``model.encoders``): one encoder per model generation of the scenario's
+    stream (:meth:`Scenario.model_generation`) or one for all, each spec buildable as far as can be known without
+    building it, and replacement models pretrained by the suite on their encoders' features."""
+    settings = scenario.settings
+    encoders = settings.model.encoders
+    if not encoders:
+        return
+    generations = scenario.model_generation(settings.stream.num_tasks - 1) + 1
+    if len(encoders) not in (1, generations):
+        raise ConfigError(f"model.encoders names {len(encoders)} encoders; this {scenario.name} stream has "
+                          f"{generations} model generation(s) (the first model, then each replacement or model "
+                          "trained afresh): give one encoder per generation, or one for every model")
+    for spec in encoders:
+        check_spec(spec)
+    if settings.replacement.checkpoints:
+        raise ConfigError("model.backbone=frozen_encoder: the replacement models are embedding networks the suite "
+                          "pretrains on their encoders' features (replacement.pretrain); set "
+                          "replacement.checkpoints=[]")
+
+
+def items_read(settings: RunSettings, name: str) -> dict[str, int | None]:
+    """The most items per class a run reads from each split of data set ``name``, in data set order (None: all):
+    the stream's training images, the replacement models' pretraining images and the held-out or open-set queries
+    come from the train split; every test item may be read (galleries, validation). What the pretrained-backbone
+    track embeds of each split (:func:`read_data`)."""
+    train = []
+    if name == settings.dataset:
+        train.append(settings.stream.images_per_class)
+        if settings.evaluation.dataset == "heldout":
+            train.append(settings.evaluation.queries_per_class)
+    if name == settings.evaluation.dataset:
+        train.append(settings.evaluation.queries_per_class)
+    if name == settings.replacement.pretrain.dataset and settings.replacement.tasks:
+        train.append(settings.replacement.pretrain.images_per_class)
+    return {"train": None if not train or None in train else max(train), "test": None}
+
+
+def read_data(settings: RunSettings, name: str, device: torch.device) -> DataSplits:
+    """Data set ``name`` as a run reads it (:meth:`Scenario.read_data`)."""
     data = settings.data
-    return load_dataset(settings.dataset, settings.data_root, download=settings.download, image_size=data.image_size,
-                        verify=data.verify, **data.synthetic)
+    if not settings.model.on_encoders:
+        return load_dataset(name, settings.data_root, download=settings.download, image_size=data.image_size,
+                            verify=data.verify, **data.synthetic)
+    images = load_dataset(name, settings.data_root, download=settings.download,
+                          image_size=native_image_size(name) or data.image_size, verify=data.verify, **data.synthetic)
+    update, training = settings.model_update, settings.training
+    encoders = [build_encoder(spec) for spec in dict.fromkeys(settings.model.encoders)]
+    return feature_splits(images, encoders, items_read(settings, name), cache_dir=update.feature_cache,
+                          batch_size=update.encoder_batch_size, device=device, amp=training.autocast,
+                          progress=training.progress)
 
 
-def stream_from_settings(settings: RunSettings, replacement_tasks: list[int]) -> Stream:
-    """The stream of the run's data set and evaluation protocol (``stream``, ``evaluation`` and ``data``)."""
+def stream_from_settings(settings: RunSettings, replacement_tasks: list[int],
+                         read: Callable[[str], DataSplits]) -> Stream:
+    """The stream of the run's data set and evaluation protocol (``stream``, ``evaluation`` and ``data``), each
+    data set read by ``read`` (:meth:`Scenario.read_data`)."""
     stream, evaluation, data = settings.stream, settings.evaluation, settings.data
     return build_stream(
         dataset=settings.dataset, data_root=settings.data_root, download=settings.download, verify=data.verify,
@@ -246,7 +324,7 @@ def stream_from_settings(settings: RunSettings, replacement_tasks: list[int]) ->
         num_tasks=stream.num_tasks, images_per_class=stream.images_per_class, class_order=stream.class_order,
         order_seed=stream.order_seed, replacement_tasks=replacement_tasks, eval_dataset=evaluation.dataset,
         heldout_classes=evaluation.heldout_classes, queries_per_class=evaluation.queries_per_class,
-        synthetic=data.synthetic)
+        synthetic=data.synthetic, load=lambda name, *args, **kwargs: read(name))
 
 
 SCENARIOS = Registry("scenario", ScenarioError)

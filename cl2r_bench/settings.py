@@ -249,22 +249,46 @@ class ReplacementSettings:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """``model``: backbone and head sizes (docs/METHODS.md §5)."""
+    """``model``: backbone and head sizes (docs/METHODS.md §5); with ``backbone: frozen_encoder`` the frozen encoders
+    whose cached features an embedding network maps (the pretrained-backbone track, §4b). Each spec is checked, and
+    their count against the scenario's models, by the scenario (:meth:`cl2r_bench.scenario.Scenario.check_settings`),
+    which may read the encoder families."""
 
     backbone: str
     simplex_classes: int
     small_width: int
     small_out_dim: int
+    encoders: list[str]
+    embedding_width: int
+    embedding_dim: int
 
     def __post_init__(self) -> None:
-        check_rules("model", self, at_least(1, "small_width", "small_out_dim") + at_least(2, "simplex_classes"))
+        check_rules("model", self, at_least(1, "small_width", "small_out_dim", "embedding_width", "embedding_dim")
+                    + at_least(2, "simplex_classes"))
         check_choices("model", self, {"backbone": BACKBONES})
+        if not all(isinstance(spec, str) and spec for spec in self.encoders):
+            raise ConfigError(f"model.encoders = {self.encoders!r}: give encoder specs, e.g. "
+                              "[efficientnet_lite:lite0, efficientnet_lite:lite1, efficientnet_lite:lite2]")
+        if self.on_encoders != bool(self.encoders):
+            raise ConfigError("model.backbone=frozen_encoder needs model.encoders (one encoder spec per model "
+                              "generation, or one for all), and other backbones take none: "
+                              + ("set model.encoders" if self.on_encoders else
+                                 f"set model.encoders=[] or model.backbone=frozen_encoder (now {self.backbone})"))
+
+    @property
+    def on_encoders(self) -> bool:
+        """Whether the models are embedding networks on frozen encoders' features (``backbone: frozen_encoder``)."""
+        return self.backbone == "frozen_encoder"
 
     @property
     def build_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`cl2r_bench.models.build_model`."""
+        """Keyword arguments of :func:`cl2r_bench.models.build_model` (the sizes of the embedding network only for
+        models on frozen encoders, so the cache keys of the image backbones' replacement models stay as they were);
+        a model on a frozen encoder adds its ``feature_dim`` and ``feature_columns``."""
+        sizes = {"embedding_width": self.embedding_width, "embedding_dim": self.embedding_dim} if self.on_encoders \
+            else {}
         return {"backbone": self.backbone, "simplex_vertices_count": self.simplex_classes,
-                "small_width": self.small_width, "small_out_dim": self.small_out_dim}
+                "small_width": self.small_width, "small_out_dim": self.small_out_dim, **sizes}
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ A replacement task starts from the user's checkpoint or a pretrained encoder nam
 a file, or ``timm:...`` / ``torchvision:...`` / ``suite:...`` of :mod:`cl2r_bench.encoders`, whose trunk and
 preprocessing get the strategy's head: for the d-Simplex family a fresh lift of its features) or from a model the suite
 pretrains on growing class subsets disjoint from the stream and its evaluation classes (``replacement.pretrain``),
-cached and shared by every strategy and seed of a study; its classifier is dropped and a new one grown.
+cached and shared by every strategy and seed of a study; its classifier is dropped and a new one grown. On the
+pretrained-backbone track (``model.encoders``, docs/METHODS.md §4b) the suite pretrains each replacement's embedding
+network on the features of its own, improved encoder.
 """
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from typing import Any
 
 import torch
 
-from cl2r_bench.data.datasets import load_dataset
 from cl2r_bench.data.streams import Stream
 from cl2r_bench.encoders import is_spec
 from cl2r_bench.models import replacement_family
@@ -38,14 +39,13 @@ class IAMCL2R(Scenario):
                     {"task": t, "path": str(Path(p).resolve()), "source": "user"}
                     for t, p in zip(tasks, rep.checkpoints, strict=True)]
         pre = rep.pretrain
-        source = load_dataset(pre.dataset, s.data_root, download=s.download, image_size=s.data.image_size,
-                              verify=s.data.verify, **s.data.synthetic)
         same = pre.dataset == s.dataset
         reserved = set(stream.reserved_classes) if same else set()
-        order = stream.class_order if same else list(range(source.num_classes))
+        order = stream.class_order if same else list(range(self.read_data(pre.dataset).num_classes))
         pool = [c for c in order if c not in reserved]
         out = []
         for task, count, seed in zip(tasks, pre.class_counts, pre.seeds(len(tasks)), strict=True):
+            source = self.read_data(pre.dataset, self.model_encoder(task))
             path, cached = pretrained_replacement(
                 source, pool[:count], head=replacement_family(head), model_kwargs=s.model.build_kwargs,
                 settings=pre.train_settings(s.training), images_per_class=pre.images_per_class, device=device,

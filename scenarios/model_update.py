@@ -37,7 +37,6 @@ from cl2r_bench.scenario import (
     ScenarioError,
     check_class_budget,
     register_scenario,
-    run_dataset,
     stream_from_settings,
 )
 from cl2r_bench.setting_rules import int_list
@@ -74,7 +73,12 @@ class ModelUpdate(Scenario):
         return self.settings.adapter.label or self.settings.adapter.name
 
     def stream(self) -> Stream:
-        return stream_from_settings(self.settings, [])
+        return stream_from_settings(self.settings, [], self.read_data)
+
+    def model_generation(self, task: int) -> int:
+        """The old model is the first generation, the new one the second (each on its own encoder on the
+        pretrained-backbone track)."""
+        return task
 
     def head(self, strategy_head: str) -> str:
         return self.settings.model_update.head
@@ -84,13 +88,13 @@ class ModelUpdate(Scenario):
         """The old model (task 0) and the new one (task 1), pretrained on the stream's own classes."""
         settings = self.settings
         pre = settings.replacement.pretrain
-        source = run_dataset(settings)
         counts = [len(t.new_classes) for t in stream.tasks]
         out = []
         for task, seed in zip(range(2), pre.seeds(2), strict=True):
             classes = stream.class_order[:sum(counts[:task + 1])]
             path, cached = pretrained_replacement(
-                source, classes, head=head, model_kwargs=settings.model.build_kwargs,
+                self.read_data(settings.dataset, self.model_encoder(task)), classes, head=head,
+                model_kwargs=settings.model.build_kwargs,
                 settings=pre.train_settings(settings.training),
                 images_per_class=settings.stream.images_per_class, device=device, seed=seed, cache_dir=pre.cache_dir,
                 keep_classifier=True, plateau=pre.plateau, log=log)

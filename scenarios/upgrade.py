@@ -38,7 +38,6 @@ from cl2r_bench.scenario import (
     Scenario,
     check_class_budget,
     register_scenario,
-    run_dataset,
     stream_from_settings,
 )
 from cl2r_bench.training.pretrain import pretrained_replacement
@@ -68,7 +67,7 @@ class Upgrade(Scenario):
 
     def stream(self) -> Stream:
         """The two tasks, task 1 carrying the training images of every class (old and new)."""
-        stream = stream_from_settings(self.settings, [])
+        stream = stream_from_settings(self.settings, [], self.read_data)
         old, new = stream.tasks
         both = ImageSet(torch.cat([old.train.images, new.train.images]), torch.cat([old.train.labels,
                                                                                     new.train.labels]))
@@ -86,7 +85,7 @@ class Upgrade(Scenario):
                         log: Callable[[str], None]) -> list[dict[str, Any]]:
         """The old model: pretrained on the stream's first classes, classifier kept, cached."""
         classes = stream.class_order[:len(stream.tasks[0].new_classes)]
-        path, cached = self._pretrained(classes, replacement_family(head), device, log)
+        path, cached = self._pretrained(classes, replacement_family(head), 0, device, log)
         log(f"old model on {len(classes)} classes: {path} ({'cached' if cached else 'trained now'})")
         return [{"task": 0, "path": str(path.resolve()), "source": "cached" if cached else "pretrained",
                  "classes": len(classes)}]
@@ -97,18 +96,20 @@ class Upgrade(Scenario):
         every class by the old model's recipe (``replacement.pretrain``, as the authors' ``train_backbone.py``
         trains both), cached and shared like the old model."""
         classes = stream.class_order[:stream.tasks[1].num_seen_classes]
-        path, cached = self._pretrained(classes, "learnable", device, log)
+        path, cached = self._pretrained(classes, "learnable", 1, device, log)
         log(f"independent new model on {len(classes)} classes: {path} "
             f"({'cached' if cached else 'trained now'})")
         return {1: str(path.resolve())}
 
-    def _pretrained(self, classes: list[int], head: str, device: torch.device,
+    def _pretrained(self, classes: list[int], head: str, task: int, device: torch.device,
                     log: Callable[[str], None]) -> tuple[Path, bool]:
-        """The cached model of ``head`` trained on ``classes`` by ``replacement.pretrain``, classifier kept."""
+        """The cached model of ``head`` trained on ``classes`` by ``replacement.pretrain``, classifier kept, on the
+        data as task ``task``'s model reads them (on the pretrained-backbone track, its encoder's features)."""
         settings = self.settings
         pre = settings.replacement.pretrain
         return pretrained_replacement(
-            run_dataset(settings), classes, head=head, model_kwargs=settings.model.build_kwargs,
+            self.read_data(settings.dataset, self.model_encoder(task)), classes, head=head,
+            model_kwargs=settings.model.build_kwargs,
             settings=pre.train_settings(settings.training), images_per_class=settings.stream.images_per_class,
             device=device, seed=pre.seeds(1)[0], cache_dir=pre.cache_dir, keep_classifier=True, plateau=pre.plateau,
             log=log)

@@ -68,30 +68,33 @@ class Assembly:
         return self.scenario.head(self.trainer.head if self.trainer is not None else "learnable")
 
     def new_model(self, num_classes: int, mean: tuple[float, ...], std: tuple[float, ...],
-                  encoder: str | None = None, older_width: int | None = None) -> RetrievalModel:
+                  encoder: str | None = None, older_width: int | None = None,
+                  columns: tuple[int, int] | None = None) -> RetrievalModel:
         """A randomly initialised model of the run's backbone and head, normalising with ``mean`` / ``std``; with
-        ``encoder`` (a spec), that head on the pretrained encoder's trunk and preprocessing instead.
-        ``older_width`` is the feature width of the model it is built over (None: none), which a BT² head widens
-        (:func:`cl2r_bench.models.head_over`)."""
+        ``encoder`` (a spec), that head on the pretrained encoder's trunk and preprocessing instead; with
+        ``columns``, the embedding network of the pretrained-backbone track reading those columns of the items
+        (its frozen encoder's features). ``older_width`` is the feature width of the model it is built over (None:
+        none), which a BT² head widens (:func:`cl2r_bench.models.head_over`)."""
         head, options = head_over(self.head, older_width)
         if head == self.head and self.trainer is not None:
             options = {**self.trainer.head_options, **options}
+        return self._model(head, num_classes, mean, std, encoder, columns, options)
+
+    def independent_model(self, num_classes: int, mean: tuple[float, ...], std: tuple[float, ...],
+                          encoder: str | None = None, columns: tuple[int, int] | None = None) -> RetrievalModel:
+        """A model of the family an independent new model is trained in (:func:`replacement_family` of the run's
+        head): what ``Scenario.independent_models``' files load into, or the encoder spec's pretrained trunk
+        (``encoder`` and ``columns`` as :meth:`new_model` takes them)."""
+        return self._model(replacement_family(self.head), num_classes, mean, std, encoder, columns, {})
+
+    def _model(self, head: str, num_classes: int, mean: tuple[float, ...], std: tuple[float, ...],
+               encoder: str | None, columns: tuple[int, int] | None, options: dict[str, Any]) -> RetrievalModel:
         if encoder:
             return encoder_model(encoder, head=head, num_classes=num_classes, head_options=options,
                                  simplex_vertices_count=self.settings.model.simplex_classes)
+        inputs = {} if columns is None else {"feature_columns": columns, "feature_dim": columns[1] - columns[0]}
         return build_model(head=head, num_classes=num_classes, mean=mean, std=std, head_options=options,
-                           **self.settings.model.build_kwargs)
-
-    def independent_model(self, num_classes: int, mean: tuple[float, ...], std: tuple[float, ...],
-                          encoder: str | None = None) -> RetrievalModel:
-        """A model of the family an independent new model is trained in (:func:`replacement_family` of the run's
-        head): what ``Scenario.independent_models``' files load into, or the encoder spec's pretrained trunk."""
-        family = replacement_family(self.head)
-        if encoder:
-            return encoder_model(encoder, head=family, num_classes=num_classes,
-                                 simplex_vertices_count=self.settings.model.simplex_classes)
-        return build_model(head=family, num_classes=num_classes, mean=mean, std=std,
-                           **self.settings.model.build_kwargs)
+                           **self.settings.model.build_kwargs, **inputs)
 
     def tracker(self) -> Tracker:
         """The run's experiment log (``tracking.tensorboard``; off by default; rank 0's only under torchrun)."""
@@ -105,8 +108,8 @@ def assemble(config: dict[str, Any]) -> Assembly:
     written once, in each part's ``Config`` dataclass), so that a result's saved config says exactly what ran."""
     load_plugins(config["plugins"])
     settings = RunSettings.from_config(config)
-    scenario = get_scenario(settings.scenario)(settings)
     processes, device = place(settings.distributed, resolve_device(settings.device))
+    scenario = get_scenario(settings.scenario)(settings, device)
     trainer = make_trainer(settings, device, processes) if scenario.trains else None
     used = dict(config, strategy_params=dict(config["strategy_params"]), adapter_params=dict(config["adapter_params"]),
                 scenario_params=dict(config["scenario_params"]))

@@ -50,7 +50,7 @@ from cl2r_bench.app.starting_models import (
     evaluation_fingerprint,
     load_task_model,
     replacement_score_key,
-    task_encoder,
+    task_inputs,
 )
 from cl2r_bench.app.stops import deferred_stops
 from cl2r_bench.data.datasets import ImageSet
@@ -226,8 +226,8 @@ class Run:
         """A fresh model for task ``task`` (on its encoder, if a replacement spec), built over ``older`` (the model
         deployed before it, which a BT² head widens; None: over none)."""
         return self.parts.new_model(self.stream.tasks[task].num_seen_classes, self.stream.mean, self.stream.std,
-                                    task_encoder(self.state["replacements"], task),
-                                    older_width=None if older is None else older.feature_width)
+                                    older_width=None if older is None else older.feature_width,
+                                    **task_inputs(self.parts, self.stream, self.state["replacements"], task))
 
     def _independent_model(self, task: int) -> RetrievalModel | None:
         """Task ``task``'s independent new model (:meth:`Scenario.independent_models`), for a strategy that
@@ -235,8 +235,10 @@ class Run:
         path = self.state.get("independent", {}).get(task)
         if self.trainer is None or not self.trainer.needs_independent or path is None:
             return None
+        frozen = self.scenario.model_encoder(task)
         model = self.parts.independent_model(self.stream.tasks[task].num_seen_classes, self.stream.mean,
-                                             self.stream.std, path if is_spec(path) else None)
+                                             self.stream.std, path if is_spec(path) else None,
+                                             None if frozen is None else self.stream.feature_columns[frozen])
         if not is_spec(path):
             self.scenario.load_starting_model(model, path)
         return model.to(self.device)

@@ -60,16 +60,26 @@ def task_encoder(replacements: list[dict[str, Any]], task: int) -> str | None:
     return path if path is not None and is_spec(path) else None
 
 
+def task_inputs(parts: Assembly, stream: Stream, replacements: list[dict[str, Any]], task: int) -> dict[str, Any]:
+    """What task ``task``'s model reads, as the keyword arguments ``encoder`` and ``columns`` of
+    :meth:`Assembly.new_model`: the trainable trunk of :func:`task_encoder`, or on the pretrained-backbone track the
+    stream's columns of the task's frozen encoder (:meth:`cl2r_bench.scenario.Scenario.model_encoder`)."""
+    frozen = parts.scenario.model_encoder(task)
+    return {"encoder": task_encoder(replacements, task),
+            "columns": None if frozen is None else stream.feature_columns[frozen]}
+
+
 def load_task_model(parts: Assembly, stream: Stream, task: int, directory: Path | None = None,
                     replacements: list[dict[str, Any]] | None = None) -> RetrievalModel:
-    """The model a run saved after ``task`` (``<run folder>/checkpoints/task<t>.pt``), rebuilt on the CPU (on the
-    encoder of :func:`task_encoder` given the run's ``replacements``); a missing or damaged file is a
+    """The model a run saved after ``task`` (``<run folder>/checkpoints/task<t>.pt``), rebuilt on the CPU on what
+    the task's model reads (:func:`task_inputs`, given the run's ``replacements``); a missing or damaged file is a
     :class:`RunError`."""
     path = (directory or parts.directory) / "checkpoints" / f"task{task}.pt"
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
         model = parts.new_model(stream.tasks[task].num_seen_classes, stream.mean, stream.std,
-                                task_encoder(replacements or [], task), older_width=older_width_in(state))
+                                older_width=older_width_in(state), **task_inputs(parts, stream, replacements or [],
+                                                                                 task))
         model.load_state_dict(state)
     except Exception as exc:  # noqa: BLE001 - a truncated file fails in torch's zip reader or load_state_dict
         state = f"is damaged ({type(exc).__name__})" if path.exists() else "is missing"

@@ -11,7 +11,7 @@ Every reader returns a :class:`DataSplits` of :class:`ImageSet` (``N x 3 x H x W
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,13 +33,19 @@ class DataNotice(UserWarning):
 
 @dataclass
 class ImageSet:
-    """Images (``N x 3 x H x W`` uint8) with integer labels."""
+    """Images (``N x 3 x H x W`` uint8) with integer labels; or, on the pretrained-backbone track, the items' frozen
+    encoder features (``N x D`` float32) in their place (:attr:`DataSplits.feature_columns`)."""
 
     images: torch.Tensor
     labels: torch.Tensor
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    @property
+    def are_images(self) -> bool:
+        """Whether the items are images (``N x C x H x W``), which training crops and flips, rather than features."""
+        return self.images.ndim == 4
 
     def select(self, index: torch.Tensor) -> ImageSet:
         return ImageSet(self.images[index], self.labels[index])
@@ -55,7 +61,9 @@ class ImageSet:
 
 @dataclass
 class DataSplits:
-    """A data set's train and test splits, its class names and normalisation statistics."""
+    """A data set's train and test splits, its class names and normalisation statistics. ``feature_columns`` is
+    empty for images; when the items are frozen encoders' features side by side (the pretrained-backbone track,
+    :func:`cl2r_bench.feature_cache.feature_splits`), it maps each encoder's spec to its ``(start, stop)`` columns."""
 
     name: str
     train: ImageSet
@@ -63,10 +71,19 @@ class DataSplits:
     class_names: list[str]
     mean: tuple[float, float, float] = CIFAR100_MEAN
     std: tuple[float, float, float] = CIFAR100_STD
+    feature_columns: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    def features_of(self, spec: str) -> DataSplits:
+        """The splits as the one encoder ``spec`` of :attr:`feature_columns` sees them: its columns alone (what a
+        model on that encoder is pretrained on)."""
+        start, stop = self.feature_columns[spec]
+        return DataSplits(self.name, ImageSet(self.train.images[:, start:stop].contiguous(), self.train.labels),
+                          ImageSet(self.test.images[:, start:stop].contiguous(), self.test.labels), self.class_names,
+                          self.mean, self.std, {spec: (0, stop - start)})
 
 
 

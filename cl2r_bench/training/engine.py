@@ -41,7 +41,8 @@ def draw_indices(population: int, count: int, device: torch.device) -> torch.Ten
 
 class DeviceBatches:
     """Mini-batches ``[images, labels, from_memory]`` drawn from device-resident uint8 images, randomly cropped and
-    flipped (still uint8: the model normalises them).
+    flipped (still uint8: the model normalises them); items that are frozen encoders' features (the
+    pretrained-backbone track) are drawn as they are, as features cached once per image are.
 
     ``epoch_length="reference"`` (the authors' code, METHODS.md §4): without a memory an epoch is a shuffled
     pass of ``N // new_batch`` batches (the last partial batch dropped; one batch of all samples when fewer);
@@ -113,11 +114,12 @@ class DeviceBatches:
         self.rank_sizes = [a + b for a, b in zip(self.processes.shares(len(idx)),
                                                  self.processes.shares(len(pick) if pick is not None else 0),
                                                  strict=True)]
-        with torch.profiler.record_function("cl2r.augmentation"):
-            top, left, flip = crop_flip_draws(sum(self.rank_sizes), device)
-            images = crop_flip(images, top[positions], left[positions], flip[positions])
-            if self.channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
+        if self.new.are_images:
+            with torch.profiler.record_function("cl2r.augmentation"):
+                top, left, flip = crop_flip_draws(sum(self.rank_sizes), device)
+                images = crop_flip(images, top[positions], left[positions], flip[positions])
+                if self.channels_last:
+                    images = images.contiguous(memory_format=torch.channels_last)
         return [images, labels, from_memory]
 
 

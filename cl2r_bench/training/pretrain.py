@@ -157,8 +157,8 @@ def pretrain_model(data: DataSplits, classes: list[int], *, head: str, model_kwa
     torch.manual_seed(seed)
     subset = relabel(first_per_class(data.train, classes, images_per_class), classes)
     subset.images, subset.labels = subset.images.to(device), subset.labels.to(device)
-    model = build_model(head=head, num_classes=len(classes), **model_kwargs, mean=data.mean, std=data.std,
-                        input_size=int(data.train.images.shape[-1])).to(device)
+    model = build_model(head=head, num_classes=len(classes), **model_kwargs, **feature_input(data), mean=data.mean,
+                        std=data.std, input_size=int(data.train.images.shape[-1])).to(device)
     strategy = CrossEntropy(None)
     description = f"pretrain {head} on {len(classes)} classes"
     if plateau is None:
@@ -171,6 +171,12 @@ def pretrain_model(data: DataSplits, classes: list[int], *, head: str, model_kwa
         train_task(model, strategy, subset, None, settings, description=description, epoch_hook=hook)
     model.load_state_dict(hook.best_state)
     return model, {"schedule": "plateau", **asdict(hook.progress), "validation_images": len(validation)}
+
+
+def feature_input(data: DataSplits) -> dict[str, int]:
+    """The input width of a model pretrained on ``data`` whose items are one frozen encoder's features (the
+    pretrained-backbone track's ``feature_dim``); nothing for images."""
+    return {} if data.train.are_images else {"feature_dim": int(data.train.images.shape[1])}
 
 
 class CrossEntropy(Strategy):
@@ -202,6 +208,8 @@ def pretrained_replacement(data: DataSplits, classes: list[int], *, head: str, m
                          if f"training.{k}" not in SPEED_OPTIONS} | {"progress": None},
             "images_per_class": images_per_class,
             "seed": seed, "image_size": int(data.train.images.shape[-1])}
+    if not data.train.are_images:
+        spec["encoder"] = next(iter(data.feature_columns))
     if keep_classifier:
         spec["classifier"] = True
     if plateau is not None:
@@ -231,8 +239,10 @@ def load_cached_model(path: str | Path, *, mean: Sequence[float], std: Sequence[
     and its spec, rebuilt from the ``<model>.json`` beside it, normalising with the statistics ``mean`` / ``std``
     of the data it will embed (as :func:`cl2r_bench.models.build_model`)."""
     spec = json.loads(Path(path).with_suffix(".json").read_text())
+    track = {"embedding_width": spec["embedding_width"], "embedding_dim": spec["embedding_dim"],
+             "feature_dim": spec["image_size"]} if spec["backbone"] == "frozen_encoder" else {}
     model = build_model(head=spec["head"], num_classes=len(spec["classes"]),
-                        **{key: spec[key] for key in MODEL_SPEC_KEYS}, mean=mean, std=std,
+                        **{key: spec[key] for key in MODEL_SPEC_KEYS}, **track, mean=mean, std=std,
                         input_size=spec.get("image_size", 32))
     load_replacement(model, path)
     return model.eval(), spec
