@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from cl2r_bench.data.datasets import DataSplits, ImageSet
-from cl2r_bench.data.streams import first_per_class
+from cl2r_bench.data.streams import first_rows
 from cl2r_bench.encoders import Encoder
 from cl2r_bench.files import POLL_SECONDS, FolderBusyError, atomic_write, atomic_write_json, exclusive
 from cl2r_bench.models import DEFAULT_AMP, autocast_dtype, forward_in_batches
@@ -92,11 +92,8 @@ def cached_features(encoder: Encoder, images: ImageSet, *, data: dict[str, Any],
     the caller has it already: :meth:`ImageSet.digest` of ``images``). ``sharding``: this process's part in
     embedding the split in shards."""
     device = torch.device(device)
-    precision = str(autocast_dtype(amp, device) or "float32")
-    description = json.loads(json.dumps({"encoder": encoder.describe(), "precision": precision,
-                                         "data": {**data, "images": len(images),
-                                                  "sha256": digest or images.digest()}}))
-    path = Path(cache_dir) / f"{cache_key(description)}.pt"
+    path, description = entry_path(encoder, images, data=data, cache_dir=cache_dir, device=device, amp=amp,
+                                   digest=digest)
     entry = read_entry(path, description)
     if entry is not None:
         return CachedFeatures(*entry, cached=True, seconds=0.0)
@@ -120,6 +117,49 @@ def cached_features(encoder: Encoder, images: ImageSet, *, data: dict[str, Any],
     return CachedFeatures(features, labels, cached=False, seconds=seconds)
 
 
+def entry_path(encoder: Encoder, images: ImageSet, *, data: dict[str, Any], cache_dir: str | Path,
+               device: torch.device, amp: bool | str, digest: str | None = None) -> tuple[Path, dict[str, Any]]:
+    """``(path, description)`` of the cache entry of ``images`` under ``encoder`` (:func:`cached_features`)."""
+    precision = str(autocast_dtype(amp, device) or "float32")
+    description = json.loads(json.dumps({"encoder": encoder.describe(), "precision": precision,
+                                         "data": {**data, "images": len(images),
+                                                  "sha256": digest or images.digest()}}))
+    return Path(cache_dir) / f"{cache_key(description)}.pt", description
+
+
+def whole_split(data: DataSplits, split: str, encoders: Sequence[Encoder], *, cache_dir: str | Path,
+                device: torch.device, amp: bool | str) -> list[torch.Tensor] | None:
+    """Each encoder's features of every item of ``split``, when the cache holds them all (else None): a selection
+    of the split is then read from them instead of being embedded again."""
+    images = getattr(data, split)
+    wanted = {"dataset": data.name, "split": split, "per_class": None, "images": len(images)}
+    if not all(described(cache_dir, encoder, wanted) for encoder in encoders):
+        return None
+    digest = images.digest()
+    found = []
+    for encoder in encoders:
+        entry = read_entry(*entry_path(encoder, images, data={"dataset": data.name, "split": split, "per_class": None},
+                                       cache_dir=cache_dir, device=device, amp=amp, digest=digest))
+        if entry is None:
+            return None
+        found.append(entry[0])
+    return found
+
+
+def described(cache_dir: str | Path, encoder: Encoder, data: dict[str, Any]) -> bool:
+    """Whether some entry's description (its ``.json``) names ``encoder``'s weights and ``data``: a look that costs no
+    digest of the images (:func:`whole_split` checks the entry itself only then)."""
+    for about in Path(cache_dir).glob("*.json"):
+        try:
+            found = json.loads(about.read_text())
+            if (found["encoder"]["weights_sha256"] == encoder.weights_sha256
+                    and all(found["data"].get(key) == value for key, value in data.items())):
+                return True
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return False
+
+
 def feature_splits(data: DataSplits, encoders: Sequence[Encoder], per_class: Mapping[str, int | None], *,
                    cache_dir: str | Path, batch_size: int, device: torch.device | str = "cpu",
                    amp: bool | str = DEFAULT_AMP, progress: bool = True, log: Callable[[str], Any] = print,
@@ -130,16 +170,24 @@ def feature_splits(data: DataSplits, encoders: Sequence[Encoder], per_class: Map
     ``feature_columns`` of each encoder's spec say where its features are). Each split is
     embedded once per encoder and cached (:func:`cached_features`), whatever the class order or seed of the run that
     reads it; a later selection of at most ``per_class[split]`` items per class in data set order picks the same
-    items (:func:`cl2r_bench.data.streams.first_per_class`)."""
+    items (:func:`cl2r_bench.data.streams.first_per_class`). A selection whose whole split is cached under every
+    encoder is read from those entries (:func:`whole_split`), not embedded again."""
+    device = torch.device(device)
     splits = {}
     for split in ("train", "test"):
-        chosen = first_per_class(getattr(data, split), list(range(data.num_classes)), per_class[split])
-        digest = chosen.digest()
-        features = [cached_features(encoder, chosen, data={"dataset": data.name, "split": split,
-                                                           "per_class": per_class[split]},
-                                    cache_dir=cache_dir, batch_size=batch_size, device=device, amp=amp,
-                                    progress=progress, log=log, sharding=sharding, digest=digest).features
-                    for encoder in encoders]
+        rows = first_rows(getattr(data, split).labels, list(range(data.num_classes)), per_class[split])
+        chosen = getattr(data, split).select(rows)
+        whole = None if per_class[split] is None else whole_split(data, split, encoders, cache_dir=cache_dir,
+                                                                   device=device, amp=amp)
+        if whole is not None:
+            features = [every[rows] for every in whole]
+        else:
+            digest = chosen.digest()
+            features = [cached_features(encoder, chosen, data={"dataset": data.name, "split": split,
+                                                               "per_class": per_class[split]},
+                                        cache_dir=cache_dir, batch_size=batch_size, device=device, amp=amp,
+                                        progress=progress, log=log, sharding=sharding, digest=digest).features
+                        for encoder in encoders]
         splits[split] = ImageSet(torch.cat(features, dim=1), chosen.labels)
     ends = list(itertools.accumulate(encoder.feature_dim for encoder in encoders))
     columns = {encoder.spec: (end - encoder.feature_dim, end) for encoder, end in zip(encoders, ends, strict=True)}

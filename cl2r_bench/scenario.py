@@ -41,14 +41,15 @@ from cl2r_bench.data.datasets import DataError, DataSplits, ImageSet, class_coun
 from cl2r_bench.data.streams import Stream, build_stream
 from cl2r_bench.encoders import build_encoder, check_spec, is_spec
 from cl2r_bench.errors import ConfigError
-from cl2r_bench.feature_cache import feature_splits
+from cl2r_bench.feature_cache import ONE_PIECE, Sharding, feature_splits
 from cl2r_bench.models import RetrievalModel, load_replacement
 from cl2r_bench.registry import NoParams, Registry, config_from_params
 from cl2r_bench.setting_rules import int_list
-from cl2r_bench.settings import RunSettings, task_seed
+from cl2r_bench.settings import EVALUATION_PROTOCOLS, RunSettings, task_seed
 
 __all__ = ["SCENARIOS", "Finished", "Scenario", "ScenarioError", "check_class_budget", "check_replacements",
-           "get_scenario", "items_read", "list_scenarios", "read_data", "register_scenario", "stream_from_settings"]
+           "datasets_read", "get_scenario", "items_read", "list_scenarios", "read_data", "register_scenario",
+           "stream_from_settings"]
 
 
 class ScenarioError(DataError):
@@ -134,6 +135,12 @@ class Scenario:
         (:meth:`model_encoder`)."""
         replacements = set(self.settings.replacement.tasks)
         return sum(1 for t in range(1, task + 1) if t in replacements or self.starts_from_scratch(t))
+
+    def encoder_entry(self, task: int) -> dict[str, str]:
+        """``{"encoder": spec}`` of task ``task``'s frozen encoder for its starting model's record entry (nothing when
+        the models read images)."""
+        encoder = self.model_encoder(task)
+        return {} if encoder is None else {"encoder": encoder}
 
     def model_encoder(self, task: int) -> str | None:
         """The frozen encoder whose features ``task``'s model reads (``model.encoders`` by
@@ -284,22 +291,35 @@ def check_encoders(scenario: Scenario) -> None:
 def items_read(settings: RunSettings, name: str) -> dict[str, int | None]:
     """The most items per class a run reads from each split of data set ``name``, in data set order (None: all):
     the stream's training images, the replacement models' pretraining images and the held-out or open-set queries
-    come from the train split; every test item may be read (galleries, validation). What the pretrained-backbone
-    track embeds of each split (:func:`read_data`)."""
+    come from the train split (a query sample drawn from the seed, ``seed_scope: split``, from all of a class's
+    items); every test item may be read (galleries, validation). What the pretrained-backbone track embeds of each
+    split (:func:`read_data`)."""
     train = []
+    queries = None if settings.query_seed is not None else settings.evaluation.queries_per_class
     if name == settings.dataset:
         train.append(settings.stream.images_per_class)
         if settings.evaluation.dataset == "heldout":
-            train.append(settings.evaluation.queries_per_class)
+            train.append(queries)
     if name == settings.evaluation.dataset:
-        train.append(settings.evaluation.queries_per_class)
+        train.append(queries)
     if name == settings.replacement.pretrain.dataset and settings.replacement.tasks:
         train.append(settings.replacement.pretrain.images_per_class)
     return {"train": None if not train or None in train else max(train), "test": None}
 
 
-def read_data(settings: RunSettings, name: str, device: torch.device) -> DataSplits:
-    """Data set ``name`` as a run reads it (:meth:`Scenario.read_data`)."""
+def datasets_read(settings: RunSettings) -> list[str]:
+    """The data sets a run reads: its stream's, its open-set evaluation's and its replacement models' source."""
+    names = [settings.dataset]
+    if settings.evaluation.dataset not in EVALUATION_PROTOCOLS:
+        names.append(settings.evaluation.dataset)
+    if settings.replacement.tasks:
+        names.append(settings.replacement.pretrain.dataset)
+    return list(dict.fromkeys(names))
+
+
+def read_data(settings: RunSettings, name: str, device: torch.device, sharding: Sharding = ONE_PIECE) -> DataSplits:
+    """Data set ``name`` as a run reads it (:meth:`Scenario.read_data`); ``sharding``: this process's part in
+    embedding the features of the pretrained-backbone track (``runner.py embed``)."""
     data = settings.data
     if not settings.model.on_encoders:
         return load_dataset(name, settings.data_root, download=settings.download, image_size=data.image_size,
@@ -310,7 +330,7 @@ def read_data(settings: RunSettings, name: str, device: torch.device) -> DataSpl
     encoders = [build_encoder(spec) for spec in dict.fromkeys(settings.model.encoders)]
     return feature_splits(images, encoders, items_read(settings, name), cache_dir=update.feature_cache,
                           batch_size=update.encoder_batch_size, device=device, amp=training.autocast,
-                          progress=training.progress)
+                          progress=training.progress, sharding=sharding)
 
 
 def stream_from_settings(settings: RunSettings, replacement_tasks: list[int],
@@ -318,13 +338,14 @@ def stream_from_settings(settings: RunSettings, replacement_tasks: list[int],
     """The stream of the run's data set and evaluation protocol (``stream``, ``evaluation`` and ``data``), each
     data set read by ``read`` (:meth:`Scenario.read_data`)."""
     stream, evaluation, data = settings.stream, settings.evaluation, settings.data
+    class_order, order_seed = settings.class_order
     return build_stream(
         dataset=settings.dataset, data_root=settings.data_root, download=settings.download, verify=data.verify,
         image_size=data.image_size, initial_classes=stream.initial_classes, increment=stream.increment,
-        num_tasks=stream.num_tasks, images_per_class=stream.images_per_class, class_order=stream.class_order,
-        order_seed=stream.order_seed, replacement_tasks=replacement_tasks, eval_dataset=evaluation.dataset,
+        num_tasks=stream.num_tasks, images_per_class=stream.images_per_class, class_order=class_order,
+        order_seed=order_seed, replacement_tasks=replacement_tasks, eval_dataset=evaluation.dataset,
         heldout_classes=evaluation.heldout_classes, queries_per_class=evaluation.queries_per_class,
-        synthetic=data.synthetic, load=lambda name, *args, **kwargs: read(name))
+        synthetic=data.synthetic, load=lambda name, *args, **kwargs: read(name), query_seed=settings.query_seed)
 
 
 SCENARIOS = Registry("scenario", ScenarioError)

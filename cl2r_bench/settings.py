@@ -32,6 +32,8 @@ from cl2r_bench.setting_rules import above_zero, at_least, check_choices, check_
 
 VERIFY_MODES = ("warn", "strict", "off")
 CLASS_ORDERS = ("natural", "seeded")
+SEED_SCOPES = ("training", "split")
+"""What a run's seed draws (``seed_scope``): the training alone, or also the class order and the query sample."""
 EVALUATION_PROTOCOLS = ("heldout", "stream")
 """``evaluation.dataset``'s values besides a data set of its own (any with a profile: ``cifar10`` for the papers)."""
 GALLERY_MODES = ("templates", "images")
@@ -449,6 +451,7 @@ class RunSettings:
     data_root: str
     download: bool
     seed: int
+    seed_scope: str
     device: str
     output: str
     data: DataSettings
@@ -471,6 +474,24 @@ class RunSettings:
             raise ConfigError(problem)
         if not DEVICE.fullmatch(str(self.device)):
             raise ConfigError(f"device = {self.device!r}; use auto, cpu, cuda or cuda:N")
+        check_choices("", self, {"seed_scope": SEED_SCOPES})
+        if self.seed_scope == "split" and isinstance(self.stream.class_order, list):
+            raise ConfigError("seed_scope=split draws the class order from the seed, and stream.class_order lists "
+                              "it: set stream.class_order=natural or seed_scope=training")
+
+    @property
+    def class_order(self) -> tuple[str | list[int], int]:
+        """``(stream.class_order, its seed)``: with ``seed_scope: split`` a permutation drawn from the run's seed,
+        else the stream's settings (``order_seed`` for ``seeded``)."""
+        if self.seed_scope == "split":
+            return "seeded", self.seed
+        return self.stream.class_order, self.stream.order_seed
+
+    @property
+    def query_seed(self) -> int | None:
+        """The seed of the query sample (``evaluation.queries_per_class`` drawn at random per class) with
+        ``seed_scope: split``; None: the first ones of each class."""
+        return self.seed if self.seed_scope == "split" and self.evaluation.queries_per_class is not None else None
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> RunSettings:

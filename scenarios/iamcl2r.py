@@ -52,5 +52,6 @@ class IAMCL2R(Scenario):
                 seed=seed, cache_dir=pre.cache_dir, plateau=pre.plateau, log=log)
             log(f"replacement model for task {task}: {path} ({'cached' if cached else 'pretrained now'})")
             out.append({"task": task, "path": str(path.resolve()), "source": "cached" if cached else "pretrained",
-                        "classes": count})
+                        "classes": count, "family": replacement_family(head),
+                        **self.encoder_entry(task)})
         return out

@@ -100,7 +100,7 @@ class ModelUpdate(Scenario):
                 keep_classifier=True, plateau=pre.plateau, log=log)
             log(f"model on {len(classes)} classes: {path} ({'cached' if cached else 'trained now'})")
             out.append({"task": task, "path": str(path.resolve()), "source": "cached" if cached else "pretrained",
-                        "classes": len(classes)})
+                        "classes": len(classes), "family": head, **self.encoder_entry(task)})
         return out
 
     def load_starting_model(self, model: RetrievalModel, path: str) -> None:

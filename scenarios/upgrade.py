@@ -88,7 +88,7 @@ class Upgrade(Scenario):
         path, cached = self._pretrained(classes, replacement_family(head), 0, device, log)
         log(f"old model on {len(classes)} classes: {path} ({'cached' if cached else 'trained now'})")
         return [{"task": 0, "path": str(path.resolve()), "source": "cached" if cached else "pretrained",
-                 "classes": len(classes)}]
+                 "classes": len(classes), "family": replacement_family(head), **self.encoder_entry(0)}]
 
     def independent_models(self, stream: Stream, starting: list[dict[str, Any]], device: torch.device,
                            log: Callable[[str], None]) -> dict[int, str]:

@@ -1,6 +1,6 @@
-"""The answer of an adapter study (cl2r_bench/reporting/adapter_summary.py): the paired interval over queries, the
-share of
-the gallery to re-embed, one row per adapter and the recommendation, on records whose values are known."""
+"""The answer of an adapter study (cl2r_bench/reporting/adapter_summary.py): the paired interval over seeds and
+queries, the share of the gallery to re-embed, one row per adapter and the recommendation, on records whose values
+are known."""
 import numpy as np
 import pytest
 
@@ -24,6 +24,22 @@ def test_the_paired_interval_is_the_mean_difference_over_queries():
     assert gain == 0 and interval == (0.0, 0.0)
     two_seeds = np.stack([np.ones(N, bool), np.zeros(N, bool)])        # each query: a hit in one seed of two
     assert paired_gain_interval(two_seeds, np.zeros(N, bool))[0] == pytest.approx(50.0)
+
+
+def test_the_gain_interval_holds_the_seeds_spread_and_the_shared_queries_noise():
+    from benchmarks.noise import bootstrap_accuracies
+
+    baseline = np.arange(N) < N // 2                                   # old/old 50 %
+    seeds = np.stack([baseline | (np.arange(N) < 220), baseline | (np.arange(N) < 219),
+                      baseline & (np.arange(N) >= 5)])                  # gains +5, +4.75, -1.25 points
+    gain, (low, high) = paired_gain_interval(seeds, baseline)
+    gains = np.array([5.0, 4.75, -1.25])
+    queries = np.var(bootstrap_accuracies(seeds.astype(float) - baseline, 2000, 0).mean(axis=0) * 100, ddof=1)
+    half = 4.302652729911275 * np.sqrt(np.var(gains, ddof=1) / 3 + queries)   # t(0.975, 2)
+    assert gain == pytest.approx(gains.mean()) and (low, high) == pytest.approx((gain - half, gain + half))
+    assert low < 0 < high, "three seeds this spread are within noise, whatever the queries say"
+    one_fit = paired_gain_interval(np.stack([seeds[0]] * 3), baseline, one_fit=True)
+    assert one_fit == paired_gain_interval(seeds[:1], baseline)        # one draw, however many seeds name it
 
 
 def test_the_share_to_re_embed_is_the_first_beta_within_95_percent_of_full_backfilling():
@@ -55,7 +71,7 @@ def study() -> list[dict]:
     return [record("none", 0, cross="new/old", cross_top1=1.0, hits=np.arange(N) < 4, auc=40.0,
                    curve=[1.0, 40.0, 70.0]),
             *[record("lambda_orth", s, cross="B/old", cross_top1=60.0, hits=better, auc=66.0,
-                     curve=[60.0, 67.0, 70.0], fit={"converged": True, "steps": 900}) for s in (0, 1)],
+                     curve=[60.0, 67.0, 70.0], fit={"converged": True, "steps": 900}) for s in (0, 1, 2)],
             record("procrustes", 0, cross="B/old", cross_top1=50.0, hits=np.arange(N) < N // 2, auc=60.0,
                    curve=[50.0, 60.0, 70.0], fit={"anchors": 100.0})]
 
@@ -63,7 +79,7 @@ def study() -> list[dict]:
 def test_one_row_per_adapter_says_whether_it_is_compatible():
     rows = {r.adapter: r for r in summarise(study())}
     lam = rows["lambda_orth"]
-    assert (lam.seeds, lam.cross_case, lam.compatible, lam.converged) == (2, "B/old", "yes", True)
+    assert (lam.seeds, lam.cross_case, lam.compatible, lam.converged) == (3, "B/old", "yes", True)
     assert lam.top1_gain == pytest.approx(10.0) and lam.mAP_gain == pytest.approx(1.0)
     assert lam.top1_interval[0] > 0 and (lam.backfill_order, lam.backfill_auc, lam.reembed_share) == ("random", 66.0,
                                                                                                        0.5)

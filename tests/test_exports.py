@@ -16,7 +16,7 @@ HOC = {1: {"AC": 0.5, "AA": 40.0, "ACA": 30.0}, 2: {"AC": 1.0, "AA": 43.0, "ACA"
 MATRICES = {1: [[0.5, None, None], [0.55, 0.6, None], [0.58, 0.62, 0.7]],
             2: [[0.4, None, None], [0.45, 0.5, None], [0.48, 0.52, 0.6]]}
 MAIN_HEADER = ["scenario", "dataset", "strategy", "AC_mean", "AC_std", "AA_mean", "AA_std", "ACA_mean", "ACA_std",
-               "NFR_self_mean", "NFR_self_std", "NFR_cross_mean", "NFR_cross_std", "seeds"]
+               "NFR_self_mean", "NFR_self_std", "NFR_cross_mean", "NFR_cross_std", "starting_models", "seeds"]
 MATRIX_HEADER = ["scenario", "dataset", "strategy", "t", "k", "mean", "std", "seeds"]
 COUNTS = {"seeds", "queries", "pairs", "classes", "replacement_task", "t", "k", "pairs_within_noise",
           "across_pairs_within_noise"}
@@ -130,7 +130,7 @@ def test_matrices_in_csv_are_long_rows_with_zero_based_tasks(results, capsys):
 def test_latex_is_a_booktabs_tabular_with_pm_and_escaped_names(results, capsys):
     code, out, _ = leaderboard(capsys, results, "--format", "latex", "--table", "main")
     assert code == 0 and out.count(r"\begin{tabular}") == 1
-    assert out.startswith(r"\begin{tabular}{lllrrrrrr}")
+    assert out.startswith(r"\begin{tabular}{lllrrrrrlr}")
     assert all(rule in out for rule in (r"\toprule", r"\midrule", r"\bottomrule"))
     assert r"dsimplex\_hoc" in out and "dsimplex_hoc" not in out and r"AA (\%)" in out
     std = sample_std(HOC[1]["AC"], HOC[2]["AC"])
@@ -166,7 +166,7 @@ def test_github_keeps_mean_and_std_in_one_cell_and_counts_as_integers(results, c
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--table", "nope"], "unknown table 'nope'; choose one of main, noise"),
+    (["--table", "nope"], "unknown table 'nope'; choose one of main, intervals, noise"),
     (["--format", "csv", "--timing", "--matrices"], "choose one with --table timing"),
 ])
 def test_bad_table_requests_are_one_line_and_exit_code_2(results, capsys, args, fragment):

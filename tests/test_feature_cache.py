@@ -108,3 +108,41 @@ def test_sharding_is_checked():
     with pytest.raises(ValueError, match="worker < workers"):
         Sharding(shards=2, worker=2, workers=2)
     assert Sharding(shards=5, worker=1, workers=2).order() == [1, 3, 0, 2, 4]
+
+
+def test_feature_splits_put_each_encoders_features_side_by_side(encoder, tmp_path):
+    import timm
+
+    from cl2r_bench.data.datasets import DataSplits
+    from cl2r_bench.feature_cache import feature_splits
+
+    torch.manual_seed(1)
+    path = tmp_path / "other.pth"
+    torch.save(timm.create_model("test_efficientnet", pretrained=False).state_dict(), path)
+    other = build_encoder(f"timm:test_efficientnet@{path}")
+    data = DataSplits("unit", IMAGES, IMAGES, ["a", "b", "c"])
+    split = feature_splits(data, [encoder, other], {"train": 1, "test": None}, cache_dir=tmp_path / "cache",
+                           batch_size=4, progress=False, log=lambda _: None)
+    width = encoder.feature_dim
+    assert split.feature_columns == {encoder.spec: (0, width), other.spec: (width, 2 * width)}
+    with torch.no_grad():  # the first image of each class (rows 0, 2, 4), then every image
+        torch.testing.assert_close(split.train.images, torch.cat([encoder(IMAGES.images[::2])[1],
+                                                                  other(IMAGES.images[::2])[1]], dim=1))
+        torch.testing.assert_close(split.test.images[:, width:], other(IMAGES.images)[1])
+    assert torch.equal(split.train.labels, torch.tensor([0, 1, 2]))
+    alone = split.features_of(other.spec)
+    assert torch.equal(alone.train.images, split.train.images[:, width:]) and alone.feature_columns == {
+        other.spec: (0, width)}
+
+
+def test_a_selection_is_read_from_the_whole_split_when_it_is_cached(encoder, tmp_path, monkeypatch):
+    from cl2r_bench.data.datasets import DataSplits
+    from cl2r_bench.feature_cache import feature_splits
+
+    data = DataSplits("unit", IMAGES, IMAGES, ["a", "b", "c"])
+    whole = feature_splits(data, [encoder], {"train": None, "test": None}, cache_dir=tmp_path, batch_size=4,
+                           progress=False, log=lambda _: None)
+    monkeypatch.setattr("cl2r_bench.feature_cache.embed_raw", lambda *a, **k: pytest.fail("embedded again"))
+    first = feature_splits(data, [encoder], {"train": 1, "test": None}, cache_dir=tmp_path, batch_size=4,
+                           progress=False, log=lambda _: None)
+    assert torch.equal(first.train.images, whole.train.images[::2])

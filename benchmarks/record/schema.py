@@ -32,6 +32,7 @@ from .marks import (
     _object,
     _objects,
     _optional,
+    _packed_list,
     _rates,
     _scores,
     _within,
@@ -122,13 +123,18 @@ class ReplacementModel(TypedDict):
     ``task``: the task it starts. ``path``: its checkpoint, absolute, or an encoder spec. ``source``: ``user``
     (a file of ``replacement.checkpoints``), ``encoder`` (a spec there, :mod:`cl2r_bench.encoders`), ``pretrained``
     (by this run) or ``cached`` (by an earlier one). ``classes``: how
-    many classes it was pretrained on (absent for the user's files). ``own_accuracy``: its retrieval accuracy on
-    the evaluation set before any fine-tuning (a fraction) and ``own_accuracy_interval`` its Wilson interval;
+    many classes it was pretrained on (absent for the user's files). ``family``: the head family it was pretrained
+    in (``dsimplex`` or ``learnable``; absent for the user's files and in records before 2026-11-28); ``encoder``:
+    on the pretrained-backbone track, the frozen encoder whose features it reads. ``own_accuracy``: its retrieval
+    accuracy on the evaluation set before any fine-tuning (a fraction) and ``own_accuracy_interval`` its Wilson
+    interval;
     absent where the scenario does not score its starting models."""
     task: Annotated[int, Read("a task index", _count, required_with="own_accuracy")]
     path: str
     source: Literal["user", "encoder", "pretrained", "cached"]
     classes: NotRequired[Annotated[int, Read("a number of classes", _optional(_count))]]
+    family: NotRequired[Literal["dsimplex", "learnable"]]
+    encoder: NotRequired[str]
     own_accuracy: NotRequired[Annotated[float, Read(FRACTION, _within(0, 1))]]
     own_accuracy_interval: NotRequired[Annotated[list[float], Read(INTERVAL, _interval, required_with="own_accuracy")]]
 
@@ -201,11 +207,16 @@ class Extractions(TypedDict):
 class Evaluation(TypedDict):
     """The evaluation set. ``queries``: query images (the n of every accuracy); ``gallery_images``: gallery images;
     ``mode``: ``templates`` (one normalised mean feature per class) or ``images`` (every gallery image);
-    ``extractions``: :class:`Extractions` (absent in records of the former ``model_update`` writer)."""
+    ``extractions``: :class:`Extractions` (absent in records of the former ``model_update`` writer);
+    ``query_sha256`` / ``gallery_sha256``: the digests of the query and gallery items and labels
+    (:meth:`cl2r_bench.data.datasets.ImageSet.digest`), which tell whether two runs were scored on the same queries,
+    so that ``runner.py compare`` pairs their per-query hits (absent in records before 2026-11-28)."""
     queries: int
     gallery_images: int
     mode: Literal["templates", "images"]
     extractions: NotRequired[Extractions]
+    query_sha256: NotRequired[str]
+    gallery_sha256: NotRequired[str]
 
 
 class Stream(TypedDict):
@@ -336,7 +347,10 @@ class RunRecord(RecordIdentity):
     (``M[t][k]``: queries embedded by model t against the gallery embedded by model k, fractions, None above the
     diagonal; with an adapter along a stream, the adapted matrix); ``metrics`` (:class:`Metrics` of that matrix);
     ``noise`` (:class:`Noise`); ``negative_flips`` (:class:`NegativeFlips` of that matrix's per-query hits, one per
-    consecutive pair of tasks; None where the hits were not kept, absent in records before it); ``unadapted_matrix`` /
+    consecutive pair of tasks; None where the hits were not kept, absent in records before it); ``query_hits``
+    (each lower-triangular entry's per-query top-1 hits, row order, packed by :func:`pack_hits`: what
+    ``runner.py compare`` resamples; absent where the hits were not kept and in records before 2026-11-28);
+    ``unadapted_matrix`` /
     ``unadapted_metrics`` (the plain matrix and its metrics, with an adapter only); ``protocol`` (``stream``) and
     ``retrieval`` (:class:`Retrieval`: the adapter study of a ``model_update`` run along a stream); ``two_model``
     (:class:`TwoModel`: the BCT line's protocol of an ``upgrade`` run).
@@ -358,6 +372,7 @@ class RunRecord(RecordIdentity):
     world_size: NotRequired[int]
     noise: NotRequired[Annotated[Noise, Read("an object (benchmarks/noise.py)", lambda v: not v or _object(v))]]
     negative_flips: NotRequired[Annotated[NegativeFlips | None, Read(f"null or {FLIPS}", _optional(_object))]]
+    query_hits: NotRequired[Annotated[list[str], Read("a list of per-query hits packed as base64 text", _packed_list)]]
     unadapted_matrix: NotRequired[list[list[float | None]]]
     unadapted_metrics: NotRequired[Metrics]
     protocol: NotRequired[Literal["stream"]]

@@ -8,6 +8,7 @@
     python runner.py adapt --train TRAIN --test TEST --adapter all      # adapters on the user's own embeddings
     python runner.py list                                                # what can be run, one line each
     python runner.py leaderboard [--results DIR] [--format github|csv|latex] [--table NAME] [--timing] [--matrices]
+    python runner.py compare RESULTS_DIR A B         # does A beat B beyond noise? (--against-best FIGURE: all vs best)
     python runner.py plot RESULTS_DIR [--out DIR]      # redraw each run's figures, compare experiments
     python runner.py report RESULTS_DIR [--out FILE.html]   # one self-contained HTML page of the results
 
@@ -24,7 +25,8 @@ from cl2r_bench.app.run_options import add_run_options
 from cl2r_bench.limits import count_argument, seed_argument
 from cl2r_bench.plugins import PLUGIN_KINDS
 
-COMMANDS = ("run", "pretrain", "embed", "sweep", "metrics", "leaderboard", "plot", "report", "list", "adapt")
+COMMANDS = ("run", "pretrain", "embed", "sweep", "metrics", "leaderboard", "compare", "plot", "report", "list",
+            "adapt")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -80,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--published", action="store_true",
                        help="also print the papers' own figures for the scenarios present (IAM-CL2R's released runs; "
                        "the λ-orth and ml-fct tables), as tables apart from the suite's rows, with their source")
+    versus = sub.add_parser("compare", help="whether experiment A beats B beyond noise (seeds and queries) on AC, "
+                            "AA, ACA, top-1 and negative flips", description="Paired by seed where the seeds share "
+                            "their class order and queries, the queries resampled together inside each seed "
+                            "(docs/evaluation.md, 'Comparing two experiments').")
+    from cl2r_bench.app.compare_command import add_compare_options
+
+    add_compare_options(versus)
     plot = sub.add_parser("plot", help="redraw every complete run's figures from its metrics.json and draw "
                           "comparison figures (AC_t / AA_t curves, AC / AA / ACA summary) per scenario and data set")
     plot.add_argument("results_dir", help="folder searched for metrics.json files")

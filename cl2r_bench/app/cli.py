@@ -147,17 +147,19 @@ def command_sweep(args: argparse.Namespace) -> int:
 
 
 def command_embed(args: argparse.Namespace) -> int:
-    """Embed the asked study's splits into the feature cache as this process's shards (:mod:`cl2r_bench.app.embedding`),
-    or, with ``--launcher slurm``, as a job array followed to its end, then join what the tasks left."""
+    """Embed the asked study's or track run's splits into the feature cache as this process's shards
+    (:mod:`cl2r_bench.app.embedding`), or, with ``--launcher slurm``, as a job array followed to its end, then join
+    what the tasks left."""
     from cl2r_bench.app.embedding import embed_study, mark_done, slurm_workers, this_worker
     from cl2r_bench.app.run_options import requested_runs
     from cl2r_bench.feature_cache import Sharding
 
     sharding = this_worker(args)
     runs = requested_runs(args)
-    if len(runs) != 1 or not runs[0].scenario.measures_features():
-        raise UsageError("runner.py embed embeds one model-update study of two encoders: give --scenario "
-                         "model_update --set model_update.old=SPEC --set model_update.new=SPEC (one seed, one adapter)")
+    if len(runs) != 1 or not (runs[0].scenario.measures_features() or runs[0].settings.model.on_encoders):
+        raise UsageError("runner.py embed embeds one model-update study of two encoders (--scenario model_update --set "
+                         "model_update.old=SPEC --set model_update.new=SPEC) or the data of one run on frozen "
+                         "encoders (--preset pretrained): one seed, one strategy or adapter")
     parts = runs[0]
     if args.launcher == "slurm" and args.worker is None:
         from cl2r_bench.app.slurm import check_cluster, run_slurm
@@ -195,6 +197,12 @@ def command_pretrain(args: argparse.Namespace) -> int:
                 print(f"{settings.scenario} starts from no pretrained model: nothing to pretrain (iamcl2r pretrains "
                       "its replacement models, model_update its old and new models)")
     return 0
+
+
+def command_compare(args: argparse.Namespace) -> int:
+    from cl2r_bench.app.compare_command import command_compare as compare
+
+    return compare(args)
 
 
 def command_adapt(args: argparse.Namespace) -> int:
@@ -460,7 +468,8 @@ def _main(argv: list[str] | None) -> int:
         handler = {"run": command_run, "pretrain": command_pretrain, "sweep": command_sweep,
                    "metrics": command_metrics, "leaderboard": command_leaderboard, "plot": command_plot,
                    "report": command_report,
-                   "list": command_list, "adapt": command_adapt, "embed": command_embed}[args.command]
+                   "list": command_list, "adapt": command_adapt, "embed": command_embed,
+                   "compare": command_compare}[args.command]
         return handler(args)
     except DivergedError as exc:
         print(f"error: {exc}", file=sys.stderr)

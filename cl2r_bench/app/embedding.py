@@ -1,6 +1,7 @@
-"""``runner.py embed``: the features of a model-update study's two encoders on its data set, embedded into the feature
-cache in shards spread over processes (docs/scale-out.md, "Embedding over processes"), so that the study itself
-(``runner.py --scenario model_update`` on the same settings) finds them cached.
+"""``runner.py embed``: the features of a model-update study's two encoders on its data set, or of every split a run
+on the pretrained-backbone track reads under each of its frozen encoders (``model.encoders``), embedded into the
+feature cache in shards spread over processes (docs/scale-out.md, "Embedding over processes"), so that the study or
+the runs themselves (on the same settings) find them cached.
 
 Who embeds which shards (:class:`cl2r_bench.feature_cache.Sharding`):
 
@@ -57,19 +58,34 @@ def this_worker(args: argparse.Namespace) -> Sharding:
 
 
 def embed_study(parts: Any, sharding: Sharding, log: Any = print) -> None:
-    """Embed (or find cached) the study's splits under both encoders, this worker's shards first."""
+    """Embed (or find cached) the study's splits under both encoders, or the track's data sets under every encoder
+    of the run (:func:`embed_track`), this worker's shards first."""
     from cl2r_bench.adapt import embedded, study_images  # here: every command's parser imports this module
 
     settings = parts.settings
     device = parts.device
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    if settings.model.on_encoders:
+        embed_track(settings, device, sharding, log)
+        return
     encoders, _, splits = study_images(settings)
     smallest = min(splits.items(), key=lambda item: len(item[1]))
     if sharding.shards > len(smallest[1]):
         raise UsageError(f"--shards {sharding.shards} is more than the {len(smallest[1])} images of the "
                          f"{smallest[0]} split; give at most {len(smallest[1])} (a shard holds at least one image)")
     embedded(settings, encoders, splits, device, log, sharding)
+
+
+def embed_track(settings: Any, device: torch.device, sharding: Sharding, log: Any = print) -> None:
+    """Embed (or find cached) every split the run reads (:func:`cl2r_bench.scenario.items_read`) of every data set
+    it reads under each of its frozen encoders: what its runs, of any strategy and seed, then find cached."""
+    from cl2r_bench.scenario import datasets_read, read_data
+
+    for name in datasets_read(settings):
+        data = read_data(settings, name, device, sharding)
+        log(f"{name}: {len(data.train)} train and {len(data.test)} test items under "
+            f"{', '.join(data.feature_columns)}")
 
 
 @dataclass

@@ -39,7 +39,7 @@ from benchmarks.adapter_study import held_out_error
 from benchmarks.flips import negative_flips
 from benchmarks.metrics import as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
-from benchmarks.record import run_record, write_record
+from benchmarks.record import pack_hits, run_record, write_record
 from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.adapt.driver import Protocol, StudyRun, drive
 from cl2r_bench.adapters import convergence_note, embed_pair, fit_adapter, get_adapter
@@ -152,6 +152,7 @@ class Run:
             task.train = to_device(task.train, self.device)
         self.stream.query, self.stream.gallery = (to_device(s, self.device) for s in (self.stream.query,
                                                                                       self.stream.gallery))
+        self.scored_on = {"query_sha256": self.stream.query.digest(), "gallery_sha256": self.stream.gallery.digest()}
         evaluation = self.settings.evaluation
         evaluator = CompatibilityEvaluator(self.stream.query, self.stream.gallery, mode=evaluation.mode,
                                            batch_size=evaluation.batch_size, amp=self.amp, adapted=self.parts.direction,
@@ -396,7 +397,7 @@ class Run:
             num_tasks=self.stream.num_tasks, tasks_completed=len(evaluator.rows), complete=complete,
             replacement_tasks=self.stream.replacement_tasks, matrix=matrix, tie_rule=tie_rule,
             evaluation={"queries": len(self.stream.query), "gallery_images": len(self.stream.gallery),
-                        "mode": evaluator.mode, "extractions": evaluator.extractions},
+                        "mode": evaluator.mode, "extractions": evaluator.extractions, **self.scored_on},
             stream={"classes_per_task": [len(t.new_classes) for t in tasks],
                     "train_images_per_task": [len(t.train) for t in tasks],
                     "class_order": self.stream.class_order[: sum(len(t.new_classes) for t in tasks)]},
@@ -410,7 +411,7 @@ class Run:
                      "train_seconds": sum(t["seconds"] for t in timings),
                      "eval_seconds": sum(t["eval_seconds"] for t in timings)},
             noise=noise, negative_flips=flips, unadapted_matrix=evaluator.matrix if direction and matrix else None,
-            extra=extra)
+            query_hits=None if hits is None else [pack_hits(entry) for entry in hits], extra=extra)
         if seconds is not None:
             record["timings"]["wall_seconds_this_invocation"] = seconds
         if self.main:

@@ -100,10 +100,28 @@ def make_class_order(num_classes: int, order: str | list[int], seed: int) -> lis
 
 def first_per_class(images: ImageSet, classes: list[int], per_class: int | None) -> ImageSet:
     """The first ``per_class`` images of each class in data set order (all of them when ``None``)."""
+    return images.select(first_rows(images.labels, classes, per_class))
+
+
+def first_rows(labels: torch.Tensor, classes: list[int], per_class: int | None) -> torch.Tensor:
+    """The rows of :func:`first_per_class`, in data set order."""
+    keep = []
+    for c in classes:
+        idx = torch.nonzero(labels == c).flatten()
+        keep.append(idx if per_class is None else idx[:per_class])
+    return torch.sort(torch.cat(keep)).values
+
+
+def query_sample(images: ImageSet, classes: list[int], per_class: int | None, seed: int | None) -> ImageSet:
+    """The query sample: the first ``per_class`` images of each class (:func:`first_per_class`), or with ``seed`` a
+    random ``per_class`` of each class's images drawn from that seed (``seed_scope: split``), in data set order."""
+    if seed is None or per_class is None:
+        return first_per_class(images, classes, per_class)
+    generator = torch.Generator().manual_seed(seed)
     keep = []
     for c in classes:
         idx = torch.nonzero(images.labels == c).flatten()
-        keep.append(idx if per_class is None else idx[:per_class])
+        keep.append(idx[torch.randperm(len(idx), generator=generator)[:per_class]])
     return images.select(torch.sort(torch.cat(keep)).values)
 
 
@@ -199,10 +217,12 @@ def experience_images(experience: Any) -> ImageSet:
 def evaluation_sets(data: DataSplits, class_order: list[int], num_stream: int, *, eval_dataset: str,
                     heldout_classes: int, queries_per_class: int | None, data_root: str, download: bool,
                     verify: str, image_size: int, images_per_class: int | None = None,
-                    load: Callable[..., DataSplits] = load_dataset) -> tuple[ImageSet, ImageSet, list[int]]:
+                    load: Callable[..., DataSplits] = load_dataset, query_seed: int | None = None
+                    ) -> tuple[ImageSet, ImageSet, list[int]]:
     """``(query, gallery, reserved original class ids)`` for the evaluation protocol (module docstring);
     ``images_per_class`` are the stream's training images per class (the ``stream`` gallery's); ``load`` reads
-    another evaluation data set as :func:`build_stream` reads the stream's."""
+    another evaluation data set as :func:`build_stream` reads the stream's; ``query_seed`` draws the
+    ``queries_per_class`` of each class at random (:func:`query_sample`)."""
     stream_ids = class_order[:num_stream]
     if eval_dataset == "heldout":
         held = class_order[num_stream:num_stream + heldout_classes]
@@ -210,11 +230,11 @@ def evaluation_sets(data: DataSplits, class_order: list[int], num_stream: int, *
             raise DataError(f"{data.name} has {data.num_classes} classes: {num_stream} stream classes leave "
                             f"{len(held)} for held-out evaluation, {heldout_classes} requested; shrink the stream or "
                             "evaluation.heldout_classes")
-        query = relabel(first_per_class(data.train, held, queries_per_class), held)
+        query = relabel(query_sample(data.train, held, queries_per_class, query_seed), held)
         gallery = relabel(first_per_class(data.test, held, None), held)
         return query, gallery, stream_ids + held
     if eval_dataset == "stream":
-        query = relabel(first_per_class(data.test, stream_ids, queries_per_class), stream_ids)
+        query = relabel(query_sample(data.test, stream_ids, queries_per_class, query_seed), stream_ids)
         gallery = relabel(first_per_class(data.train, stream_ids, images_per_class), stream_ids)
         return query, gallery, stream_ids
     other = load(eval_dataset, data_root, download=download, verify=verify, image_size=image_size)
@@ -225,9 +245,7 @@ def evaluation_sets(data: DataSplits, class_order: list[int], num_stream: int, *
         raise DataError(f"the evaluation data set {eval_dataset} has {tuple(other.train.images.shape[-2:])} images, "
                         f"the stream {tuple(data.train.images.shape[-2:])}; set data.image_size=32 or evaluate on "
                         "--eval-dataset heldout")
-    query = other.train
-    if queries_per_class is not None:
-        query = first_per_class(query, list(range(other.num_classes)), queries_per_class)
+    query = query_sample(other.train, list(range(other.num_classes)), queries_per_class, query_seed)
     return query, other.test, stream_ids
 
 
@@ -236,7 +254,7 @@ def build_stream(*, dataset: str, data_root: str, download: bool = False, verify
                  images_per_class: int | None, class_order: str | list[int] = "natural", order_seed: int = 0,
                  replacement_tasks: list[int], eval_dataset: str, heldout_classes: int = 20,
                  queries_per_class: int | None = None, synthetic: dict[str, int] | None = None,
-                 load: Callable[..., DataSplits] = load_dataset) -> Stream:
+                 load: Callable[..., DataSplits] = load_dataset, query_seed: int | None = None) -> Stream:
     """Build the stream on ``dataset`` with its evaluation sets (see the module docstring); which tasks are
     replacements is the scenario's business (``cl2r_bench/scenario.py``). ``load`` reads a data set, with the
     arguments of :func:`cl2r_bench.data.datasets.load_dataset`: the images, or on the pretrained-backbone track
@@ -259,6 +277,6 @@ def build_stream(*, dataset: str, data_root: str, download: bool = False, verify
     query, gallery, reserved = evaluation_sets(
         data, order, sum(counts), eval_dataset=eval_dataset, heldout_classes=heldout_classes,
         queries_per_class=queries_per_class, data_root=data_root, download=download, verify=verify,
-        image_size=image_size, images_per_class=images_per_class, load=load)
+        image_size=image_size, images_per_class=images_per_class, load=load, query_seed=query_seed)
     return Stream(dataset, tasks, sorted(set(replacement_tasks)), query, gallery, data.mean, data.std,
                   order, reserved, benchmark, data.feature_columns)

@@ -7,10 +7,13 @@ For each adapter, over its seeds:
 * **cross case**: what the system delivers without backfilling: old+new/old for an adapter that combines both
   models' queries (SLERP; the old encoder keeps running), B/old for an adapter with a backward map, new/F for a
   forward-only one, new/old without adapter (the first of :data:`CROSS_CASES` that exists);
-* **compatible**: the cross case's top-1 against old/old, paired over queries: each query's top-1 hit in the cross
-  case (averaged over seeds) minus its hit in old/old; a bootstrap over queries (2,000 resamples) gives the 95 %
-  interval of the mean difference. ``yes`` when the interval lies above 0, ``no`` when below, ``within noise``
-  otherwise. The per-query hits are in the record (``retrieval.query_top1``, packed bits);
+* **compatible**: the cross case's top-1 against old/old, paired over queries and seeds: each seed's gain is its
+  cross case's top-1 minus old/old's on the same queries; the interval of the mean gain is the t-interval over the
+  seeds with the variance of the queries added (every seed is scored on the same queries, so their noise is common
+  to the seeds: :func:`cl2r_bench.reporting.compare.paired_interval`), or with one seed (or one fit shared by every
+  seed) the percentile interval of the paired bootstrap over queries (2,000 resamples). ``yes`` when the 95 %
+  interval lies above 0, ``no`` when below, ``within noise`` otherwise. The per-query hits are in the record
+  (``retrieval.query_top1``, packed bits);
 * **gains**: top-1 and mAP of the cross case minus old/old, in points (seed means);
 * **negative flips**: the share of queries old/old answers at top-1 that the cross case loses, in percent (seed
   mean; ``retrieval.case_flips``, or from the per-query hits in records before it): a gain can hide answers users
@@ -48,6 +51,8 @@ import numpy as np
 from benchmarks.noise import bootstrap_accuracies
 from benchmarks.record import BASELINE, cross_case, unpack_hits
 
+from .compare import paired_interval
+
 BACKFILL_TARGET = 0.95
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -77,14 +82,17 @@ class AdapterSummary:
 
 
 def paired_gain_interval(cross: np.ndarray, baseline: np.ndarray, confidence: float = CONFIDENCE,
-                         resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, tuple[float, float]]:
-    """Mean of ``cross - baseline`` over queries in points and its bootstrap interval; ``cross`` is ``(seeds, n)``
-    hits (averaged over seeds per query), ``baseline`` ``(n,)``."""
-    difference = np.asarray(cross, dtype=np.float64).mean(axis=0) - np.asarray(baseline, dtype=np.float64)
-    samples = bootstrap_accuracies(difference[None, :], resamples=resamples, seed=seed)[0] * 100
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(samples, [tail, 100 - tail])
-    return float(difference.mean() * 100), (float(low), float(high))
+                         resamples: int = RESAMPLES, seed: int = 0,
+                         one_fit: bool = False) -> tuple[float, tuple[float, float]]:
+    """Mean gain of ``cross`` over ``baseline`` in top-1 points and its interval over seeds and queries (module
+    docstring): ``cross`` is ``(seeds, n)`` hits, ``baseline`` ``(n,)`` on the same queries; ``one_fit``: the seeds
+    share one fit (a seed-free adapter), so they are one draw."""
+    gains = np.asarray(cross, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)[None, :]
+    if one_fit:
+        gains = gains[:1]
+    drawn = bootstrap_accuracies(gains, resamples=resamples, seed=seed) * 100
+    low, high, _ = paired_interval(gains.mean(axis=1) * 100, drawn, True, confidence)
+    return float(gains.mean() * 100), (low, high)
 
 
 def reaches_target(top1: float, full: float) -> bool:
@@ -158,7 +166,7 @@ def summarise_adapter(method: str, records: list[dict[str, Any]]) -> AdapterSumm
         if all(case in h and BASELINE in h for h in hits):
             n = records[0]["retrieval"]["queries"]
             cross = np.stack([unpack_hits(h[case], n) for h in hits])
-            gain, interval = paired_gain_interval(cross, unpack_hits(hits[0][BASELINE], n))
+            gain, interval = paired_gain_interval(cross, unpack_hits(hits[0][BASELINE], n), one_fit=one_fit(records))
             verdict = "yes" if interval[0] > 0 else "no" if interval[1] < 0 else "within noise"
     order, auc, share = _best_backfilling(records)
     fits = [_fit(r) for r in records]
@@ -166,11 +174,17 @@ def summarise_adapter(method: str, records: list[dict[str, Any]]) -> AdapterSumm
     seconds = [f.get("seconds", r["timings"].get("adapter_fit_seconds", 0.0)) for f, r in zip(fits, records,
                                                                                                  strict=True)]
     return AdapterSummary(
-        adapter=method, seeds=len(records), seed_free=len(records) > 1 and all("same_as_seed" in f for f in fits[1:]),
+        adapter=method, seeds=len(records), seed_free=one_fit(records),
         cross_case=case, compatible=verdict, top1_gain=gain, top1_interval=interval,
         negative_flips=None if case is None else mean_flips(records, case), mAP_gain=map_gain,
         backfill_order=order, backfill_auc=auc, reembed_share=share, fit_seconds=float(np.mean(seconds)),
         converged=all(flags) if flags else None)
+
+
+def one_fit(records: list[dict[str, Any]]) -> bool:
+    """Whether an adapter's seeds share one fit (a closed form on every fitting item: each later seed's fit log says
+    ``same_as_seed``)."""
+    return len(records) > 1 and all("same_as_seed" in _fit(r) for r in records[1:])
 
 
 def summarise(records: list[dict[str, Any]]) -> list[AdapterSummary]:

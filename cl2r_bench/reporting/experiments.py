@@ -155,6 +155,33 @@ def experiment_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], li
     return dict(sorted(groups.items()))
 
 
+RESULT_FIELDS = ("compatibility_matrix", "unadapted_matrix", "two_model", "retrieval", "query_hits", "negative_flips")
+"""What a run measured: two experiments whose records hold the same values here, seed for seed, are one result."""
+
+
+def result_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], list[RunRecord]]:
+    """:func:`experiment_groups`, with the experiments of one scenario and data set whose records measured the same,
+    seed for seed (:data:`RESULT_FIELDS`), as one, labelled with their names joined by `` = ``: two strategies that
+    the protocol makes one (``bct`` and ``bct_er`` in ``upgrade``, whose new model has no replay memory), so a
+    leaderboard shows one row for one result."""
+    def measured(runs: list[RunRecord]) -> str:
+        return json.dumps(sorted((r["seed"], [r.get(field) for field in RESULT_FIELDS]) for r in runs),
+                          sort_keys=True, default=str)
+
+    merged: dict[tuple[str, str, str], list[RunRecord]] = {}
+    seen: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+    for (scenario, dataset, label), runs in experiment_groups(records).items():
+        fingerprint = (scenario, dataset, measured(runs))
+        if fingerprint in seen:
+            first = seen[fingerprint]
+            merged[(*first[:2], f"{first[2]} = {label}")] = merged.pop(first)
+            seen[fingerprint] = (*first[:2], f"{first[2]} = {label}")
+        else:
+            merged[(scenario, dataset, label)] = runs
+            seen[fingerprint] = (scenario, dataset, label)
+    return merged
+
+
 ADAPTER_KEYS = ("adapter.", "adapter_params.")
 """The settings of the adapter a study record measures: the one thing its study's records may differ by."""
 
@@ -197,7 +224,7 @@ def model_specs(record: RunRecord) -> tuple[str | None, str | None]:
     return None, None
 
 
-SHORT_NAMES = ((re.compile(r"efficientnet_lite(\d)"), "Lite{}"), (re.compile(r"resnet(\d+)"), "ResNet-{}"),
+SHORT_NAMES = ((re.compile(r"(?:efficientnet_)?lite(\d)$"), "Lite{}"), (re.compile(r"resnet(\d+)"), "ResNet-{}"),
                (re.compile(r"efficientnet_(b\d)"), "EfficientNet-{}"))
 
 

@@ -1,13 +1,16 @@
 r"""Leaderboards from result files: one row per experiment
 (:func:`cl2r_bench.reporting.experiments.experiment_groups`: a
-scenario, data set and strategy or adapter with every setting that changes the protocol), mean ± std over seeds;
+scenario, data set and strategy or adapter with every setting that changes the protocol; experiments that measured
+the same, seed for seed, are one row naming each: :func:`cl2r_bench.reporting.experiments.result_groups`), mean ± std
+over seeds;
 the std is the sample standard deviation (ddof = 1). Rows come from every complete and well-formed ``metrics.json``
 under a results folder (:func:`cl2r_bench.reporting.experiments.collect`), read as
 :class:`benchmarks.record.RunRecord` (the
 record's fields and units).
 
 The tables (:data:`TABLES`, built by :func:`build`): ``main`` (AC, AA, ACA, the mean negative flip rates NFR self and
-NFR cross in percent, seeds), ``noise`` (the noise-aware AC), ``replacements`` (the replacement models' own accuracies),
+NFR cross in percent, seeds), ``intervals`` (each of those figures' 95% t-interval over seeds, and upgrade's new/old
+top-1's), ``noise`` (the noise-aware AC), ``replacements`` (the replacement models' own accuracies),
 ``retrieval`` and ``backfilling`` (every adapter study, leave-one-out or a ``model_update`` run along a stream: each
 case's top-1 and mAP, each order's AUC, the zero-shot change and the adapters' declared diagnostics such as
 λ-orthogonal's f(W)), ``two_model`` (the BCT line's protocol), ``timing`` (ms per training iteration), ``across``
@@ -25,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.metrics import across_replacements, all_metrics, as_matrix
+from benchmarks.noise import CONFIDENCE, t_interval
 from benchmarks.record import (
     PAPER_CASES,
     ReplacementModel,
@@ -35,7 +39,7 @@ from benchmarks.record import (
     update_fit,
 )
 
-from .experiments import experiment_groups, models_label
+from .experiments import experiment_groups, models_label, result_groups, short_model_name
 from .published import (
     BT2_README,
     BT2_SOURCE,
@@ -49,10 +53,11 @@ from .published import (
     ML_FCT_README,
     ML_FCT_SOURCE,
 )
-from .tables import Column, Kind, Table, render
+from .tables import Column, Kind, Table, render, without_empty_columns
 
-TABLES = ("main", "noise", "replacements", "retrieval", "backfilling", "two_model", "timing", "across", "matrices")
-SUMMARY = TABLES[:6]
+TABLES = ("main", "intervals", "noise", "replacements", "retrieval", "backfilling", "two_model", "timing", "across",
+          "matrices")
+SUMMARY = TABLES[:7]
 COLUMNS = ("AC", "AA", "ACA")
 
 
@@ -62,7 +67,13 @@ SEEDS = Column("seeds", "seeds", Kind.INTEGER)
 FLIP_COLUMNS = ("NFR_self", "NFR_cross")
 MAIN_COLUMNS = (*IDENTITY, Column("AC", "AC", Kind.SPREAD, 3), Column("AA (%)", "AA", Kind.SPREAD),
                 Column("ACA (%)", "ACA", Kind.SPREAD), Column("NFR self (%)", "NFR_self", Kind.SPREAD),
-                Column("NFR cross (%)", "NFR_cross", Kind.SPREAD), SEEDS)
+                Column("NFR cross (%)", "NFR_cross", Kind.SPREAD),
+                Column("starting models: family, own top-1 (%)", "starting_models", Kind.TEXT), SEEDS)
+INTERVAL_FIGURES = (("AC", "AC", 3), ("AA (%)", "AA", 2), ("ACA (%)", "ACA", 2), ("NFR self (%)", "NFR_self", 2),
+                    ("NFR cross (%)", "NFR_cross", 2), ("new/old top-1 (%)", "new_old_top1", 2))
+INTERVAL_COLUMNS = (*IDENTITY, *(Column(f"{title} 95% CI", name, Kind.INTERVAL, digits)
+                                 for title, name, digits in INTERVAL_FIGURES), SEEDS)
+"""The t-interval over seeds of each figure of the main table and, in ``upgrade``, of the new/old top-1."""
 NOISE_COLUMNS = (*IDENTITY, Column("AC", "AC", digits=3),
                  Column("AC 95% interval", "AC_interval", Kind.INTERVAL, 3),
                  Column("AC outside noise", "AC_outside_noise", digits=3), Column("AC upper", "AC_upper", digits=3),
@@ -125,17 +136,56 @@ def flip_rates(flips: dict[str, Any] | None) -> dict[str, float | None]:
 
 
 def leaderboard_rows(records: list[RunRecord]) -> list[list[Any]]:
-    """Rows ``[scenario, dataset, strategy, AC, AA, ACA, NFR self, NFR cross, seeds]`` (:data:`MAIN_COLUMNS`; the
-    metrics as ``(mean, std)`` over the seeds that have them, the negative flip rates in percent) sorted by
-    scenario, dataset, AC then AA."""
+    """Rows ``[scenario, dataset, strategy, AC, AA, ACA, NFR self, NFR cross, starting models, seeds]``
+    (:data:`MAIN_COLUMNS`; the metrics as ``(mean, std)`` over the seeds that have them, the negative flip rates in
+    percent, :func:`starting_models`) sorted by scenario, dataset, AC then AA."""
     rows = []
-    for (scenario, dataset, strategy), runs in experiment_groups(records).items():
+    for (scenario, dataset, strategy), runs in result_groups(records).items():
         values = {c: [r["metrics"][c] for r in runs if r["metrics"].get(c) is not None] for c in COLUMNS}
         rates = [flip_rates(r.get("negative_flips")) for r in runs]
         flips = {c: [rate[c] for rate in rates if rate[c] is not None] for c in FLIP_COLUMNS}
         rows.append([scenario, dataset, strategy, *(_spread(values[c]) for c in COLUMNS),
-                     *(_spread(flips[c]) for c in FLIP_COLUMNS), len(runs)])
+                     *(_spread(flips[c]) for c in FLIP_COLUMNS), starting_models(runs), len(runs)])
     return sorted(rows, key=lambda r: (r[0], r[1], -r[3][0], -r[4][0]))
+
+
+def starting_models(runs: list[RunRecord]) -> str | None:
+    """The models an experiment's tasks start from, in one cell: their head family and each one's own retrieval top-1
+    (mean over seeds, percent), by task, with the frozen encoder each reads on the pretrained-backbone track
+    (``learnable: Lite0 38.1 / Lite1 44.0 / Lite2 51.3``): two rows whose strategies were given other replacement
+    models say so here. None without starting models (CL2R)."""
+    scored: dict[int, list[ReplacementModel]] = defaultdict(list)
+    for run in runs:
+        for model in run.get("replacement_models", []):
+            scored[model["task"]].append(model)
+    if not scored:
+        return None
+    families = sorted({m["family"] for models in scored.values() for m in models if "family" in m})
+    cells = []
+    for _, models in sorted(scored.items()):
+        encoder = models[0].get("encoder")
+        accuracy = [m["own_accuracy"] for m in models if "own_accuracy" in m]
+        cells.append(" ".join(filter(None, [short_model_name(encoder) if encoder else None,
+                                            f"{100 * float(np.mean(accuracy)):.1f}" if accuracy else "-"])))
+    return (f"{'/'.join(families)}: " if families else "") + " / ".join(cells)
+
+
+def interval_rows(records: list[RunRecord], confidence: float = CONFIDENCE) -> list[list[Any]]:
+    """Rows of :data:`INTERVAL_COLUMNS`: for each experiment of :func:`leaderboard_rows`, each figure's t-interval
+    over its seeds (:func:`benchmarks.noise.t_interval`: mean ± t · sd / sqrt(n), n - 1 degrees of freedom; None
+    with one seed or no spread), in the main table's order. Beside the noise table's query resampling, it is the
+    interval a reader cites; ``runner.py compare`` tests two experiments against each other."""
+    rows = []
+    for (scenario, dataset, strategy), runs in result_groups(records).items():
+        figures = {c: [r["metrics"][c] for r in runs if r["metrics"].get(c) is not None] for c in COLUMNS}
+        rates = [flip_rates(r.get("negative_flips")) for r in runs]
+        figures.update({c: [rate[c] for rate in rates if rate[c] is not None] for c in FLIP_COLUMNS})
+        figures["new_old_top1"] = [r["two_model"]["cases"]["new/old"]["top1"] for r in runs
+                                   if (r.get("two_model") or {}).get("cases", {}).get("new/old")]
+        rows.append([scenario, dataset, strategy, *(t_interval(figures[name], confidence)
+                                                    for _, name, _ in INTERVAL_FIGURES), len(runs)])
+    order = {tuple(row[:3]): i for i, row in enumerate(leaderboard_rows(records))}
+    return sorted(rows, key=lambda row: order.get(tuple(row[:3]), len(order)))
 
 
 def noise_rows(records: list[RunRecord]) -> list[list[Any]]:
@@ -144,7 +194,7 @@ def noise_rows(records: list[RunRecord]) -> list[list[Any]]:
     bound) and not incompatible beyond noise (upper bound), the number of pairs within noise, the same across
     replacements; means over seeds (interval bounds averaged bound by bound)."""
     rows = []
-    for (scenario, dataset, strategy), runs in experiment_groups(records).items():
+    for (scenario, dataset, strategy), runs in result_groups(records).items():
         noisy = [r for r in runs if r.get("noise")]
         if not noisy:
             continue
@@ -166,7 +216,7 @@ def replacement_rows(records: list[RunRecord]) -> list[list[Any]]:
     """Each replacement model's own retrieval accuracy on the evaluation set (percent, mean over seeds, with the
     mean Wilson interval; :data:`REPLACEMENT_COLUMNS`), for the runs that measured it."""
     rows = []
-    for (scenario, dataset, strategy), runs in experiment_groups(records).items():
+    for (scenario, dataset, strategy), runs in result_groups(records).items():
         scored: dict[tuple[int, Any], list[ReplacementModel]] = defaultdict(list)
         for r in runs:
             for rep in r.get("replacement_models", []):
@@ -207,7 +257,7 @@ def _matrix_groups(records: list[RunRecord]) -> dict[tuple[str, str, str], RunMa
     """The runs of each :func:`experiment_groups` group that carry a compatibility matrix, each with its matrix; a group
     whose matrices differ in size (runs without a config to tell them apart) is split, labels tagged with it."""
     out = {}
-    for (scenario, dataset, label), runs in experiment_groups(records).items():
+    for (scenario, dataset, label), runs in result_groups(records).items():
         by_size: dict[int, RunMatrices] = defaultdict(list)
         for r in runs:
             if "compatibility_matrix" in r:
@@ -371,7 +421,7 @@ def two_model_rows(records: list[RunRecord]) -> list[list[Any]]:
     negative flip rates and its classifiers' in percent, ``(mean, std)`` over seeds, sorted by scenario, dataset, then
     new/old top-1."""
     rows = []
-    for (scenario, dataset, strategy), runs in experiment_groups([r for r in records if "two_model" in r]).items():
+    for (scenario, dataset, strategy), runs in result_groups([r for r in records if "two_model" in r]).items():
         cases = [r["two_model"]["cases"] for r in runs]
         scores = [_spread([c[case][score] for c in cases if c.get(case)]) for case, names in TWO_MODEL_CASES
                   for score in names]
@@ -419,6 +469,7 @@ def build(records: list[RunRecord], fmt: str = "github", names: Iterable[str] = 
         "backfilling": lambda: [backfilling_table(every)],
         "two_model": lambda: [Table(TWO_MODEL_COLUMNS, two_model_rows(records))],
         "main": lambda: [Table(MAIN_COLUMNS, leaderboard_rows(records))],
+        "intervals": lambda: [without_empty_columns(Table(INTERVAL_COLUMNS, interval_rows(records)))],
         "noise": lambda: [Table(NOISE_COLUMNS, noise_rows(records))],
         "replacements": lambda: [Table(REPLACEMENT_COLUMNS, replacement_rows(records))],
         "timing": lambda: [Table(TIMING_COLUMNS, timing_rows(records, baseline))],

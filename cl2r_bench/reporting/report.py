@@ -62,8 +62,10 @@ from .plots import (
 from .stream_verdict import stream_verdict, two_model_verdict
 from .tables import Column, Kind, Table, cell_text
 
-REPORT_TABLES = ("main", "noise", "replacements", "across", "retrieval", "backfilling", "two_model", "timing")
-TABLE_TITLES = {"main": "Leaderboard", "noise": "Noise-aware AC", "replacements": "Replacement models' own accuracy",
+REPORT_TABLES = ("main", "intervals", "noise", "replacements", "across", "retrieval", "backfilling", "two_model",
+                 "timing")
+TABLE_TITLES = {"main": "Leaderboard", "intervals": "95% intervals over seeds (t)", "noise": "Noise-aware AC",
+                "replacements": "Replacement models' own accuracy",
                 "across": "AC and ACA across replacements", "retrieval": "Retrieval cases (top-1 and mAP, %)",
                 "backfilling": "Backfilling AUC, zero-shot change and the adapters' diagnostics",
                 "two_model": "Two-model protocol (old/old, new/old, new/new; %)", "timing": "Training time"}

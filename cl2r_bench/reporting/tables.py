@@ -60,6 +60,12 @@ class Table:
     title: str = ""
 
 
+def without_empty_columns(table: Table) -> Table:
+    """``table`` without the columns no row has a value in (a figure none of its experiments holds)."""
+    keep = [i for i in range(len(table.columns)) if any(row[i] is not None for row in table.rows)]
+    return Table(tuple(table.columns[i] for i in keep), [[row[i] for i in keep] for row in table.rows], table.title)
+
+
 def render(tables: list[Table], fmt: str = "github") -> str:
     r"""``tables`` in ``github`` markdown (mean ± std in one cell, a ``####`` title over a titled table), ``latex``
     (one booktabs ``tabular`` each, preceded by a ``%`` comment with its title: text escaped, $\pm$, numbers

@@ -1,0 +1,73 @@
+"""``runner.py compare RESULTS A B``: whether experiment A beats experiment B beyond noise on every figure both
+hold, and ``runner.py compare RESULTS --against-best FIGURE``: the best experiment on FIGURE against every other one
+(:mod:`cl2r_bench.reporting.compare`)."""
+from __future__ import annotations
+
+import argparse
+
+from cl2r_bench.errors import UsageError
+
+
+def add_compare_options(parser: argparse.ArgumentParser) -> None:
+    from cl2r_bench.reporting.compare import HIGHER_IS_BETTER
+
+    parser.add_argument("results", help="folder searched for metrics.json files")
+    parser.add_argument("experiments", nargs="*", metavar="EXPERIMENT", help="A and B: experiment names as the "
+                        "leaderboard shows them (its strategy column), or SCENARIO/DATASET/NAME where a name is in "
+                        "several scenarios or data sets")
+    parser.add_argument("--against-best", metavar="FIGURE", choices=list(HIGHER_IS_BETTER),
+                        help="compare the best experiment on FIGURE with every other one, in each scenario and data "
+                        f"set (one of: {', '.join(HIGHER_IS_BETTER)})")
+    parser.add_argument("--confidence", type=float, default=0.95, help="the intervals' level (default %(default)s)")
+    parser.add_argument("--resamples", type=int, default=1000, help="paired bootstrap draws of the queries "
+                        "(default %(default)s)")
+    parser.add_argument("--format", default="github", choices=["github", "csv", "latex"])
+
+
+def command_compare(args: argparse.Namespace) -> int:
+    """Print the comparison table and its verdict line (or the table against the best)."""
+    from cl2r_bench.app.cli import existing_folder, refuse_nothing_read
+    from cl2r_bench.reporting.compare import against_best, compare, comparison_table, verdict_line
+    from cl2r_bench.reporting.experiments import collect, experiment_groups
+    from cl2r_bench.reporting.tables import render
+
+    if not 0 < args.confidence < 1 or args.resamples < 2:
+        raise UsageError("--confidence must be between 0 and 1 (e.g. 0.95) and --resamples at least 2")
+    if bool(args.against_best) == (len(args.experiments) == 2) or len(args.experiments) not in (0, 2):
+        raise UsageError("give two experiments, A and B, or --against-best FIGURE")
+    existing_folder(args.results, "; pass the results folder first")
+    records, skipped = collect(args.results)
+    refuse_nothing_read(skipped, bool(records), args.results)
+    groups = experiment_groups(records)
+    if args.against_best:
+        table = against_best(groups, args.against_best, confidence=args.confidence, resamples=args.resamples)
+        if not table.rows:
+            raise UsageError(f"no scenario and data set under {args.results} holds two experiments with "
+                             f"{args.against_best}")
+        print(render([table], args.format))
+        return 0
+    (a_key, a_runs), (b_key, b_runs) = (find_experiment(groups, name) for name in args.experiments)
+    if a_key[:2] != b_key[:2]:
+        raise UsageError(f"{'/'.join(a_key)} and {'/'.join(b_key)} are experiments of different scenarios or data "
+                         "sets; compare two of the same")
+    differences = compare(a_runs, b_runs, confidence=args.confidence, resamples=args.resamples)
+    if not differences:
+        raise UsageError(f"the records of {a_key[2]} and {b_key[2]} keep no per-query hits to compare (records "
+                         "before 2026-11-28); run them again")
+    print(render([comparison_table(a_key[2], b_key[2], differences)], args.format))
+    if args.format != "csv":
+        print(f"\n{verdict_line(a_key[2], b_key[2], differences, args.confidence)}")
+    return 0
+
+
+def find_experiment(groups: dict, name: str) -> tuple[tuple[str, str, str], list]:
+    """The experiment named ``name`` (its label, or ``scenario/dataset/label``); an unknown or ambiguous name is a
+    :class:`UsageError` listing the names there are."""
+    found = [(key, runs) for key, runs in groups.items() if name in (key[2], "/".join(key))]
+    if len(found) == 1:
+        return found[0]
+    names = ", ".join(sorted({key[2] for key in groups}))
+    if not found:
+        raise UsageError(f"no experiment {name!r} in these results; the experiments: {names}")
+    raise UsageError(f"{name!r} names experiments of several scenarios or data sets; write one of "
+                     f"{', '.join('/'.join(key) for key, _ in found)}")
