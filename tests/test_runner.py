@@ -100,7 +100,8 @@ def test_leaderboard_groups_seeds(tmp_path, capsys):
     assert run_cli("leaderboard", "--results", tmp_path, "--format", "csv") == 0
     (header, row), = [list(csv.reader(io.StringIO(capsys.readouterr().out)))]
     assert header == ["scenario", "dataset", "strategy", "AC_mean", "AC_std", "AA_mean", "AA_std", "ACA_mean",
-                      "ACA_std", "NFR_self_mean", "NFR_self_std", "NFR_cross_mean", "NFR_cross_std", "starting_models", "seeds"]
+                      "ACA_std", "NFR_self_mean", "NFR_self_std", "NFR_cross_mean", "NFR_cross_std", "starting_models",
+                      "seeds"]
     assert row[:3] == ["iamcl2r", "synthetic", "er"] and row[-1] == "2"
     assert [float(v) for v in row[3:8]] == pytest.approx([0.75, np.std([0.5, 1.0], ddof=1), 41.5,
                                                           np.std([41.0, 42.0], ddof=1), 30.0])
