@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cl2r_bench.app.arguments import COMMANDS, build_parser
+from cl2r_bench.app.results_folder import existing_folder, refuse_nothing_read
 from cl2r_bench.app.stops import exit_code, stop_handlers, stop_name
 from cl2r_bench.errors import UsageError, writable_folder
 from cl2r_bench.threads import own_threads
@@ -199,6 +200,12 @@ def command_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_pages(args: argparse.Namespace) -> int:
+    from cl2r_bench.app.pages import command_pages as pages
+
+    return pages(args.root, args.check, main)
+
+
 def command_compare(args: argparse.Namespace) -> int:
     from cl2r_bench.app.compare_command import command_compare as compare
 
@@ -288,15 +295,6 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def existing_folder(path: str, hint: str = "") -> Path:
-    """``path`` when it is a folder; a file or a missing path is a :class:`UsageError` saying which."""
-    folder = Path(path)
-    if not folder.is_dir():
-        state = "is a file, not a folder" if folder.exists() else "does not exist"
-        raise UsageError(f"results folder {folder} {state}{hint or '; pass a folder that holds metrics.json files'}")
-    return folder
-
-
 def command_plot(args: argparse.Namespace) -> int:
     """Redraw each complete run's figures and draw comparisons (``cl2r_bench.reporting.plots.plot_results``) from the
     records alone, so figures follow plotting fixes and compare experiments without retraining."""
@@ -314,17 +312,6 @@ def command_plot(args: argparse.Namespace) -> int:
     for path in comparisons:
         print(path)
     return 0
-
-
-def refuse_nothing_read(skipped: list[tuple[Path, str]], found: bool, results: Path | str, verb: str = "") -> None:
-    """Name each skipped record file on stderr (leaderboard, plot, report); with no complete record found (to
-    ``verb``), a :class:`UsageError`."""
-    for path, reason in skipped:
-        print(f"skipped {path}: {reason}", file=sys.stderr)
-    if not found:
-        raise UsageError(f"no complete metrics.json under {results}{f' to {verb}' if verb else ''}; run an "
-                         "experiment first"
-                         + (f" ({len(skipped)} file(s) skipped, reasons above)" if skipped else ""))
 
 
 def command_report(args: argparse.Namespace) -> int:
@@ -469,7 +456,7 @@ def _main(argv: list[str] | None) -> int:
                    "metrics": command_metrics, "leaderboard": command_leaderboard, "plot": command_plot,
                    "report": command_report,
                    "list": command_list, "adapt": command_adapt, "embed": command_embed,
-                   "compare": command_compare}[args.command]
+                   "compare": command_compare, "pages": command_pages}[args.command]
         return handler(args)
     except DivergedError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -26,7 +26,7 @@ def add_compare_options(parser: argparse.ArgumentParser) -> None:
 
 def command_compare(args: argparse.Namespace) -> int:
     """Print the comparison table and its verdict line (or the table against the best)."""
-    from cl2r_bench.app.cli import existing_folder, refuse_nothing_read
+    from cl2r_bench.app.results_folder import existing_folder, refuse_nothing_read
     from cl2r_bench.reporting.compare import against_best, compare, comparison_table, verdict_line
     from cl2r_bench.reporting.experiments import collect, experiment_groups
     from cl2r_bench.reporting.tables import render
