@@ -1,19 +1,32 @@
-"""LCE (Meng et al., ICCV 2021): classifier aligned to the old class centres + an angular boundary (METHODS.md §6b).
+"""LCE (Meng et al., ICCV 2021): classifier aligned to the old class centres + a boundary (METHODS.md §6b).
 
 "Learning compatible embeddings": the new classifier is aligned to the old model's class centres and the new
-features are kept inside each old class's angular boundary.
+features are kept inside each old class's boundary. Two readings (``form``), both without the paper's optional
+transformation of the old features:
 
-    L = CE(W phi_t(x), y) + alignment_weight * L_align + boundary_weight * L_boundary
-    L_align    = mean_i (1 - c_{y_i} . W_{y_i} / |W_{y_i}|)
-    L_boundary = mean_i max(arccos(c_{y_i} . phi_t(x_i) / |phi_t(x_i)|) - theta_{y_i}, 0)
+* ``authors`` (the default: the paper's authors' code, ``IrvingMeng/LCE``, ``main.py``'s ``train`` and
+  ``save_lcefeat``)::
 
-``c_y`` is the old model's normalised class centre and ``theta_y`` the largest angle of the class's old features
-to it after the 1.5 IQR rule (``strategies/old_classes.py``); both means run over the batch samples whose class
-has a centre and an angle (classes with fewer than two inlier items have none), as the authors' code
-(``Ashespt/AdvBCT``, ``COMP_LOSS.TYPE: lce``, ``K = 0``: without the paper's optional transformation of the old
-features). ``centre_classes`` picks the classes (``old`` as theirs, or ``seen``). The old model is the teacher of
-``cl2r_bench/strategy.py``; its centres are computed once per task from the task's data and the replay memory, so at a
-replacement they are the incoming replacement model's (``replacement_teacher: outgoing`` keeps the model deployed
+      L = CE + 100 * mean_{c, k} (W^_{c,k} - c^_{c,k})^2 + 1 * mean_i max(kappa_{y_i} - phi^_t(x_i) . c^_{y_i}, 0)
+
+  over every class with a centre (the squared error averaged over the rows and their entries, as ``F.mse_loss``),
+  ``c^`` the normalised mean of the class's old unit features, ``kappa_y`` the smallest cosine of one of them to
+  ``c^_y``, the boundary over the batch samples whose class has a centre; centres of every class with data
+  (``centre_classes: seen``: their old model embeds the whole new training set). Their code takes the dot product
+  of the *un-normalised* feature with ``c^`` clamped to [-1, 1]; the suite normalises the feature, so the term is the
+  cosine the paper describes (with features of norm above 1 the clamp makes their term 0 for almost every sample: a
+  defect not reproduced, METHODS.md §6b).
+* ``advbct`` (``Ashespt/AdvBCT``'s reimplementation, ``COMP_LOSS.TYPE: lce``, ``K = 0``)::
+
+      L = CE + 1 * mean_i (1 - c^_{y_i} . W^_{y_i}) + 1 * mean_i max(arccos(c^_{y_i} . phi^_t(x_i)) - theta_{y_i}, 0)
+
+  ``theta_y`` the largest angle of the class's old features to ``c^_y`` after the 1.5 IQR rule
+  (``strategies/old_classes.py``), both means over the batch samples whose class has a centre and an angle, centres
+  of the old classes (``centre_classes: old``).
+
+``alignment_weight``, ``boundary_weight`` and ``centre_classes`` default to the form's. The old model is the teacher of
+``cl2r_bench/strategy.py``; its centres are computed once per task from the task's data and the replay memory, so at
+a replacement they are the incoming replacement model's (``replacement_teacher: outgoing`` keeps the model deployed
 before it). At CL2R task 0 (no old model) the loss is CE.
 """
 from __future__ import annotations
@@ -32,20 +45,53 @@ ARCCOS_LIMIT = 1 - 1e-7
 """Cosines are clamped to ``[-ARCCOS_LIMIT, ARCCOS_LIMIT]`` before the arc-cosine, whose slope is infinite at +-1."""
 
 
+FORMS = {"authors": {"alignment_weight": 100.0, "boundary_weight": 1.0, "centre_classes": "seen"},
+         "advbct": {"alignment_weight": 1.0, "boundary_weight": 1.0, "centre_classes": "old"}}
+"""Each reading's own weights and centre classes (module docstring), what ``None`` takes."""
+
+
 @dataclass(frozen=True)
 class LCEConfig:
-    alignment_weight: float = 1.0
-    boundary_weight: float = 1.0
-    centre_classes: str = "old"
+    form: str = "authors"
+    alignment_weight: float | None = None
+    boundary_weight: float | None = None
+    centre_classes: str | None = None
     replacement_teacher: str = "incoming"
 
     def __post_init__(self) -> None:
+        check_choice("form", self.form, tuple(FORMS))
+        for key, value in FORMS[self.form].items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, value)
         check_choice("centre_classes", self.centre_classes, CENTRE_CLASSES)
         check_choice("replacement_teacher", self.replacement_teacher, REPLACEMENT_TEACHERS)
+        for key in ("alignment_weight", "boundary_weight"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be at least 0, not {getattr(self, key)}")
+
+
+def cosine_boundary_loss(features: torch.Tensor, labels: torch.Tensor, regions: ClassRegions) -> torch.Tensor:
+    """The authors' boundary: ``max(kappa_y - cos(phi, c^_y), 0)`` over the samples whose class has a centre (0 when
+    none has)."""
+    keep = regions.present[labels]
+    if not bool(keep.any()):
+        return features.new_zeros(())
+    cosine = (F.normalize(features[keep], dim=1) * regions.unit_centres[labels[keep]]).sum(dim=1)
+    return F.relu(regions.cosine_floor[labels[keep]] - cosine).mean()
+
+
+def squared_alignment_loss(classifier: torch.Tensor, regions: ClassRegions) -> torch.Tensor:
+    """The authors' alignment: the squared difference of every centred class's unit classifier row and unit centre,
+    averaged over rows and entries (0 without a centre)."""
+    classes = torch.nonzero(regions.present[:len(classifier)]).flatten()
+    if not len(classes):
+        return classifier.new_zeros(())
+    return F.mse_loss(F.normalize(classifier[classes], dim=1), regions.unit_centres[classes])
 
 
 def boundary_loss(features: torch.Tensor, labels: torch.Tensor, regions: ClassRegions) -> torch.Tensor:
-    """``L_boundary`` over the samples whose class has a centre and an angle (0 when none has)."""
+    """AdvBCT's boundary: ``max(arccos(c^_y . phi^) - theta_y, 0)`` over the samples whose class has a centre and an
+    angle (0 when none has)."""
     keep = regions.angle_radius[labels].isfinite()
     if not bool(keep.any()):
         return features.new_zeros(())
@@ -55,7 +101,7 @@ def boundary_loss(features: torch.Tensor, labels: torch.Tensor, regions: ClassRe
 
 
 def alignment_loss(classifier: torch.Tensor, labels: torch.Tensor, regions: ClassRegions) -> torch.Tensor:
-    """``L_align`` over the same samples as :func:`boundary_loss`, from the new classifier's rows."""
+    """AdvBCT's alignment: ``1 - c^_y . W^_y`` over the same samples as :func:`boundary_loss`."""
     keep = regions.angle_radius[labels].isfinite()
     if not bool(keep.any()):
         return classifier.new_zeros(())
@@ -86,5 +132,10 @@ class LCE(Strategy):
         if self.regions is None:
             return ce
         classifier = self.model.head.classifier.weight
-        return (ce + self.config.alignment_weight * alignment_loss(classifier, step.labels, self.regions)
-                + self.config.boundary_weight * boundary_loss(step.features, step.labels, self.regions))
+        if self.config.form == "authors":
+            align = squared_alignment_loss(classifier, self.regions)
+            boundary = cosine_boundary_loss(step.features, step.labels, self.regions)
+        else:
+            align = alignment_loss(classifier, step.labels, self.regions)
+            boundary = boundary_loss(step.features, step.labels, self.regions)
+        return ce + self.config.alignment_weight * align + self.config.boundary_weight * boundary

@@ -34,14 +34,17 @@ class ClassRegions:
         present: the class has a centre.
         distance_radius: the largest distance ``||f - centre||`` of the class's unit features left by the 1.5 IQR
             rule (AdvBCT's ``r``); NaN where fewer than two remain.
-        angle_radius: the largest angle ``arccos(f . centre / |centre|)`` left by the rule (LCE's ``theta``); NaN
-            likewise.
+        angle_radius: the largest angle ``arccos(f . centre / |centre|)`` left by the rule (LCE's ``theta`` in
+            ``Ashespt/AdvBCT``); NaN likewise.
+        cosine_floor: the smallest cosine of the class's unit features to its unit centre, every item counted (LCE's
+            boundary in its authors' code, ``IrvingMeng/LCE``'s ``old_class_cos``); NaN where absent.
     """
 
     centres: torch.Tensor
     present: torch.Tensor
     distance_radius: torch.Tensor
     angle_radius: torch.Tensor
+    cosine_floor: torch.Tensor
 
     @property
     def unit_centres(self) -> torch.Tensor:
@@ -71,6 +74,7 @@ def class_regions(unit_features: torch.Tensor, labels: torch.Tensor, classes: to
     present = torch.zeros(num_classes, dtype=torch.bool, device=device)
     distance = torch.full((num_classes,), math.nan, device=device)
     angle = torch.full((num_classes,), math.nan, device=device)
+    floor = torch.full((num_classes,), math.nan, device=device)
     for label in classes.tolist():
         rows = unit_features[labels == label].double()
         if not len(rows):
@@ -78,12 +82,14 @@ def class_regions(unit_features: torch.Tensor, labels: torch.Tensor, classes: to
         centre = rows.mean(dim=0)
         centres[label], present[label] = centre.float(), True
         distances = (rows - centre).norm(dim=1).tolist()
-        angles = torch.acos((rows @ (centre / centre.norm())).clamp(max=1.0)).tolist()
+        cosines = rows @ (centre / centre.norm())
+        floor[label] = float(cosines.min())
+        angles = torch.acos(cosines.clamp(max=1.0)).tolist()
         for radii, values in ((distance, distances), (angle, angles)):
             largest, kept = largest_inlier(values)
             if kept > 1:
                 radii[label] = largest
-    return ClassRegions(centres, present, distance, angle)
+    return ClassRegions(centres, present, distance, angle, floor)
 
 
 def task_regions(context: TaskContext, centre_classes: str) -> ClassRegions | None:

@@ -18,7 +18,7 @@ from strategies.advbct import (
     elastic_boundary_loss,
     reversal_weight,
 )
-from strategies.lce import alignment_loss, boundary_loss
+from strategies.lce import alignment_loss, boundary_loss, cosine_boundary_loss, squared_alignment_loss
 from strategies.old_classes import ClassRegions, class_regions, largest_inlier
 from strategies.ract import regression_alleviating_loss
 from strategies.unibct import UniBCTConfig, arcface_logits, class_prototypes, refined_prototype
@@ -29,13 +29,14 @@ def unit(*angles_deg):
     return torch.tensor([[math.cos(math.radians(a)), math.sin(math.radians(a))] for a in angles_deg])
 
 
-def regions_at(centres, distance_radius=None, angle_radius=None):
+def regions_at(centres, distance_radius=None, angle_radius=None, cosine_floor=None):
     centres = torch.tensor(centres, dtype=torch.float)
     n = len(centres)
     nan = torch.full((n,), math.nan)
     return ClassRegions(centres, torch.ones(n, dtype=torch.bool),
                         nan if distance_radius is None else torch.tensor(distance_radius, dtype=torch.float),
-                        nan if angle_radius is None else torch.tensor(angle_radius, dtype=torch.float))
+                        nan if angle_radius is None else torch.tensor(angle_radius, dtype=torch.float),
+                        nan if cosine_floor is None else torch.tensor(cosine_floor, dtype=torch.float))
 
 
 # --- Class regions --------------------------------------------------------------------------------------------
@@ -55,6 +56,8 @@ def test_class_regions_by_hand():
     assert regions.distance_radius[0].item() == pytest.approx(math.sqrt(0.5))
     assert regions.angle_radius[0].item() == pytest.approx(math.pi / 4)
     assert math.isnan(regions.distance_radius[1]) and math.isnan(regions.angle_radius[1])  # one item: no radius
+    assert regions.cosine_floor[0].item() == pytest.approx(math.cos(math.pi / 4))           # every item counted
+    assert regions.cosine_floor[1].item() == pytest.approx(1.0) and math.isnan(regions.cosine_floor[2])
 
 
 # --- LCE ------------------------------------------------------------------------------------------------------
@@ -74,8 +77,33 @@ def test_lce_alignment_is_one_minus_cosine_of_the_class_rows():
     assert alignment_loss(classifier, labels, regions).item() == pytest.approx(expected)
 
 
+def test_lce_authors_boundary_is_the_cosine_below_the_floor():
+    regions = regions_at([[1.0, 0.0], [0.0, 2.0]], cosine_floor=[math.cos(math.pi / 6), 0.99])
+    features = unit(60, 10, 80) * torch.tensor([[3.0], [1.0], [1.0]])
+    labels = torch.tensor([0, 0, 1])                      # cosines 0.5, cos 10°, cos 10°: below their floors by
+    expected = ((math.cos(math.pi / 6) - 0.5) + 0 + (0.99 - math.cos(math.radians(10)))) / 3
+    assert cosine_boundary_loss(features, labels, regions).item() == pytest.approx(expected)
+
+
+def test_lce_authors_alignment_is_the_mean_squared_error_of_the_unit_rows():
+    regions = regions_at([[2.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    regions.present[2] = False                             # a class without a centre is left out
+    classifier = torch.tensor([[0.0, 5.0], [1.0, 1.0], [3.0, 3.0]])
+    s = 1 / math.sqrt(2)
+    expected = ((0 - 1) ** 2 + (1 - 0) ** 2 + (s - 0) ** 2 + (s - 1) ** 2) / 4
+    assert squared_alignment_loss(classifier, regions).item() == pytest.approx(expected)
+
+
+def test_lce_forms_bring_their_own_weights_and_classes():
+    assert get_strategy("lce").from_params({}).config.__dict__ == {
+        "form": "authors", "alignment_weight": 100.0, "boundary_weight": 1.0, "centre_classes": "seen",
+        "replacement_teacher": "incoming"}
+    advbct = get_strategy("lce").from_params({"form": "advbct", "boundary_weight": 3.0}).config
+    assert (advbct.alignment_weight, advbct.boundary_weight, advbct.centre_classes) == (1.0, 3.0, "old")
+
+
 def test_lce_loss_adds_both_terms_to_ce():
-    lce = get_strategy("lce").from_params({"alignment_weight": 2.0, "boundary_weight": 0.5})
+    lce = get_strategy("lce").from_params({"form": "advbct", "alignment_weight": 2.0, "boundary_weight": 0.5})
     lce.regions = regions_at([[1.0, 0.0], [0.0, 1.0]], angle_radius=[0.1, 0.1])
     lce.model = torch.nn.Module()
     lce.model.head = torch.nn.Module()

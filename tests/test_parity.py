@@ -112,10 +112,11 @@ def test_bct_line_batch_exercises_every_term():
     boundary, the IQR rule drops one item per class, and RACT's two readings differ in the gradient only."""
     bct_line = load("bct_line")
     inputs = bct_line.batch_inputs()
-    off = {"lce": {"alignment_weight": 0, "boundary_weight": 0}, "ract": {"weight": 0},
+    off = {"lce": {"form": "advbct", "alignment_weight": 0, "boundary_weight": 0}, "ract": {"weight": 0},
            "unibct": {"weight": 0}, "advbct": {"boundary_weight": 0}}
     for name, params in off.items():
-        full, without = bct_line.suite_iteration(name, inputs), bct_line.suite_iteration(name, inputs, params)
+        full = bct_line.suite_iteration(name, inputs, bct_line.REFERENCE_READINGS.get("lce") if name == "lce" else None)
+        without = bct_line.suite_iteration(name, inputs, params)
         assert float(full["loss"] - without["loss"]) > 0.05, name
     regions = bct_line.suite_iteration("lce", inputs)["regions"]
     assert torch.isfinite(regions.distance_radius[:6]).all() and not torch.isfinite(regions.distance_radius[6:]).any()
@@ -123,3 +124,43 @@ def test_bct_line_batch_exercises_every_term():
     reference = bct_line.suite_iteration("ract", inputs, {"detach_new_negatives": True})
     assert torch.equal(paper["loss"], reference["loss"])
     assert not torch.allclose(paper["grads"]["convnet.features"], reference["grads"]["convnet.features"])
+
+
+def test_authors_parity_inputs_exercise_every_term():
+    """The inputs of tools/parity/authors.py are not vacuous: LCE's alignment and boundary each move its loss by more
+    than 0.05, some samples lie below their class's cosine floor, RACT's term is far from zero, and UniBCT's default
+    refinement moves the prototypes away from MixBCT's (which are the plain means)."""
+    import torch.nn.functional as F
+
+    from strategies import Step, get_strategy
+    from strategies.old_classes import class_regions
+    from strategies.ract import regression_alleviating_loss
+    from strategies.unibct import UniBCTConfig, class_prototypes
+
+    authors = load("authors")
+    inputs = {**authors.batch_inputs(), **authors.lce_inputs(), **authors.unibct_inputs()}
+    regions = class_regions(inputs["lce_old_features"], inputs["lce_old_labels"], torch.arange(6), 6)
+    labels, features = inputs["lce_labels"], inputs["lce_features"]
+
+    def lce_loss(params):
+        strategy = get_strategy("lce").from_params(params)
+        classifier = torch.nn.Linear(32, 6, bias=False)
+        with torch.no_grad():
+            classifier.weight.copy_(inputs["lce_classifier"])
+        strategy.regions, strategy.model = regions, torch.nn.Module()
+        strategy.model.head = torch.nn.Module()
+        strategy.model.head.classifier = classifier
+        return float(strategy.loss(Step(labels=labels, targets=labels, logits=classifier(features), features=features,
+                                        from_memory=torch.zeros(len(labels), dtype=torch.bool))).detach())
+
+    full = lce_loss({})
+    assert full - lce_loss({"alignment_weight": 0}) > 0.05 and full - lce_loss({"boundary_weight": 0}) > 0.05
+    cosine = (features * regions.unit_centres[labels]).sum(dim=1)
+    assert 0 < int((cosine < regions.cosine_floor[labels]).sum()) < len(labels)
+    ract = regression_alleviating_loss(inputs["features"], F.normalize(inputs["old_raw_features"], dim=1),
+                                       inputs["labels"], 0.01, 10)
+    assert float(ract) > 0.05
+    old, new, unibct_labels = inputs["unibct_old"], inputs["unibct_new"], inputs["unibct_labels"]
+    rows = class_prototypes(old, new, unibct_labels, list(range(6)), 6, UniBCTConfig())[0]
+    plain = class_prototypes(old, new, unibct_labels, list(range(6)), 6, UniBCTConfig(refinement="none"))[0]
+    assert float((rows - plain).abs().max()) > 0.05

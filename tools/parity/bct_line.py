@@ -26,7 +26,7 @@ from strategies import Step, get_strategy
 from strategies.advbct import ElasticBoundary, discriminator
 from strategies.old_classes import class_regions
 from strategies.unibct import class_prototypes
-from tools.parity.common import ROOT, ParityError, reference_checkout, run_reference_probe
+from tools.parity.common import ROOT, ParityError, provenance, reference_checkout, run_reference_probe
 from tools.parity.steps import row
 
 WIDTH, CLASSES, OLD_CLASSES, PER_OLD_CLASS, BATCH = 256, 8, 6, 12, 16
@@ -126,19 +126,19 @@ def summary_rows(meta: dict, regions) -> list[dict]:
 
 
 METHOD_NOTES = {
-    "lce": "COMP_LOSS.TYPE lce (K = 0): CE + boundary (angles) + alignment",
+    "lce": "COMP_LOSS.TYPE lce (K = 0): CE + boundary (angles) + alignment; suite form advbct",
     "unibct": "COMP_LOSS.TYPE uni_bct: CE + ArcFace (s 30, m 0.3) on old centres; suite refinement none, classes old",
     "ract": "COMP_LOSS.TYPE hot_refresh (tau 0.01, top-10 negatives): CE + contrastive with n2o and n2n negatives;"
             " suite detach_new_negatives (their all_gather carries no gradient)",
     "advbct": "bct_limit + ELASTIC_BOUNDARY + adv_compatible (epoch 2 of 5): CE + elastic boundary + adversarial",
 }
-REFERENCE_READINGS = {"unibct": {"refinement": "none", "centre_classes": "old"},
+REFERENCE_READINGS = {"lce": {"form": "advbct"}, "unibct": {"refinement": "none", "centre_classes": "old"},
                       "ract": {"detach_new_negatives": True}}
 
 
 def compare(reference: dict, inputs: dict) -> tuple[list[dict], list[dict]]:
     rows, differences = [], []
-    first = suite_iteration("lce", inputs)
+    first = suite_iteration("lce", inputs, REFERENCE_READINGS["lce"])
     rows += summary_rows(reference["lce"]["meta"], first["regions"])
     for name, note in METHOD_NOTES.items():
         ours = suite_iteration(name, inputs, REFERENCE_READINGS.get(name))
@@ -150,6 +150,11 @@ def compare(reference: dict, inputs: dict) -> tuple[list[dict], list[dict]]:
         diff = max(float((ours["grads"][n] - theirs["grads"][n]).abs().max()) for n in names if n not in missing)
         rows.append(row(f"{name}: gradient w.r.t. every weight ({len(names)} tensors)",
                         diff if not missing else float("inf"), TOLERANCE, f"names on one side only: {missing}"))
+    authors = suite_iteration("lce", inputs)
+    differences.append({"name": "lce default (form: authors, IrvingMeng/LCE's) against this reimplementation",
+                        "loss_suite": float(authors["loss"]), "loss_reference": float(reference["lce"]["loss"]),
+                        "note": "the paper's authors' forms: an MSE alignment weighted 100 and a cosine floor; "
+                                "checked against their own code in results/parity/authors.json"})
     paper = suite_iteration("unibct", inputs)
     differences.append({"name": "unibct default (graph refinement, rows; classes seen) against the reference's "
                                 "plain old centres", "loss_suite": float(paper["loss"]),
@@ -182,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.save(inputs, work / "inputs.pt")
         reference = run_reference_probe(python, "bct_probe.py", "--advbct", advbct, work)
     rows, differences = compare(reference, inputs)
-    Path(args.out).write_text(json.dumps({"reference": "Ashespt/AdvBCT", "rows": rows,
+    Path(args.out).write_text(json.dumps({**provenance({"advbct": ("Ashespt/AdvBCT", advbct)}), "rows": rows,
                                           "differences": differences}, indent=1) + "\n")
     for r in rows:
         print(f"{'ok ' if r['agree'] else 'NO '} {r['name']}: {r['max_abs_diff']} (tolerance {r['tolerance']})")

@@ -25,7 +25,7 @@ from torch import nn
 from cl2r_bench.heads import BasisTransformationHead
 from cl2r_bench.models import class_means
 from strategies import Step, get_strategy
-from tools.parity.common import ROOT, ParityError, reference_checkout, run_reference_probe
+from tools.parity.common import ROOT, ParityError, provenance, reference_checkout, run_reference_probe
 from tools.parity.steps import row
 
 NEW_WIDTH, OLD_WIDTH, ADDED, CLASSES, BATCH, SCALE = 64, 48, 24, 6, 18, 2.0
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.save(inputs, work / "inputs.pt")
         reference = run_reference_probe(python, "bt2_probe.py", "--bt2", bt2, work)
     rows = compare(reference, inputs)
-    Path(args.out).write_text(json.dumps({"reference": "YifeiZhou02/BT-2", "rows": rows}, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps({**provenance({"bt2": ("YifeiZhou02/BT-2", bt2)}), "rows": rows}, indent=1)
+                              + "\n")
     for r in rows:
         print(f"{'ok ' if r['agree'] else 'NO '} {r['name']}: {r['max_abs_diff']} (tolerance {r['tolerance']})")
 

@@ -5,11 +5,13 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from cl2r_bench.data.datasets import ImageSet
+from cl2r_bench.files import code_commit
 from cl2r_bench.heads import simplex_vertices
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,3 +117,16 @@ def first_per_class(images: ImageSet, per_class: int) -> ImageSet:
     for c in images.labels.unique():
         keep[torch.nonzero(images.labels == c).flatten()[:per_class]] = True
     return images.select(torch.nonzero(keep).flatten())
+
+
+def provenance(checkouts: dict[str, tuple[str, Path]]) -> dict[str, Any]:
+    """What a parity JSON names besides its rows: the suite's commit and each reference's repository and commit
+    (``checkouts``: name -> (GitHub repository, checkout folder); a folder without git history says so)."""
+    def commit(folder: Path) -> str:
+        done = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=False)
+        return done.stdout.strip() or "unknown (not a git checkout)"
+
+    return {"suite_commit": code_commit(),
+            "references": {name: {"repository": repository, "commit": commit(folder)}
+                           for name, (repository, folder) in checkouts.items()}}

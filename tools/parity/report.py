@@ -167,7 +167,8 @@ def main() -> None:
     end_to_end = json.loads(args.end_to_end.read_text()) if args.end_to_end.is_file() else {}
     lines = summarise(end_to_end)[1] if end_to_end else []
     timing = summarise(json.loads(args.timing.read_text()))[0] if args.timing.is_file() else {}
-    report = {"steps": json.loads(args.steps.read_text()), "protocol": protocol(),
+    steps = json.loads(args.steps.read_text())
+    report = {"steps": steps["rows"] if isinstance(steps, dict) else steps, "protocol": protocol(),
               "end_to_end": {s: {"epochs": e["epochs"], "images_per_class": e["images_per_class"],
                                  "queries": e["queries"],
                                  "suite": [r["matrix"] for _, r in sorted(e["suite"].items())],

@@ -35,6 +35,7 @@ from tools.parity.common import (  # noqa: I001
     ROOT,
     ParityError,
     first_per_class,
+    provenance,
     reference_checkout,
     reference_name,
     reference_python,
@@ -240,7 +241,10 @@ def main() -> None:
         work = Path(tmp)
         rows = run(python, refs, work, args.cifar10)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(rows, indent=1, allow_nan=False) + "\n")
+    repositories = {"iamcl2r": "miccunifi/iamcl2r", "cl2r": "NiccoBiondi/CompatibleLifelongRepresentation",
+                    "ml_fct": "apple/ml-fct"}
+    sources = provenance({name: (repositories[name], path) for name, path in refs.items()})
+    Path(args.out).write_text(json.dumps({**sources, "rows": rows}, indent=1, allow_nan=False) + "\n")
     width = max(len(r["name"]) for r in rows)
     for r in rows:
         diff = "n/a" if r["max_abs_diff"] is None else f"{r['max_abs_diff']:.3g}"
