@@ -101,7 +101,8 @@ def test_a_track_run_resumes_with_the_same_matrix(encoder_files, tmp_path, monke
 
 
 def test_upgrade_and_model_update_put_the_old_and_the_new_model_on_their_encoders(encoder_files, tmp_path):
-    two_models = {"stream": dict(TINY["stream"], num_tasks=2), "replacement": {"tasks": []}}
+    two_models = {"stream": dict(TINY["stream"], num_tasks=2),
+                  "replacement": {"tasks": [], "pretrain": {"cache_dir": str(tmp_path / "models")}}}
     for scenario, extra in (("upgrade", {"strategy": "bct", "evaluation": dict(TINY["evaluation"],
                                                                                 dataset="stream")}),
                             ("model_update", {"adapter": {"name": "procrustes"}})):

@@ -8,6 +8,15 @@ marked as other models and data. The figure draws the backfilling curves (top-1 
 class-mean order, mean over seeds) of every adapter.
 
     python -m tools.pretrained_report [--results results/pretrained] [--out results/pretrained]
+    python -m tools.pretrained_report --results results/pretrained --group lite0-lite2/tinyimagenet [--table answer]
+
+``tables.md`` is a result page: its tables are one generated block whose marker names ``--print``, the same tables
+on stdout, so ``python runner.py pages FOLDER/tables.md --check`` tells whether it still matches the records (run
+from the repository's root with a relative ``--results``). ``--group PAIR/DATASET`` prints one group's section
+instead (PAIR: the folders above ``model_update``, as in the section's heading), ``--table`` one of its tables
+(``answer``: the summary and recommendation of :mod:`cl2r_bench.reporting.adapter_summary`, as ``runner.py adapt``
+gives them; ``cases``; ``backfilling``), or, without a group, ``--table published`` the papers' rows; a page embeds
+them as generated blocks. Printing writes nothing.
 """
 from __future__ import annotations
 
@@ -19,18 +28,28 @@ from typing import Any
 import numpy as np
 
 from benchmarks.record import PAPER_CASES, checked_records, leave_one_out, update_fit
-from cl2r_bench.reporting.adapter_summary import SUMMARY_COLUMNS, ranked, recommendation, summarise, summary_cells
+from cl2r_bench.reporting.adapter_answer import classes_line
+from cl2r_bench.reporting.adapter_summary import (
+    SUMMARY_COLUMNS,
+    models_line,
+    models_verdict,
+    ranked,
+    recommendation,
+    summarise,
+    summary_cells,
+)
 from cl2r_bench.reporting.published import LAMBDA_ORTH_SOURCE, LAMBDA_ORTH_TABLE_1B, LAMBDA_ORTH_TABLE_2
 from tools.pretrained_study import BACKFILL_ORDERS
 
 Group = tuple[str, str]
 
 
-def grouped(results: Path) -> dict[Group, dict[str, list[dict[str, Any]]]]:
+def grouped(results: Path, only: Group | None = None) -> dict[Group, dict[str, list[dict[str, Any]]]]:
     """Leave-one-out records by (the folders above ``model_update``, e.g. ``open-set/fit-20/lite0-lite2``, and the
-    data set), then by adapter label."""
+    data set), then by adapter label; ``only``: that group's folder alone is read."""
     groups: dict[Group, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for path, record, _ in checked_records(results):
+    folder = results if only is None else results / only[0] / "model_update" / only[1]
+    for path, record, _ in checked_records(folder):
         if record is not None and leave_one_out(record):
             parts = path.relative_to(results).parts
             pair = "/".join(parts[:parts.index("model_update")])
@@ -83,11 +102,14 @@ def fit_cell(runs: list[dict[str, Any]]) -> str:
 
 
 def answer(by_adapter: dict[str, list[dict[str, Any]]]) -> str:
-    """The study's answer (:mod:`cl2r_bench.reporting.adapter_summary`): its table, best top-1 gain first, and the
-    recommendation."""
-    rows = ranked(summarise([r for runs in by_adapter.values() for r in runs]))
-    return (table(list(SUMMARY_COLUMNS), [summary_cells(r) for r in rows])
-            + f"\n\n**Recommendation:** {recommendation(rows)}")
+    """The study's answer (:mod:`cl2r_bench.reporting.adapter_summary`): its table, best top-1 gain first, the lines
+    on the models and the classes, and the recommendation, as ``runner.py adapt`` gives them."""
+    records = [r for runs in by_adapter.values() for r in runs]
+    rows, verdict = ranked(summarise(records)), models_verdict(records)
+    notes = "".join(f"\n\n{line[0].upper()}{line[1:]}." for line in (models_line(verdict), classes_line(records))
+                    if line)
+    return (table(list(SUMMARY_COLUMNS), [summary_cells(r) for r in rows]) + notes
+            + f"\n\n**Recommendation:** {recommendation(rows, verdict)}")
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -95,7 +117,9 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def group_tables(pair: str, dataset: str, by_adapter: dict[str, list[dict[str, Any]]]) -> str:
+def group_tables(pair: str, dataset: str, by_adapter: dict[str, list[dict[str, Any]]], only: str | None = None) -> str:
+    """The group's section (its heading, its setting, :func:`answer`, the cases and the backfilling table), or with
+    ``only`` (``answer``, ``cases`` or ``backfilling``) that one table."""
     names = sorted(by_adapter, key=lambda n: (n != "none", n))
     first = by_adapter[names[0]][0]
     models = first["models"]
@@ -108,6 +132,8 @@ def group_tables(pair: str, dataset: str, by_adapter: dict[str, list[dict[str, A
     backfill = table(["adapter", *(f"AUC {o}" for o in BACKFILL_ORDERS), "zero-shot top-1 (change)", "fit s"],
                      [[n, *(auc_cell(by_adapter[n], o) for o in BACKFILL_ORDERS), zero_shot_cell(by_adapter[n]),
                        fit_cell(by_adapter[n])] for n in names])
+    if only is not None:
+        return {"answer": answer(by_adapter), "cases": cases, "backfilling": backfill}[only] + "\n"
     return (f"### {pair}, {dataset}\n\n{about}\n\n{answer(by_adapter)}\n\n"
             f"CMC top-1 / mAP (%), mean over seeds (± seed std of top-1, where the seeds differ):\n\n"
             f"{cases}\n\nBackfilling AUC top-1 / mAP (%), zero-shot ImageNet-1k top-1 of the new encoder before -> "
@@ -157,21 +183,46 @@ def curves_figure(groups: dict[Group, dict[str, list[dict[str, Any]]]], path: Pa
     plt.close(fig)
 
 
+TABLES = ("answer", "cases", "backfilling", "published")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", default="results/pretrained")
     parser.add_argument("--out", default=None, help="folder of tables.md and backfilling.png (default --results)")
+    parser.add_argument("--print", action="store_true", help="print the tables of tables.md; write nothing")
+    parser.add_argument("--group", default=None, help="PAIR/DATASET: print this group's section; write nothing")
+    parser.add_argument("--table", choices=TABLES, default=None,
+                        help="print this table of --group (published: the papers' rows, no group); write nothing")
     args = parser.parse_args(argv)
     results = Path(args.results)
-    out = Path(args.out or results)
-    groups = grouped(results)
-    if not groups:
-        print(f"no leave-one-out records under {results}; run python -m tools.pretrained_study first")
+    if args.table == "published":
+        print(published_tables(), end="")
+        return 0
+    if args.table and not args.group:
+        parser.error(f"--table {args.table} needs --group PAIR/DATASET")
+    only = tuple(args.group.rsplit("/", 1)) if args.group else None
+    if only is not None and len(only) != 2:
+        parser.error("--group is PAIR/DATASET, e.g. lite0-lite2/tinyimagenet")
+    groups = grouped(results, only)
+    if not groups or (only is not None and only not in groups):
+        print(f"no leave-one-out records under {results}" + (f" in group {args.group}" if only else "")
+              + "; run python -m tools.pretrained_study first")
         return 2
-    text = "\n".join(group_tables(pair, dataset, groups[pair, dataset]) for pair, dataset in sorted(groups))
+    if only is not None:
+        print(group_tables(*only, groups[only], args.table), end="")
+        return 0
+    text = "\n".join(group_tables(pair, dataset, groups[pair, dataset]) for pair, dataset in sorted(groups)) \
+        + "\n" + published_tables()
+    if args.print:
+        print(text, end="")
+        return 0
+    out = Path(args.out or results)
+    command = f"python -m tools.pretrained_report --results {results.as_posix()} --print"
     (out / "tables.md").write_text("# Pretrained-encoder study: tables\n\nWritten by `python -m "
-                                   "tools.pretrained_report` from the records under this folder.\n\n"
-                                   + text + "\n" + published_tables())
+                                   "tools.pretrained_report` from the records under this folder; `python runner.py "
+                                   "pages` rewrites it from them, `--check` tells whether it still matches.\n\n"
+                                   f"<!-- generated by: {command} -->\n\n{text.strip()}\n\n<!-- end generated -->\n")
     curves_figure(groups, out / "backfilling.png")
     print(f"wrote {out / 'tables.md'} and {out / 'backfilling.png'} ({len(groups)} pair and data set groups)")
     return 0

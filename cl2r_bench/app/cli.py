@@ -284,6 +284,7 @@ def command_leaderboard(args: argparse.Namespace) -> int:
                 print(f"note: no table {name}: no run under {args.results} has data for it", file=sys.stderr)
     else:
         names = [args.table or next((name for name in extra if name != "across"), "main")]
+        names += ["published"] if args.published and "published" in built else []
         if names[0] not in built:
             raise UsageError(f"no run under {args.results} has data for table {names[0]}; tables with rows here: "
                              f"{', '.join(built)}")

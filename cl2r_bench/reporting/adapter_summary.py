@@ -182,9 +182,15 @@ def summarise_adapter(method: str, records: list[dict[str, Any]]) -> AdapterSumm
 
 
 def one_fit(records: list[dict[str, Any]]) -> bool:
-    """Whether an adapter's seeds share one fit (a closed form on every fitting item: each later seed's fit log says
-    ``same_as_seed``)."""
-    return len(records) > 1 and all("same_as_seed" in _fit(r) for r in records[1:])
+    """Whether an adapter's seeds share one fit (a closed form on every fitting item): each later seed's fit log says
+    ``same_as_seed``, or, in records before that mark, every seed ranked every query alike (identical per-query hits
+    of every case: no draw of the seed changed anything, so the seeds are one draw)."""
+    if len(records) < 2:
+        return False
+    if all("same_as_seed" in _fit(r) for r in records[1:]):
+        return True
+    hits = [r["retrieval"].get("query_top1") for r in records]
+    return all(hits) and all(h == hits[0] for h in hits[1:])
 
 
 def summarise(records: list[dict[str, Any]]) -> list[AdapterSummary]:

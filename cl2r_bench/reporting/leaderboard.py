@@ -173,8 +173,9 @@ def starting_models(runs: list[RunRecord]) -> str | None:
 def interval_rows(records: list[RunRecord], confidence: float = CONFIDENCE) -> list[list[Any]]:
     """Rows of :data:`INTERVAL_COLUMNS`: for each experiment of :func:`leaderboard_rows`, each figure's t-interval
     over its seeds (:func:`benchmarks.noise.t_interval`: mean ± t · sd / sqrt(n), n - 1 degrees of freedom; None
-    with one seed or no spread), in the main table's order. Beside the noise table's query resampling, it is the
-    interval a reader cites; ``runner.py compare`` tests two experiments against each other."""
+    with one seed or no spread; an experiment with no interval at all has no row), in the main table's order.
+    Beside the noise table's query resampling, it is the interval a reader cites; ``runner.py compare`` tests two
+    experiments against each other."""
     rows = []
     for (scenario, dataset, strategy), runs in result_groups(records).items():
         figures = {c: [r["metrics"][c] for r in runs if r["metrics"].get(c) is not None] for c in COLUMNS}
@@ -182,8 +183,9 @@ def interval_rows(records: list[RunRecord], confidence: float = CONFIDENCE) -> l
         figures.update({c: [rate[c] for rate in rates if rate[c] is not None] for c in FLIP_COLUMNS})
         figures["new_old_top1"] = [r["two_model"]["cases"]["new/old"]["top1"] for r in runs
                                    if (r.get("two_model") or {}).get("cases", {}).get("new/old")]
-        rows.append([scenario, dataset, strategy, *(t_interval(figures[name], confidence)
-                                                    for _, name, _ in INTERVAL_FIGURES), len(runs)])
+        intervals = [t_interval(figures[name], confidence) for _, name, _ in INTERVAL_FIGURES]
+        if any(intervals):
+            rows.append([scenario, dataset, strategy, *intervals, len(runs)])
     order = {tuple(row[:3]): i for i, row in enumerate(leaderboard_rows(records))}
     return sorted(rows, key=lambda row: order.get(tuple(row[:3]), len(order)))
 
