@@ -5,9 +5,13 @@ Loading it is all the suite does; the file's decorators do the rest."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
+import pkgutil
 import sys
 import traceback
+import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 from cl2r_bench.errors import PartError, PluginError
@@ -57,3 +61,34 @@ def _line_in(exc: BaseException, file: Path) -> str:
 
     lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == str(file)]
     return f" (line {lines[-1]})" if lines else ""
+
+
+class PluginNotice(UserWarning):
+    """A module of one of the suite's plug-in folders failed to import: the others are loaded (printed as one
+    ``notice:`` line by the command line)."""
+
+
+def import_folder(package: str, path: Iterable[str], skip: Iterable[str] = ()) -> list[str]:
+    """Import every module of the package ``package`` whose folder is ``path`` (its ``__path__``), in name order,
+    except those named in ``skip`` and those whose name starts with ``_``: a plug-in is its file, registered as it is
+    imported, with no import line to add anywhere (timm's and Mammoth's way). A module that fails to import is one
+    :class:`PluginNotice` line naming its file (and line) and the error, and the others still load. Returns the names
+    imported."""
+    loaded = []
+    for module in sorted(pkgutil.iter_modules(list(path)), key=lambda found: found.name):
+        if module.name.startswith("_") or module.name in set(skip):
+            continue
+        try:
+            importlib.import_module(f"{package}.{module.name}")
+        except PartError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken plug-in file must not stop the others from loading
+            folder = package.replace(".", "/")
+            file = Path(module.module_finder.path) / f"{module.name}.py"
+            lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == str(file)]
+            warnings.warn_explicit(f"failed to import ({type(exc).__name__}: {exc}); the other modules of {folder}/ "
+                                   "are loaded", PluginNotice, filename=f"{folder}/{module.name}.py",
+                                   lineno=lines[-1] if lines else 1)
+            continue
+        loaded.append(module.name)
+    return loaded

@@ -4,7 +4,7 @@ A scenario decides what the one run loop (:class:`cl2r_bench.app.run_loop.Run`) 
 which tasks start from a pretrained model instead of the previous one, whether the strategy fine-tunes, when an
 adapter is fitted and on what, and what the record adds. The loop owns everything else (run folder, resume, training,
 evaluation into the compatibility matrix, the record), so every scenario gets them alike. A new scenario is one
-file in ``scenarios/`` plus one import line in ``scenarios/__init__.py`` (or a ``--plugin`` file)::
+file in ``scenarios/``, registered as the folder's modules are imported (or a ``--plugin`` file)::
 
     from dataclasses import dataclass
     from cl2r_bench.scenario import Scenario, register_scenario

@@ -1,7 +1,7 @@
 """The strategy template and registry.
 
-A strategy is one file in ``strategies/`` plus one import line in ``strategies/__init__.py`` (or, outside the
-package, a file passed with ``--plugin FILE``)::
+A strategy is one file in ``strategies/``, registered as the folder's modules are imported
+(:func:`cl2r_bench.plugins.import_folder`), or, outside the package, a file passed with ``--plugin FILE``::
 
     from dataclasses import dataclass
     import torch

@@ -1,4 +1,6 @@
-"""Training strategies: one file each, registered by name (see ``cl2r_bench/strategy.py`` for the template)."""
+"""Training strategies: one file each, registered by name as it is imported (every module of this folder is, by
+:func:`cl2r_bench.plugins.import_folder`; the template is ``cl2r_bench/strategy.py``)."""
+from cl2r_bench.plugins import import_folder
 from cl2r_bench.strategy import (
                    Step,
                    Strategy,
@@ -9,7 +11,7 @@ from cl2r_bench.strategy import (
                    register_strategy,
 )
 
-from . import advbct, bct, bct_er, bt2, cores, cvs, dsimplex_fd, dsimplex_hoc, er, fd, lce, lwf, ract, unibct  # noqa: F401  (each registers one)
+import_folder(__name__, __path__)
 
 __all__ = ["Step", "Strategy", "StrategyError", "TaskContext", "get_strategy", "list_strategies",
            "register_strategy"]

@@ -1,6 +1,7 @@
 """The orders of partial backfilling: the template and registry (:mod:`.base`), then the built-in orders, each one
-file registered by its import line below."""
-from . import class_mean, random_order, uncertainty  # noqa: F401  (registers the built-in orders)
+file registered as it is imported (every module of this folder is, by :func:`cl2r_bench.plugins.import_folder`)."""
+from cl2r_bench.plugins import import_folder
+
 from .base import (
     ORDERS,
     BackfillGallery,
@@ -10,6 +11,8 @@ from .base import (
     list_backfill_orders,
     register_backfill_order,
 )
+
+import_folder(__name__, __path__)
 
 __all__ = ["ORDERS", "BackfillGallery", "BackfillOrder", "backfill_order", "check_backfill_orders",
            "list_backfill_orders", "register_backfill_order"]

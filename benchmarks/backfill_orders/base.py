@@ -1,7 +1,8 @@
 """The backfilling-order template and registry (docs/METHODS.md §7b, ``model_update.backfill_orders``).
 
 A partial backfilling re-embeds the gallery's items one share at a time; an order says which items go first. A new
-order is one file plus one import line in ``benchmarks/backfill_orders/__init__.py`` (or a ``--plugin`` file)::
+order is one file in ``benchmarks/backfill_orders/``, registered as the folder's modules are imported (or a
+``--plugin`` file)::
 
     from benchmarks.backfill_orders import BackfillOrder, register_backfill_order
 

@@ -1,5 +1,7 @@
-"""Post-hoc adapters between an old and a new model: one file each, registered by name (template in ``base.py``)."""
-from . import drift, fct, lambda_orth, latent_translation, mini_vec2vec, slerp, translation  # noqa: F401  (each registers its adapters)
+"""Post-hoc adapters between an old and a new model: one file each, registered by name as it is imported (every
+module of this folder is, by :func:`cl2r_bench.plugins.import_folder`; the template is ``base.py``)."""
+from cl2r_bench.plugins import import_folder
+
 from .base import (
                    Adapter,
                    AdapterError,
@@ -14,6 +16,8 @@ from .base import (
                    unpaired_halves,
 )
 from .training import convergence_note
+
+import_folder(__name__, __path__)
 
 __all__ = ["Adapter", "AdapterError", "FeaturePair", "convergence_note", "embed_pair", "fit_adapter", "get_adapter",
            "list_adapters", "make_adapter", "register_adapter", "unpaired_adapters", "unpaired_halves"]

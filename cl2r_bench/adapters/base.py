@@ -13,8 +13,8 @@ system stores them) and then maps between the two spaces without running a netwo
 * ``dual_query(old, new)``: a query embedded by *both* models, combined into the old frame to search the untouched
   old gallery (SLERP): the deployment keeps the old encoder running beside the new one.
 
-An adapter is one file in ``cl2r_bench/adapters/`` plus its name on the import line of
-``cl2r_bench/adapters/__init__.py``::
+An adapter is one file in ``cl2r_bench/adapters/``, registered as the folder's modules are imported
+(:func:`cl2r_bench.plugins.import_folder`)::
 
     from dataclasses import dataclass
     import torch

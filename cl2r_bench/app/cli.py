@@ -381,23 +381,26 @@ def plain_text(text: str) -> str:
 
 
 def show_notices_as_one_line() -> None:
-    """Print data notices (:class:`cl2r_bench.data.datasets.DataNotice`) as ``notice: ...`` lines, once each."""
+    """Print data notices (:class:`cl2r_bench.data.datasets.DataNotice`) and plug-in modules that failed to import
+    (:class:`cl2r_bench.plugins.PluginNotice`) as ``notice: ...`` lines, once each."""
     import warnings
 
     from cl2r_bench.data.datasets import DataNotice
+    from cl2r_bench.plugins import PluginNotice
 
     default = warnings.formatwarning
     if getattr(default, "prints_notices", False):
         return
 
     def formatted(message, category, *args, **kwargs) -> str:
-        if issubclass(category, DataNotice):
+        if issubclass(category, (DataNotice, PluginNotice)):
             return f"notice: {message}\n"
         return default(message, category, *args, **kwargs)
 
     formatted.prints_notices = True
     warnings.formatwarning = formatted
     warnings.simplefilter("once", DataNotice)
+    warnings.simplefilter("once", PluginNotice)
 
 
 def take_job_threads(args: argparse.Namespace) -> None:

@@ -89,7 +89,7 @@ class DataSplits:
 
 class DataSet:
     """The template of a data set: one file in ``cl2r_bench/data/`` with a subclass registered by
-    ``@register_dataset("name")``, its import in ``cl2r_bench/data/__init__.py``, and its profile
+    ``@register_dataset("name")`` (every module of the folder is imported), and its profile
     ``cl2r_bench/configs/datasets/<name>.yaml`` (the stream's shape on it, its held-out classes, its replacement
     pretraining: the defaults a run on it starts from); a plug-in file instead, with its profile in
     ``configs/datasets/<name>.yaml`` beside it (:data:`cl2r_bench.config.PROFILE_FOLDERS`).

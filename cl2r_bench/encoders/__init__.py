@@ -6,10 +6,8 @@ file per family, registered by name (the template is :class:`EncoderFamily` in `
   ``suite:<checkpoint.pt>`` (``suite_models.py``), ``open_clip:<model>:<pretrained tag or file>``
   (``open_clip_models.py``, an optional extra).
 """
-# Each file registers one family; the order of registration is the order of the families in messages.
-# isort: off
-from . import timm_models, efficientnet_lite, torchvision_models, suite_models, open_clip_models  # noqa: F401
-# isort: on
+from cl2r_bench.plugins import import_folder
+
 from .base import (
                    ENCODER_FAMILIES,
                    Encoder,
@@ -26,6 +24,8 @@ from .base import (
                    parse_spec,
                    register_encoder_family,
 )
+
+import_folder(__name__, __path__, skip=("convert_efficientnet_lite",))
 
 __all__ = ["ENCODER_FAMILIES", "Encoder", "EncoderError", "EncoderFamily", "EncoderParts", "EncoderSpec",
            "Preprocessing", "build_encoder", "check_spec", "encoder_backbone", "encoder_model", "is_spec",

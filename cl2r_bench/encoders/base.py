@@ -84,7 +84,7 @@ class EncoderParts:
 
 class EncoderFamily:
     """The template of an encoder family: one file that subclasses this, plus one registry line
-    (``@register_encoder_family("name")`` on the class, and the file's import in ``cl2r_bench/encoders/__init__.py``).
+    (``@register_encoder_family("name")`` on the class; every module of the folder is imported).
 
     ``syntax`` is how a user writes a spec of the family (shown in errors); :meth:`parse` splits the text after
     ``name:``; :meth:`check` raises :class:`EncoderError` for what can be known without building or downloading
