@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-HEADS = ("learnable", "cosine", "dsimplex", "bt2")
+HEADS = {"learnable": "learnable, growing", "cosine": "cosine, growing (the loss sets the temperature)",
+         "dsimplex": "fixed d-Simplex", "bt2": "BT² basis transformation (old frame + added dimensions)"}
+"""Each head family and its words in the table of strategies (``runner.py list --markdown strategies``)."""
 
 
 def simplex_vertices(num_vertices: int) -> torch.Tensor:

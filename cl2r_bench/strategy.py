@@ -20,6 +20,8 @@ A strategy is one file in ``strategies/``, registered as the folder's modules ar
         needs_teacher = False        # True: step.teacher_* hold the frozen old model's outputs
         needs_independent = False    # True: step.independent_features hold an independent new model's (BT²)
         Config = MyConfig
+        loss_summary = "`w·CE`"      # its row in the table of strategies (runner.py list --markdown strategies)
+        reference = "Author et al., Venue Year"
 
         def before_task(self, context: TaskContext) -> None:    # optional: per-task set-up
             self.num_old_classes = context.num_old_classes
@@ -229,6 +231,10 @@ class Strategy:
     needs_teacher: ClassVar[bool] = False
     needs_independent: ClassVar[bool] = False
     Config: ClassVar[type] = NoParams
+    loss_summary: ClassVar[str] = ""
+    """The loss in one line, for the table of strategies (``runner.py list --markdown strategies``)."""
+    reference: ClassVar[str] = ""
+    """The paper the strategy comes from, for the same table."""
 
     def __init__(self, config: Any) -> None:
         self.config = config

@@ -126,6 +126,8 @@ def adversarial_loss(features: torch.Tensor, old_raw_features: torch.Tensor, jud
 
 @register_strategy("advbct")
 class AdvBCT(Strategy):
+    loss_summary = '`CE + elastic boundary around old centres + adversarial discriminator (gradient reversal)`'
+    reference = 'Pan et al., CVPR 2023'
     head = "learnable"
     uses_memory = True
     needs_teacher = True

@@ -69,6 +69,8 @@ def influence_loss(features: torch.Tensor, labels: torch.Tensor, old_rows: torch
 
 @register_strategy("bct")
 class BCT(Strategy):
+    loss_summary = "`CE + 1·CE(W_old φ_t(x), y)`, W_old frozen: old rows + old model's class means for new classes"
+    reference = 'Shen et al., CVPR 2020'
     head = "learnable"
     uses_memory = False
     needs_teacher = True

@@ -13,4 +13,6 @@ from .bct import BCT
 
 @register_strategy("bct_er")
 class BCTER(BCT):
+    loss_summary = 'BCT with replay'
+    reference = "Shen et al., CVPR 2020 (with the CL2R papers' replay)"
     uses_memory = True

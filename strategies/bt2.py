@@ -70,6 +70,8 @@ def cosine_gap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @register_strategy("bt2")
 class BT2(Strategy):
+    loss_summary = '`CE(W f) + 10·CE(b C_oldᵀ) + 5·(1 − cos(b, φ_old)) + 1·(1 − cos(f, φ_independent))`'
+    reference = 'Zhou et al., ICCV 2023'
     head = "bt2"
     uses_memory = False
     needs_teacher = True

@@ -13,4 +13,6 @@ from .er import ExperienceReplay
 
 @register_strategy("cores")
 class CoReS(ExperienceReplay):
+    loss_summary = 'CE'
+    reference = 'Biondi et al., TPAMI 2023 (CoReS)'
     head = "dsimplex"

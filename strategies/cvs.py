@@ -67,6 +67,8 @@ def prototype_loss(features: torch.Tensor, labels: torch.Tensor, prototypes: tor
 
 @register_strategy("cvs")
 class CVS(Strategy):
+    loss_summary = '`L_c + 10·L_m (triplet, margin 0.1) + 1·L_d (old class means)`'
+    reference = 'Wan et al., CVPR 2022'
     head = "cosine"
     uses_memory = True
     needs_teacher = True

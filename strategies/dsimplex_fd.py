@@ -15,4 +15,6 @@ from .fd import FeatureDistillation
 
 @register_strategy("dsimplex_fd")
 class DSimplexFD(FeatureDistillation):
+    loss_summary = '`CE + λ_t·mean(1 − cos(φ_t, φ_old))` on the replay half, `λ_t = 5·sqrt(new/old classes)`'
+    reference = 'Biondi et al., TOMM 2023 (CL2R)'
     head = "dsimplex"

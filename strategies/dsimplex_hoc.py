@@ -57,6 +57,8 @@ def hoc_loss(old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor, mu: flo
 
 @register_strategy("dsimplex_hoc")
 class DSimplexHOC(Strategy):
+    loss_summary = '`0.1·CE + 0.9·L_hoc`, μ = 10'
+    reference = 'Biondi et al., CVPR 2024 (IAM-CL2R)'
     head = "dsimplex"
     uses_memory = True
     needs_teacher = True

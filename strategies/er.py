@@ -14,6 +14,8 @@ from cl2r_bench.strategy import Step, Strategy, register_strategy
 
 @register_strategy("er")
 class ExperienceReplay(Strategy):
+    loss_summary = 'CE'
+    reference = "experience replay, the CL2R papers' baseline (Biondi et al., TOMM 2023)"
     head = "learnable"
     uses_memory = True
     needs_teacher = False

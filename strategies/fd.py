@@ -54,6 +54,8 @@ def feature_distillation_loss(features: torch.Tensor, teacher_features: torch.Te
 
 @register_strategy("fd")
 class FeatureDistillation(Strategy):
+    loss_summary = 'the same as `dsimplex_fd`'
+    reference = "feature distillation, CL2R's baseline (Biondi et al., TOMM 2023)"
     head = "learnable"
     uses_memory = True
     needs_teacher = True

@@ -111,6 +111,9 @@ def alignment_loss(classifier: torch.Tensor, labels: torch.Tensor, regions: Clas
 
 @register_strategy("lce")
 class LCE(Strategy):
+    loss_summary = ('`CE + 100 mean(Ŵ − ĉ)² + max(κ_y − cos(φ_t, ĉ_y), 0)`: old class centres and cosine floors (the '
+                    "authors' code; `form: advbct` the reimplementation's angles)")
+    reference = 'Meng et al., ICCV 2021'
     head = "learnable"
     uses_memory = True
     needs_teacher = True

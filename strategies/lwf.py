@@ -42,6 +42,8 @@ def distillation_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temper
 
 @register_strategy("lwf")
 class LwF(Strategy):
+    loss_summary = '`CE + KD(new logits on old classes, old logits, T = 2)`'
+    reference = 'Li and Hoiem, ECCV 2016 / TPAMI 2017'
     head = "learnable"
     uses_memory = False
     needs_teacher = True

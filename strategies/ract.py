@@ -64,6 +64,8 @@ def regression_alleviating_loss(features: torch.Tensor, old_features: torch.Tens
 
 @register_strategy("ract")
 class RACT(Strategy):
+    loss_summary = '`CE + contrastive(new→old positive; new→old and new→new negatives, τ 0.01)`'
+    reference = 'Zhang et al., ICLR 2022'
     head = "learnable"
     uses_memory = True
     needs_teacher = True

@@ -114,6 +114,8 @@ def prototype_loss(features: torch.Tensor, labels: torch.Tensor, prototypes: tor
 
 @register_strategy("unibct")
 class UniBCT(Strategy):
+    loss_summary = "`CE + ArcFace(φ_t against old prototypes refined by the new model's affinities, s 30, m 0.3)`"
+    reference = 'Zhang et al., IJCAI 2022'
     head = "learnable"
     uses_memory = True
     needs_teacher = True

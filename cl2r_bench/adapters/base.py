@@ -29,6 +29,8 @@ An adapter is one file in ``cl2r_bench/adapters/``, registered as the folder's m
         '''What it does and the equation it implements (cite METHODS.md §7).'''
         Config = ScaleConfig
         directions = ("backward", "forward")   # the maps it offers (at least one of backward, forward, dual)
+        fitted_by = "a constant gain"          # its row in the table of adapters (runner.py list --markdown adapters)
+        reference = "Author et al., Venue Year"
 
         def build(self, old_dim: int, new_dim: int, side_dim: int = 0) -> None:   # create modules / buffers
             self.register_buffer("gain", torch.ones(()))
@@ -142,6 +144,8 @@ class Adapter(nn.Module):
     picks_rows: ClassVar[bool] = False   # True: fit reads features from disk by index only (module docstring)
     fits_unpaired: ClassVar[bool] = False   # True: fits on the features of different items (FeaturePair.paired)
     diagnostics: ClassVar[dict[str, str]] = {}   # fit-log key -> leaderboard column title (module docstring)
+    fitted_by: ClassVar[str] = ""   # how it is fitted, in one line: the table of adapters (runner.py list --markdown)
+    reference: ClassVar[str] = ""   # the paper it comes from, for the same table
 
     def __init__(self, config: Any = None) -> None:
         super().__init__()

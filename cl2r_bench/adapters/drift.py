@@ -121,6 +121,8 @@ def diagonal_scale(mapped: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 @register_adapter("drift_adapter")
 class DriftAdapter(LearnedAdapter):
     """New queries into the old space: Procrustes, low-rank affine or residual MLP (module docstring)."""
+    fitted_by = 'Procrustes, low-rank affine or residual MLP'
+    reference = 'Vejendla, EMNLP 2025'
 
     Config = DriftAdapterConfig
     directions = ("backward",)

@@ -60,6 +60,8 @@ def mlp(in_dim: int, hidden: int, layers: int, out_dim: int) -> nn.Sequential:
 @register_adapter("fct")
 class FCT(LearnedAdapter):
     """Forward transformation trained with MSE (module docstring)."""
+    fitted_by = 'MLP old (+ side information) → new, MSE'
+    reference = 'Ramanujan et al., CVPR 2022'
 
     Config = FCTConfig
     directions = ("forward",)
@@ -105,6 +107,8 @@ class FCT(LearnedAdapter):
 @register_adapter("fastfill")
 class FastFill(FCT):
     """FCT + discriminative cross-entropy + predicted uncertainty (module docstring)."""
+    fitted_by = 'FCT + CE through the new classifier + predicted uncertainty'
+    reference = 'Jaeckle et al., ICLR 2023'
 
     Config = FastFillConfig
     extra_outputs = 1

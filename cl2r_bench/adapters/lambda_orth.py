@@ -105,6 +105,8 @@ class BackwardMap(nn.Module):
 @register_adapter("lambda_orth")
 class LambdaOrthogonal(LearnedAdapter):
     """Backward B_λ and forward F trained jointly (module docstring)."""
+    fitted_by = 'λ-orthogonality penalty on the map, Adam'
+    reference = 'Ricci et al., NeurIPS 2025'
 
     Config = LambdaOrthConfig
     directions = ("backward", "forward")

@@ -73,6 +73,8 @@ def standard_scaling(features: torch.Tensor, enabled: bool) -> tuple[torch.Tenso
 @register_adapter("latent_translation")
 class LatentTranslation(TwoWayMap):
     """Standard scaling, zero-padding and a closed-form map (module docstring)."""
+    fitted_by = 'standard scaling, zero-padding, the l-ortho map'
+    reference = 'Maiorca et al., NeurIPS 2023'
 
     Config = LatentTranslationConfig
 

@@ -141,6 +141,8 @@ def refine_by_clusters(weight: torch.Tensor, centres_x: torch.Tensor, centres_y:
 @register_adapter("mini_vec2vec")
 class MiniVec2Vec(Adapter):
     """A linear map from the new space into the old one, fitted without pairs (module docstring)."""
+    fitted_by = 'a linear map fitted **without pairs** (`--train-old OLD --train-new NEW`)'
+    reference = 'Dar, arXiv 2510.02348, 2025'
 
     Config = MiniVec2VecConfig
     directions = ("backward",)

@@ -72,6 +72,9 @@ def leave_one_out_top1(queries: torch.Tensor, gallery: torch.Tensor, labels: tor
 @register_adapter("slerp")
 class Slerp(Adapter):
     """Procrustes, then a spherical interpolation with the old model's query (module docstring)."""
+    fitted_by = ("Procrustes, then a spherical interpolation with the old model's own query: both encoders embed "
+                 'each query')
+    reference = 'Ricci et al., miccunifi/SLERP_backward_compatibility'
 
     Config = SlerpConfig
     directions = ("dual",)

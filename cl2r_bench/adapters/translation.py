@@ -165,6 +165,8 @@ class TwoWayMap(Adapter):
 @register_adapter("procrustes")
 class Procrustes(TwoWayMap):
     """Orthogonal Procrustes on standardised anchors (module docstring)."""
+    fitted_by = 'closed form (orthogonal) on random anchors'
+    reference = "Schönemann 1966; the adapter papers' baseline"
 
     Config = AnchorConfig
 
@@ -178,6 +180,8 @@ class Procrustes(TwoWayMap):
 @register_adapter("least_squares")
 class LeastSquares(TwoWayMap):
     """``W = X⁺ Y``: linear, no bias (module docstring)."""
+    fitted_by = 'closed form (linear) on random anchors'
+    reference = "the adapter papers' baseline"
 
     Config = AnchorConfig
 
@@ -188,6 +192,8 @@ class LeastSquares(TwoWayMap):
 @register_adapter("affine")
 class Affine(TwoWayMap):
     """Least squares with a bias: ``W = (X - μ_X)⁺ (Y - μ_Y)``, ``b = μ_Y`` (module docstring)."""
+    fitted_by = 'closed form (linear + bias) on random anchors'
+    reference = "the adapter papers' baseline"
 
     Config = AnchorConfig
 
@@ -199,6 +205,8 @@ class Affine(TwoWayMap):
 @register_adapter("irp")
 class InverseRelativeProjection(TwoWayMap):
     """Inverse relative projection with anchor pruning and ω averaged subspaces (module docstring)."""
+    fitted_by = 'inverse relative projection on pruned anchors'
+    reference = 'Maiorca et al., arXiv 2406.15057, 2024'
 
     Config = IRPConfig
     irp_style = True

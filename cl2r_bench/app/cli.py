@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import re
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -203,7 +203,7 @@ def command_pretrain(args: argparse.Namespace) -> int:
 def command_pages(args: argparse.Namespace) -> int:
     from cl2r_bench.app.pages import command_pages as pages
 
-    return pages(args.root, args.check, main)
+    return pages(args.roots, args.check, main)
 
 
 def command_compare(args: argparse.Namespace) -> int:
@@ -334,50 +334,9 @@ def command_report(args: argparse.Namespace) -> int:
 
 
 def command_list(args: argparse.Namespace) -> int:
-    """Print the registered scenarios, strategies, adapters, presets and data sets with one line each (the
-    profiles' first comment sentence, the parts' first docstring line); ``--params`` adds every scenario's,
-    strategy's and adapter's parameters with their defaults (written once, in their ``Config`` dataclasses)."""
-    from dataclasses import asdict
+    from cl2r_bench.app.list_command import command_list as listing
 
-    from cl2r_bench.adapters import get_adapter, list_adapters
-    from cl2r_bench.config import choices, profile_summary
-    from scenarios import get_scenario, list_scenarios
-    from strategies import get_strategy, list_strategies
-
-    def first_line(text: str | None) -> str:
-        return plain_text(text.strip().splitlines()[0]) if text and text.strip() else ""
-
-    def params(cls: type) -> str:
-        return ", ".join(f"{k}={v!r}" for k, v in asdict(cls.Config()).items()) if args.params else ""
-
-    strategies = [(n, first_line(sys.modules[get_strategy(n).__module__].__doc__), params(get_strategy(n)))
-                  for n in list_strategies()]
-    strategies.append(("avalanche:X", "any Avalanche strategy class X (Naive, LwF, EWC, Replay, ...); its constructor "
-                       "arguments go in strategy_params", ""))
-    adapters = [("none", "no adapter: the models' own features", "")]
-    adapters += [(n, first_line(get_adapter(n).__doc__).replace(" (module docstring)", ""), params(get_adapter(n)))
-                 for n in list_adapters()]
-    scenarios = [(n, first_line(get_scenario(n).__doc__), params(get_scenario(n))) for n in list_scenarios()]
-    sections = [("scenarios (--scenario)", scenarios),
-                ("strategies (--strategy)", strategies), ("adapters (--adapter)", adapters),
-                ("presets (--preset)", [(n, profile_summary("presets", n), "") for n in choices("presets")]),
-                ("data sets (--dataset)", [(n, profile_summary("datasets", n), "") for n in choices("datasets")])]
-    for title, rows in sections:
-        print(f"{title}:")
-        for name, text, extra in rows:
-            print(f"  {name:<14} {text}" + (f"\n  {'':<14}   {extra}" if extra else ""))
-    return 0
-
-
-REST_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")
-REST_LITERAL = re.compile(r"``([^`]+)``")
-
-
-def plain_text(text: str) -> str:
-    """A docstring line as plain words: reST roles (``:mod:`strategies.bct```, ``:class:`~a.B```) become their
-    target (its last part after ``~``), double back-quoted literals their text."""
-    text = REST_ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
-    return REST_LITERAL.sub(r"\1", text)
+    return listing(args)
 
 
 def show_notices_as_one_line() -> None:
@@ -423,7 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)
     with stop_handlers():
-        return _main(argv)
+        try:
+            return _main(argv)
+        except BrokenPipeError:  # the reader stopped (`runner.py list | head`): no traceback, no flush error at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
 
 
 def _main(argv: list[str] | None) -> int:
