@@ -7,11 +7,12 @@ evaluation into the compatibility matrix, the record), so every scenario gets th
 file in ``scenarios/``, registered as the folder's modules are imported (or a ``--plugin`` file)::
 
     from dataclasses import dataclass
+    from cl2r_bench.plugin_settings import setting
     from cl2r_bench.scenario import Scenario, register_scenario
 
     @dataclass(frozen=True)
-    class MyScenarioConfig:
-        every: int = 2                # its own settings, with their defaults: scenario_params.my_scenario.every
+    class MyScenarioConfig:           # its own settings and defaults: scenario_params.my_scenario.every
+        every: int = setting(2, at_least=1)   # what it takes, beside the default (cl2r_bench/plugin_settings.py)
 
     @register_scenario("my_scenario")
     class MyScenario(Scenario):
@@ -43,7 +44,8 @@ from cl2r_bench.encoders import build_encoder, check_spec, is_spec
 from cl2r_bench.errors import ConfigError
 from cl2r_bench.feature_cache import ONE_PIECE, Sharding, feature_splits
 from cl2r_bench.models import RetrievalModel, load_replacement
-from cl2r_bench.registry import NoParams, Registry, config_from_params
+from cl2r_bench.plugin_settings import NoParams, config_from_params
+from cl2r_bench.registry import Registry
 from cl2r_bench.setting_rules import int_list
 from cl2r_bench.settings import EVALUATION_PROTOCOLS, RunSettings, task_seed
 

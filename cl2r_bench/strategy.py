@@ -6,11 +6,14 @@ A strategy is one file in ``strategies/``, registered as the folder's modules ar
     from dataclasses import dataclass
     import torch
     import torch.nn.functional as F
+    from cl2r_bench.plugin_settings import setting
     from cl2r_bench.strategy import Step, Strategy, TaskContext, register_strategy
 
     @dataclass(frozen=True)
-    class MyConfig:
-        weight: float = 1.0          # every hyper-parameter with its default; strategy_params.my_strategy sets them
+    class MyConfig:                  # every hyper-parameter with its default; strategy_params.my_strategy sets them
+        weight: float = 1.0          # a number without bounds: at least 0 (a count: 0 to 2^31 - 1)
+        temperature: float = setting(0.1, above=0)            # what it takes, beside the default
+        rows: str = setting("mean", choices=("mean", "last"))  # a string names its choices
 
     @register_strategy("my_strategy")
     class MyStrategy(Strategy):
@@ -54,7 +57,8 @@ from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.errors import PartError
 from cl2r_bench.heads import HEADS
 from cl2r_bench.models import DEFAULT_AMP, forward_in_batches
-from cl2r_bench.registry import NoParams, Registry, config_from_params
+from cl2r_bench.plugin_settings import NoParams, config_from_params
+from cl2r_bench.registry import Registry
 
 __all__ = ["REPLACEMENT_TEACHERS", "STRATEGIES", "Step", "Strategy", "StrategyError", "StrategyFailure", "TaskContext",
            "failures_reported", "get_strategy", "list_strategies", "loss_contract_problem", "register_strategy",

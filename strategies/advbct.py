@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cl2r_bench.registry import check_choice
+from cl2r_bench.plugin_settings import WIDTH_MAX, setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
 from .old_classes import CENTRE_CLASSES, ClassRegions, task_regions
@@ -45,15 +45,9 @@ NEW, OLD = 0, 1
 class AdvBCTConfig:
     boundary_weight: float = 1.0
     threshold: float = 1.0
-    discriminator_width: int = 100
-    centre_classes: str = "old"
-    replacement_teacher: str = "incoming"
-
-    def __post_init__(self) -> None:
-        if self.discriminator_width < 1:
-            raise ValueError(f"discriminator_width must be positive, not {self.discriminator_width}")
-        check_choice("centre_classes", self.centre_classes, CENTRE_CLASSES)
-        check_choice("replacement_teacher", self.replacement_teacher, REPLACEMENT_TEACHERS)
+    discriminator_width: int = setting(100, at_least=1, at_most=WIDTH_MAX)
+    centre_classes: str = setting("old", choices=CENTRE_CLASSES)
+    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
 
 
 class GradientReversal(torch.autograd.Function):

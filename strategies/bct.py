@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.models import class_means
-from cl2r_bench.registry import check_choice
+from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
 NEW_CLASS_ROWS = ("match_norm", "raw")
@@ -32,12 +32,8 @@ NEW_CLASS_ROWS = ("match_norm", "raw")
 @dataclass(frozen=True)
 class BCTConfig:
     influence_weight: float = 1.0
-    new_class_rows: str = "match_norm"
-    replacement_teacher: str = "incoming"
-
-    def __post_init__(self) -> None:
-        check_choice("new_class_rows", self.new_class_rows, NEW_CLASS_ROWS)
-        check_choice("replacement_teacher", self.replacement_teacher, REPLACEMENT_TEACHERS)
+    new_class_rows: str = setting("match_norm", choices=NEW_CLASS_ROWS)
+    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
 
 
 def old_classifier(trained_rows: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, num_classes: int,

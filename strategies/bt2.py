@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.models import class_means
-from cl2r_bench.registry import check_choice
+from cl2r_bench.plugin_settings import WIDTH_MAX, setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
 
@@ -46,16 +46,9 @@ class BT2Config:
     influence_weight: float = 10.0
     old_weight: float = 5.0
     independent_weight: float = 1.0
-    added_dims: int = 32
-    scale: float = 2.0
-    replacement_teacher: str = "outgoing"
-
-    def __post_init__(self) -> None:
-        check_choice("replacement_teacher", self.replacement_teacher, REPLACEMENT_TEACHERS)
-        if self.added_dims < 1:
-            raise ValueError(f"added_dims must be at least 1, not {self.added_dims}")
-        if self.scale <= 0:
-            raise ValueError(f"scale must be positive, not {self.scale}")
+    added_dims: int = setting(32, at_least=1, at_most=WIDTH_MAX)
+    scale: float = setting(2.0, above=0)
+    replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
 
 
 def old_frame(features: torch.Tensor, width: int) -> torch.Tensor:

@@ -22,22 +22,17 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.models import class_means
-from cl2r_bench.registry import check_choice
+from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
 
 @dataclass(frozen=True)
 class CVSConfig:
-    temperature: float = 0.05
+    temperature: float = setting(0.05, above=0)
     triplet_weight: float = 10.0
     margin: float = 0.1
     prototype_weight: float = 1.0
-    replacement_teacher: str = "incoming"
-
-    def __post_init__(self) -> None:
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be positive, not {self.temperature}")
-        check_choice("replacement_teacher", self.replacement_teacher, REPLACEMENT_TEACHERS)
+    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
 
 
 def nearest_negative_triplet_loss(anchors: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.registry import check_choice
+from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, register_strategy
 
 MASKS = ("zero", "true")
@@ -33,12 +33,8 @@ class HOCConfig:
     ce_weight: float = 0.1
     hoc_weight: float = 0.9
     mu: float = 10.0
-    mask: str = "zero"
-    replacement_teacher: str = "incoming"
-
-    def __post_init__(self) -> None:
-        check_choice("mask", self.mask, MASKS)
-        check_choice("replacement_teacher", self.replacement_teacher, REPLACEMENT_TEACHERS)
+    mask: str = setting("zero", choices=MASKS)
+    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
 
 
 def hoc_loss(old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor, mu: float = 10.0,

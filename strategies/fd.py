@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.registry import check_choice
+from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
 SAMPLES = ("memory", "all")
@@ -29,12 +29,8 @@ SAMPLES = ("memory", "all")
 class FDConfig:
     lambda_base: float = 5.0
     adaptive: bool = True
-    samples: str = "memory"
-    replacement_teacher: str = "incoming"
-
-    def __post_init__(self) -> None:
-        check_choice("samples", self.samples, SAMPLES)
-        check_choice("replacement_teacher", self.replacement_teacher, REPLACEMENT_TEACHERS)
+    samples: str = setting("memory", choices=SAMPLES)
+    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
 
 
 def distillation_weight(lambda_base: float, num_new: int, num_old: int, adaptive: bool = True) -> float:

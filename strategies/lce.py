@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.registry import check_choice
+from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
 from .old_classes import CENTRE_CLASSES, ClassRegions, task_regions
@@ -52,22 +52,16 @@ FORMS = {"authors": {"alignment_weight": 100.0, "boundary_weight": 1.0, "centre_
 
 @dataclass(frozen=True)
 class LCEConfig:
-    form: str = "authors"
+    form: str = setting("authors", choices=tuple(FORMS))
     alignment_weight: float | None = None
     boundary_weight: float | None = None
-    centre_classes: str | None = None
-    replacement_teacher: str = "incoming"
+    centre_classes: str | None = setting(None, choices=CENTRE_CLASSES)
+    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
 
     def __post_init__(self) -> None:
-        check_choice("form", self.form, tuple(FORMS))
         for key, value in FORMS[self.form].items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
-        check_choice("centre_classes", self.centre_classes, CENTRE_CLASSES)
-        check_choice("replacement_teacher", self.replacement_teacher, REPLACEMENT_TEACHERS)
-        for key in ("alignment_weight", "boundary_weight"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"{key} must be at least 0, not {getattr(self, key)}")
 
 
 def cosine_boundary_loss(features: torch.Tensor, labels: torch.Tensor, regions: ClassRegions) -> torch.Tensor:

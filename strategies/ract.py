@@ -26,24 +26,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cl2r_bench.registry import check_choice
+from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, register_strategy
 
 
 @dataclass(frozen=True)
 class RACTConfig:
     weight: float = 1.0
-    temperature: float = 0.01
-    hard_negatives: int = 10
+    temperature: float = setting(0.01, above=0)
+    hard_negatives: int = 10         # 0: all
     detach_new_negatives: bool = False
-    replacement_teacher: str = "incoming"
-
-    def __post_init__(self) -> None:
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be positive, not {self.temperature}")
-        if self.hard_negatives < 0:
-            raise ValueError(f"hard_negatives must be 0 (all) or a positive count, not {self.hard_negatives}")
-        check_choice("replacement_teacher", self.replacement_teacher, REPLACEMENT_TEACHERS)
+    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
 
 
 def regression_alleviating_loss(features: torch.Tensor, old_features: torch.Tensor, labels: torch.Tensor,

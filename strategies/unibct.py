@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.models import embed, same_features
-from cl2r_bench.registry import check_choice
+from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
 from .old_classes import CENTRE_CLASSES
@@ -49,22 +49,12 @@ class UniBCTConfig:
     weight: float = 1.0
     scale: float = 30.0
     margin: float = 0.3
-    refinement: str = "graph"
-    propagation: float = 0.9
-    affinity_temperature: float = 0.05
-    transition: str = "rows"
-    centre_classes: str = "seen"
-    replacement_teacher: str = "incoming"
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.propagation < 1:
-            raise ValueError(f"propagation must be in [0, 1), not {self.propagation}")
-        if self.affinity_temperature <= 0:
-            raise ValueError(f"affinity_temperature must be positive, not {self.affinity_temperature}")
-        check_choice("refinement", self.refinement, REFINEMENTS)
-        check_choice("transition", self.transition, tuple(TRANSITIONS))
-        check_choice("centre_classes", self.centre_classes, CENTRE_CLASSES)
-        check_choice("replacement_teacher", self.replacement_teacher, REPLACEMENT_TEACHERS)
+    refinement: str = setting("graph", choices=REFINEMENTS)
+    propagation: float = setting(0.9, at_least=0, below=1)
+    affinity_temperature: float = setting(0.05, above=0)
+    transition: str = setting("rows", choices=tuple(TRANSITIONS))
+    centre_classes: str = setting("seen", choices=CENTRE_CLASSES)
+    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
 
 
 def refined_prototype(old: torch.Tensor, new: torch.Tensor, propagation: float, temperature: float,

@@ -204,12 +204,13 @@ def test_rows_read_from_disk_fit_as_in_memory(parameterization):
 
 
 @pytest.mark.parametrize("params, fragment", [
-    ({"parameterization": "lora"}, "adapter_params.drift_adapter.parameterization must be one of"),
-    ({"rank": 0}, "adapter_params.drift_adapter.rank must be at least 1"),
-    ({"hidden": 0}, "adapter_params.drift_adapter.hidden must be at least 1"),
-    ({"anchors": 0}, "adapter_params.drift_adapter.anchors must be at least 1"),
+    ({"parameterization": "lora"}, "adapter_params.drift_adapter.parameterization = 'lora'; choose from"),
+    ({"rank": 0}, "adapter_params.drift_adapter.rank = 0 must be at least 1 and at most 16384"),
+    ({"rank": 10**9}, "adapter_params.drift_adapter.rank = 1000000000 must be at least 1 and at most 16384"),
+    ({"hidden": 0}, "adapter_params.drift_adapter.hidden = 0 must be at least 1"),
+    ({"anchors": 0}, "adapter_params.drift_adapter.anchors = 0 must be at least 1"),
     ({"diagonal_scaling": 1}, "adapter_params.drift_adapter.diagonal_scaling = 1: expected bool"),
-    ({"max_steps": 0}, "adapter_params.drift_adapter.max_steps must be at least 1"),
+    ({"max_steps": 0}, "adapter_params.drift_adapter.max_steps = 0 must be at least 1"),
     ({"width": 3}, "adapter_params.drift_adapter: unknown parameter"),
     ({"epochs": 3}, "adapter_params.drift_adapter.epochs"),
 ])

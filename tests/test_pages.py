@@ -64,7 +64,8 @@ def test_the_tables_of_strategies_and_adapters_come_from_the_plug_ins(capsys):
 
     assert main(["list", "--markdown", "strategies"]) == 0
     rows = capsys.readouterr().out.strip().splitlines()
-    assert rows[0] == "| name | head | loss | replay | old model | reference |" and len(rows) == 2 + len(list_strategies())
+    assert rows[0] == "| name | head | loss | replay | old model | reference |"
+    assert len(rows) == 2 + len(list_strategies())
     bct = next(row for row in rows if row.startswith("| `bct` |"))
     assert bct == (f"| `bct` | learnable, growing | {get_strategy('bct').loss_summary} | no | teacher | "
                    "Shen et al., CVPR 2020 |")

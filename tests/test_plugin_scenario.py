@@ -12,16 +12,13 @@ import runner
 PLUGIN = '''
 from dataclasses import dataclass
 
+from cl2r_bench.plugin_settings import setting
 from cl2r_bench.scenario import Scenario, register_scenario
 
 
 @dataclass(frozen=True)
 class EveryOtherConfig:
-    every: int = 3
-
-    def __post_init__(self):
-        if self.every < 1:
-            raise ValueError(f"every must be at least 1, not {self.every}")
+    every: int = setting(3, at_least=1)
 
 
 @register_scenario("every_other")
@@ -59,7 +56,7 @@ def test_a_plugin_scenario_runs_on_its_own_settings_and_records_them(tiny, plugi
 
 
 @pytest.mark.parametrize("assignment, fragment", [
-    ("scenario_params.every_other.every=0", "scenario_params.every_other.every must be at least 1, not 0"),
+    ("scenario_params.every_other.every=0", "scenario_params.every_other.every = 0 must be at least 1 and at most"),
     ("scenario_params.every_other.evry=2", "scenario_params.every_other: unknown parameter(s) ['evry']"),
     ("scenario_params.cl2r.every=2", "scenario_params.cl2r: unknown parameter(s) ['every']"),
 ])

@@ -236,8 +236,8 @@ def test_runs_of_one_command_that_would_share_a_folder_are_refused_before_any_ru
 @pytest.mark.parametrize("setting, message", [
     ("strategy_params.err.lr=1", "strategy_params.err: unknown strategy 'err'"),
     ("adapter_params.procrusts.anchors=3", "adapter_params.procrusts: unknown adapter 'procrusts'"),
-    ("adapter_params.procrustes.anchors=-3", "anchors must be at least 1, not -3"),
-    ("adapter_params.irp.anchors=0", "anchors must be at least 1, not 0"),
+    ("adapter_params.procrustes.anchors=-3", "adapter_params.procrustes.anchors = -3 must be at least 1"),
+    ("adapter_params.irp.anchors=0", "adapter_params.irp.anchors = 0 must be at least 1"),
 ])
 def test_parameters_of_parts_a_run_does_not_use_are_still_checked(setting, message, tmp_path, capsys):
     """A typo in a part's name, or an invalid value of a part the run does not use, is an error, as an

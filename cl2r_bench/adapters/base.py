@@ -19,10 +19,12 @@ An adapter is one file in ``cl2r_bench/adapters/``, registered as the folder's m
     from dataclasses import dataclass
     import torch
     from cl2r_bench.adapters.base import Adapter, FeaturePair, register_adapter
+    from cl2r_bench.plugin_settings import WIDTH_MAX, setting
 
     @dataclass(frozen=True)
-    class ScaleConfig:
-        factor: float = 1.0          # every hyper-parameter with its default; adapter_params.scale sets them
+    class ScaleConfig:               # every hyper-parameter with its default; adapter_params.scale sets them
+        factor: float = setting(1.0, above=0)   # what it takes, beside the default (cl2r_bench/plugin_settings.py)
+        width: int = setting(64, at_least=1, at_most=WIDTH_MAX)   # a layer's size stays below memory
 
     @register_adapter("scale")
     class Scale(Adapter):
@@ -77,7 +79,8 @@ from torch import nn
 
 from cl2r_bench.errors import PartError
 from cl2r_bench.models import classifier_rows
-from cl2r_bench.registry import NoParams, Registry, config_from_params
+from cl2r_bench.plugin_settings import NoParams, config_from_params
+from cl2r_bench.registry import Registry
 
 DIRECTIONS = ("backward", "forward", "dual")
 

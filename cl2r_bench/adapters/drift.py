@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cl2r_bench.registry import check_choice
+from cl2r_bench.plugin_settings import WIDTH_MAX, setting
 
 from .base import FeaturePair, register_adapter
 from .training import LearnedAdapter, StepBudget
@@ -64,18 +64,11 @@ PARAMETERIZATIONS = ("procrustes", "low_rank_affine", "residual_mlp")
 
 @dataclass(frozen=True)
 class DriftAdapterConfig(StepBudget):
-    parameterization: str = "residual_mlp"   # procrustes | low_rank_affine | residual_mlp
-    rank: int = 64                   # r of the low-rank affine update U V
-    hidden: int = 256                # hidden units of the residual MLP
+    parameterization: str = setting("residual_mlp", choices=PARAMETERIZATIONS)
+    rank: int = setting(64, at_least=1, at_most=WIDTH_MAX)     # r of the low-rank affine update U V
+    hidden: int = setting(256, at_least=1, at_most=WIDTH_MAX)  # hidden units of the residual MLP
     diagonal_scaling: bool = False   # multiply the output by a fitted per-coordinate scale s
-    anchors: int = 2048              # fitting items the closed-form (start) map is fitted on (all when fewer)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_choice("parameterization", self.parameterization, PARAMETERIZATIONS)
-        for key in ("rank", "hidden", "anchors"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be at least 1, not {getattr(self, key)}")
+    anchors: int = setting(2048, at_least=1)   # items the closed-form (start) map is fitted on (all when fewer)
 
 
 class LowRankUpdate(nn.Module):

@@ -22,31 +22,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cl2r_bench.plugin_settings import WIDTH_MAX, setting
+
 from .base import AdapterError, FeaturePair, register_adapter
 from .training import LearnedAdapter, StepBudget
 
 
 @dataclass(frozen=True)
 class FCTConfig(StepBudget):
-    hidden: int = 1024               # width of each hidden layer
-    layers: int = 2                  # hidden layers (ReLU)
+    hidden: int = setting(1024, at_least=1, at_most=WIDTH_MAX)   # width of each hidden layer
+    layers: int = setting(2, at_least=1, at_most=64)             # hidden layers (ReLU)
     use_side_info: bool = True       # feed FeaturePair.side to the MLP when present
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.layers < 1 or self.hidden < 1:
-            raise ValueError(f"layers and hidden must be positive, not {self.layers} and {self.hidden}")
 
 
 @dataclass(frozen=True)
 class FastFillConfig(FCTConfig):
     ce_weight: float = 1.0           # weight of the discriminative cross-entropy through the new classifier
-    classifier_temperature: float = 0.1   # τ_c of the cosine logits
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.classifier_temperature <= 0:
-            raise ValueError(f"classifier_temperature must be positive, not {self.classifier_temperature}")
+    classifier_temperature: float = setting(0.1, above=0)   # τ_c of the cosine logits
 
 
 def mlp(in_dim: int, hidden: int, layers: int, out_dim: int) -> nn.Sequential:

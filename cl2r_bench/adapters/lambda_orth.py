@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cl2r_bench.registry import check_choice
+from cl2r_bench.plugin_settings import setting
 
 from .base import FeaturePair, register_adapter
 from .protocol import ORTHOGONALITY_GAP
@@ -40,19 +40,12 @@ DIM_RULES = ("truncate", "pad")
 @dataclass(frozen=True)
 class LambdaOrthConfig(StepBudget):
     lam: float = 12.0                # λ: the tolerated ‖WWᵀ - I‖_F (constraint lambda)
-    constraint: str = "lambda"       # lambda | strict (W = exp(P)) | none (affine B)
+    constraint: str = setting("lambda", choices=CONSTRAINTS)   # lambda | strict (W = exp(P)) | none (affine B)
     alpha: float = 5.0               # sharpness of the sigmoid gate
-    temperature: float = 0.1         # τ of the supervised contrastive loss
-    batch_size: int = 1024
-    dims: str = "truncate"           # different feature sizes: truncate the larger | pad the smaller
+    temperature: float = setting(0.1, above=0)   # τ of the supervised contrastive loss
+    batch_size: int = setting(1024, at_least=1)
+    dims: str = setting("truncate", choices=DIM_RULES)   # different feature sizes: truncate the larger | pad
     init_orthogonal: bool = True     # start W (and F) from a random orthogonal matrix
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_choice("constraint", self.constraint, CONSTRAINTS)
-        check_choice("dims", self.dims, DIM_RULES)
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be positive, not {self.temperature}")
 
 
 def orthogonality_gap(weight: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cl2r_bench.plugin_settings import setting
+
 from .base import register_adapter
 from .translation import AnchorConfig, LinearMap, TwoWayMap, pad_columns, procrustes_weight
 
@@ -50,15 +52,8 @@ SCALINGS = ("standard", "none")
 
 @dataclass(frozen=True)
 class LatentTranslationConfig(AnchorConfig):
-    map: str = "lstsq_ortho"         # svd | lstsq | lstsq_ortho (the paper's l-ortho)
-    scaling: str = "standard"        # standard (per-dimension centring and unit variance) | none
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.map not in MAPS:
-            raise ValueError(f"map must be one of {list(MAPS)}, not {self.map!r}")
-        if self.scaling not in SCALINGS:
-            raise ValueError(f"scaling must be one of {list(SCALINGS)}, not {self.scaling!r}")
+    map: str = setting("lstsq_ortho", choices=MAPS)      # the paper's l-ortho, or svd or lstsq
+    scaling: str = setting("standard", choices=SCALINGS)  # per-dimension centring and unit variance, or none
 
 
 def standard_scaling(features: torch.Tensor, enabled: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -40,6 +40,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cl2r_bench.plugin_settings import setting
+
 from .base import Adapter, FeaturePair, in_memory, register_adapter
 from .quadratic_assignment import two_opt_maximum
 from .translation import pad_columns, procrustes_weight
@@ -49,24 +51,15 @@ SIMILARITY_CHUNK = 2048
 
 @dataclass(frozen=True)
 class MiniVec2VecConfig:
-    anchor_runs: int = 30            # k-means + assignment rounds whose matched centres are stacked
-    anchor_clusters: int = 20        # centres per side and round
-    subsample: int = 10000           # items per side drawn for each round (all when fewer)
-    qap_runs: int = 30               # random starts of the 2-opt assignment; the best is kept
-    neighbours: int = 50             # k of the pseudo-pairs and of the neighbour refinement
+    anchor_runs: int = setting(30, at_least=1)       # k-means + assignment rounds whose matched centres are stacked
+    anchor_clusters: int = setting(20, at_least=1)   # centres per side and round
+    subsample: int = setting(10000, at_least=1)      # items per side drawn for each round (all when fewer)
+    qap_runs: int = setting(30, at_least=1)          # random starts of the 2-opt assignment; the best is kept
+    neighbours: int = setting(50, at_least=1)        # k of the pseudo-pairs and of the neighbour refinement
     refine_iterations: int = 100     # neighbour refinements
-    refine_sample: int = 1000        # items drawn for each neighbour refinement
+    refine_sample: int = setting(1000, at_least=1)   # items drawn for each neighbour refinement
     cluster_iterations: int = 1      # cluster refinements
-    refine_clusters: int = 500       # centres of a cluster refinement (at most a quarter of the smaller side)
-
-    def __post_init__(self) -> None:
-        for key in ("anchor_runs", "anchor_clusters", "subsample", "qap_runs", "neighbours", "refine_sample",
-                    "refine_clusters"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be at least 1, not {getattr(self, key)}")
-        for key in ("refine_iterations", "cluster_iterations"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"{key} must be at least 0, not {getattr(self, key)}")
+    refine_clusters: int = setting(500, at_least=1)  # centres of a cluster refinement (at most a quarter of a side)
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from cl2r_bench.plugin_settings import setting
+
 from .base import Adapter, FeaturePair, in_memory, register_adapter
 from .translation import AnchorConfig, anchor_items, pad_columns, procrustes_weight
 
@@ -39,15 +41,8 @@ SELECTION_CHUNK = 1024
 
 @dataclass(frozen=True)
 class SlerpConfig(AnchorConfig):
-    alpha: float | None = None       # the interpolation weight; None: chosen on the anchors (the map's too)
-    alpha_steps: int = 10            # the grid of α: 0, 1/alpha_steps, ..., 1
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.alpha is not None and not 0 <= self.alpha <= 1:
-            raise ValueError(f"alpha must be in [0, 1] or null (chosen on the anchors), not {self.alpha}")
-        if self.alpha_steps < 1:
-            raise ValueError(f"alpha_steps must be at least 1, not {self.alpha_steps}")
+    alpha: float | None = setting(None, at_least=0, at_most=1)   # the interpolation weight; None: chosen on the anchors
+    alpha_steps: int = setting(10, at_least=1)   # the grid of α: 0, 1/alpha_steps, ..., 1
 
 
 def slerp(u: torch.Tensor, v: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:

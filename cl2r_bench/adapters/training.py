@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from cl2r_bench.plugin_settings import setting
+
 from .base import Adapter, AdapterError, FeaturePair
 
 MIN_HELD_OUT = 2
@@ -48,24 +50,13 @@ MIN_HELD_OUT = 2
 class StepBudget:
     """How long a learned adapter trains (module docstring); its ``Config`` inherits these fields."""
 
-    max_steps: int = 4000            # Adam steps at most: the λ-orth paper's CIFAR-100 order (about 3,900)
-    holdout: float = 0.1             # share of the fitting items held out to decide when to stop
-    check_every: int = 50            # steps between two held-out checks
-    patience: int = 10               # checks without a relative fall of min_improvement: converged, stop
-    min_improvement: float = 0.001   # the relative fall of the best held-out loss that counts as progress
-    batch_size: int = 256
-    lr: float = 0.001                # Adam
-
-    def __post_init__(self) -> None:
-        for key in ("max_steps", "check_every", "patience", "batch_size"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be at least 1, not {getattr(self, key)}")
-        if not 0 <= self.holdout < 1:
-            raise ValueError(f"holdout must be a share in [0, 1), not {self.holdout}")
-        if not 0 <= self.min_improvement < 1:
-            raise ValueError(f"min_improvement must be in [0, 1), not {self.min_improvement}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, not {self.lr}")
+    max_steps: int = setting(4000, at_least=1)   # Adam steps at most: the λ-orth paper's CIFAR-100 order (3,900)
+    holdout: float = setting(0.1, at_least=0, below=1)   # share of the fitting items held out to decide when to stop
+    check_every: int = setting(50, at_least=1)   # steps between two held-out checks
+    patience: int = setting(10, at_least=1)      # checks without a relative fall of min_improvement: converged, stop
+    min_improvement: float = setting(0.001, at_least=0, below=1)   # the relative fall that counts as progress
+    batch_size: int = setting(256, at_least=1)
+    lr: float = setting(0.001, above=0)          # Adam
 
 
 def split_held_out(n: int, share: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

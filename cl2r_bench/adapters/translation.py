@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cl2r_bench.plugin_settings import setting
+
 from .base import Adapter, FeaturePair, in_memory, register_adapter
 
 
@@ -58,26 +60,14 @@ class LinearMap(nn.Module):
 
 @dataclass(frozen=True)
 class AnchorConfig:
-    anchors: int = 2048              # fitting items used as parallel anchors (all when fewer)
-
-    def __post_init__(self) -> None:
-        if self.anchors < 1:
-            raise ValueError(f"anchors must be at least 1, not {self.anchors}")
+    anchors: int = setting(2048, at_least=1)   # fitting items used as parallel anchors (all when fewer)
 
 
 @dataclass(frozen=True)
 class IRPConfig:
-    anchors: int = 2048
-    delta: float = 0.8               # pruning threshold δ on 1 - |cos|; 0 keeps every anchor
-    subspaces: int = 16              # ω: prunings from random starts, averaged
-
-    def __post_init__(self) -> None:
-        if self.anchors < 1:
-            raise ValueError(f"anchors must be at least 1, not {self.anchors}")
-        if not 0 <= self.delta <= 1:
-            raise ValueError(f"delta must be in [0, 1], not {self.delta}")
-        if self.subspaces < 1:
-            raise ValueError(f"subspaces must be at least 1, not {self.subspaces}")
+    anchors: int = setting(2048, at_least=1)
+    delta: float = setting(0.8, at_least=0, at_most=1)   # pruning threshold δ on 1 - |cos|; 0 keeps every anchor
+    subspaces: int = setting(16, at_least=1)  # ω: prunings from random starts, averaged
 
 
 def anchor_items(items: int, count: int, generator: torch.Generator) -> torch.Tensor | None:

@@ -21,8 +21,8 @@ from cl2r_bench.distributed import SINGLE, Processes, place
 from cl2r_bench.encoders import encoder_model
 from cl2r_bench.errors import ConfigError, PartError, safe_name, writable_folder
 from cl2r_bench.models import RetrievalModel, build_model, head_over, replacement_family
+from cl2r_bench.plugin_settings import config_from_params
 from cl2r_bench.plugins import load_plugin
-from cl2r_bench.registry import config_from_params
 from cl2r_bench.scenario import Scenario, ScenarioError
 from cl2r_bench.settings import RunSettings
 from cl2r_bench.tracking import Tracker, make_tracker
