@@ -16,6 +16,7 @@ nothing else runs, so a page cannot name an arbitrary program.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import re
@@ -103,7 +104,13 @@ def pages_under(root: Path) -> list[Path]:
     return [page for page in found if marked_blocks(page.read_text(encoding="utf-8"))]
 
 
-def command_pages(roots: list[str], check: bool, runner: Callable[[list[str]], int]) -> int:
+def command_pages(args: argparse.Namespace) -> int:
+    """``runner.py pages ROOT ... [--check]``: :func:`write_pages` by ``args.runner``, the command line's entry
+    point."""
+    return write_pages(args.roots, args.check, args.runner)
+
+
+def write_pages(roots: list[str], check: bool, runner: Callable[[list[str]], int]) -> int:
     """Regenerate (or with ``check`` compare) every generated block under ``roots`` (folders or pages) by ``runner``
     (``runner.py``'s entry point); 1 when ``check`` finds one that differs, naming each."""
     missing = [root for root in roots if not Path(root).exists()]

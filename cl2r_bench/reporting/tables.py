@@ -143,3 +143,8 @@ def _csv_fields(value: Any, column: Column) -> list[Any]:
 def _plain(number: float) -> float:
     """``number`` to 12 significant digits: all a measurement holds, without float noise (57.99999999999999 is 58)."""
     return float(f"{number:.12g}")
+
+
+def figure_or_na(value: float | None, digits: int = 2) -> str:
+    """A figure for a console line: ``digits`` decimals, or ``n/a`` when the run has none (ACA without replacements)."""
+    return "n/a" if value is None else f"{value:.{digits}f}"
