@@ -35,6 +35,12 @@ def test_no_source_file_cites_an_issue_number():
     assert citing == []
 
 
+def test_results_holds_records_figures_and_pages_only():
+    """The scripts behind a study live in tools/ (tools/studies/ for the shell loops), not beside its records."""
+    tracked = subprocess.run(["git", "ls-files", "results"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    assert not [path for path in tracked if path.endswith((".py", ".sh"))]
+
+
 def test_every_setting_is_one_yaml_default_and_one_typed_field():
     defaults = yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())
     yaml_keys = {k for k in flatten({k: v for k, v in defaults.items() if k not in FREE_FORM})}

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                         "instead of the data set's default; runs under .../fit-N/")
     parser.add_argument("--full-splits", action="store_true", help="fit on every train image and score every test "
                         "image (CIFAR-10: 50,000 / 10,000; Tiny ImageNet: 100,000 / 10,000), runs under .../full/: "
-                        "a GPU's study (results/gpu/speed/device.sh PIPELINE=adapters)")
+                        "a GPU's study (tools/studies/gpu_speed_device.sh PIPELINE=adapters)")
     parser.add_argument("--adapters", nargs="+", choices=list_adapters(), help="only these adapters (default: every "
                         "registered one)")
     args = parser.parse_args(argv)

@@ -10,7 +10,7 @@ or computed here, none typed in (the issue's 120 s target and the commands are).
   fused update, and ``zoo/``: eight strategies' runs started together after it (``packed``; the records of those
   that finished are in ``results/gpu/zoo/runs/``).
 
-    python results/gpu/speed/summarize.py
+    python -m tools.gpu_speed_summary
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent / "results" / "gpu" / "speed"
 RAW = HERE / "raw"
 
 

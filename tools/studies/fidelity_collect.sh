@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rebuild the committed tables and figures of results/fidelity/ from the run folders of run_study.sh.
-#   bash results/fidelity/collect.sh            (OUT as in run_study.sh, default results/fidelity-runs)
+#   bash tools/studies/fidelity_collect.sh            (OUT as in run_study.sh, default results/fidelity-runs)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-results/fidelity-runs}

@@ -2,7 +2,7 @@
 # Issue 56, packing: N copies of the loop benchmark (tools/bench_training_loop.py, ResNet-18, d-Simplex-HOC's loss
 # and teacher, fp16, CUDA graphs) started together on one GPU; each prints its own images per second, and their sum
 # is what the packed GPU trains. Logs and nvidia-smi samples go to $OUT.
-#   packing.sh N
+#   bash tools/studies/gpu_speed_packing.sh N
 set -uo pipefail
 n=${1:?N}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

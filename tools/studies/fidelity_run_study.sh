@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The scale study (see README.md here). Every step is resumable: run the script again after an
 # interruption and it continues (pretraining from its last epoch, runs from their last finished task).
-#   bash results/fidelity/run_study.sh small      # small CNN: replacements, then 2 / 6 / 20 epochs per task
-#   bash results/fidelity/run_study.sh resnet18   # ResNet-18 (the paper's backbone): replacements, 5 / 20 / 70 epochs
+#   bash tools/studies/fidelity_run_study.sh small      # small CNN: replacements, then 2 / 6 / 20 epochs per task
+#   bash tools/studies/fidelity_run_study.sh resnet18   # ResNet-18 (the paper's backbone): replacements, 5 / 20 / 70 epochs
 # DATA (default data/) holds tiny-imagenet-200/ and cifar-10-batches-py/; OUT (default results/fidelity-runs).
 # EPOCHS="2 6" runs only those epochs per task (default: the scale's three).
 # SEEDS="1 2" runs those seeds of each strategy, one after another in its process (default: the configured seed, 42).

@@ -2,7 +2,7 @@
 # The GPU study: the paper protocol on the suite's real data (preset fidelity: Tiny ImageNet stream at
 # 32x32, 50,000 CIFAR-10 queries, 70 epochs per task with the authors' epoch length and schedule, fp16 autocast),
 # every run a process of its own on one GPU. Resumable: run it again and finished runs and cached models are kept.
-#   DATA=data OUT=results/gpu-runs SEEDS="42 1 2" bash results/gpu/run_study.sh
+#   DATA=data OUT=results/gpu-runs SEEDS="42 1 2" bash tools/studies/gpu_run_study.sh
 # Per backbone (resnet18: ER and d-Simplex-HOC; small_cnn: ER, d-Simplex-HOC, d-Simplex-FD, the fidelity study's
 # verdict) the replacement models of each head family are pretrained first, one process per family; then every
 # (strategy, seed) run starts at once. Then: python runner.py leaderboard --results "$OUT" --matrices

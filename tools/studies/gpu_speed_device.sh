@@ -90,7 +90,7 @@ prepare_data() {
   stamp "start unpack"
   unpack > "$W/unpack.log" 2>&1 || return
   stamp "end unpack"
-  timed data_sha 240 python3 results/gpu/speed/data_sha.py "$D" --expect results/gpu/speed/data_sha.json
+  timed data_sha 240 python3 -m tools.gpu_data_sha "$D" --expect results/gpu/speed/data_sha.json
 }
 
 protocol() {

@@ -3,7 +3,7 @@ Tiny ImageNet's 32x32 cache (train and validation, built from the JPEGs by the s
 pickles. Written here (``data_sha.json``) and compared there, so a GPU run says whether it saw the pixels of the CPU
 runs (the same JPEGs decoded by another Pillow can differ).
 
-    python results/gpu/speed/data_sha.py DATA_ROOT [--expect results/gpu/speed/data_sha.json]
+    python -m tools.gpu_data_sha DATA_ROOT [--expect results/gpu/speed/data_sha.json]
 """
 from __future__ import annotations
 
