@@ -209,7 +209,7 @@ class Scenario:
         return False
 
     def feature_study(self, device: torch.device, log: Callable[[str], None]) -> Any:
-        """The train and test features of both encoders (:class:`cl2r_bench.adapt.Study`)."""
+        """The train and test features of both encoders (:class:`cl2r_bench.adapter_study.Study`)."""
         raise NotImplementedError(f"scenario {self.name!r} does not measure features")
 
 

@@ -8,13 +8,13 @@ No strategy fine-tunes them. The adapter is fitted at task 1 on every stream tra
 models; the run's 2x2 matrix ``[[old/old], [cross, new/new]]`` has the cross entry ``B/old`` for an adapter with a
 backward map, ``new/F`` for a forward-only one and ``new/old`` without adapter. The record adds the adapter study
 of the stream's query set against its gallery (``protocol: stream``, ``retrieval``: the cases, the per-query hits
-and the partial backfilling curves of :mod:`benchmarks.adapter_study`, in the layout of the leave-one-out records).
+and the partial backfilling curves of :mod:`benchmarks.adapted_cases`, in the layout of the leave-one-out records).
 
 With encoder specs (``model_update.old`` / ``model_update.new``: timm, torchvision or the suite's own models,
 :mod:`cl2r_bench.encoders`) the two models are pretrained encoders and, by default (``model_update.protocol``), the
 adapter papers' own protocol measures them (docs/METHODS.md §7b): the adapter is fitted on the data set's train
 split and the test split is query and gallery, each query's own image left out; CMC top-1 / top-5 and mAP of the nine
-cases, backfilling AUCs and zero-shot retention (:mod:`cl2r_bench.adapt`, :mod:`benchmarks.adapter_study`). No
+cases, backfilling AUCs and zero-shot retention (:mod:`cl2r_bench.adapter_study`, :mod:`benchmarks.adapted_cases`). No
 stream runs: each split is embedded once per encoder into the feature cache, shared by every adapter and seed.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.adapter_study import PairedFeatures, Scoring, StudySplit, measure
-from cl2r_bench.adapt import Study, encoder_study, study_matrix
+from benchmarks.adapted_cases import PairedFeatures, Scoring, StudySplit, measure
+from cl2r_bench.adapter_study import Study, encoder_study, study_matrix
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import Stream
 from cl2r_bench.encoders import check_spec

@@ -15,7 +15,7 @@ papers' "independent" new model.
 Measured: the per-task matrix on ``evaluation.dataset`` (by default ``stream``: the classes' test images against the
 stream's training images of them), and after the last task the papers' protocol (:meth:`Upgrade.finish`): the test
 split of every class is query and gallery, each query's own image left out, CMC top-1 / top-5 and mAP of old/old,
-new/old and new/new (:mod:`benchmarks.adapter_study`), with the negative flips of both upgrades, in the record's
+new/old and new/new (:mod:`benchmarks.adapted_cases`), with the negative flips of both upgrades, in the record's
 ``two_model``.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.adapter_study import PairedFeatures, Scoring, StudySplit, measure
+from benchmarks.adapted_cases import PairedFeatures, Scoring, StudySplit, measure
 from benchmarks.flips import classification_flips
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import Stream, Task, experience_images, single_experience

@@ -235,11 +235,11 @@ def test_a_seed_free_adapter_is_fitted_and_scored_once_and_the_record_says_so(ro
     are ranked once for the whole study, and a backfilling curve's ends are cases ranked already (no adapter:
     new/old and new/new; Procrustes: new/F). So the study ranks four cases on their own, old/old, F/F, B/old and
     B/B, where three seeds of two adapters used to rank 3 x 3 + 3 x 7. The summary counts it as one fit."""
-    from benchmarks import adapter_study
+    from benchmarks import adapted_cases
 
     ranked = []
-    score = adapter_study.StudySplit.score
-    monkeypatch.setattr(adapter_study.StudySplit, "score",
+    score = adapted_cases.StudySplit.score
+    monkeypatch.setattr(adapted_cases.StudySplit, "score",
                         lambda self, q, g, case=None: ranked.append(case) or score(self, q, g, case))
     train, test = rotated
     code, out = adapt("--train", train, "--test", test, "--adapter", "none", "procrustes", "--seeds", 0, 1, 2,
@@ -263,7 +263,7 @@ def test_a_resumed_study_keeps_what_an_earlier_run_finished_and_measures_only_th
     byte), says which it kept, and answers as the whole study did. Records of other settings, or cut short, are
     refused in one line before anything is fitted, and so is ``--export`` (a kept record has no fitted adapter to
     export)."""
-    from cl2r_bench.adapt import driver
+    from cl2r_bench.adapter_study import driver
 
     measured = []
     evaluate = driver.evaluate_adapter

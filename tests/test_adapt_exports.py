@@ -33,7 +33,7 @@ EXPORTED = ("lambda_orth", "fct", "fastfill", "irp", "procrustes", "least_square
 def test_every_exported_map_gives_the_adapters_features_and_loads_with_torch_alone(tmp_path):
     """Each adapter fitted on 16-d old and 24-d new features, exported, then loaded in one fresh Python that imports
     torch alone and never the suite; each one's maps give the in-process adapter's normalised features."""
-    from cl2r_bench.adapt import export_adapter
+    from cl2r_bench.adapter_study import export_adapter
     from cl2r_bench.adapters import FeaturePair, fit_adapter, make_adapter
 
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ from helpers.adapt_inputs import ROOT, adapt, arrays, write_folder
 from helpers.launching import launched, torchrun
 from helpers.progress_bars import RecordedBar
 
-from benchmarks.ranking import engine as ranking_engine
+from benchmarks.ranking import in_memory as ranking_in_memory
 from benchmarks.ranking import screen as ranking_screen
 from cl2r_bench.app.cli import main
 
@@ -22,7 +22,7 @@ def test_a_sample_of_queries_is_the_same_for_every_adapter_and_seed_and_says_so(
     """--queries 40 of 120: every record ranks the same 40 queries against all 120 items (paired), each query's
     top-1 hit the one it has when every query is ranked, says so, and carries each case's sampling interval; the
     summary says the figures come from a sample."""
-    from benchmarks.adapter_study import Scoring
+    from benchmarks.adapted_cases import Scoring
     from benchmarks.record import unpack_hits
 
     train, test = rotated
@@ -125,7 +125,7 @@ def test_each_ranking_of_a_study_has_a_progress_bar_named_after_it_unless_told_n
     ranked again), then each other case; ``--no-progress`` disables them all."""
 
     made: list[RecordedBar] = []
-    monkeypatch.setattr(ranking_engine, "tqdm", lambda **kwargs: RecordedBar(made, **kwargs))
+    monkeypatch.setattr(ranking_in_memory, "tqdm", lambda **kwargs: RecordedBar(made, **kwargs))
     train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
     for quiet in ([], ["--no-progress"]):
         code, out = adapt("--train", train, "--test", test, "--adapter", "procrustes", "--queries", 50,
@@ -191,7 +191,7 @@ def test_a_shared_study_refuses_bad_input_on_every_process_in_one_line(rotated, 
 
 
 FAILING_FIT = """import os, sys
-import cl2r_bench.adapt.study
+import cl2r_bench.adapter_study.study
 from cl2r_bench.app.cli import main
 
 
@@ -201,7 +201,7 @@ def failing_fit(*args, **kwargs):
     raise RuntimeError("the fit failed on purpose")
 
 
-cl2r_bench.adapt.study.fit_adapter = failing_fit
+cl2r_bench.adapter_study.study.fit_adapter = failing_fit
 try:
     code = main()
 except RuntimeError as failure:
@@ -264,7 +264,7 @@ def test_a_folder_above_the_auto_size_streams_by_default_and_null_or_a_count_sti
     """model_update.stream_rows=auto (the default): a folder of .npy files whose old and new arrays exceed the
     size streams 65,536 rows at a time, and says so; under the size, a .npz file, an open-set study or null read
     into memory; the record's config keeps the choice made."""
-    from cl2r_bench.adapt import embeddings
+    from cl2r_bench.adapter_study import embeddings
 
     train, test = (write_folder(tmp_path / f"{path.stem}_folder", ".npy", *arrays(path)) for path in rotated)
     size = sum((test / f"{name}.npy").stat().st_size for name in ("old", "new"))

@@ -7,7 +7,7 @@ import torch
 from helpers.adapter_pairs import fitted, rotated_pair
 from torch import nn
 
-from benchmarks.adapter_study import PairedFeatures, StudySplit, backfilling, case_scores, zero_shot_retention
+from benchmarks.adapted_cases import PairedFeatures, StudySplit, backfilling, case_scores, zero_shot_retention
 from benchmarks.record import PAPER_CASES
 from benchmarks.retrieval import gallery_hits
 
@@ -99,7 +99,7 @@ def test_an_unknown_gallery_mode_is_refused():
 def test_the_sampling_interval_of_a_query_sample_covers_the_all_queries_figure():
     """600 items of 12 noisy classes: 40 seeded samples of 150 queries each rank the whole gallery; their 95 %
     bootstrap intervals cover the all-queries top-1 and mAP in at least 34 of 40 (binomial: 38 expected)."""
-    from benchmarks.adapter_study import Scoring
+    from benchmarks.adapted_cases import Scoring
 
     rng = np.random.default_rng(5)
     labels = rng.integers(0, 12, size=600)
@@ -120,7 +120,7 @@ def test_the_sampling_interval_of_a_query_sample_covers_the_all_queries_figure()
 
 def test_a_sample_of_queries_none_of_which_has_a_match_is_refused_under_exclude():
     """Under unmatched_queries=exclude such a sample would leave no query to count: 0 / 0 shown as 0.0."""
-    from benchmarks.adapter_study import Scoring
+    from benchmarks.adapted_cases import Scoring
     from cl2r_bench.errors import ConfigError
 
     labels = torch.tensor([0, 1, 2, 3, 3])

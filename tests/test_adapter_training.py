@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks.adapter_study import WATCHING, PairedFeatures
+from benchmarks.adapted_cases import WATCHING, PairedFeatures
 from benchmarks.record import unpack_hits
-from cl2r_bench.adapt import Study, evaluate_adapter
+from cl2r_bench.adapter_study import Study, evaluate_adapter
 from cl2r_bench.adapters import AdapterError, convergence_note, make_adapter
 from cl2r_bench.adapters.training import FitProgress, StepBudget, split_held_out, train_to_convergence
-from cl2r_bench.reporting.adapter_summary import paired_gain_interval
+from cl2r_bench.reporting.adapter_recommendation import paired_gain_interval
 
 
 def noisy_rotation(seed: int, classes: int = 40, per_class: int = 30, dim: int = 48) -> PairedFeatures:

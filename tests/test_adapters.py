@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from helpers.adapter_pairs import SHORT_FITS
 
-from benchmarks.adapter_study import (
+from benchmarks.adapted_cases import (
     PairedFeatures,
     StudySplit,
     backfilling,

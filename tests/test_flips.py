@@ -6,7 +6,7 @@ import torch
 from helpers.adapter_pairs import fitted, rotated_pair
 from helpers.hits import H00, H10, H11, H20, H21, H22
 
-from benchmarks.adapter_study import PairedFeatures, StudySplit, case_scores, measure
+from benchmarks.adapted_cases import PairedFeatures, StudySplit, case_scores, measure
 from benchmarks.flips import negative_flip_rate, negative_flips
 
 

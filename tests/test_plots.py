@@ -160,7 +160,7 @@ def test_saved_records_round_trip_through_json(tmp_path, capsys):
 def test_the_cross_case_axis_holds_old_old_every_bar_and_every_interval():
     """All gains below old/old used to end the axis at the reference line; now it holds every bar's end and
     interval with a margin, and the reference is named on the axis, not in a legend over a bar."""
-    from cl2r_bench.reporting.adapter_summary import AdapterSummary
+    from cl2r_bench.reporting.adapter_recommendation import AdapterSummary
 
     def row(name: str, gain: float, low: float, high: float) -> AdapterSummary:
         return AdapterSummary(name, 3, False, "B/old", "no", gain, (low, high), None, None, None, None, None, 1.0,

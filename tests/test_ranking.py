@@ -12,7 +12,7 @@ from helpers.progress_bars import RecordedBar
 
 from benchmarks import ranking
 from benchmarks.gallery_rows import NpyRows, TensorRows
-from benchmarks.ranking import backfilling_scores, counting, engine, retrieval_scores
+from benchmarks.ranking import backfilling_scores, counting, in_memory, retrieval_scores
 
 # Five unit vectors; cosines: (0,1) .8, (0,3) .6, (1,3) .96, (1,2) .6, (2,3) .8, (0,2) 0, (2,4) 0, (3,4) -.6,
 # (1,4) -.8, (0,4) -1. Item 4 is the only one of class 2.
@@ -310,7 +310,7 @@ def test_a_ranking_counts_every_pair_it_compares_on_its_progress_bar(monkeypatch
     counts the queries x gallery items it compares, all of them by its end, and closes; a backfilling curve counts
     each pair once for its two versions. Without a label the bar is disabled, and the scores are the same."""
     made: list[RecordedBar] = []
-    monkeypatch.setattr(engine, "tqdm", lambda **kwargs: RecordedBar(made, **kwargs))
+    monkeypatch.setattr(in_memory, "tqdm", lambda **kwargs: RecordedBar(made, **kwargs))
     x, y = clusters_with_duplicates(seed=4)
     stale = x.flip(1)
     sample = torch.tensor([0, 7, 9, 10, 33, 80, 149])
@@ -337,7 +337,7 @@ def test_a_progress_bar_is_drawn_on_a_terminal_and_not_in_a_log(capsys, monkeypa
     (a log file, a pipe, a study's parsed output) nothing is written."""
     for terminal in (False, True):
         monkeypatch.setattr(sys.stderr, "isatty", lambda terminal=terminal: terminal)
-        bar = engine.progress_bar("rank new/F", 100)
+        bar = in_memory.progress_bar("rank new/F", 100)
         bar.update(100)
         bar.close()
         assert ("rank new/F" in capsys.readouterr().err) == terminal

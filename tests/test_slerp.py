@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.adapter_study import PairedFeatures, StudySplit, case_scores, measure
+from benchmarks.adapted_cases import PairedFeatures, StudySplit, case_scores, measure
 from benchmarks.record import DUAL_CASE, cross_case
 from cl2r_bench.adapters import AdapterError, FeaturePair, fit_adapter, make_adapter
 from cl2r_bench.adapters.slerp import slerp

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.adapter_study import Scoring
+from benchmarks.adapted_cases import Scoring
 from benchmarks.record import cross_case, unpack_hits
-from cl2r_bench.adapt import evaluate_adapter
-from cl2r_bench.reporting.adapter_summary import paired_gain_interval
+from cl2r_bench.adapter_study import evaluate_adapter
+from cl2r_bench.reporting.adapter_recommendation import paired_gain_interval
 from tools.open_set_control import lite_study
 
 VARIANTS = (

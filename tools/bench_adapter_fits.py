@@ -3,9 +3,9 @@
 Two spaces that share class structure (a new user's first try at ``adapt``): ``--classes`` classes, old
 ``--old-dim`` wide, new ``--new-dim`` wide (a better new model: :func:`paired_spaces`), ``--fit`` fitting and
 ``--test`` test items. Each adapter is fitted by ``runner.py adapt``'s own code
-(:func:`cl2r_bench.adapt.evaluate_adapter`, default parameters, one seed) and measured on the test split. It prints,
-per adapter, the fit time, its ratio to Procrustes's, the steps and whether the fit converged, and the cross case's
-top-1 beside Procrustes's; ``--json`` adds one JSON line. The goal (docs/adapters.md, "Fit times"): each learned
+(:func:`cl2r_bench.adapter_study.evaluate_adapter`, default parameters, one seed) and measured on the test split. It
+prints, per adapter, the fit time, its ratio to Procrustes's, the steps and whether the fit converged, and the cross
+case's top-1 beside Procrustes's; ``--json`` adds one JSON line. The goal (docs/adapters.md, "Fit times"): each learned
 fit within a minute at 3,000 x 256 on 2 CPU cores. Measure on an idle machine: another heavy process slows every
 fit, by more than its share of the cores (two torch processes on 2 cores made a 1-minute fit take half an hour).
 
@@ -20,9 +20,9 @@ import platform
 import numpy as np
 import torch
 
-from benchmarks.adapter_study import WATCHING, PairedFeatures
+from benchmarks.adapted_cases import WATCHING, PairedFeatures
 from benchmarks.record import cross_case
-from cl2r_bench.adapt import Study, evaluate_adapter
+from cl2r_bench.adapter_study import Study, evaluate_adapter
 
 ADAPTERS = ("procrustes", "lambda_orth", "fct", "fastfill")
 NOISE = 2.0

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.adapter_study import Scoring
+from benchmarks.adapted_cases import Scoring
 from benchmarks.faiss_search import search_threads, top_k_scores
 from benchmarks.ranking import similarities
 from tools.bench_ranking import resident_high_water_gb

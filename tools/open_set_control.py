@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.adapter_study import PairedFeatures, Scoring
+from benchmarks.adapted_cases import PairedFeatures, Scoring
 from benchmarks.record import cross_case, unpack_hits
-from cl2r_bench.adapt import Study, encoder_study, evaluate_adapter
+from cl2r_bench.adapter_study import Study, encoder_study, evaluate_adapter
 from cl2r_bench.app.assembly import assemble
-from cl2r_bench.reporting.adapter_summary import paired_gain_interval
+from cl2r_bench.reporting.adapter_recommendation import paired_gain_interval
 from tools.pretrained_study import lite_pair, run_config
 
 ADAPTERS = ("none", "procrustes", "least_squares", "irp")

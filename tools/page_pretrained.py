@@ -1,6 +1,6 @@
 """Adapter studies side by side, for the result pages of the pretrained-encoder study (``results/pretrained/``): one
 row per adapter, and for each study its cross case's top-1 gain over old/old with the 95 % interval and its negative
-flips, as :mod:`cl2r_bench.reporting.adapter_summary` computes them (``runner.py adapt`` and
+flips, as :mod:`cl2r_bench.reporting.adapter_recommendation` computes them (``runner.py adapt`` and
 ``python -m tools.pretrained_report`` give the same figures, one study at a time); under the table, each study's
 line on its models and its recommendation. Reads the committed records only.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.record import checked_records, leave_one_out
-from cl2r_bench.reporting.adapter_summary import (
+from cl2r_bench.reporting.adapter_recommendation import (
     AdapterSummary,
     models_line,
     models_verdict,

@@ -14,9 +14,9 @@ class-mean order, mean over seeds) of every adapter.
 on stdout, so ``python runner.py pages FOLDER/tables.md --check`` tells whether it still matches the records (run
 from the repository's root with a relative ``--results``). ``--group PAIR/DATASET`` prints one group's section
 instead (PAIR: the folders above ``model_update``, as in the section's heading), ``--table`` one of its tables
-(``answer``: the summary and recommendation of :mod:`cl2r_bench.reporting.adapter_summary`, as ``runner.py adapt``
-gives them; ``cases``; ``backfilling``), or, without a group, ``--table published`` the papers' rows; a page embeds
-them as generated blocks. Printing writes nothing.
+(``answer``: the summary and recommendation of :mod:`cl2r_bench.reporting.adapter_recommendation`, as ``runner.py
+adapt`` gives them; ``cases``; ``backfilling``), or, without a group, ``--table published`` the papers' rows; a page
+embeds them as generated blocks. Printing writes nothing.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from benchmarks.record import PAPER_CASES, checked_records, leave_one_out, update_fit
 from cl2r_bench.reporting.adapter_answer import classes_line
-from cl2r_bench.reporting.adapter_summary import (
+from cl2r_bench.reporting.adapter_recommendation import (
     SUMMARY_COLUMNS,
     models_line,
     models_verdict,
@@ -102,8 +102,8 @@ def fit_cell(runs: list[dict[str, Any]]) -> str:
 
 
 def answer(by_adapter: dict[str, list[dict[str, Any]]]) -> str:
-    """The study's answer (:mod:`cl2r_bench.reporting.adapter_summary`): its table, best top-1 gain first, the lines
-    on the models and the classes, and the recommendation, as ``runner.py adapt`` gives them."""
+    """The study's answer (:mod:`cl2r_bench.reporting.adapter_recommendation`): its table, best top-1 gain first, the
+    lines on the models and the classes, and the recommendation, as ``runner.py adapt`` gives them."""
     records = [r for runs in by_adapter.values() for r in runs]
     rows, verdict = ranked(summarise(records)), models_verdict(records)
     notes = "".join(f"\n\n{line[0].upper()}{line[1:]}." for line in (models_line(verdict), classes_line(records))

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from benchmarks.record import holds_complete_record
-from cl2r_bench.adapt import encoder_study
-from cl2r_bench.adapt.driver import Protocol, StudyRun, drive
+from cl2r_bench.adapter_study import encoder_study
+from cl2r_bench.adapter_study.driver import Protocol, StudyRun, drive
 from cl2r_bench.adapters import convergence_note, list_adapters, unpaired_adapters
 from cl2r_bench.app.assembly import assemble, resolve_device
 from cl2r_bench.app.run_folder import RunFolder

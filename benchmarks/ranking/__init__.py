@@ -68,14 +68,14 @@ from cl2r_bench.settings import UNMATCHED_CONVENTIONS
 
 from ..gallery_rows import GalleryRows
 from .counting import numba_threads_as_torch, pair_similarities, similarities
-from .engine import ranked
+from .in_memory import ranked
 from .scores import CMC_DEPTH, RetrievalScores, cmc_at, mean_precision
 from .screen import screen_problem
 from .streamed import streamed
 
 __all__ = ["CMC_DEPTH", "RetrievalScores", "backfilling_scores", "cmc_at", "mean_precision", "numba_threads_as_torch",
            "pair_similarities", "retrieval_scores", "screen_problem", "similarities"]
-"""The package's interface; its modules, one idea each: :mod:`.scores`, :mod:`.engine` (in memory),
+"""The package's interface; its modules, one idea each: :mod:`.scores`, :mod:`.in_memory`,
 :mod:`.streamed`, :mod:`.screen`, :mod:`.counting` and :mod:`.cpu` (the compiled kernels)."""
 
 

@@ -39,7 +39,7 @@ class RetrievalScores:
     @property
     def query_top1(self) -> np.ndarray:
         """Each query's top-1 hit (bool), for paired comparisons over queries
-        (:mod:`cl2r_bench.reporting.adapter_summary`)."""
+        (:mod:`cl2r_bench.reporting.adapter_recommendation`)."""
         return self.first_rank == 1
 
     @property

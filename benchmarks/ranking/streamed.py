@@ -21,7 +21,7 @@ from .counting import (
     positive_ranks,
     summarise_ranks,
 )
-from .engine import progress_bar
+from .in_memory import progress_bar
 from .scores import RetrievalScores, as_scores
 
 STREAMED_ELEMENTS = 1 << 26

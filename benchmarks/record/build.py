@@ -43,8 +43,8 @@ def leave_one_out_record(*, identity: dict[str, Any], retrieval: dict[str, Any],
     """The record of one adapter and seed measured by the leave-one-out protocol (``runner.py adapt`` and
     ``model_update`` on encoder specs; :func:`leave_one_out`): the cases, backfilling and zero-shot retention under
     ``retrieval``, with the 2x2 top-1 ``matrix`` ``[[old/old], [cross, new/new]]`` and its metrics where the
-    cross entry exists. The one place where this layout is built (:func:`cl2r_bench.adapt.study_record` passes the
-    values)."""
+    cross entry exists. The one place where this layout is built (:func:`cl2r_bench.adapter_study.study_record`
+    passes the values)."""
     record = {**identity, "protocol": "leave_one_out", "num_tasks": 2, "tasks_completed": 2, "complete": True,
               "replacement_tasks": [], "retrieval": retrieval, "models": models, "adapter": adapter,
               "config": config, "versions": package_versions(), "device": device, "timings": timings}

@@ -250,7 +250,7 @@ registered one)."""
 
 
 class StudyBackfilling(TypedDict):
-    """Partial backfilling in an adapter study (:mod:`benchmarks.adapter_study`): ``betas``, per order
+    """Partial backfilling in an adapter study (:mod:`benchmarks.adapted_cases`): ``betas``, per order
     the ``curves`` of ``top1`` and ``mAP`` (``mAP@R`` where the gallery was screened; percent) at each beta, and their
     areas ``auc``."""
     betas: list[float]
@@ -260,7 +260,7 @@ class StudyBackfilling(TypedDict):
 
 
 class Retrieval(TypedDict):
-    """An adapter study's measurements (:func:`benchmarks.adapter_study.measure`), leave-one-out or along a stream: the
+    """An adapter study's measurements (:func:`benchmarks.adapted_cases.measure`), leave-one-out or along a stream: the
     ``cases``, the per-query top-1 hits of old/old, the cross case and new/new (``query_top1``, packed by
     :func:`pack_hits`; new/new since 2026-11-27), the
     :class:`NegativeFlips` of the two models (``negative_flips``: one pair, old/old to new/new and to the cross case;

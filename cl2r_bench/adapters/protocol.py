@@ -1,7 +1,7 @@
 """What measuring may ask of a fitted adapter (docs/METHODS.md §7): the typed protocol ``benchmarks/`` imports.
 
 The evaluator (``benchmarks/retrieval.py``) and an adapter study's cases and backfilling
-(``benchmarks/adapter_study.py``) use an adapter only through these members, so they know no adapter class and no
+(``benchmarks/adapted_cases.py``) use an adapter only through these members, so they know no adapter class and no
 training method; every adapter of ``cl2r_bench/adapters/`` satisfies it (:class:`cl2r_bench.adapters.base.Adapter`).
 Features in and out are ``(n, d)`` tensors; maps return un-normalised features (the caller normalises where a
 retrieval system would).

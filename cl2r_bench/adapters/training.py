@@ -9,7 +9,7 @@ sets, and stops sooner once it has converged:
 
 * ``holdout`` of the fitting items (a seeded draw) are kept out of training; every ``check_every`` steps they are
   scored: by the caller's *watch* when it gives one (``runner.py adapt`` and the runs give
-  :func:`benchmarks.adapter_study.held_out_error`, 100 - the leave-one-out mAP of the adapter's cross case on
+  :func:`benchmarks.adapted_cases.held_out_error`, 100 - the leave-one-out mAP of the adapter's cross case on
   them), else by the training loss (no gradient, in fixed chunks of ``batch_size``). Retrieval is watched because
   the losses mislead on small sets: on 1,800 real fitting items FastFill's uncertainty-weighted loss and λ-orth's
   contrastive term bottom out on held-out items after 100-200 steps while the maps still improve

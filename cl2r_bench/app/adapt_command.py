@@ -1,6 +1,6 @@
 """``runner.py adapt``: adapters fitted and measured on the user's own embeddings (docs/adapters.md): every setting,
 and with ``--resume`` every record an earlier study left, is checked before the files are read, the files before any
-adapter is fitted; :mod:`cl2r_bench.adapt.driver` then fits, measures, records and exports."""
+adapter is fitted; :mod:`cl2r_bench.adapter_study.driver` then fits, measures, records and exports."""
 from __future__ import annotations
 
 import argparse
@@ -19,13 +19,13 @@ if TYPE_CHECKING:
 
 
 def command_adapt(args: argparse.Namespace) -> int:
-    """Fit and measure adapters on the user's embeddings (:mod:`cl2r_bench.adapt`): every setting, and with
+    """Fit and measure adapters on the user's embeddings (:mod:`cl2r_bench.adapter_study`): every setting, and with
     ``--resume`` every record an earlier run left, is checked before the files are read, the files before any
     adapter is fitted. Under torchrun the processes share the
     streamed splits' passes (docs/scale-out.md), and rank 0 prints and writes."""
     from benchmarks.ranking import screen_problem
-    from cl2r_bench.adapt import adapt_settings
-    from cl2r_bench.adapt.embeddings import AUTO_STREAM_BYTES, stream_rows_for
+    from cl2r_bench.adapter_study import adapt_settings
+    from cl2r_bench.adapter_study.embeddings import AUTO_STREAM_BYTES, stream_rows_for
     from cl2r_bench.app.assembly import load_plugins, resolve_device
     from cl2r_bench.distributed import connect, leave, place
 
@@ -56,9 +56,9 @@ def command_adapt(args: argparse.Namespace) -> int:
 def adapt_study(args: argparse.Namespace, settings: dict[str, Any], processes: Processes,
                 device: torch.device) -> int:
     """:func:`command_adapt` once its processes are placed and connected."""
-    from benchmarks.adapter_study import Scoring
-    from cl2r_bench.adapt import adapt_config, finished_records, study_from_embeddings
-    from cl2r_bench.adapt.driver import Protocol, StudyRun, drive
+    from benchmarks.adapted_cases import Scoring
+    from cl2r_bench.adapter_study import adapt_config, finished_records, study_from_embeddings
+    from cl2r_bench.adapter_study.driver import Protocol, StudyRun, drive
     from cl2r_bench.adapters import list_adapters, make_adapter, unpaired_adapters
     from cl2r_bench.app.assembly import check_pairing
     from cl2r_bench.errors import safe_name
@@ -154,7 +154,7 @@ def adapter_names(asked: list[str], registered: list[str], usable: list[str] | N
 def print_result(result: dict[str, Any], *, kept: bool, as_json: bool) -> None:
     """One adapter and seed of ``runner.py adapt`` as it is measured or ``kept`` (``--resume``): its case lines, or
     its JSON line, and the warning of a fit that did not converge."""
-    from cl2r_bench.adapt import result_json
+    from cl2r_bench.adapter_study import result_json
     from cl2r_bench.adapters import convergence_note
 
     name, seed = result["adapter"], result["seed"]

@@ -60,7 +60,7 @@ def this_worker(args: argparse.Namespace) -> Sharding:
 def embed_study(parts: Any, sharding: Sharding, log: Any = print) -> None:
     """Embed (or find cached) the study's splits under both encoders, or the track's data sets under every encoder
     of the run (:func:`embed_track`), this worker's shards first."""
-    from cl2r_bench.adapt import embedded, study_images  # here: every command's parser imports this module
+    from cl2r_bench.adapter_study import embedded, study_images  # here: every command's parser imports this module
 
     settings = parts.settings
     device = parts.device

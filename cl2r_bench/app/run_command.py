@@ -74,7 +74,7 @@ def two_model_line(two_model: dict[str, Any]) -> str:
 
 def study_answers(records: list[dict[str, Any]]) -> str:
     """The summary and recommendation of each data set's adapter studies
-    (:mod:`cl2r_bench.reporting.adapter_summary`), or
+    (:mod:`cl2r_bench.reporting.adapter_recommendation`), or
     nothing for runs without one."""
     from benchmarks.record import adapter_study
     from cl2r_bench.reporting.adapter_answer import summary_text

@@ -35,13 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.adapter_study import held_out_error
+from benchmarks.adapted_cases import held_out_error
 from benchmarks.flips import negative_flips
 from benchmarks.metrics import as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
 from benchmarks.record import pack_hits, run_record, write_record
 from benchmarks.retrieval import CompatibilityEvaluator
-from cl2r_bench.adapt.driver import Protocol, StudyRun, drive
+from cl2r_bench.adapter_study.driver import Protocol, StudyRun, drive
 from cl2r_bench.adapters import convergence_note, embed_pair, fit_adapter, get_adapter
 from cl2r_bench.app.assembly import Assembly
 from cl2r_bench.app.run_folder import RunError, RunFolder
@@ -128,7 +128,7 @@ class Run:
     def _measure_features(self, started: float) -> dict[str, Any]:
         """The leave-one-out protocol on two encoders (``Scenario.measures_features``): their features are read
         or embedded first, then the adapter is fitted and measured and the record written under the folder's
-        lock (:mod:`cl2r_bench.adapt`)."""
+        lock (:mod:`cl2r_bench.adapter_study`)."""
         if self.processes.world_size > 1:
             raise RunError("the leave-one-out protocol on encoder features runs in one process; run it without "
                            "torchrun")

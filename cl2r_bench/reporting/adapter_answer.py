@@ -1,15 +1,14 @@
 """An adapter study's answer as a person and a program read it (``runner.py adapt``): the summary table
-(:mod:`cl2r_bench.reporting.adapter_summary`), the lines on the models, the classes, a sampled query set and the queries
-without a match, the deployments with their costs (:mod:`cl2r_bench.reporting.deployments`) and the recommendation; as
-text
-(:func:`summary_text`) or JSON (:func:`summary_json`)."""
+(:mod:`cl2r_bench.reporting.adapter_recommendation`), the lines on the models, the classes, a sampled query set and
+the queries without a match, the deployments with their costs (:mod:`cl2r_bench.reporting.deployments`) and the
+recommendation; as text (:func:`summary_text`) or JSON (:func:`summary_json`)."""
 from __future__ import annotations
 
 from typing import Any
 
 from tabulate import tabulate
 
-from .adapter_summary import (
+from .adapter_recommendation import (
     SUMMARY_COLUMNS,
     models_line,
     models_verdict,

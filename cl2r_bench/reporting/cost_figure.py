@@ -14,7 +14,7 @@ from typing import Any
 
 from benchmarks.record import DUAL_CASE
 
-from .adapter_summary import BACKFILL_TARGET, AdapterSummary
+from .adapter_recommendation import BACKFILL_TARGET, AdapterSummary
 from .deployments import COST_ORDER, deployments
 from .plots import adapter_colour
 

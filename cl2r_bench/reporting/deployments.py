@@ -12,7 +12,7 @@ from tabulate import tabulate
 
 from benchmarks.record import BASELINE, DUAL_CASE
 
-from .adapter_summary import (
+from .adapter_recommendation import (
     BACKFILL_TARGET,
     AdapterSummary,
     ModelsVerdict,

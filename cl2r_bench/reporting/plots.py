@@ -28,7 +28,7 @@ from benchmarks.metrics import area_under_curve, is_number
 from benchmarks.record import RunRecord, adapter_study, checked_records
 from cl2r_bench.files import atomic_write
 
-from .adapter_summary import AdapterSummary
+from .adapter_recommendation import AdapterSummary
 from .experiments import experiment_groups
 
 ANNOTATED_TASKS = 16

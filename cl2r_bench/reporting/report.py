@@ -27,7 +27,7 @@ from urllib.parse import quote
 from benchmarks.record import RunRecord, adapter_study
 from cl2r_bench.files import atomic_write_text
 
-from .adapter_summary import (
+from .adapter_recommendation import (
     SUMMARY_COLUMNS,
     AdapterSummary,
     models_verdict,
@@ -219,7 +219,7 @@ def section(scenario: str, dataset: str, pairs: list[tuple[Path, RunRecord]], li
 
 def study_answers(dataset: str, records: list[RunRecord]) -> list[StudyAnswer]:
     """One :class:`StudyAnswer` per pair of models among a section's leave-one-out records
-    (:mod:`cl2r_bench.reporting.adapter_summary`)."""
+    (:mod:`cl2r_bench.reporting.adapter_recommendation`)."""
     answers = []
     for label, runs in study_groups(records).items():
         rows, verdict = ranked(summarise(runs)), models_verdict(runs)

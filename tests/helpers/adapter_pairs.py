@@ -2,7 +2,7 @@
 import torch
 import torch.nn.functional as F
 
-from benchmarks.adapter_study import PairedFeatures
+from benchmarks.adapted_cases import PairedFeatures
 from cl2r_bench.adapters import FeaturePair, fit_adapter, make_adapter
 
 FEW_ROUNDS = {"mini_vec2vec": {"anchor_runs": 2, "qap_runs": 2, "refine_iterations": 2}}

@@ -85,7 +85,7 @@ def former_update_record() -> dict:
 
 
 def retrieval_record(seed: int = 1) -> dict:
-    """A complete leave-one-out record (``runner.py adapt``) as ``cl2r_bench.adapt.study_record`` writes it."""
+    """A complete leave-one-out record (``runner.py adapt``) as ``cl2r_bench.adapter_study.study_record`` writes it."""
     scores = {"top1": 60.0, "top5": 80.0, "mAP": 40.0}
     cases = {case: None for case in ("F/old", "B/F")} | {case: dict(scores) for case in (
         "old/old", "new/old", "new/new", "F/F", "new/F", "B/old", "B/B")}

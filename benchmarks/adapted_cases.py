@@ -164,7 +164,7 @@ class StudySplit:
     what per-class CMC names its classes by."""
     progress: bool = False
     """Whether each ranking of a case or of the backfilling curves shows a progress bar on a terminal
-    (:func:`benchmarks.ranking.engine.progress_bar`): a gallery of millions takes minutes per ranking."""
+    (:func:`benchmarks.ranking.in_memory.progress_bar`): a gallery of millions takes minutes per ranking."""
     old_frame_prefix: bool = False
     """Whether the new model's first dimensions are trained into the old model's frame (a BT² model, wider than the
     old one): ``new/old`` then ranks their first ``old width`` dimensions against the old gallery, as the BT²

@@ -1,4 +1,4 @@
-"""The answer of an adapter study (cl2r_bench/reporting/adapter_summary.py): the paired interval over seeds and
+"""The answer of an adapter study (cl2r_bench/reporting/adapter_recommendation.py): the paired interval over seeds and
 queries, the share of the gallery to re-embed, one row per adapter and the recommendation, on records whose values
 are known."""
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks.record import pack_hits, unpack_hits
 from cl2r_bench.reporting.adapter_answer import summary_json, summary_text
-from cl2r_bench.reporting.adapter_summary import paired_gain_interval, recommendation, reembed_share, summarise
+from cl2r_bench.reporting.adapter_recommendation import paired_gain_interval, recommendation, reembed_share, summarise
 
 N = 400
 
@@ -169,7 +169,7 @@ def test_each_deployment_comes_with_its_cost():
 
 
 def test_the_chosen_deployment_is_the_cheapest_that_reaches_95_percent_of_new_new_above_old_old():
-    from cl2r_bench.reporting.adapter_summary import ModelsVerdict
+    from cl2r_bench.reporting.adapter_recommendation import ModelsVerdict
     from cl2r_bench.reporting.deployments import Deployment, chosen_deployment
 
     def plan(b_old: float, new_f: float, backfilled: float) -> list:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.adapter_study import (
+from benchmarks.adapted_cases import (
     PairedFeatures,
     Scoring,
     StudySplit,
@@ -58,7 +58,7 @@ class Study:
     """The processes that share the study's streamed splits (torchrun; :func:`read_embeddings`)."""
     progress: bool = False
     """Whether each ranking shows a progress bar on a terminal
-    (:attr:`benchmarks.adapter_study.StudySplit.progress`)."""
+    (:attr:`benchmarks.adapted_cases.StudySplit.progress`)."""
     pairing: str = "paired"
     """``model_update.pairing``: ``unpaired`` fits each adapter on the old features of one half of the train split
     and the new features of the other (:func:`cl2r_bench.adapters.unpaired_halves`, drawn with the fit's seed)."""
@@ -198,7 +198,7 @@ def study_matrix(cases: dict[str, dict[str, float] | None]) -> list[list[float |
 
 
 NOT_MEASURED = ("adapter", "seed", "fit", "scoring", "seconds")
-"""The keys of :func:`evaluate_adapter`'s result that are not :func:`benchmarks.adapter_study.measure`'s (the
+"""The keys of :func:`evaluate_adapter`'s result that are not :func:`benchmarks.adapted_cases.measure`'s (the
 record's ``retrieval``)."""
 
 

@@ -10,7 +10,7 @@ Two ways in, one way through:
 
 Either gives a :class:`Study`: the train split's features of both models (the adapter's fitting data) and the test
 split's (query and gallery). :func:`evaluate_adapter` fits one adapter with one seed (:func:`fit_adapter`) and
-measures it (:mod:`benchmarks.adapter_study`): the nine cases, the partial-backfilling AUCs and, where the new
+measures it (:mod:`benchmarks.adapted_cases`): the nine cases, the partial-backfilling AUCs and, where the new
 encoder has an ImageNet classifier and the data have ImageNet classes, the zero-shot retention. Labels are
 renumbered 0..C-1 in order of first appearance in the train split, then the test split's other labels in sorted
 order (retrieval compares labels only).

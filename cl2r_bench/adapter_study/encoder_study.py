@@ -1,12 +1,12 @@
 """Two encoders by spec (``model_update.old`` / ``new``): the data set's splits embedded once per encoder through the
-feature cache, as a :class:`~cl2r_bench.adapt.study.Study`."""
+feature cache, as a :class:`~cl2r_bench.adapter_study.study.Study`."""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
-from benchmarks.adapter_study import (
+from benchmarks.adapted_cases import (
     PairedFeatures,
 )
 from cl2r_bench.data.datasets import ImageSet, load_dataset, native_image_size

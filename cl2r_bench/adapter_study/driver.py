@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.adapter_study import Scoring
+from benchmarks.adapted_cases import Scoring
 from benchmarks.record import write_record
 from cl2r_bench.adapters import Adapter
 from cl2r_bench.config import config_text

@@ -1,5 +1,5 @@
 """The user's own embeddings (``runner.py adapt --train TRAIN --test TEST``): read, checked (every problem one line),
-optionally cut to the open set, as a :class:`~cl2r_bench.adapt.study.Study`."""
+optionally cut to the open set, as a :class:`~cl2r_bench.adapter_study.study.Study`."""
 from __future__ import annotations
 
 import math
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.adapter_study import (
+from benchmarks.adapted_cases import (
     Features,
     PairedFeatures,
 )
