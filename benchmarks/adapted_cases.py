@@ -356,7 +356,7 @@ WATCHED_CASES = ("B/old", "new/F")
 
 def held_out_error(adapter: FeatureAdapter, old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor) -> float:
     """100 - the leave-one-out mAP of the adapter's cross case (B/old, else new/F) on held-out fitting items: what
-    a learned adapter watches to decide that it has converged (:mod:`cl2r_bench.adapters.training`). Retrieval,
+    a learned adapter watches to decide that it has converged (:mod:`cl2r_bench.adapters.learned`). Retrieval,
     not the training loss: FastFill's uncertainty-weighted loss and λ-orth's contrastive term rise on held-out items
     while the maps they train still improve."""
     with torch.no_grad():

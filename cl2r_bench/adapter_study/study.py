@@ -24,7 +24,7 @@ from benchmarks.adapted_cases import (
 from benchmarks.gallery_rows import class_means_of
 from benchmarks.record import cross_case, leave_one_out_record
 from cl2r_bench.adapters import Adapter, FeaturePair, fit_adapter, make_adapter, unpaired_halves
-from cl2r_bench.adapters.training import FitProgress
+from cl2r_bench.adapters.learned import FitProgress
 from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.files import device_description
 

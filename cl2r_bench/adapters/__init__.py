@@ -15,9 +15,9 @@ from .base import (
                    unpaired_adapters,
                    unpaired_halves,
 )
-from .training import convergence_note
+from .learned import convergence_note
 
-import_folder(__name__, __path__)
+import_folder(__name__, __path__, skip=("training",))   # the old name of learned.py, kept one release
 
 __all__ = ["Adapter", "AdapterError", "FeaturePair", "convergence_note", "embed_pair", "fit_adapter", "get_adapter",
            "list_adapters", "make_adapter", "register_adapter", "unpaired_adapters", "unpaired_halves"]

@@ -53,7 +53,7 @@ without importing the adapter; nothing else in the suite names the key.
 :class:`FeaturePair` whose ``paired`` is False: the old model's features of some items and the new model's of
 others (``model_update.pairing: unpaired``); every other adapter is refused such a pair.
 
-An adapter trained by gradient descent subclasses :class:`cl2r_bench.adapters.training.LearnedAdapter` instead and
+An adapter trained by gradient descent subclasses :class:`cl2r_bench.adapters.learned.LearnedAdapter` instead and
 implements ``batch_loss``: it then trains to convergence under a step budget like λ-orthogonal, FCT and FastFill.
 
 **Fitting rows read from disk.** A fitting split too large to hold (``runner.py adapt`` with
@@ -156,7 +156,7 @@ class Adapter(nn.Module):
         self.dims: tuple[int, int, int] | None = None
         self.held_out_watch: HeldOutWatch | None = None
         self.fit_progress: Any = None
-        """A :class:`cl2r_bench.adapters.training.FitProgress` a learned fit reports to, or None."""
+        """A :class:`cl2r_bench.adapters.learned.FitProgress` a learned fit reports to, or None."""
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> Adapter:
@@ -243,9 +243,9 @@ HeldOutWatch = Callable[["Adapter", torch.Tensor, torch.Tensor, torch.Tensor], f
 def fit_adapter(adapter: Adapter, pair: FeaturePair, seed: int, watch: HeldOutWatch | None = None,
                 progress: Any = None) -> dict[str, Any]:
     """Build ``adapter`` for ``pair``'s dimensions, fit it with a generator seeded by ``seed``, freeze it; returns
-    its fit log (a learned adapter's includes its convergence, :mod:`cl2r_bench.adapters.training`, judged by
+    its fit log (a learned adapter's includes its convergence, :mod:`cl2r_bench.adapters.learned`, judged by
     ``watch`` on its held-out share when given, else by its own loss there, and reported to ``progress``, a
-    :class:`~cl2r_bench.adapters.training.FitProgress`, while it runs)."""
+    :class:`~cl2r_bench.adapters.learned.FitProgress`, while it runs)."""
     if not pair.paired and not adapter.fits_unpaired:
         raise AdapterError(f"adapter {adapter.name!r} needs the same items embedded by both models; with "
                            f"model_update.pairing=unpaired use an adapter fitted without pairs "

@@ -37,7 +37,7 @@ Choices where the abstract is silent, each marked [choice]:
   ``s`` at its closed form), so training can only refine the Procrustes fit; whether the paper does so is not
   known [choice].
 * Loss ``mean_i ‖B(x_i) - y_i‖²`` (the suite's other regression adapters' loss) [choice]; Adam, lr 1e-3, batch
-  256, trained to convergence under a step budget (:mod:`cl2r_bench.adapters.training`) [choice].
+  256, trained to convergence under a step budget (:mod:`cl2r_bench.adapters.learned`) [choice].
 * ``rank`` 64 and ``hidden`` 256 [choice]; the update's rank is at most ``min(rank, d_new, d_old)``.
 * The closed-form start is fitted on ``anchors`` fitting items drawn at random (all when fewer), held-out share
   included [choice]; with ``procrustes`` and every item an anchor the fit does not depend on the seed.
@@ -56,7 +56,7 @@ from torch import nn
 from cl2r_bench.plugin_settings import WIDTH_MAX, setting
 
 from .base import FeaturePair, register_adapter
-from .training import LearnedAdapter, StepBudget
+from .learned import LearnedAdapter, StepBudget
 from .translation import pick_anchors, procrustes_weight
 
 PARAMETERIZATIONS = ("procrustes", "low_rank_affine", "residual_mlp")

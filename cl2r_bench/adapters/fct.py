@@ -10,7 +10,7 @@
   uncertain first.
 
 Both are forward-only: the new model keeps its own space and the old gallery is transformed into it. Both train
-to convergence under a step budget (:mod:`cl2r_bench.adapters.training`), batch 256, Adam lr 1e-3.
+to convergence under a step budget (:mod:`cl2r_bench.adapters.learned`), batch 256, Adam lr 1e-3.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from torch import nn
 from cl2r_bench.plugin_settings import WIDTH_MAX, setting
 
 from .base import AdapterError, FeaturePair, register_adapter
-from .training import LearnedAdapter, StepBudget
+from .learned import LearnedAdapter, StepBudget
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ and L_λ is dropped), or ``none`` (an unconstrained affine B, the "affine" end o
 Different dimensions: the larger feature is truncated to the smaller (the paper), or ``dims: pad`` pads the
 smaller with zeros. The final f(W) is logged; under ``lambda`` it settles near λ. Unpublished settings are
 this suite's choices: batch 1024, τ = 0.1, α = 5, orthogonal initialisation, and training to convergence under a
-step budget (:mod:`cl2r_bench.adapters.training`: at most 4,000 steps, the paper's CIFAR-100 order) rather than
+step budget (:mod:`cl2r_bench.adapters.learned`: at most 4,000 steps, the paper's CIFAR-100 order) rather than
 a number of epochs.
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ from torch import nn
 from cl2r_bench.plugin_settings import setting
 
 from .base import FeaturePair, register_adapter
+from .learned import LearnedAdapter, StepBudget
 from .protocol import ORTHOGONALITY_GAP
-from .training import LearnedAdapter, StepBudget
 
 CONSTRAINTS = ("lambda", "strict", "none")
 DIM_RULES = ("truncate", "pad")

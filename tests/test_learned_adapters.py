@@ -1,4 +1,4 @@
-"""Learned adapters trained to convergence (cl2r_bench/adapters/training.py): a step budget, early stopping on a
+"""Learned adapters trained to convergence (cl2r_bench/adapters/learned.py): a step budget, early stopping on a
 held-out share with the best weights kept, a one-line note for a fit that ran out of steps, and λ-orth's defaults
 recovering a rotation as Procrustes does (docs/METHODS.md §7)."""
 import json
@@ -12,7 +12,7 @@ from benchmarks.adapted_cases import WATCHING, PairedFeatures
 from benchmarks.record import unpack_hits
 from cl2r_bench.adapter_study import Study, evaluate_adapter
 from cl2r_bench.adapters import AdapterError, convergence_note, make_adapter
-from cl2r_bench.adapters.training import FitProgress, StepBudget, split_held_out, train_to_convergence
+from cl2r_bench.adapters.learned import FitProgress, StepBudget, split_held_out, train_to_convergence
 from cl2r_bench.reporting.adapter_recommendation import paired_gain_interval
 
 
@@ -148,3 +148,15 @@ def test_the_fit_benchmark_prints_each_adapter_against_procrustes(capsys):
     assert lines[1].startswith("procrustes   fit") and "(     1.0 x procrustes)" in lines[1]
     row = json.loads(lines[-1])["rows"][0]
     assert row["adapter"] == "procrustes" and row["cross_case"] == "B/old" and 0 <= row["top1"] <= 100
+
+
+def test_the_old_module_name_still_loads_a_plug_in_for_one_release_with_a_warning():
+    import importlib
+    import sys
+
+    from cl2r_bench.adapters.learned import LearnedAdapter
+
+    sys.modules.pop("cl2r_bench.adapters.training", None)
+    with pytest.warns(FutureWarning, match="cl2r_bench.adapters.training is now cl2r_bench.adapters.learned"):
+        old = importlib.import_module("cl2r_bench.adapters.training")
+    assert old.LearnedAdapter is LearnedAdapter and old.StepBudget is StepBudget
