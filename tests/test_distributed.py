@@ -59,7 +59,7 @@ STEPPED = ["fd", "dsimplex_hoc", "advbct", "bt2"]
 def two_rank_steps(tmp_path_factory) -> Path:
     """The folder where one torchrun launch of two gloo ranks saved a step of each of :data:`STEPPED`."""
     folder = tmp_path_factory.mktemp("two-ranks")
-    result = torchrun(str(TESTS / "ddp_step.py"), str(folder), *STEPPED)
+    result = torchrun(str(TESTS / "helpers" / "ddp_step.py"), str(folder), *STEPPED)
     assert result.returncode == 0, result.stderr[-2000:]
     return folder
 
@@ -75,7 +75,7 @@ def test_two_gloo_ranks_give_the_loss_and_gradients_of_one_process_on_the_global
     gradient) and an independent model's. The gathered batch holds the ranks' shares one after the other, so its
     sums run in another order than one process's: the loss agrees within float32 rounding (2e-6 relative; AdvBCT's
     came to 1.1e-6)."""
-    from ddp_step import one_step
+    from helpers.ddp_step import one_step
 
     one = tmp_path / "one.pt"
     one_step(one, strategy)
