@@ -1,10 +1,10 @@
 """The tables of ``results/parity/README.md``, from the parity records beside it (``runner.py pages`` writes them).
 
-    python -m tools.parity.tables steps|protocol|end-to-end|timing|bct-line|bt2|authors [--folder results/parity]
+    python -m tools.parity.tables steps|protocol|end-to-end|timing|bct-line|bt2|authors|mixbct [--folder results/parity]
 
-``steps``, ``bct-line``, ``bt2`` and ``authors``: one row per check of ``steps.json``, ``bct_line.json``, ``bt2.json``
-and ``authors.json`` (the largest absolute difference, its tolerance, whether it agrees, the note), then the commits
-they name; ``protocol``: the authors' 7-task run beside the resolved ``paper`` preset
+``steps``, ``bct-line``, ``bt2``, ``authors`` and ``mixbct``: one row per check of ``steps.json``, ``bct_line.json``,
+``bt2.json``, ``authors.json`` and ``mixbct.json`` (the largest absolute difference, its tolerance, whether it agrees,
+the note), then the commits they name; ``protocol``: the authors' 7-task run beside the resolved ``paper`` preset
 (:func:`tools.parity.report.protocol`); ``end-to-end``: per strategy and code the AC and AA over seeds of
 ``end_to_end.json``, and each mean matrix entry by entry; ``timing``: the timed pair of ``timing.json``.
 """
@@ -19,7 +19,8 @@ from benchmarks.metrics import all_metrics, as_matrix
 from tools.parity.common import ROOT
 from tools.parity.report import entry_table, protocol, summarise
 
-CHECKS = {"steps": "steps.json", "bct-line": "bct_line.json", "bt2": "bt2.json", "authors": "authors.json"}
+CHECKS = {"steps": "steps.json", "bct-line": "bct_line.json", "bt2": "bt2.json", "authors": "authors.json",
+          "mixbct": "mixbct.json"}
 
 
 def number(value: float | None) -> str:
