@@ -9,6 +9,8 @@ strategy declares, and the retrieval feature each gives.
   (K = 1024 vertices, class y on vertex K-1-y, §5); the retrieval feature is the lifted vector.
 * :class:`BasisTransformationHead` (BT², §6b): the backbone output and an old-model branch merged by orthogonal
   maps into a wider feature whose first ``old_width`` dimensions are the old model's frame.
+* :class:`OrthogonalTransformationHead` (OCA, §6b): the backbone output widened by ``added_dims`` and normalised (the
+  retrieval feature, the old model's frame first), then an orthogonal transformation layer before the classifier.
 
 This module imports nothing of the suite (only torch and the standard library).
 """
@@ -21,7 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 HEADS = {"learnable": "learnable, growing", "cosine": "cosine, growing (the loss sets the temperature)",
-         "dsimplex": "fixed d-Simplex", "bt2": "BT² basis transformation (old frame + added dimensions)"}
+         "dsimplex": "fixed d-Simplex", "bt2": "BT² basis transformation (old frame + added dimensions)",
+         "oca": "OCA orthogonal transformation layer (old frame + added dimensions)"}
 """Each head family and its words in the table of strategies (``runner.py list --markdown strategies``)."""
 
 
@@ -156,10 +159,45 @@ class BasisTransformationHead(LearnableHead):
                                                 merged[:, self.old_width:]], dim=1)
 
 
+class OrthogonalTransformationHead(LearnableHead):
+    """OCA's orthogonal transformation layer (Ricci et al., 2024; docs/METHODS.md §6b) on ``in_dim``-d backbone
+    features.
+
+    With ``h`` the backbone output, ``E`` a linear layer with bias of ``old_width + added_dims`` outputs (the first
+    ``old_width`` the old model's frame: ``compatible``, the others ``added``), ``Q`` an orthogonal matrix (torch's
+    orthogonal parametrisation, a fixed orthogonal base times the matrix exponential of a skew-symmetric matrix, as
+    the authors' ``orthogonal(nn.Linear(...))``) and ``c`` its bias::
+
+        f = normalise(E h)                     width old_width + added_dims: the retrieval feature
+        logits = W (Q f + c)                   W the bias-free classifier (it grows like :class:`LearnableHead`)
+
+    The authors' ``ResNet_OCA`` (``z3n0e/OCA``, ``models/resnet.py``) has no ``E``: its backbone's last block has
+    ``old_width + added_dims`` channels. The suite's backbones have a fixed width, so ``E`` widens their output (a
+    linear last layer; ``tools/parity/oca.py`` checks that its gradients are the authors' feature gradient chained
+    through it). Their ``eval.py`` ranks ``f`` (``new_feature``, the model's fourth output), not ``Q f + c``: the
+    orthogonal layer serves the classifier only, and an older gallery meets ``f``'s first ``old_width``
+    dimensions."""
+
+    def __init__(self, in_dim: int, num_classes: int, *, old_width: int | None = None, added_dims: int = 32) -> None:
+        from torch.nn.utils.parametrizations import orthogonal
+
+        old_width = in_dim if old_width is None else old_width
+        super().__init__(old_width + added_dims, num_classes)
+        self.old_width, self.width = old_width, old_width + added_dims
+        self.compatible = nn.Linear(in_dim, self.old_width)
+        self.added = nn.Linear(in_dim, added_dims)
+        self.transform = orthogonal(nn.Linear(self.width, self.width))
+
+    def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        widened = F.normalize(torch.cat([self.compatible(feats), self.added(feats)], dim=1), dim=1)
+        return self.classifier(self.transform(widened)), widened
+
+
 def build_head(head: str, in_dim: int, num_classes: int, simplex_vertices_count: int = 1024,
                head_options: dict | None = None) -> nn.Module:
     """A fresh head of family ``head`` on ``in_dim``-d backbone features (docs/METHODS.md §5); ``head_options``
-    are the keyword arguments of a BT² head (its strategy's ``added_dims`` and ``scale``)."""
+    are the keyword arguments of a BT² head (its strategy's ``added_dims`` and ``scale``) or an OCA head
+    (``added_dims``)."""
     if head == "learnable":
         return LearnableHead(in_dim, num_classes)
     if head == "cosine":
@@ -168,4 +206,6 @@ def build_head(head: str, in_dim: int, num_classes: int, simplex_vertices_count:
         return DSimplexHead(in_dim, simplex_vertices_count)
     if head == "bt2":
         return BasisTransformationHead(in_dim, num_classes, **(head_options or {}))
+    if head == "oca":
+        return OrthogonalTransformationHead(in_dim, num_classes, **(head_options or {}))
     raise ValueError(f"unknown head {head!r}; choose from {list(HEADS)}")

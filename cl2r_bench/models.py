@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cl2r_bench.heads import BasisTransformationHead, DSimplexHead, build_head
+from cl2r_bench.heads import BasisTransformationHead, DSimplexHead, OrthogonalTransformationHead, build_head
 
 BACKBONES = ("resnet18", "resnet18_cifar", "small_cnn", "frozen_encoder")
 
@@ -330,18 +330,18 @@ def replacement_family(head: str) -> str:
 
 def head_over(head: str, older_width: int | None) -> tuple[str, dict]:
     """``(family, options)`` of a fresh head of family ``head`` built over an older model of feature width
-    ``older_width`` (None: no older model, e.g. the upgrade protocol's old model, CL2R's first model): a BT² head
-    transforms the older model's frame (``old_width`` = its width), so without one the model has the plain
+    ``older_width`` (None: no older model, e.g. the upgrade protocol's old model, CL2R's first model): a BT² or OCA
+    head transforms the older model's frame (``old_width`` = its width), so without one the model has the plain
     ``learnable`` head; other heads take no options."""
-    if head != "bt2":
+    if head not in ("bt2", "oca"):
         return head, {}
-    return ("learnable", {}) if older_width is None else ("bt2", {"old_width": older_width})
+    return ("learnable", {}) if older_width is None else (head, {"old_width": older_width})
 
 
 def older_width_in(state: dict[str, torch.Tensor]) -> int | None:
     """The ``older_width`` of :func:`head_over` that built the model whose state dict this is: a BT² head's old
-    width (the size of its ``old_basis``), else None."""
-    basis = state.get("head.old_basis.parametrizations.weight.original")
+    width (the size of its ``old_basis``) or an OCA head's (the outputs of its ``compatible`` layer), else None."""
+    basis = state.get("head.old_basis.parametrizations.weight.original", state.get("head.compatible.weight"))
     return None if basis is None else basis.shape[0]
 
 
@@ -373,7 +373,7 @@ def load_state(model: RetrievalModel, path: str | Path) -> None:
 
 def load_replacement(model: RetrievalModel, path: str | Path) -> None:
     """Load a replacement checkpoint into ``model``, strictly except for the dropped learnable classifier (§4); a
-    BT² head is not in the (learnable-family) checkpoint and keeps its fresh weights.
+    BT² or OCA head is not in the (learnable-family) checkpoint and keeps its fresh weights.
 
     Raises :class:`CheckpointError` naming the missing or unexpected weights, or a shape mismatch.
     """
@@ -391,7 +391,7 @@ def load_replacement(model: RetrievalModel, path: str | Path) -> None:
                               "torch.save(model.state_dict())")
     state = {k: v for k, v in state.items() if not k.startswith(CLASSIFIER_PREFIX)}
     expected = feature_extractor_state(model)
-    if isinstance(model.head, BasisTransformationHead):
+    if isinstance(model.head, (BasisTransformationHead, OrthogonalTransformationHead)):
         expected = {k: v for k, v in expected.items() if not k.startswith("head.")}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))

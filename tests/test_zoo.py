@@ -65,7 +65,7 @@ def test_zoo_is_registered_with_the_documented_heads_and_memory():
                 "dsimplex_fd": ("dsimplex", True, True), "dsimplex_hoc": ("dsimplex", True, True),
                 "cvs": ("cosine", True, True), "lce": ("learnable", True, True), "unibct": ("learnable", True, True),
                 "ract": ("learnable", True, True), "advbct": ("learnable", True, True), "bt2": ("bt2", False, True),
-                "mixbct": ("cosine", True, True)}
+                "mixbct": ("cosine", True, True), "oca": ("oca", False, True)}
     assert set(expected) == set(ZOO), "every built-in strategy has its documented head, memory and teacher here"
     for name, (head, memory, teacher) in expected.items():
         cls = get_strategy(name)
