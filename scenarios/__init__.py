@@ -4,6 +4,6 @@ module of this folder is, by :func:`cl2r_bench.plugins.import_folder`; the templ
 from cl2r_bench.plugins import import_folder
 from cl2r_bench.scenario import Scenario, get_scenario, list_scenarios, register_scenario
 
-import_folder(__name__, __path__, skip=("base",))
+import_folder(__name__, __path__, skip=("base",))   # the former import path, kept one release
 
 __all__ = ["Scenario", "get_scenario", "list_scenarios", "register_scenario"]

@@ -11,7 +11,7 @@ from cl2r_bench.strategy import (
                    register_strategy,
 )
 
-import_folder(__name__, __path__)
+import_folder(__name__, __path__, skip=("base", "old_classes"))   # former import paths, kept one release
 
 __all__ = ["Step", "Strategy", "StrategyError", "TaskContext", "get_strategy", "list_strategies",
            "register_strategy"]

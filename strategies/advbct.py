@@ -11,7 +11,7 @@ reversal, pushes the new features' distribution onto the old one's.
     alpha = 2 / (1 + exp(-10 p)) - 1,   w_e = (E - e + 1) / E
 
 ``c_y`` is the mean of the old model's unit features of class y (not re-normalised) and ``r_y`` the largest
-distance of those features to it after the 1.5 IQR rule (``strategies/old_classes.py``; classes with fewer than two
+distance of those features to it after the 1.5 IQR rule (``cl2r_bench/class_regions.py``; classes with fewer than two
 inliers are left out); ``b_y`` is a learnable per-class parameter (initialised uniformly in [-1, 1]) and T =
 ``threshold`` = 1.0. ``D`` is a discriminator (linear 100, batch norm, ReLU, linear 2, log-softmax) on raw
 (un-normalised) features; GRL_alpha passes features forward and multiplies the gradient by -alpha; p is the fraction
@@ -32,10 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cl2r_bench.class_regions import CENTRE_CLASSES, ClassRegions, task_regions
 from cl2r_bench.plugin_settings import WIDTH_MAX, setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
-
-from .old_classes import CENTRE_CLASSES, ClassRegions, task_regions
 
 NEW, OLD = 0, 1
 """The discriminator's labels of new and old features."""

@@ -21,7 +21,7 @@ transformation of the old features:
       L = CE + 1 * mean_i (1 - c^_{y_i} . W^_{y_i}) + 1 * mean_i max(arccos(c^_{y_i} . phi^_t(x_i)) - theta_{y_i}, 0)
 
   ``theta_y`` the largest angle of the class's old features to ``c^_y`` after the 1.5 IQR rule
-  (``strategies/old_classes.py``), both means over the batch samples whose class has a centre and an angle, centres
+  (``cl2r_bench/class_regions.py``), both means over the batch samples whose class has a centre and an angle, centres
   of the old classes (``centre_classes: old``).
 
 ``alignment_weight``, ``boundary_weight`` and ``centre_classes`` default to the form's. The old model is the teacher of
@@ -36,10 +36,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from cl2r_bench.class_regions import CENTRE_CLASSES, ClassRegions, task_regions
 from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
-
-from .old_classes import CENTRE_CLASSES, ClassRegions, task_regions
 
 ARCCOS_LIMIT = 1 - 1e-7
 """Cosines are clamped to ``[-ARCCOS_LIMIT, ARCCOS_LIMIT]`` before the arc-cosine, whose slope is infinite at +-1."""

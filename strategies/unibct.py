@@ -31,11 +31,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from cl2r_bench.class_regions import CENTRE_CLASSES
 from cl2r_bench.models import embed, same_features
 from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
-
-from .old_classes import CENTRE_CLASSES
 
 REFINEMENTS = ("graph", "none")
 TRANSITIONS = {"rows": 1, "columns": 0}

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from benchmarks.retrieval import nearest_neighbour_hits
 from cl2r_bench.app import cli as runner
+from cl2r_bench.class_regions import ClassRegions, class_regions, largest_inlier
 from cl2r_bench.heads import BasisTransformationHead
 from strategies import Step, get_strategy
 from strategies.advbct import (
@@ -19,7 +20,6 @@ from strategies.advbct import (
     reversal_weight,
 )
 from strategies.lce import alignment_loss, boundary_loss, cosine_boundary_loss, squared_alignment_loss
-from strategies.old_classes import ClassRegions, class_regions, largest_inlier
 from strategies.ract import regression_alleviating_loss
 from strategies.unibct import UniBCTConfig, arcface_logits, class_prototypes, refined_prototype
 

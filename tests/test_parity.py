@@ -132,8 +132,8 @@ def test_authors_parity_inputs_exercise_every_term():
     refinement moves the prototypes away from MixBCT's (which are the plain means)."""
     import torch.nn.functional as F
 
+    from cl2r_bench.class_regions import class_regions
     from strategies import Step, get_strategy
-    from strategies.old_classes import class_regions
     from strategies.ract import regression_alleviating_loss
     from strategies.unibct import UniBCTConfig, class_prototypes
 

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cl2r_bench.class_regions import class_regions
 from strategies import Step, get_strategy
-from strategies.old_classes import class_regions
 from strategies.ract import regression_alleviating_loss
 from strategies.unibct import UniBCTConfig, class_prototypes
 from tools.parity.bct_line import batch_inputs

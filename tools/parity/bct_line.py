@@ -6,7 +6,7 @@
 The same batch (new features, the old model's raw features, labels), the same classifier, discriminator and
 elastic-boundary weights and the same old-model features of the old training set go to both codes:
 ``bct_probe.py`` runs ``Ashespt/AdvBCT``'s class summaries and one iteration of its training loop under the
-reference's Python, this script runs the suite's (``strategies/old_classes.py`` and each strategy's ``loss``), and
+reference's Python, this script runs the suite's (``cl2r_bench/class_regions.py`` and each strategy's ``loss``), and
 each row reports the largest absolute difference of the loss, of each gradient and of the class summaries. The
 suite's UniBCT is compared in its reference reading (``refinement: none``, ``centre_classes: old``); how far its
 default (the paper's graph refinement) moves the loss is listed apart, under ``differences``.
@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cl2r_bench.class_regions import class_regions
 from strategies import Step, get_strategy
 from strategies.advbct import ElasticBoundary, discriminator
-from strategies.old_classes import class_regions
 from strategies.unibct import class_prototypes
 from tools.parity.common import ROOT, ParityError, provenance, reference_checkout, run_reference_probe
 from tools.parity.steps import row
@@ -116,7 +116,7 @@ def summary_rows(meta: dict, regions) -> list[dict]:
     centres = torch.tensor([meta["distance"][str(c)]["center"] for c in classes])
     rows.append(row("class centres (6 classes, mean of unit old features)",
                     float((centres - regions.centres[classes]).abs().max()), TOLERANCE,
-                    "theirs: extract_feat.gen_class_meta; ours: strategies/old_classes.class_regions"))
+                    "theirs: extract_feat.gen_class_meta; ours: cl2r_bench.class_regions.class_regions"))
     for kind, ours in (("distance", regions.distance_radius), ("angle", regions.angle_radius)):
         theirs = torch.tensor([meta[kind][str(c)]["radius"][-1] for c in classes])
         kept = [len(meta[kind][str(c)]["radius"]) for c in classes]
