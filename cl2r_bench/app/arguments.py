@@ -1,6 +1,6 @@
 """Command line of the suite.
 
-    python runner.py --scenario iamcl2r --strategy dsimplex_hoc [--dataset cifar100] [--preset paper|quick] ...
+    python runner.py --scenario iamcl2r --strategy dsimplex_hoc [--dataset cifar100] [--preset NAME] ...
     python runner.py pretrain --dataset tinyimagenet --strategy er        # make (and cache) replacement models
     python runner.py sweep --strategy er dsimplex_hoc --seeds 0 1 2 --jobs 2  # a grid, one process per run
     python runner.py metrics FILE [--json] [--tie-rule strict|inclusive] [--scale auto|fraction|percent]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cl2r_bench.config import nested, parse_assignment, read_yaml, resolve
+from cl2r_bench.config import choices, nested, parse_assignment, read_yaml, resolve
 from cl2r_bench.errors import UsageError
 from cl2r_bench.limits import seed_argument
 from cl2r_bench.plugins import PLUGIN_KINDS
@@ -45,18 +45,19 @@ def _unless_all(parsed: str) -> str | None:
 
 
 RUN_OPTIONS = (
-    RunOption("--scenario", "scenario", "cl2r | iamcl2r | model_update (default from configs/default.yaml: iamcl2r)"),
+    RunOption("--scenario", "scenario", f"{' | '.join(choices('scenarios'))} or a plug-in's (runner.py list; default "
+              "from configs/default.yaml: iamcl2r)"),
     RunOption("--strategy", "strategy", "a registered strategy, avalanche:<Class> (any Avalanche strategy, e.g. "
               "avalanche:EWC), or 'all' (the registered ones)", value=_unless_all),
     RunOption("--adapter", "adapter.name", "a post-hoc adapter between model updates (cl2r_bench/adapters/), 'none', "
               "or 'all' (none and every adapter, one run each)", value=_unless_all),
-    RunOption("--dataset", "dataset", "training stream: cifar100 | tinyimagenet | synthetic"),
+    RunOption("--dataset", "dataset", f"training stream: {' | '.join(choices('datasets'))} or a plug-in's"),
     RunOption("--eval-dataset", "evaluation.dataset", "open-set evaluation on another data set (query = its train "
               "images, gallery = templates of its test images; cifar10 for the papers, any data set of runner.py "
               "list) | heldout (classes after the stream's) | stream (its own classes' test images)"),
     RunOption("--data-root", "data_root", "folder with cifar-100-python/, cifar-10-batches-py/, tiny-imagenet-200/"),
     RunOption("--download", "download", "download missing data sets", {"action": "store_true", "default": None}),
-    RunOption("--preset", "preset", "paper (published protocol) | quick (minutes on a CPU)"),
+    RunOption("--preset", "preset", f"{' | '.join(choices('presets'))} (runner.py list says what each is)"),
     RunOption("--seed", "seed", "one seed", {"type": seed_argument}),
     RunOption("--seeds", None, "several seeds, run one after the other", {"type": seed_argument, "nargs": "+"}),
     RunOption("--device", "device", "auto | cpu | cuda | cuda:N"),
