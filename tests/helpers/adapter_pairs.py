@@ -9,13 +9,17 @@ FEW_ROUNDS = {"mini_vec2vec": {"anchor_runs": 2, "qap_runs": 2, "refine_iteratio
 """mini-vec2vec in 2 of its 30 anchor runs and 2 of its 100 refinements: a fit that exercises the code (its quality
 needs the reference's 30 runs, so the tests of what it recovers keep them)."""
 FEW_STEPS = {"lambda_orth": {"max_steps": 4}, "fct": {"max_steps": 4}, "fastfill": {"max_steps": 4},
-             "drift_adapter": {"max_steps": 4}, **FEW_ROUNDS}
+             "drift_adapter": {"max_steps": 4}, "vec2vec": {"max_steps": 4, "width": 16, "discriminator_width": 16},
+             **FEW_ROUNDS}
 """The learned adapters in a few steps: fits that exercise the code, not ones that converge."""
 SHORT_FITS = {"lambda_orth": {"max_steps": 240, "batch_size": 256, "lr": 0.01, "holdout": 0.0},
               "fct": {"max_steps": 240, "hidden": 128, "holdout": 0.0},
               "fastfill": {"max_steps": 240, "hidden": 128, "holdout": 0.0},
-              "drift_adapter": {"max_steps": 240, "hidden": 128, "holdout": 0.0}}
-"""The learned adapters to a usable fit on small pairs, without a held-out share."""
+              "drift_adapter": {"max_steps": 240, "hidden": 128, "holdout": 0.0},
+              "vec2vec": {"max_steps": 20, "width": 16, "discriminator_width": 16, "holdout": 0.0}}
+"""The learned adapters to a usable fit on small pairs, without a held-out share; vec2vec in a few steps of a small
+translator only, a fit that exercises the code (its GAN needs far more steps, and recovers no correspondence on
+such pairs: tests/test_adapters.py)."""
 
 
 def few_steps_options() -> list[str]:
