@@ -1,7 +1,7 @@
 """Parity of local Procrustes with its author's code (results/parity/README.md, local Procrustes).
 
     python -m tools.parity.local_procrustes --mixed-adapter REF/mixed-adapter [--reference-python PYTHON]
-        [--out results/parity/local_procrustes.json]
+        [--out results/parity/local_procrustes.json] [--stands-for COMMIT]
 
 The same fitting and test features go to both codes: ``local_procrustes_probe.py`` runs, under the reference's
 Python, ``jonathan-politzki/mixed-adapter``'s ``run_local_experiment`` (``scripts/run_experiment.py``: their
@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reference-python", help="a Python with numpy, scikit-learn, torch, joblib, tqdm and "
                                                    "PyYAML (default: this one)")
     parser.add_argument("--out", default=str(ROOT / "results/parity/local_procrustes.json"))
+    parser.add_argument("--stands-for", metavar="COMMIT", help="the commit of theirs a folder without git history "
+                                                                "holds (recorded as a stand-in for it)")
     args = parser.parse_args(argv)
     checkout = reference_checkout(args.mixed_adapter, "scripts/run_experiment.py", "jonathan-politzki/mixed-adapter")
     python = Path(args.reference_python) if args.reference_python else Path(__import__("sys").executable)
@@ -176,6 +178,9 @@ def main(argv: list[str] | None = None) -> None:
                     f"ours {ours_r1:.4f}, theirs {theirs_r1:.4f}: different k-means starts, same clusters up to "
                     "their edges"))
     record = {**provenance({"mixed_adapter": ("jonathan-politzki/mixed-adapter", checkout)}), "rows": rows}
+    reference = record["references"]["mixed_adapter"]
+    if args.stands_for and reference["commit"].startswith("unknown"):
+        reference["commit"] = f"{args.stands_for} (a stand-in: its stored files, not a git checkout)"
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     for r in rows:
         print(f"{'ok ' if r['agree'] else 'NO '} {r['name']}: {r['max_abs_diff']} (tolerance {r['tolerance']})")
