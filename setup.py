@@ -15,8 +15,8 @@ BROWSER = ["playwright"]
 # faiss's exact top-k search: the independent check and yardstick of the ranking on large galleries
 # (benchmarks/faiss_search.py, python -m tools.bench_large); faiss-gpu where a GPU is.
 LARGE = ["faiss-cpu"]
-# What tests/test_mini_vec2vec.py checks mini_vec2vec against: scipy's orthogonal Procrustes and its 2-opt quadratic
-# assignment, which the suite's equals (scikit-learn installs scipy too).
+# What tests/adapters/test_mini_vec2vec.py checks mini_vec2vec against: scipy's orthogonal Procrustes and its 2-opt
+# quadratic assignment, which the suite's equals (scikit-learn installs scipy too).
 REFERENCES = ["scipy"]
 
 setup(

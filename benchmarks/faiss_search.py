@@ -3,8 +3,8 @@ the gallery searched in chunks (docs/METHODS.md §7b; docs/scale-out.md, "Galler
 
 It is the suite's independent check and yardstick, not its ranking engine: :mod:`benchmarks.ranking` gives the same
 CMC top-k (k <= ``depth``) and mAP@R, and also the papers' mAP over the whole ranking and a backfilling curve for
-about the price of one ranking, which a top-k search cannot give. ``tests/test_faiss_search.py`` checks that both
-agree to the last digit where no two similarities tie; ``python -m tools.bench_large`` times both on the same
+about the price of one ranking, which a top-k search cannot give. ``tests/benchmarks/test_faiss_search.py`` checks that
+both agree to the last digit where no two similarities tie; ``python -m tools.bench_large`` times both on the same
 arrays.
 
 * Similarity is the inner product of L2-normalised rows (cosine), as in :mod:`benchmarks.ranking`.

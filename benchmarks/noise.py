@@ -48,7 +48,7 @@ def t_quantile(probability: float, df: float) -> float:
     """The ``probability`` quantile of Student's t distribution with ``df`` degrees of freedom (``df`` may be
     fractional, as Welch's; infinity is the normal's): the factor of a t-interval over seeds. Bisection on the
     distribution function, which is the regularized incomplete beta function (:func:`_incomplete_beta`); within
-    1e-8 of scipy's ``t.ppf`` (``tests/test_compare.py``)."""
+    1e-8 of scipy's ``t.ppf`` (``tests/reporting/test_compare.py``)."""
     if not 0 < probability < 1 or df <= 0:
         raise ValueError(f"t_quantile needs 0 < probability < 1 and df > 0, not {probability}, {df}")
     if math.isinf(df):

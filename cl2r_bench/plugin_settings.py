@@ -5,8 +5,8 @@ before anything is built or read.
 A field is written ``rank: int = setting(64, at_least=1, at_most=WIDTH_MAX)`` or ``mask: str = setting("zero",
 choices=MASKS)``. A number declared without bounds takes the defaults of its kind (:func:`allowed`: a count from 0 to
 :data:`~cl2r_bench.limits.COUNT_MAX`, a float at least 0), so no numeric setting goes unchecked; a string declares its
-choices. ``tests/test_plugin_settings.py`` feeds every registered plug-in's every setting a value out of its range
-and an unknown choice, so a new plug-in is covered without a new test.
+choices. ``tests/plugins/test_plugin_settings.py`` feeds every registered plug-in's every setting a value out of its
+range and an unknown choice, so a new plug-in is covered without a new test.
 """
 from __future__ import annotations
 

@@ -44,8 +44,8 @@ lower bounds seen so far (of each item's least version, along a backfilling curv
 stays below the D-th lower bound is below the D-th place at every step, and the others, the candidates (a few
 times D), get their float32 similarities in a second pass (:func:`benchmarks.ranking.cpu.candidate_dots`). The
 positives and the candidates are then counted as the full ranking counts every item, and every rank within D is
-exactly the full ranking's when each similarity is rounded alike (``tests/test_screen.py``); a rank beyond D is
-only known to be beyond it, so the full mAP is not given (None) and CMC stops at D
+exactly the full ranking's when each similarity is rounded alike (``tests/benchmarks/test_screen.py``); a rank beyond D
+is only known to be beyond it, so the full mAP is not given (None) and CMC stops at D
 (:attr:`RetrievalScores.exact_depth`). One caveat of rounding: the candidates' similarities are summed in one order
 (:func:`benchmarks.ranking.cpu.dot`), a BLAS product's in another, and two similarities closer than that rounding
 (about 1e-7) can be ordered differently; mAP@R moved by 0.0001 points in the fourth decimal against faiss at

@@ -17,8 +17,8 @@ them (ties, or thresholds bunched together) is placed by a binary search within 
 Why a compiled loop: on CPU the vectorised torch version writes and reads back every gallery item's place among the
 thresholds, a histogram cell and a tie check, each a tensor as large as the block; here each item is placed and
 counted in one pass over its row, whose table and thresholds stay in the first-level cache. It gives the torch
-version's counts exactly (``tests/test_ranking.py``); ``python -m tools.bench_ranking`` measures it. numba is the
-library made for such loops; the vectorised version stays for GPUs.
+version's counts exactly (``tests/benchmarks/test_ranking.py``); ``python -m tools.bench_ranking`` measures it. numba
+is the library made for such loops; the vectorised version stays for GPUs.
 """
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ whose change is not clearly negative are tried, in scipy's order, each by scipy'
 arithmetic (:func:`objective`), and kept when scipy would keep it, so near-ties are decided exactly as scipy
 decides them. A swap is skipped only when its change lies below ``-TOLERANCE`` times ``Σ|A| · max|B|``, which bounds
 the sum of the objective's terms' magnitudes: far beyond any rounding of either computation, so skipped swaps are
-ones scipy tries and rejects. The result equals scipy's for the same generator (``tests/test_mini_vec2vec.py``)."""
+ones scipy tries and rejects. The result equals scipy's for the same generator
+(``tests/adapters/test_mini_vec2vec.py``)."""
 from __future__ import annotations
 
 import numpy as np

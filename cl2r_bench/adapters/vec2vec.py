@@ -72,7 +72,7 @@ hundred steps move the weights as far as the geometry losses settle (with theirs
 Measured on one core shared with another job: 0.12 s a step with 2,000 items a side of 128 dimensions, 0.25 s at
 1,280, so 1 to 2.5 minutes for the budget. What such a fit does: the adversarial terms match the two
 distributions (translated features land on the other space's clusters), but on symmetric synthetic clusters not
-their correspondence: each cluster is mapped onto another one (``tests/test_adapters.py``; METHODS.md §7).
+their correspondence: each cluster is mapped onto another one (``tests/adapters/test_adapters.py``; METHODS.md §7).
 
 **Stopping rule** [choice]: a GAN has no loss that falls as the translation improves, and an unpaired fit has no
 pairs to score retrieval on, so the caller's held-out retrieval watch is not used (under ``paired`` either: the fit

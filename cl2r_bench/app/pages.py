@@ -10,7 +10,7 @@ generated block with the command that writes it::
 ``runner.py pages`` runs every marked command from the current folder (the repository's root: the commands name
 their records by paths from there) and writes its output between the markers; ``--check`` writes nothing and exits
 with 1, naming each block whose text differs from what its command prints now, so a page cannot drift from its
-records (``tests/test_pages.py`` runs it on the committed pages). A command is ``runner.py ...`` (run in this
+records (``tests/app/test_pages.py`` runs it on the committed pages). A command is ``runner.py ...`` (run in this
 process) or ``python -m tools.<script> ...`` (a developer's script of this repository, run as a child process);
 nothing else runs, so a page cannot name an arbitrary program.
 """

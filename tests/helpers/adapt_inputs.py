@@ -1,6 +1,6 @@
 """The inputs of ``runner.py adapt`` tests: clustered features, ``.npz`` files read back, folders of arrays or tensors,
-and the command itself (tests/test_adapt.py, tests/test_adapt_exports.py, tests/test_adapt_scale.py; the
-``rotated`` fixture in conftest.py)."""
+and the command itself (tests/adapter_study/test_adapt.py, tests/adapter_study/test_adapt_exports.py,
+tests/adapter_study/test_adapt_scale.py; the ``rotated`` fixture in conftest.py)."""
 import textwrap
 from pathlib import Path
 

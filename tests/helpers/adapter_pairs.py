@@ -19,7 +19,7 @@ SHORT_FITS = {"lambda_orth": {"max_steps": 240, "batch_size": 256, "lr": 0.01, "
               "vec2vec": {"max_steps": 20, "width": 16, "discriminator_width": 16, "holdout": 0.0}}
 """The learned adapters to a usable fit on small pairs, without a held-out share; vec2vec in a few steps of a small
 translator only, a fit that exercises the code (its GAN needs far more steps, and recovers no correspondence on
-such pairs: tests/test_adapters.py)."""
+such pairs: tests/adapters/test_adapters.py)."""
 
 
 def few_steps_options() -> list[str]:

@@ -1,6 +1,6 @@
 """One training step of each named strategy with a teacher and a replay memory, in one process or under torchrun;
-saves each one's loss and every parameter's change as ``FOLDER/<strategy>.pt`` (``tests/test_distributed.py``): one
-launch serves every strategy.
+saves each one's loss and every parameter's change as ``FOLDER/<strategy>.pt``
+(``tests/training/test_distributed.py``): one launch serves every strategy.
 
 The model has no batch norm: with it, plain DDP normalises each rank's share by its own statistics, which one
 process on the global batch cannot reproduce (``distributed.sync_batchnorm`` syncs them, on GPUs only).

@@ -9,7 +9,7 @@ process), ``IrvingMeng/LCE`` for LCE (its ``train`` and ``save_lcefeat``) and, U
 none, ``yuleung/MixBCT``'s reimplementation of UniBCT's prototype refinement. This script runs the suite's
 strategies on the same tensors at their defaults and each reference reading, and writes one row per check (the
 largest absolute difference against 1e-5) with both sides' commits. Each compatibility term moves its loss by more
-than 0.05 on these inputs (``tests/test_parity.py`` checks it), so a row that agrees checks the term.
+than 0.05 on these inputs (``tests/tools/test_parity.py`` checks it), so a row that agrees checks the term.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ to both codes. ``mixbct_probe.py`` runs, under the reference's Python, ``yuleung
 defaults with the suite's ``CosineHead``. The random draw is an input: the suite draws with its generator and their
 ``random.sample`` is handed the same positions among the batch's credible rows. Each row reports the largest
 absolute difference (the credible masks and the replaced rows: how many items differ); each reading's term moves
-the loss by more than 0.05 (listed under the rows, checked by ``tests/test_mixbct.py``).
+the loss by more than 0.05 (listed under the rows, checked by ``tests/strategies/test_mixbct.py``).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ defaults). The authors' backbone outputs the widened feature itself; the suite's
 output with a linear layer (``compatible`` and ``added``), whose output is the feature both sides are given: a row
 checks that the gradients of that layer are the authors' feature gradient chained through it. Each row reports the
 largest absolute difference. Each loss term moves the loss by more than 0.05 on these inputs (the ``differences``
-entry; ``tests/test_oca.py`` checks it), so a loss that agrees checks every term.
+entry; ``tests/strategies/test_oca.py`` checks it), so a loss that agrees checks every term.
 """
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ the suite's :meth:`cl2r_bench.adapters.vec2vec.Vec2Vec.train_step`. The old spac
 reports the largest absolute difference: each loss term, the total, the three discriminators' losses, the
 translator's gradients, each discriminator's gradients and its weights after its Adam step, the BatchNorm running
 statistics after the step, and the two maps in eval mode. Each loss term moves the total by more than 0.05 on
-these inputs (the ``differences`` entry; ``tests/test_vec2vec.py`` checks it), so a total that agrees checks every
-term. The reference folder is an extracted copy, not a git checkout: its commit is read from ``COMMIT.txt`` when
+these inputs (the ``differences`` entry; ``tests/adapters/test_vec2vec.py`` checks it), so a total that agrees checks
+every term. The reference folder is an extracted copy, not a git checkout: its commit is read from ``COMMIT.txt`` when
 git has none.
 """
 from __future__ import annotations

@@ -106,6 +106,6 @@ def test_a_stream_is_built_without_importing_the_deferred_libraries():
             "metric.update(torch.tensor([[0.1, 0.5, 0.4], [0.7, 0.1, 0.2]]), torch.tensor([2, 1]), 0)\n"
             "print(metric.result()[0], type(sys.modules['torchmetrics']).__name__)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False", "False", "DeferredModule", "DeferredFunction", "0.5", "module"]

@@ -226,7 +226,7 @@ def test_a_second_run_on_a_held_folder_never_trains_beside_the_first_under_load(
     cannot mislead it. The runs are :data:`TINY`'s 3 tasks, each after a 3 s wait (``waiting_strategy.py``): the
     first holds the lock while the second builds its stream and reaches the lock (refused each time on 2 cores), and
     spends no CPU meanwhile."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "out"
     command = [sys.executable, "runner.py", "--config", str(waiting_config(tiny, tmp_path, 3.0)), "--scenario",
                "cl2r", "--set", "replacement.tasks=[]", "--no-progress", "--output", str(out)]

@@ -30,7 +30,7 @@ from cl2r_bench.training.avalanche import (
     unwrap,
 )
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SETTINGS = SimpleNamespace(lr=0.05, lr_min=0.001, momentum=0.9, weight_decay=5e-4, epochs=1, batch_size=16,
                            progress=False, fused_optimizer=True)
 

@@ -10,7 +10,7 @@ import pytest
 from cl2r_bench.plugins import PluginNotice, import_folder
 from cl2r_bench.strategy import STRATEGIES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KINDS = {package: ROOT.joinpath(*package.split(".")) for package in (
     "strategies", "scenarios", "cl2r_bench.adapters", "cl2r_bench.encoders", "cl2r_bench.data",
     "benchmarks.backfill_orders")}

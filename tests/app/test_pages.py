@@ -9,7 +9,7 @@ from helpers.records import valid_record
 
 from cl2r_bench.app.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def page_with(folder: Path, body: str) -> Path:

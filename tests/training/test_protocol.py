@@ -86,7 +86,7 @@ def test_the_runner_rejects_a_bad_protocol_value_before_any_run(tmp_path):
     import sys
     from pathlib import Path
 
-    runner = Path(__file__).resolve().parents[1] / "runner.py"
+    runner = Path(__file__).resolve().parents[2] / "runner.py"
     done = subprocess.run([sys.executable, str(runner), "--scenario", "model_update", "--dataset", "synthetic",
                            "--preset", "quick", "--set", "training.epoch_length=pass",
                            "--set", "stream.initial_classes=30",

@@ -156,7 +156,7 @@ def test_an_interrupted_sweep_stops_its_runs_and_the_same_command_resumes_them(t
     out = tmp_path / "out"
     command = [sys.executable, "runner.py", "sweep", "--config", str(slow), "--output", str(out), "--strategy", "er",
                "--seeds", "5"]
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     sweep_process = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     wait_for_first_task(out / "iamcl2r/synthetic/er/seed5/metrics.json", sweep_process)

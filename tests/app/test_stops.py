@@ -19,7 +19,7 @@ from helpers.load import busy_core
 from cl2r_bench.app.cli import main
 from cl2r_bench.app.stops import Stopped, deferred_stops, exit_code, stop_handlers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def ignore_sigint() -> None:

@@ -17,7 +17,7 @@ from cl2r_bench.encoders.convert_efficientnet_lite import TIMM_NAMES, Conversion
 
 timm = pytest.importorskip("timm")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_converter(*args: str) -> subprocess.CompletedProcess:

@@ -19,7 +19,7 @@ from cl2r_bench.distributed import LaunchError, Processes, place
 from cl2r_bench.settings import DistributedSettings
 from cl2r_bench.training.engine import DeviceBatches
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def test_shares_split_a_count_into_contiguous_parts_the_first_ranks_one_larger():

@@ -12,7 +12,7 @@ from helpers.launching import CLUSTER, SMALL, torchrun
 
 from cl2r_bench.app.cli import main
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

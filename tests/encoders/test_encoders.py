@@ -15,7 +15,7 @@ from torch import nn
 from cl2r_bench.encoders import EncoderError, Preprocessing, build_encoder, check_spec, encoder_backbone
 from cl2r_bench.models import build_model, embed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IMAGES = torch.randint(0, 256, (5, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
 
 
