@@ -14,7 +14,7 @@ def command_run(args: argparse.Namespace) -> int:
     """Run each asked configuration (one per seed); under torchrun every process runs them together and rank 0
     prints (:mod:`cl2r_bench.distributed`)."""
     from cl2r_bench.app.adapt_command import case_line
-    from cl2r_bench.app.run_loop import Run
+    from cl2r_bench.app.feature_run import start_run
     from cl2r_bench.app.run_options import requested_runs
     from cl2r_bench.app.sweep import distinct_runs
     from cl2r_bench.distributed import leave, processes_note
@@ -22,7 +22,7 @@ def command_run(args: argparse.Namespace) -> int:
 
     try:
         parts = distinct_runs(requested_runs(args))
-        runs = [Run(part, resume=args.resume, overwrite=args.overwrite) for part in parts]
+        runs = [start_run(part, resume=args.resume, overwrite=args.overwrite) for part in parts]
         say = print if runs[0].main else (lambda *_, **__: None)
         records = []
         for run in runs:

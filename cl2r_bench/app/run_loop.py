@@ -41,7 +41,6 @@ from benchmarks.metrics import as_matrix
 from benchmarks.noise import noise_metrics, wilson_interval
 from benchmarks.record import pack_hits, run_record, write_record
 from benchmarks.retrieval import CompatibilityEvaluator
-from cl2r_bench.adapter_study.driver import Protocol, StudyRun, drive
 from cl2r_bench.adapters import convergence_note, embed_pair, fit_adapter, get_adapter
 from cl2r_bench.app.assembly import Assembly
 from cl2r_bench.app.run_folder import RunError, RunFolder
@@ -113,8 +112,6 @@ class Run:
         """Train and evaluate the remaining tasks while holding the run folder's lock; returns the record. The data
         are read first, so missing or damaged data leave no run folder behind."""
         started = time.perf_counter()
-        if self.scenario.measures_features():
-            return self._measure_features(started)
         connect(self.processes, self.settings.distributed, self.device)
         self.stream = self.processes.main_first(self.scenario.stream)
         with self.folder.writing(self.parts.config, self.processes):
@@ -124,24 +121,6 @@ class Run:
                 return self._execute(started)
             finally:
                 self.tracker.close()
-
-    def _measure_features(self, started: float) -> dict[str, Any]:
-        """The leave-one-out protocol on two encoders (``Scenario.measures_features``): their features are read
-        or embedded first, then the adapter is fitted and measured and the record written under the folder's
-        lock (:mod:`cl2r_bench.adapter_study`)."""
-        if self.processes.world_size > 1:
-            raise RunError("the leave-one-out protocol on encoder features runs in one process; run it without "
-                           "torchrun")
-        settings = self.settings
-        study = self.scenario.feature_study(self.device, self.log)
-        run = StudyRun(settings.adapter.name, settings.seed, self.dir, self.parts.config, self.parts.label)
-        (driven,) = drive(study, [run], Protocol.of_run(settings, self.device),
-                          writing=lambda run: self.folder.writing(run.config), started=started)
-        note = convergence_note(settings.adapter.name, driven.result["fit"])
-        if note:
-            self.log(note)
-        record = driven.record
-        return record
 
     def _execute(self, started: float) -> dict[str, Any]:
         world_size = self.processes.world_size
