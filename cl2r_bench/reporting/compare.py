@@ -265,24 +265,25 @@ def against_best(groups: dict[tuple[str, str, str], list[RunRecord]], figure: st
     """Within each scenario and data set, the experiment with the best mean ``figure`` compared with every other one
     (:func:`compare`): one row per other experiment, its mean and the best's, the difference (best - it) with its
     interval, and the verdict on every figure both hold (``+`` the best is better beyond noise, ``-`` it is, ``=``
-    within noise)."""
+    within noise). Each experiment is read from its records that hold ``figure`` (records written before a figure
+    was recorded are left out; ``seeds`` counts those read)."""
     higher = HIGHER_IS_BETTER[figure]
     rows = []
     for (scenario, dataset), experiments in _by_setting(groups).items():
-        means = {label: np.mean(values) for label, runs in experiments.items()
-                 if (values := _figure_values(runs, figure))}
+        holding = {label: kept for label, runs in experiments.items() if (kept := _holding(runs, figure))}
+        means = {label: float(np.mean(_figure_values(runs, figure))) for label, runs in holding.items()}
         if len(means) < 2:
             continue
         best = (max if higher else min)(means, key=means.get)
         for label in sorted(means, key=means.get, reverse=higher):
             if label == best:
                 continue
-            found = compare(experiments[best], experiments[label], confidence=confidence, resamples=resamples)
+            found = compare(holding[best], holding[label], confidence=confidence, resamples=resamples)
             main = next(d for d in found if d.figure == figure)
             marks = " ".join(f"{d.figure} {'+' if d.verdict == 'A' else '-' if d.verdict == 'B' else '='}"
                              for d in found)
             rows.append([scenario, dataset, best, label, main.a, main.b, main.difference, main.interval,
-                         len({r["seed"] for r in experiments[label]}), marks])
+                         len({r["seed"] for r in holding[label]}), marks])
     columns = (Column("scenario", "scenario", Kind.TEXT), Column("dataset", "dataset", Kind.TEXT),
                Column(f"best on {figure}", "best", Kind.TEXT), Column("experiment", "experiment", Kind.TEXT),
                Column(f"best {figure}", "best_value", digits=3), Column(figure, "value", digits=3),
@@ -299,6 +300,11 @@ def _by_setting(groups: dict[tuple[str, str, str], list[RunRecord]]
     for (scenario, dataset, label), runs in groups.items():
         out.setdefault((scenario, dataset), {})[label] = runs
     return out
+
+
+def _holding(runs: list[RunRecord], figure: str) -> list[RunRecord]:
+    """The records of ``runs`` that hold ``figure``."""
+    return [record for record in runs if _figure_values([record], figure)]
 
 
 def _figure_values(runs: list[RunRecord], figure: str) -> list[float]:

@@ -13,7 +13,7 @@ from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import bootstrap_accuracies, t_interval, t_quantile
 from benchmarks.record import pack_hits
 from cl2r_bench.app.cli import main
-from cl2r_bench.reporting.compare import compare, matrix_figures, two_model_figures, verdict_line
+from cl2r_bench.reporting.compare import against_best, compare, matrix_figures, two_model_figures, verdict_line
 from cl2r_bench.reporting.leaderboard import interval_rows
 
 
@@ -147,3 +147,23 @@ def test_the_compare_command_prints_a_table_and_a_verdict_line(tmp_path, capsys)
     assert "no experiment 'c' in these results; the experiments: a, b" in capsys.readouterr().err
     assert main(["compare", str(tmp_path), "--against-best", "AA"]) == 0
     assert "| iamcl2r    | synthetic | a " in capsys.readouterr().out
+
+
+def test_against_best_reads_each_experiment_from_the_records_that_hold_the_figure():
+    def upgrade(seed: int, method: str, cross: int, *, with_new: bool = True) -> dict:
+        out = record([accuracy(50)], seed=seed, method=method, queries=f"q{seed}")
+        hits = {"old/old": accuracy(50), "new/old": accuracy(cross)}
+        if with_new:
+            hits["new/new"] = accuracy(60)
+        out["two_model"] = {"queries": 100, "queries_without_match": 0, "unmatched_queries": "miss",
+                            "query_top1": {case: pack_hits(np.array(h, bool)) for case, h in hits.items()}}
+        return out
+
+    # a's seed 0 predates the new/new hits: a is read from seeds 1 and 2 only (new/old 44 and 46), b from all three
+    a = [upgrade(0, "a", 90, with_new=False), upgrade(1, "a", 44), upgrade(2, "a", 46)]
+    b = [upgrade(0, "b", 40), upgrade(1, "b", 41), upgrade(2, "b", 42)]
+    table = against_best({("iamcl2r", "synthetic", "a"): a, ("iamcl2r", "synthetic", "b"): b}, "new/old top-1")
+    (row,) = table.rows
+    # paired on seeds 1 and 2: differences 3 and 4, mean 3.5; b's three records were read
+    assert row[2:7] == ["a", "b", pytest.approx(45.0), pytest.approx(41.5), pytest.approx(3.5)]
+    assert row[8] == 3
