@@ -287,15 +287,16 @@ def _installed_versions() -> dict[str, str | None]:
 
 @functools.cache
 def code_commit(root: Path = CODE_ROOT) -> str | None:
-    """The git commit of the checkout at ``root``, with ``-dirty`` when a tracked file differs from it (read once per
-    process: the code a process runs is the code it imported); else :data:`COMMIT_VARIABLE`; else None."""
+    """The git commit of the checkout at ``root``, with ``-dirty`` when a tracked file outside ``results/`` differs
+    from it (read once per process: the code a process runs is the code it imported; the records and pages under
+    ``results/`` are what runs write, not code); else :data:`COMMIT_VARIABLE`; else None."""
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
 
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         head = git("rev-parse", "--verify", "HEAD") if (root / ".git").exists() else None
         if head is not None and head.returncode == 0:
-            dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+            dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results").stdout.strip()
             return head.stdout.strip() + ("-dirty" if dirty else "")
     return os.environ.get(COMMIT_VARIABLE) or None
 

@@ -194,14 +194,17 @@ def test_every_file_the_suite_writes_goes_through_the_atomic_writer():
 
 def test_a_record_names_the_suites_commit_a_dirty_tree_and_a_copy_without_git(tmp_path, monkeypatch):
     """``versions`` tells two checkouts of one release apart: the checkout's commit, ``-dirty`` when a tracked file
-    differs from it, and in a copy without ``.git`` (a lent GPU machine) what ``CL2R_COMMIT`` says, else None."""
+    outside ``results/`` differs from it, and in a copy without ``.git`` (a lent GPU machine) what ``CL2R_COMMIT``
+    says, else None."""
     from cl2r_bench.files import COMMIT_VARIABLE, code_commit, package_versions
 
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "tracked.py").write_text("a = 1\n")
+    (repo / "results").mkdir()
+    (repo / "results" / "page.md").write_text("one\n")
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    for args in (["init", "-q"], ["add", "tracked.py"], ["commit", "-q", "-m", "one"]):
+    for args in (["init", "-q"], ["add", "tracked.py", "results/page.md"], ["commit", "-q", "-m", "one"]):
         subprocess.run(git + args, check=True, capture_output=True)
     head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     code_commit.cache_clear()
@@ -209,6 +212,9 @@ def test_a_record_names_the_suites_commit_a_dirty_tree_and_a_copy_without_git(tm
     (repo / "untracked.py").write_text("")
     code_commit.cache_clear()
     assert code_commit(repo) == head, "an untracked file leaves the tree clean"
+    (repo / "results" / "page.md").write_text("two\n")
+    code_commit.cache_clear()
+    assert code_commit(repo) == head, "a record or page under results/ is not code"
     (repo / "tracked.py").write_text("a = 2\n")
     code_commit.cache_clear()
     assert code_commit(repo) == f"{head}-dirty"
