@@ -270,8 +270,12 @@ def against_best(groups: dict[tuple[str, str, str], list[RunRecord]], figure: st
     higher = HIGHER_IS_BETTER[figure]
     rows = []
     for (scenario, dataset), experiments in _by_setting(groups).items():
-        holding = {label: kept for label, runs in experiments.items() if (kept := _holding(runs, figure))}
-        means = {label: float(np.mean(_figure_values(runs, figure))) for label, runs in holding.items()}
+        holding, means = {}, {}
+        for label, runs in experiments.items():
+            held = [(record, value) for record in runs for value in _figure_values([record], figure)]
+            if held:
+                holding[label] = [record for record, _ in held]
+                means[label] = float(np.mean([value for _, value in held]))
         if len(means) < 2:
             continue
         best = (max if higher else min)(means, key=means.get)
@@ -300,11 +304,6 @@ def _by_setting(groups: dict[tuple[str, str, str], list[RunRecord]]
     for (scenario, dataset, label), runs in groups.items():
         out.setdefault((scenario, dataset), {})[label] = runs
     return out
-
-
-def _holding(runs: list[RunRecord], figure: str) -> list[RunRecord]:
-    """The records of ``runs`` that hold ``figure``."""
-    return [record for record in runs if _figure_values([record], figure)]
 
 
 def _figure_values(runs: list[RunRecord], figure: str) -> list[float]:
