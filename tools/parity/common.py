@@ -44,12 +44,14 @@ def reference_checkout(path: str, marker: str, name: str) -> Path:
     return folder.resolve()
 
 
-def reference_python(path: str | None, iamcl2r: Path) -> Path:
-    """The reference's own interpreter: ``path``, or ``venv/bin/python`` beside the checkout."""
-    python = Path(path) if path else iamcl2r.parent / "venv" / "bin" / "python"
+def reference_python(path: str | None, checkout: Path,
+                     setup: str = "create the reference's virtual environment (../shared/docs/REFERENCE_RUN.md)"
+                     ) -> Path:
+    """The reference's own interpreter: ``path``, or ``venv/bin/python`` beside the checkout; when there is none,
+    one line saying ``setup`` and ``--reference-python``."""
+    python = Path(path) if path else checkout.parent / "venv" / "bin" / "python"
     if not python.is_file():
-        raise ParityError(f"no Python at {python}; create the reference's virtual environment "
-                          "(../shared/docs/REFERENCE_RUN.md) and pass --reference-python")
+        raise ParityError(f"no Python at {python}; {setup} and pass --reference-python")
     return python
 
 

@@ -28,7 +28,13 @@ from benchmarks.retrieval import common_width
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.heads import OrthogonalTransformationHead
 from strategies import Step, TaskContext, get_strategy
-from tools.parity.common import ROOT, ParityError, provenance, reference_checkout, run_reference_probe
+from tools.parity.common import (
+    ROOT,
+    provenance,
+    reference_checkout,
+    reference_python,
+    run_reference_probe,
+)
 from tools.parity.steps import row
 
 BACKBONE_WIDTH, OLD_WIDTH, ADDED, CLASSES, BATCH = 40, 48, 16, 6, 18
@@ -229,9 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(ROOT / "results/parity/oca.json"))
     args = parser.parse_args(argv)
     oca = reference_checkout(args.oca, "trainers/OCA_trainer.py", "z3n0e/OCA")
-    python = Path(args.reference_python) if args.reference_python else oca.parent / "venv/bin/python"
-    if not python.is_file():
-        raise ParityError(f"no Python at {python}; make the reference's environment and pass --reference-python")
+    python = reference_python(args.reference_python, oca, "make the reference's environment")
     inputs = batch_inputs()
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)

@@ -27,7 +27,13 @@ import torch.nn.functional as F
 
 from cl2r_bench.adapters import make_adapter
 from cl2r_bench.adapters.vec2vec import LATENT, NEW, OLD, GanSide, Vec2Vec, generator_loss
-from tools.parity.common import ROOT, ParityError, provenance, reference_checkout, run_reference_probe
+from tools.parity.common import (
+    ROOT,
+    provenance,
+    reference_checkout,
+    reference_python,
+    run_reference_probe,
+)
 from tools.parity.steps import row
 
 OLD_WIDTH, NEW_WIDTH, WIDTH, DISC_WIDTH, BATCH = 48, 40, 32, 24, 24
@@ -199,9 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(ROOT / "results/parity/vec2vec.json"))
     args = parser.parse_args(argv)
     vec2vec = reference_checkout(args.vec2vec, "utils/gan.py", "rjha18/vec2vec")
-    python = Path(args.reference_python) if args.reference_python else vec2vec.parent / "venv/bin/python"
-    if not python.is_file():
-        raise ParityError(f"no Python at {python}; make the reference's environment and pass --reference-python")
+    python = reference_python(args.reference_python, vec2vec, "make the reference's environment")
     inputs = batch_inputs()
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
