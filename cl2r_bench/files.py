@@ -105,6 +105,19 @@ def atomic_write_json(path: str | Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(strict_json(data), indent=1, allow_nan=False) + "\n")
 
 
+def portable_path(path: str) -> str:
+    """``path`` as a record keeps it: relative to the working directory when it lies inside it (where the suite's
+    caches live, ``results/replacement_models/``), so a committed record names no machine's folders; other paths
+    and encoder specs unchanged. The run's own state keeps the absolute path, which a resume from another working
+    directory needs."""
+    candidate = Path(path)
+    if not candidate.is_absolute():
+        return path
+    with contextlib.suppress(ValueError):
+        return candidate.relative_to(Path.cwd().resolve()).as_posix()
+    return path
+
+
 LEASE_SECONDS = 60.0
 """A lock whose heartbeat (the lock file's modification time, refreshed every quarter of this by its holder) is
 older than this is stale, wherever its holder runs."""

@@ -120,15 +120,15 @@ class NegativeFlips(TypedDict):
 class ReplacementModel(TypedDict):
     """A model a task starts from (a replacement of IAM-CL2R; the old and the new model of ``model_update``).
 
-    ``task``: the task it starts. ``path``: its checkpoint, absolute, or an encoder spec. ``source``: ``user``
-    (a file of ``replacement.checkpoints``), ``encoder`` (a spec there, :mod:`cl2r_bench.encoders`), ``pretrained``
-    (by this run) or ``cached`` (by an earlier one). ``classes``: how
-    many classes it was pretrained on (absent for the user's files). ``family``: the head family it was pretrained
-    in (``dsimplex`` or ``learnable``; absent for the user's files and in records before 2026-11-28); ``encoder``:
-    on the pretrained-backbone track, the frozen encoder whose features it reads. ``own_accuracy``: its retrieval
-    accuracy on the evaluation set before any fine-tuning (a fraction) and ``own_accuracy_interval`` its Wilson
-    interval;
-    absent where the scenario does not score its starting models."""
+    ``task``: the task it starts. ``path``: its checkpoint (relative to the run's working directory when inside
+    it, :func:`cl2r_bench.files.portable_path`), or an encoder spec. ``source``: ``user`` (a file of
+    ``replacement.checkpoints``), ``encoder`` (a spec there, :mod:`cl2r_bench.encoders`), ``pretrained`` (by this
+    run) or ``cached`` (by an earlier one). ``classes``: how many classes it was pretrained on (absent for the
+    user's files). ``family``: the head family it was pretrained in (``dsimplex`` or ``learnable``; absent for the
+    user's files and in records before 2026-11-28); ``encoder``: on the pretrained-backbone track, the frozen
+    encoder whose features it reads. ``own_accuracy``: its retrieval accuracy on the evaluation set before any
+    fine-tuning (a fraction) and ``own_accuracy_interval`` its Wilson interval; absent where the scenario does not
+    score its starting models."""
     task: Annotated[int, Read("a task index", _count, required_with="own_accuracy")]
     path: str
     source: Literal["user", "encoder", "pretrained", "cached"]

@@ -55,7 +55,7 @@ from cl2r_bench.app.stops import deferred_stops
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.distributed import connect
 from cl2r_bench.encoders import is_spec
-from cl2r_bench.files import atomic_write_json, device_description
+from cl2r_bench.files import atomic_write_json, device_description, portable_path
 from cl2r_bench.models import NonFiniteError, RetrievalModel
 from cl2r_bench.reporting.plots import save_plots
 from cl2r_bench.scenario import Finished
@@ -380,7 +380,8 @@ class Run:
             stream={"classes_per_task": [len(t.new_classes) for t in tasks],
                     "train_images_per_task": [len(t.train) for t in tasks],
                     "class_order": self.stream.class_order[: sum(len(t.new_classes) for t in tasks)]},
-            replacement_models=self.state["replacements"],
+            replacement_models=[{**model, "path": portable_path(model["path"])}
+                                for model in self.state["replacements"]],
             adapter=None if not settings.adapter.used else {
                 "name": settings.adapter.name, "direction": direction, "at": settings.adapter.at,
                 "fits": self.state.get("adapter_fits", []),

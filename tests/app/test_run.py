@@ -200,6 +200,8 @@ def test_resume_works_from_another_working_directory(tiny, tmp_path, monkeypatch
     undo = interrupt_run_at(monkeypatch, 1)
     assert run_cli(*args) == 130
     undo()
+    partial = json.loads((work / "out/iamcl2r/synthetic/er/seed42/metrics.json").read_text())
+    assert all(r["path"].startswith("relative-cache/") for r in partial["replacement_models"])
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
