@@ -28,7 +28,7 @@ from strategies import Step, get_strategy
 from strategies.ract import regression_alleviating_loss
 from strategies.unibct import UniBCTConfig, class_prototypes
 from tools.parity.bct_line import batch_inputs
-from tools.parity.common import ROOT, ParityError, provenance, reference_checkout
+from tools.parity.common import ROOT, ParityError, provenance, reference_checkout, reference_python
 from tools.parity.steps import row
 
 TOLERANCE = 1e-5
@@ -166,10 +166,8 @@ def main(argv: list[str] | None = None) -> None:
                  "lce": reference_checkout(args.lce, "main.py", "IrvingMeng/LCE"),
                  "mixbct": reference_checkout(args.mixbct, "BCT_Methods/UniBCT/refine_prototype.py",
                                               "yuleung/MixBCT")}
-    python = Path(args.reference_python) if args.reference_python else checkouts["lce"].parent / "venv/bin/python"
-    if not python.is_file():
-        raise ParityError(f"no Python at {python}; make the references' environment (results/parity/README.md §7) "
-                          "and pass --reference-python")
+    python = reference_python(args.reference_python, checkouts["lce"],
+                              "make the references' environment (results/parity/README.md §7)")
     inputs = {**batch_inputs(), **lce_inputs(), **unibct_inputs()}
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)

@@ -26,7 +26,13 @@ from cl2r_bench.class_regions import class_regions
 from strategies import Step, get_strategy
 from strategies.advbct import ElasticBoundary, discriminator
 from strategies.unibct import class_prototypes
-from tools.parity.common import ROOT, ParityError, provenance, reference_checkout, run_reference_probe
+from tools.parity.common import (
+    ROOT,
+    provenance,
+    reference_checkout,
+    reference_python,
+    run_reference_probe,
+)
 from tools.parity.steps import row
 
 WIDTH, CLASSES, OLD_CLASSES, PER_OLD_CLASS, BATCH = 256, 8, 6, 12, 16
@@ -177,10 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(ROOT / "results/parity/bct_line.json"))
     args = parser.parse_args(argv)
     advbct = reference_checkout(args.advbct, "trainer/trainer.py", "Ashespt/AdvBCT")
-    python = Path(args.reference_python) if args.reference_python else advbct.parent / "advbct-venv/bin/python"
-    if not python.is_file():
-        raise ParityError(f"no Python at {python}; make the reference's environment (results/parity/README.md §4) "
-                          "and pass --reference-python")
+    python = reference_python(args.reference_python, advbct,
+                              "make the reference's environment (results/parity/README.md §4)", venv="advbct-venv")
     inputs = batch_inputs()
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)

@@ -25,7 +25,13 @@ from torch import nn
 from cl2r_bench.heads import BasisTransformationHead
 from cl2r_bench.models import class_means
 from strategies import Step, get_strategy
-from tools.parity.common import ROOT, ParityError, provenance, reference_checkout, run_reference_probe
+from tools.parity.common import (
+    ROOT,
+    provenance,
+    reference_checkout,
+    reference_python,
+    run_reference_probe,
+)
 from tools.parity.steps import row
 
 NEW_WIDTH, OLD_WIDTH, ADDED, CLASSES, BATCH, SCALE = 64, 48, 24, 6, 18, 2.0
@@ -125,10 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(ROOT / "results/parity/bt2.json"))
     args = parser.parse_args(argv)
     bt2 = reference_checkout(args.bt2, "trainers/transfer_trainer.py", "YifeiZhou02/BT-2")
-    python = Path(args.reference_python) if args.reference_python else bt2.parent / "advbct-venv/bin/python"
-    if not python.is_file():
-        raise ParityError(f"no Python at {python}; make the reference's environment (results/parity/README.md §5) "
-                          "and pass --reference-python")
+    python = reference_python(args.reference_python, bt2,
+                              "make the reference's environment (results/parity/README.md §5)", venv="advbct-venv")
     inputs = batch_inputs()
     inputs["reference_state"] = reference_state(inputs)
     features = inputs["backbone_features"]

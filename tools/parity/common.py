@@ -45,11 +45,11 @@ def reference_checkout(path: str, marker: str, name: str) -> Path:
 
 
 def reference_python(path: str | None, checkout: Path,
-                     setup: str = "create the reference's virtual environment (../shared/docs/REFERENCE_RUN.md)"
-                     ) -> Path:
-    """The reference's own interpreter: ``path``, or ``venv/bin/python`` beside the checkout; when there is none,
-    one line saying ``setup`` and ``--reference-python``."""
-    python = Path(path) if path else checkout.parent / "venv" / "bin" / "python"
+                     setup: str = "create the reference's virtual environment (../shared/docs/REFERENCE_RUN.md)",
+                     venv: str = "venv") -> Path:
+    """The reference's own interpreter: ``path``, or ``bin/python`` of the environment ``venv`` beside the
+    checkout; when there is none, one line saying ``setup`` and ``--reference-python``."""
+    python = Path(path) if path else checkout.parent / venv / "bin" / "python"
     if not python.is_file():
         raise ParityError(f"no Python at {python}; {setup} and pass --reference-python")
     return python

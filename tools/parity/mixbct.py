@@ -29,7 +29,13 @@ from torch import nn
 from cl2r_bench.heads import CosineHead
 from strategies import Step, get_strategy
 from strategies.mixbct import arcface_logits, credible, credible_regions
-from tools.parity.common import ROOT, ParityError, provenance, reference_checkout, run_reference_probe
+from tools.parity.common import (
+    ROOT,
+    provenance,
+    reference_checkout,
+    reference_python,
+    run_reference_probe,
+)
 from tools.parity.steps import row
 
 CLASSES, PER_CLASS, WIDTH, BATCH, SEED = 6, 10, 32, 20, 3
@@ -165,10 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(ROOT / "results/parity/mixbct.json"))
     args = parser.parse_args(argv)
     mixbct = reference_checkout(args.mixbct, "BCT_Methods/MixBCT/train.py", "yuleung/MixBCT")
-    python = Path(args.reference_python) if args.reference_python else mixbct.parent / "venv/bin/python"
-    if not python.is_file():
-        raise ParityError(f"no Python at {python}; make the references' environment (results/parity/README.md) "
-                          "and pass --reference-python")
+    python = reference_python(args.reference_python, mixbct,
+                              "make the references' environment (results/parity/README.md)")
     inputs = batch_inputs()
     ours = suite_iteration(inputs)
     inputs["positions"] = drawn_positions(ours)
