@@ -3,6 +3,7 @@ a model that imports nothing of the suite, scenarios as registered plug-ins, and
 from any directory."""
 import ast
 import dataclasses
+import json
 import pathlib
 import re
 import shutil
@@ -163,6 +164,24 @@ def test_a_result_without_a_run_state_is_neither_overwritten_nor_resumed(tmp_pat
     with pytest.raises(RunError, match="nothing to continue"):
         RunFolder(tmp_path, resume=True, overwrite=False)
     assert RunFolder(tmp_path, resume=False, overwrite=True).path == tmp_path
+
+
+def test_resume_of_a_finished_run_that_keeps_no_state_has_nothing_to_do(tmp_path):
+    """The feature protocol keeps no state.pt: ``--resume`` of its complete record is finished, not an error; a
+    run that keeps state still refuses a record without one, and an incomplete record is never finished."""
+    from helpers.records import valid_record
+
+    from cl2r_bench.app.run_folder import RunError, RunFolder
+
+    (tmp_path / "metrics.json").write_text(json.dumps(valid_record()))
+    (tmp_path / "config.yaml").write_text("scenario: model_update\ndataset: synthetic\nseed: 42\n")
+    assert RunFolder(tmp_path, resume=True, overwrite=False, keeps_state=False).finished
+    assert not RunFolder(tmp_path, resume=False, overwrite=True, keeps_state=False).finished
+    with pytest.raises(RunError, match="nothing to continue"):
+        RunFolder(tmp_path, resume=True, overwrite=False)
+    (tmp_path / "metrics.json").write_text(json.dumps({**valid_record(), "complete": False}))
+    with pytest.raises(RunError, match="nothing to continue"):
+        RunFolder(tmp_path, resume=True, overwrite=False, keeps_state=False)
 
 
 def test_missing_data_leave_no_run_folder_behind(tmp_path, capsys):

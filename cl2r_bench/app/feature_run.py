@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.record import RECORD_FILE, read_record
 from cl2r_bench.adapter_study.driver import Protocol, StudyRun, drive
 from cl2r_bench.adapters import convergence_note
 from cl2r_bench.app.assembly import Assembly
@@ -27,11 +28,16 @@ class FeatureRun:
         self.parts, self.settings, self.scenario = parts, parts.settings, parts.scenario
         self.device, self.dir, self.processes = parts.device, parts.directory, parts.processes
         self.main, self.log = parts.processes.is_main, log
-        self.folder = RunFolder(self.dir, resume=resume, overwrite=overwrite, writer=self.main)
-        if self.folder.resuming:
+        self.folder = RunFolder(self.dir, resume=resume, overwrite=overwrite, writer=self.main, keeps_state=False)
+        if self.folder.finished:
             self.folder.check_resumable(parts.config)
 
     def execute(self) -> dict[str, Any]:
+        """The run's record: measured now, or, on ``--resume`` of a finished run with the same settings, the one
+        already written (as a sweep skips it)."""
+        if self.folder.finished:
+            self.log(f"{self.dir}: complete already; --resume has nothing left to do")
+            return read_record(self.dir / RECORD_FILE)
         if self.processes.world_size > 1:
             raise RunError("the leave-one-out protocol on encoder features runs in one process; run it without "
                            "torchrun")

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import yaml
 
+from benchmarks.record import holds_complete_record
 from cl2r_bench.config import SPEED_OPTIONS, config_text, differing, flatten
 from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.files import atomic_write_text, exclusive
@@ -37,10 +38,12 @@ class RunFolder:
     The lock is ``<folder>.lock`` beside the folder, so it survives the folder's deletion; a second process on the
     same folder is refused. Under torchrun only rank 0 is the ``writer``; the others read the folder only."""
 
-    def __init__(self, path: Path, *, resume: bool, overwrite: bool, writer: bool = True) -> None:
+    def __init__(self, path: Path, *, resume: bool, overwrite: bool, writer: bool = True,
+                 keeps_state: bool = True) -> None:
         if resume and overwrite:
             raise RunError("--resume continues a run and --overwrite deletes it: pass one of them")
         self.path, self.resume, self.overwrite, self.writer = path, resume, overwrite, writer
+        self.keeps_state = keeps_state
         self.lock = path.with_name(path.name + ".lock")
         self.state = path / "state.pt"
         self.decided_resuming: bool | None = None
@@ -55,12 +58,19 @@ class RunFolder:
         if results and not (resume or self.overwrite):
             raise RunError(f"{path} holds results of an earlier run; pass --resume to continue it or --overwrite to "
                            "start over (or --output elsewhere)")
-        if resume and results and not self.state.exists():
+        if resume and results and not self.state.exists() and not self.finished:
             raise RunError(f"--resume: {path} holds results without a run state (state.pt), e.g. a model_update run "
                            "made before version 0.2; there is nothing to continue: pass --overwrite to run it again")
         if path.is_dir() and any(path.iterdir()) and not self.made_by_suite():
             raise RunError(f"{path} holds files that this suite did not write, so it neither writes into it nor "
                            "deletes it; move them away or pass another --output")
+
+    @property
+    def finished(self) -> bool:
+        """Whether ``--resume`` finds nothing left to do: a run that keeps no state (``keeps_state`` false, the
+        feature protocol's :class:`cl2r_bench.app.feature_run.FeatureRun`) whose complete record is there."""
+        return (self.resume and not self.keeps_state and not self.state.exists()
+                and holds_complete_record(self.path))
 
     @property
     def resuming(self) -> bool:

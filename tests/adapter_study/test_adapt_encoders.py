@@ -36,6 +36,10 @@ def test_model_update_on_two_encoders_embeds_each_split_once_for_every_adapter(e
     assert (by_name["procrustes"]["retrieval"]["queries"] == 20
             and by_name["procrustes"]["retrieval"]["fitting_items"] == 40)
     assert len(list(cache.glob("*.pt"))) == 4
+    procrustes = next(out.rglob("procrustes/seed*/metrics.json"))
+    written = procrustes.read_bytes()
+    assert main([*common, "--adapter", "procrustes", "--resume"]) == 0
+    assert "complete already" in capsys.readouterr().out and procrustes.read_bytes() == written
     assert main(["leaderboard", "--results", str(out), "--table", "backfilling", "--format", "csv"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == 2 + len(list_adapters())
     assert by_name["none"]["models"]["test_classes"] == by_name["none"]["models"]["test_classes_fitted"] == 5
