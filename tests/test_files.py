@@ -232,6 +232,7 @@ def test_a_record_names_the_suites_commit_a_dirty_tree_and_a_copy_without_git(tm
 def test_a_record_keeps_paths_inside_the_working_directory_relative_and_others_as_given(tmp_path, monkeypatch):
     from cl2r_bench.files import portable_path
 
+    tmp_path = tmp_path.resolve()
     monkeypatch.chdir(tmp_path)
     assert portable_path(str(tmp_path / "results/replacement_models/a.pt")) == "results/replacement_models/a.pt"
     assert portable_path(str(tmp_path.parent / "b.pt")) == str(tmp_path.parent / "b.pt")
