@@ -1,6 +1,7 @@
 """``runner.py compare RESULTS A B``: whether experiment A beats experiment B beyond noise on every figure both
-hold, and ``runner.py compare RESULTS --against-best FIGURE``: the best experiment on FIGURE against every other one
-(:mod:`cl2r_bench.reporting.compare`)."""
+hold, and ``runner.py compare RESULTS --against-best FIGURE``: the best experiment on FIGURE against every other one,
+experiments whose records are equal seed for seed one row as on the leaderboard (``bct = bct_er`` in ``upgrade``;
+:func:`cl2r_bench.reporting.experiments.result_groups`) (:mod:`cl2r_bench.reporting.compare`)."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,8 @@ def add_compare_options(parser: argparse.ArgumentParser) -> None:
                         "several scenarios or data sets")
     parser.add_argument("--against-best", metavar="FIGURE", choices=list(HIGHER_IS_BETTER),
                         help="compare the best experiment on FIGURE with every other one, in each scenario and data "
-                        f"set (one of: {', '.join(HIGHER_IS_BETTER)})")
+                        f"set; experiments with equal records are one row, as on the leaderboard (one of: "
+                        f"{', '.join(HIGHER_IS_BETTER)})")
     parser.add_argument("--confidence", type=float, default=0.95, help="the intervals' level (default %(default)s)")
     parser.add_argument("--resamples", type=int, default=1000, help="paired bootstrap draws of the queries "
                         "(default %(default)s)")
@@ -28,7 +30,7 @@ def command_compare(args: argparse.Namespace) -> int:
     """Print the comparison table and its verdict line (or the table against the best)."""
     from cl2r_bench.app.results_folder import existing_folder, refuse_nothing_read
     from cl2r_bench.reporting.compare import against_best, compare, comparison_table, verdict_line
-    from cl2r_bench.reporting.experiments import collect, experiment_groups
+    from cl2r_bench.reporting.experiments import collect, experiment_groups, result_groups
     from cl2r_bench.reporting.tables import render
 
     if not 0 < args.confidence < 1 or args.resamples < 2:
@@ -38,14 +40,15 @@ def command_compare(args: argparse.Namespace) -> int:
     existing_folder(args.results, "; pass the results folder first")
     records, skipped = collect(args.results)
     refuse_nothing_read(skipped, bool(records), args.results)
-    groups = experiment_groups(records)
     if args.against_best:
-        table = against_best(groups, args.against_best, confidence=args.confidence, resamples=args.resamples)
+        table = against_best(result_groups(records), args.against_best, confidence=args.confidence,
+                             resamples=args.resamples)
         if not table.rows:
             raise UsageError(f"no scenario and data set under {args.results} holds two experiments with "
                              f"{args.against_best}")
         print(render([table], args.format))
         return 0
+    groups = experiment_groups(records)
     (a_key, a_runs), (b_key, b_runs) = (find_experiment(groups, name) for name in args.experiments)
     if a_key[:2] != b_key[:2]:
         raise UsageError(f"{'/'.join(a_key)} and {'/'.join(b_key)} are experiments of different scenarios or data "

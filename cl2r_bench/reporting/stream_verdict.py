@@ -10,7 +10,7 @@ import numpy as np
 
 from benchmarks.record import RunRecord
 
-from .experiments import experiment_groups
+from .experiments import result_groups
 from .leaderboard import leaderboard_rows, noise_rows
 
 TWO_MODEL_CASES = ("old/old", "new/old", "new/new")
@@ -66,9 +66,10 @@ def stream_verdict(records: list[RunRecord]) -> str:
 def two_model_verdict(records: list[RunRecord]) -> str:
     """One paragraph on a section's two-model (``upgrade``) experiments, means over seeds: how many meet the BCT
     criterion (new/old top-1 above old/old), and which comes closest; the per-task matrix of a two-task run says
-    little, so the stream's AC is not the answer here. Empty without ``two_model`` records."""
+    little, so the stream's AC is not the answer here. Experiments the protocol makes one result are counted once,
+    under the leaderboard's name for them (:func:`result_groups`). Empty without ``two_model`` records."""
     groups = {label: [r["two_model"]["cases"] for r in runs if r.get("two_model")]
-              for (_, _, label), runs in experiment_groups(records).items()}
+              for (_, _, label), runs in result_groups(records).items()}
     means = {label: {case: float(np.mean([c[case]["top1"] for c in cases])) for case in TWO_MODEL_CASES}
              for label, cases in groups.items() if cases}
     if not means:

@@ -167,3 +167,16 @@ def test_against_best_reads_each_experiment_from_the_records_that_hold_the_figur
     # paired on seeds 1 and 2: differences 3 and 4, mean 3.5; b's three records were read
     assert row[2:7] == ["a", "b", pytest.approx(45.0), pytest.approx(41.5), pytest.approx(3.5)]
     assert row[8] == 3
+
+
+def test_against_best_shows_experiments_with_equal_records_as_one_row_as_the_leaderboard_does(tmp_path, capsys):
+    for method, counts in (("a", (53, 64, 75)), ("b", (50, 60, 70)), ("b_twin", (50, 60, 70))):
+        for s, c in enumerate(counts):
+            folder = tmp_path / method / f"seed{s}"
+            folder.mkdir(parents=True)
+            twin = record([accuracy(c)], seed=s, method=method, queries=f"q{s}")
+            (folder / "metrics.json").write_text(json.dumps(twin))
+    assert main(["compare", str(tmp_path), "--against-best", "AA", "--format", "csv"]) == 0
+    rows = [line.split(",") for line in capsys.readouterr().out.strip().splitlines()[1:]]
+    assert [(row[2], row[3]) for row in rows] == [("a", "b = b_twin")], "twins are one result, not two rows"
+    assert main(["compare", str(tmp_path), "a", "b_twin"]) == 0, "A and B still name single experiments"

@@ -106,6 +106,10 @@ def test_leaderboard_has_the_two_model_table_and_bt2_published_rows(tiny, tmp_pa
     per_task = int(record["metrics"]["AC"] == 1.0)
     assert verdict.endswith(f"there {per_task} of 1 have new/old above old/old in every seed."), \
         "the per-task matrix's different question is named beside the answer, not left to contradict it"
+    twin = json.loads(json.dumps(record))
+    twin["strategy"] = twin["method"] = twin["config"]["strategy"] = "fd"
+    assert two_model_verdict([record, twin]).endswith(f"there {per_task} of 1 have new/old above old/old in every "
+                                                      "seed."), "twins are one result here, as on the leaderboard"
 
 
 def test_an_upgrade_report_section_opens_with_the_two_model_table(tiny, tmp_path):
