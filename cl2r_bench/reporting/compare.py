@@ -17,11 +17,13 @@ The difference of a figure is the mean over the paired seeds of A's minus B's. I
 * several paired seeds: the t-interval over seeds of the per-seed differences; when every seed was scored on the
   same queries (``seed_scope: training``), the query noise is common to the seeds and does not show in their
   spread, so the variance of the mean difference over shared query resamples is added to the seeds' before the
-  t factor (S - 1 degrees of freedom);
+  t factor (S - 1 degrees of freedom); when each seed has its own queries, their spread holds the query noise, and
+  the variance used is never below what the queries alone give (:func:`_query_floor`: a figure equal on every
+  seed, as AC on few pairs often is, has no spread but is not free of noise);
 * one paired seed: the percentile interval of the paired query bootstrap (the training noise is not measured: the
   verdict says so);
 * no seed shared: Welch's interval of the two means over their own seeds, each mean's shared-query variance added
-  when its seeds share queries.
+  when its seeds share queries, and its seeds' variance never below their queries' when they do not.
 
 A beats B on a figure when the interval lies on A's side of 0 (above for AC, AA, ACA and top-1; below for negative
 flip rates); B beats A when it lies on B's side; otherwise the two are within noise.
@@ -207,9 +209,20 @@ def paired_interval(differences: np.ndarray, drawn: np.ndarray, shared_queries: 
     if shared_queries:
         variance += float(np.var(drawn.mean(axis=0), ddof=1))
         method += " + shared-query bootstrap"
+    elif variance < _query_floor(drawn):
+        variance = _query_floor(drawn)
+        method += ", query-noise floor"
     half = t_quantile(0.5 + confidence / 2, seeds - 1) * math.sqrt(variance)
     mean = float(differences.mean())
     return mean - half, mean + half, method
+
+
+def _query_floor(drawn: np.ndarray) -> float:
+    """The least variance the mean over seeds scored on their own queries can have: each seed's difference carries
+    its queries' noise (the variance of its resampled values, ``drawn`` seeds x resamples), independent across
+    seeds, so the mean's variance is at least their mean over the number of seeds. A spread over seeds below it
+    (AC, a share of few pairs, is often equal on every seed) understates the noise, and the floor is used instead."""
+    return float(np.var(drawn, axis=1, ddof=1).mean()) / len(drawn)
 
 
 def _welch_interval(a: np.ndarray, b: np.ndarray, a_drawn: np.ndarray, b_drawn: np.ndarray, a_shared: bool,
@@ -219,7 +232,8 @@ def _welch_interval(a: np.ndarray, b: np.ndarray, a_drawn: np.ndarray, b_drawn: 
     each)."""
     parts = []
     for values, drawn, shared in ((a, a_drawn, a_shared), (b, b_drawn, b_shared)):
-        seeds = float(np.var(values, ddof=1)) / len(values) if len(values) > 1 else 0.0
+        seeds = max(float(np.var(values, ddof=1)) / len(values), 0.0 if shared else _query_floor(drawn)) \
+            if len(values) > 1 else 0.0
         queries = float(np.var(drawn.mean(axis=0), ddof=1)) if shared or len(values) == 1 else 0.0
         parts.append((seeds, queries, len(values)))
     variance = sum(s + q for s, q, _ in parts)

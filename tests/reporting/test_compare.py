@@ -60,15 +60,30 @@ def test_the_two_model_figures_come_from_its_query_hits():
 
 
 def test_paired_seeds_on_their_own_queries_give_the_t_interval_of_the_differences():
-    a = [record([accuracy(c)], seed=s, method="a", queries=f"q{s}") for s, c in enumerate((53, 64, 75))]
-    b = [record([accuracy(c)], seed=s, method="b", queries=f"q{s}") for s, c in enumerate((50, 60, 70))]
+    # 1,000 queries a seed: the queries' noise (paired-bootstrap variance about 0.4 points^2 a seed) is below the
+    # seeds' spread, so the interval is the seeds' t-interval alone
+    a = [record([accuracy(c, 1000)], seed=s, method="a", queries=f"q{s}") for s, c in enumerate((530, 640, 750))]
+    b = [record([accuracy(c, 1000)], seed=s, method="b", queries=f"q{s}") for s, c in enumerate((500, 600, 700))]
     (aa,) = compare(a, b)
     half = 4.302652729911275 * 1.0 / math.sqrt(3)  # t(0.975, 2) * sd([3, 4, 5]) / sqrt(3)
     assert (aa.figure, aa.difference) == ("AA", pytest.approx(4.0))
     assert aa.interval == pytest.approx((4.0 - half, 4.0 + half))
     assert aa.verdict == "A" and aa.method == "3 paired seeds, t-interval"
-    wide = [record([accuracy(c)], seed=s, method="b", queries=f"q{s}") for s, c in enumerate((51, 60, 69))]
+    wide = [record([accuracy(c, 1000)], seed=s, method="b", queries=f"q{s}") for s, c in enumerate((510, 600, 690))]
     assert compare(a, wide)[0].verdict == "noise"  # differences 2, 4, 6: t * 2 / sqrt(3) = 4.97 > 4
+
+
+def test_seeds_that_agree_exactly_on_their_own_queries_are_judged_by_the_queries_noise_at_least():
+    # every seed: A 55 and B 50 of 100 queries, B's hits a subset of A's, so the per-query differences are 5 ones
+    # and 95 zeros, the paired bootstrap's variance of the mean 100^2 * 0.05 * 0.95 / 100 = 4.75 points^2 a seed;
+    # the seeds' spread is 0, the floor 4.75 / 3, the half-width t(0.975, 2) * sqrt(4.75 / 3) = 5.41 > 5
+    a = [record([accuracy(55)], seed=s, method="a", queries=f"q{s}") for s in range(3)]
+    b = [record([accuracy(50)], seed=s, method="b", queries=f"q{s}") for s in range(3)]
+    (aa,) = compare(a, b)
+    half = 4.302652729911275 * math.sqrt(4.75 / 3)
+    assert aa.difference == pytest.approx(5.0) and aa.method == "3 paired seeds, t-interval, query-noise floor"
+    assert aa.interval == pytest.approx((5.0 - half, 5.0 + half), abs=0.3)  # 1,000 bootstrap draws
+    assert aa.verdict == "noise", "a spread of 0 over seeds is not an absence of noise"
 
 
 def test_seeds_scored_on_the_same_queries_add_the_shared_query_noise():
@@ -94,14 +109,15 @@ def test_one_seed_is_judged_by_the_paired_query_bootstrap_alone():
 
 
 def test_runs_without_a_shared_split_are_compared_by_welch():
-    a = [record([accuracy(c)], seed=s, method="a", queries=f"a{s}") for s, c in ((1, 50), (2, 52), (3, 54))]
-    b = [record([accuracy(c)], seed=s, method="b", queries=f"b{s}") for s, c in ((4, 40), (5, 41), (6, 42))]
+    # 1,000 queries a run: each mean's query noise (about 2.5 / 3 points^2) is below its seeds' spread (4 / 3)
+    a = [record([accuracy(c, 1000)], seed=s, method="a", queries=f"a{s}") for s, c in ((1, 500), (2, 520), (3, 540))]
+    b = [record([accuracy(c, 1000)], seed=s, method="b", queries=f"b{s}") for s, c in ((4, 400), (5, 420), (6, 440))]
     (aa,) = compare(a, b)
-    variance = 4 / 3 + 1 / 3
-    df = variance ** 2 / ((4 / 3) ** 2 / 2 + (1 / 3) ** 2 / 2)  # 50 / 17
+    variance = 4 / 3 + 4 / 3
+    df = variance ** 2 / ((4 / 3) ** 2 / 2 + (4 / 3) ** 2 / 2)  # 4
     half = t_quantile(0.975, df) * math.sqrt(variance)
-    assert df == pytest.approx(50 / 17) and aa.difference == pytest.approx(11.0)
-    assert aa.interval == pytest.approx((11 - half, 11 + half)) and aa.verdict == "A"
+    assert df == pytest.approx(4.0) and aa.difference == pytest.approx(10.0)
+    assert aa.interval == pytest.approx((10 - half, 10 + half)) and aa.verdict == "A"
     assert aa.method == "unpaired (3 and 3 seeds), Welch"
 
 
@@ -133,11 +149,11 @@ def test_the_leaderboard_gives_each_figure_its_t_interval_over_seeds():
 
 
 def test_the_compare_command_prints_a_table_and_a_verdict_line(tmp_path, capsys):
-    for method, counts in (("a", (53, 64, 75)), ("b", (50, 60, 70))):
+    for method, counts in (("a", (530, 640, 750)), ("b", (500, 600, 700))):
         for s, c in enumerate(counts):
             folder = tmp_path / method / f"seed{s}"
             folder.mkdir(parents=True)
-            (folder / "metrics.json").write_text(json.dumps(record([accuracy(c)], seed=s, method=method,
+            (folder / "metrics.json").write_text(json.dumps(record([accuracy(c, 1000)], seed=s, method=method,
                                                                    queries=f"q{s}")))
     assert main(["compare", str(tmp_path), "a", "b"]) == 0
     out = capsys.readouterr().out
