@@ -209,8 +209,8 @@ def paired_interval(differences: np.ndarray, drawn: np.ndarray, shared_queries: 
     if shared_queries:
         variance += float(np.var(drawn.mean(axis=0), ddof=1))
         method += " + shared-query bootstrap"
-    elif variance < _query_floor(drawn):
-        variance = _query_floor(drawn)
+    elif variance < (floor := _query_floor(drawn)):
+        variance = floor
         method += ", query-noise floor"
     half = t_quantile(0.5 + confidence / 2, seeds - 1) * math.sqrt(variance)
     mean = float(differences.mean())
@@ -232,8 +232,9 @@ def _welch_interval(a: np.ndarray, b: np.ndarray, a_drawn: np.ndarray, b_drawn: 
     each)."""
     parts = []
     for values, drawn, shared in ((a, a_drawn, a_shared), (b, b_drawn, b_shared)):
-        seeds = max(float(np.var(values, ddof=1)) / len(values), 0.0 if shared else _query_floor(drawn)) \
-            if len(values) > 1 else 0.0
+        seeds = 0.0
+        if len(values) > 1:
+            seeds = max(float(np.var(values, ddof=1)) / len(values), 0.0 if shared else _query_floor(drawn))
         queries = float(np.var(drawn.mean(axis=0), ddof=1)) if shared or len(values) == 1 else 0.0
         parts.append((seeds, queries, len(values)))
     variance = sum(s + q for s, q, _ in parts)
