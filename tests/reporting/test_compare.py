@@ -148,6 +148,15 @@ def test_the_leaderboard_gives_each_figure_its_t_interval_over_seeds():
     assert t_interval([1.0]) is None and t_interval([2.0, 2.0]) is None
 
 
+def test_the_leaderboards_intervals_stay_within_each_figures_range():
+    # AC 1, 1, 0 over three seeds: 2/3 ± t(0.975, 2) * 0.577 / sqrt(3) = [-0.77, 2.10], shown as [0, 1]
+    runs = [record([accuracy(50), accuracy(cross), accuracy(60)], seed=s, queries=f"q{s}")
+            for s, cross in enumerate((60, 60, 40))]
+    assert [r["metrics"]["AC"] for r in runs] == [1.0, 1.0, 0.0]
+    (row,) = interval_rows(runs)
+    assert row[3] == (0.0, 1.0)
+
+
 def test_the_compare_command_prints_a_table_and_a_verdict_line(tmp_path, capsys):
     for method, counts in (("a", (530, 640, 750)), ("b", (500, 600, 700))):
         for s, c in enumerate(counts):
