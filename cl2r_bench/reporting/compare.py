@@ -153,14 +153,15 @@ class Difference:
 
 
 def compare(a_runs: list[RunRecord], b_runs: list[RunRecord], *, confidence: float = CONFIDENCE,
-            resamples: int = RESAMPLES, seed: int = 0) -> list[Difference]:
-    """Each figure both experiments hold, compared (module docstring)."""
+            resamples: int = RESAMPLES, seed: int = 0, memo: dict | None = None) -> list[Difference]:
+    """Each figure both experiments hold, compared (module docstring). ``memo`` keeps each record's figures and
+    their resamples across calls that share records (:func:`against_best` compares the best with every other)."""
     a_by_seed, b_by_seed = ({r["seed"]: r for r in runs} for runs in (a_runs, b_runs))
     paired = sorted(s for s in a_by_seed.keys() & b_by_seed.keys() if split_of(a_by_seed[s]) == split_of(b_by_seed[s]))
     if paired:
         a_runs, b_runs = [a_by_seed[s] for s in paired], [b_by_seed[s] for s in paired]
-    a_values, a_samples, a_shared = _figures(a_runs, resamples, seed)
-    b_values, b_samples, b_shared = _figures(b_runs, resamples, seed)
+    a_values, a_samples, a_shared = _figures(a_runs, resamples, seed, {} if memo is None else memo)
+    b_values, b_samples, b_shared = _figures(b_runs, resamples, seed, {} if memo is None else memo)
     out = []
     for figure, higher in HIGHER_IS_BETTER.items():
         if figure not in a_values or figure not in b_values:
@@ -178,18 +179,22 @@ def compare(a_runs: list[RunRecord], b_runs: list[RunRecord], *, confidence: flo
     return out
 
 
-def _figures(runs: list[RunRecord], resamples: int, seed: int
+def _figures(runs: list[RunRecord], resamples: int, seed: int, memo: dict
              ) -> tuple[dict[str, list[float]], dict[str, np.ndarray], bool]:
     """Per figure: each run's value, the runs' resampled values (runs x resamples, the same draws for runs scored on
     as many queries), and whether every run was scored on the same queries."""
     values: dict[str, list[float]] = {}
     samples: dict[str, list[np.ndarray]] = {}
     for record in runs:
-        for group in run_figures(record):
-            for name, value in group.values().items():
-                values.setdefault(name, []).append(value)
-            for name, drawn in group.resampled(resamples, seed).items():
-                samples.setdefault(name, []).append(drawn)
+        key = (id(record), resamples, seed)
+        if key not in memo:
+            groups = run_figures(record)
+            memo[key] = ({name: v for g in groups for name, v in g.values().items()},
+                         {name: d for g in groups for name, d in g.resampled(resamples, seed).items()})
+        for name, value in memo[key][0].items():
+            values.setdefault(name, []).append(value)
+        for name, drawn in memo[key][1].items():
+            samples.setdefault(name, []).append(drawn)
     complete = {name for name, found in values.items() if len(found) == len(runs)}
     shared = len({split_of(r)[1:] for r in runs}) == 1
     return ({name: values[name] for name in complete}, {name: np.stack(samples[name]) for name in complete}, shared)
@@ -283,7 +288,7 @@ def against_best(groups: dict[tuple[str, str, str], list[RunRecord]], figure: st
     within noise). Each experiment is read from its records that hold ``figure`` (records written before a figure
     was recorded are left out; ``seeds`` counts those read)."""
     higher = HIGHER_IS_BETTER[figure]
-    rows = []
+    rows, memo = [], {}
     for (scenario, dataset), experiments in _by_setting(groups).items():
         holding, means = {}, {}
         for label, runs in experiments.items():
@@ -297,7 +302,7 @@ def against_best(groups: dict[tuple[str, str, str], list[RunRecord]], figure: st
         for label in sorted(means, key=means.get, reverse=higher):
             if label == best:
                 continue
-            found = compare(holding[best], holding[label], confidence=confidence, resamples=resamples)
+            found = compare(holding[best], holding[label], confidence=confidence, resamples=resamples, memo=memo)
             main = next(d for d in found if d.figure == figure)
             marks = " ".join(f"{d.figure} {'+' if d.verdict == 'A' else '-' if d.verdict == 'B' else '='}"
                              for d in found)
