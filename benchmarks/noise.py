@@ -95,14 +95,16 @@ def _incomplete_beta(a: float, b: float, x: float) -> float:
     return front * value
 
 
-def t_interval(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
-    """The t-interval of the mean of ``values`` (one per seed) at ``confidence``: mean ± t · sd / sqrt(n); None
-    for fewer than two values, or when they are all equal (no spread to scale)."""
+def t_interval(values: list[float], confidence: float = CONFIDENCE,
+               bounds: tuple[float, float] = (-math.inf, math.inf)) -> tuple[float, float] | None:
+    """The t-interval of the mean of ``values`` (one per seed) at ``confidence``: mean ± t · sd / sqrt(n), clipped
+    to ``bounds`` (the figure's range: a bounded share's t-interval can pass its bound); None for fewer than two
+    values, or when they are all equal (no spread to scale)."""
     if len(values) < 2 or len(set(values)) == 1:
         return None
     mean, sd = float(np.mean(values)), float(np.std(values, ddof=1))
     half = t_quantile(0.5 + confidence / 2, len(values) - 1) * sd / math.sqrt(len(values))
-    return mean - half, mean + half
+    return max(mean - half, bounds[0]), min(mean + half, bounds[1])
 
 
 def wilson_interval(accuracy: float, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:

@@ -160,8 +160,9 @@ def compare(a_runs: list[RunRecord], b_runs: list[RunRecord], *, confidence: flo
     paired = sorted(s for s in a_by_seed.keys() & b_by_seed.keys() if split_of(a_by_seed[s]) == split_of(b_by_seed[s]))
     if paired:
         a_runs, b_runs = [a_by_seed[s] for s in paired], [b_by_seed[s] for s in paired]
-    a_values, a_samples, a_shared = _figures(a_runs, resamples, seed, {} if memo is None else memo)
-    b_values, b_samples, b_shared = _figures(b_runs, resamples, seed, {} if memo is None else memo)
+    memo = {} if memo is None else memo
+    a_values, a_samples, a_shared = _figures(a_runs, resamples, seed, memo)
+    b_values, b_samples, b_shared = _figures(b_runs, resamples, seed, memo)
     out = []
     for figure, higher in HIGHER_IS_BETTER.items():
         if figure not in a_values or figure not in b_values:

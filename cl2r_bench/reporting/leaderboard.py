@@ -173,9 +173,8 @@ def starting_models(runs: list[RunRecord]) -> str | None:
 def interval_rows(records: list[RunRecord], confidence: float = CONFIDENCE) -> list[list[Any]]:
     """Rows of :data:`INTERVAL_COLUMNS`: for each experiment of :func:`leaderboard_rows`, each figure's t-interval
     over its seeds (:func:`benchmarks.noise.t_interval`: mean ± t · sd / sqrt(n), n - 1 degrees of freedom; None
-    with one seed or no spread; an experiment with no interval at all has no row), in the main table's order, each
-    clipped to its figure's range (AC 0 to 1, the others 0 to 100 %: the t-interval of a bounded share, AC on
-    few pairs above all, can pass its bound).
+    with one seed or no spread; clipped to the figure's range, AC 0-1, the rest 0-100 %; an experiment with no
+    interval at all has no row), in the main table's order.
     Beside the noise table's query resampling, it is the interval a reader cites; ``runner.py compare`` tests two
     experiments against each other."""
     rows = []
@@ -185,16 +184,12 @@ def interval_rows(records: list[RunRecord], confidence: float = CONFIDENCE) -> l
         figures.update({c: [rate[c] for rate in rates if rate[c] is not None] for c in FLIP_COLUMNS})
         figures["new_old_top1"] = [r["two_model"]["cases"]["new/old"]["top1"] for r in runs
                                    if (r.get("two_model") or {}).get("cases", {}).get("new/old")]
-        intervals = [_within_range(t_interval(figures[name], confidence), 1.0 if name == "AC" else 100.0)
+        intervals = [t_interval(figures[name], confidence, (0.0, 1.0 if name == "AC" else 100.0))
                      for _, name, _ in INTERVAL_FIGURES]
         if any(intervals):
             rows.append([scenario, dataset, strategy, *intervals, len(runs)])
     order = {tuple(row[:3]): i for i, row in enumerate(leaderboard_rows(records))}
     return sorted(rows, key=lambda row: order.get(tuple(row[:3]), len(order)))
-
-
-def _within_range(interval: tuple[float, float] | None, upper: float) -> tuple[float, float] | None:
-    return None if interval is None else (max(interval[0], 0.0), min(interval[1], upper))
 
 
 def noise_rows(records: list[RunRecord]) -> list[list[Any]]:
