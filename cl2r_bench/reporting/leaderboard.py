@@ -174,9 +174,8 @@ def interval_rows(records: list[RunRecord], confidence: float = CONFIDENCE) -> l
     """Rows of :data:`INTERVAL_COLUMNS`: for each experiment of :func:`leaderboard_rows`, each figure's t-interval
     over its seeds (:func:`benchmarks.noise.t_interval`: mean ± t · sd / sqrt(n), n - 1 degrees of freedom; None
     with one seed or no spread; clipped to the figure's range, AC 0-1, the rest 0-100 %; an experiment with no
-    interval at all has no row), in the main table's order.
-    Beside the noise table's query resampling, it is the interval a reader cites; ``runner.py compare`` tests two
-    experiments against each other."""
+    interval at all has no row), in the main table's order. Beside the noise table's query resampling, it is the
+    interval a reader cites; ``runner.py compare`` tests two experiments against each other."""
     rows = []
     for (scenario, dataset, strategy), runs in result_groups(records).items():
         figures = {c: [r["metrics"][c] for r in runs if r["metrics"].get(c) is not None] for c in COLUMNS}
