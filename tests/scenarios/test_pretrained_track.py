@@ -160,6 +160,7 @@ def test_the_pretrained_preset_fits_each_scenario():
         settings = RunSettings.from_config(resolve([("unit", {"scenario": scenario, "preset": "pretrained"})]))
         assert settings.model.backbone == "frozen_encoder" and settings.dataset == "tinyimagenet"
         encoders[scenario] = [spec.split(":")[1] for spec in settings.model.encoders]
+        assert settings.replacement.pretrain.lr == (0.01 if scenario == "iamcl2r" else 0.1)
         if scenario == "upgrade":
             assert (settings.stream.initial_classes, settings.stream.increment) == (100, 100)
             assert settings.evaluation.dataset == "stream"
