@@ -34,6 +34,21 @@ def test_bootstrap_resamples_queries_jointly():
     assert samples[0].std() == pytest.approx(math.sqrt(0.7 * 0.3 / 4000), rel=0.15)
 
 
+def test_records_on_as_many_queries_share_their_resamples_drawn_once(monkeypatch):
+    import benchmarks.noise as noise
+
+    rng = np.random.default_rng(2)
+    first, second = rng.random((3, 500)) < 0.6, rng.random((2, 500)) < 0.3
+    apart = [bootstrap_accuracies(hits, 300, 4) for hits in (first, second)]
+    noise._kept_counts.cache_clear()
+    drawn, draw = [], noise._count_chunks
+    monkeypatch.setattr(noise, "_count_chunks", lambda *args: drawn.append(args) or draw(*args))
+    kept = [bootstrap_accuracies(hits, 300, 4) for hits in (first, second)]
+    assert len(drawn) == 1 and all(np.array_equal(a, b) for a, b in zip(apart, kept, strict=True))
+    monkeypatch.setattr(noise, "KEPT_COUNTS", 500 * 300 - 1)           # too many to keep: drawn for each record
+    assert np.array_equal(bootstrap_accuracies(first, 300, 4), apart[0]) and len(drawn) == 2
+
+
 def _two_model_hits(n: int, gained: int, lost: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Entries (0,0), (1,0), (1,1) of a 2-task matrix: (1,0) = (0,0) with ``gained`` misses turned into hits and
     ``lost`` hits turned into misses (the same queries otherwise)."""
