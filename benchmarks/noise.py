@@ -159,11 +159,9 @@ def _count_chunks(n: int, resamples: int, seed: int, chunk: int) -> Iterator[np.
 
 @functools.lru_cache(maxsize=2)
 def _kept_counts(n: int, resamples: int, seed: int, chunk: int) -> tuple[np.ndarray, ...]:
-    """:func:`_count_chunks`, kept in one byte per count where every count fits (a query drawn 256 times in one
-    resample is, for any n, all but impossible; then two bytes)."""
-    chunks = tuple(_count_chunks(n, resamples, seed, chunk))
-    dtype = np.uint8 if max(int(c.max()) for c in chunks) <= 255 else np.uint16
-    return tuple(c.astype(dtype) for c in chunks)
+    """:func:`_count_chunks`, kept in one byte per count where a chunk's counts fit (a query drawn 256 times in one
+    resample is, for any n, all but impossible; then in the counts' own type)."""
+    return tuple(c.astype(np.uint8) if c.max() <= 255 else c for c in _count_chunks(n, resamples, seed, chunk))
 
 
 def binomial_accuracies(entries: np.ndarray, n: int, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
