@@ -14,6 +14,7 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     tables."""
     from cl2r_bench.reporting.experiments import collect
     from cl2r_bench.reporting.leaderboard import SUMMARY, TABLES, build
+    from cl2r_bench.reporting.published_tables import published_tables
     from cl2r_bench.reporting.tables import render
 
     if args.table is not None and args.table not in TABLES:
@@ -29,7 +30,10 @@ def command_leaderboard(args: argparse.Namespace) -> int:
     existing_folder(args.results, "; pass --results DIR")
     records, skipped = collect(args.results)
     refuse_nothing_read(skipped, bool(records), args.results)
-    built = build(records, args.format, baseline=args.baseline, published=args.published)
+    built = build(records, args.format, baseline=args.baseline)
+    papers = published_tables(records) if args.published else []
+    if papers:
+        built["published"] = papers
     if args.table is None and args.format != "csv":
         names = [name for name in (*SUMMARY, *extra, "published") if name in built]
         for name in extra:

@@ -46,7 +46,7 @@ from .experiments import (
     short_model_name,
     study_groups,
 )
-from .leaderboard import build, mean_matrices, published_tables
+from .leaderboard import build, mean_matrices
 from .plots import (
     NO_ADAPTER,
     backfilling_curves,
@@ -59,6 +59,7 @@ from .plots import (
     png_bytes,
     viridis,
 )
+from .published_tables import published_tables
 from .stream_verdict import stream_verdict, two_model_verdict
 from .tables import Column, Kind, Table, cell_text
 

@@ -6,16 +6,10 @@ import math
 import pytest
 from helpers.records import DELETE, changed, valid_record
 
-from cl2r_bench.reporting import leaderboard
+from cl2r_bench.reporting import published_tables
 from cl2r_bench.reporting.experiments import experiment_groups, models_label, short_model_name, study_groups
-from cl2r_bench.reporting.leaderboard import (
-    MAIN_COLUMNS,
-    PUBLISHED_MAIN_COLUMNS,
-    _spread,
-    build,
-    leaderboard_rows,
-    published_main_rows,
-)
+from cl2r_bench.reporting.leaderboard import MAIN_COLUMNS, _spread, build, leaderboard_rows
+from cl2r_bench.reporting.published_tables import PUBLISHED_MAIN_COLUMNS, published_case_rows, published_main_rows
 from cl2r_bench.reporting.tables import Column, Kind, Table, cell_text, render
 
 
@@ -87,8 +81,9 @@ def test_the_main_table_shows_the_negative_flip_rates_in_percent_mean_and_std_ov
 
 
 def test_published_rows_take_the_negative_flips_a_paper_gives(monkeypatch):
-    figures = {**leaderboard.IAMCL2R_31_TASKS, "negative_flips": {"er": {"mean_self": 0.02, "mean_cross": 0.3}}}
-    monkeypatch.setattr(leaderboard, "IAMCL2R_31_TASKS", figures)
+    figures = {**published_tables.IAMCL2R_31_TASKS,
+               "negative_flips": {"er": {"mean_self": 0.02, "mean_cross": 0.3}}}
+    monkeypatch.setattr(published_tables, "IAMCL2R_31_TASKS", figures)
     rows = {(row[1], row[2]): row for row in published_main_rows({"iamcl2r"})}
     assert [c.name for c in PUBLISHED_MAIN_COLUMNS[6:8]] == ["NFR_self", "NFR_cross"]
     assert rows[(figures["setting"], "er")][6:8] == pytest.approx([2.0, 30.0])
@@ -97,7 +92,6 @@ def test_published_rows_take_the_negative_flips_a_paper_gives(monkeypatch):
 
 
 def test_the_adapter_papers_rows_stand_beside_model_update_only():
-    from cl2r_bench.reporting.leaderboard import published_case_rows
     assert published_case_rows({"model_update"}) and published_case_rows({"adapt"}) == []
 
 

@@ -10,6 +10,7 @@ from cl2r_bench.app import cli as runner
 from cl2r_bench.data.streams import evaluation_sets
 from cl2r_bench.data.synthetic import make_synthetic
 from cl2r_bench.reporting.leaderboard import build
+from cl2r_bench.reporting.published_tables import published_tables
 
 UPGRADE = ["--scenario", "upgrade", "--set", "stream.num_tasks=2", "--set", "replacement.tasks=[]",
            "--set", "stream.initial_classes=6", "--set", "stream.increment=6", "--set", "evaluation.dataset=stream"]
@@ -85,7 +86,7 @@ def test_the_two_model_protocol_is_leave_one_out_on_the_test_split_with_its_flip
 
 def test_leaderboard_has_the_two_model_table_and_bt2_published_rows(tiny, tmp_path):
     record, _ = upgrade_run(tiny, tmp_path, "er")
-    built = build([record], published=True)
+    built = {**build([record]), "published": published_tables([record])}
     (table,) = built["two_model"]
     (row,) = table.rows
     assert row[:3] == ["upgrade", "synthetic", "er"]
