@@ -12,7 +12,8 @@ strategy declares, and the retrieval feature each gives.
 * :class:`OrthogonalTransformationHead` (OCA, §6b): the backbone output widened by ``added_dims`` and normalised (the
   retrieval feature, the old model's frame first), then an orthogonal transformation layer before the classifier.
 
-This module imports nothing of the suite (only torch and the standard library).
+This module imports only the orthogonal layer of the suite (:mod:`cl2r_bench.orthogonal`), torch and the standard
+library.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from cl2r_bench.orthogonal import OrthogonalLinear
 
 HEADS = {"learnable": "learnable, growing", "cosine": "cosine, growing (the loss sets the temperature)",
          "dsimplex": "fixed d-Simplex", "bt2": "BT² basis transformation (old frame + added dimensions)",
@@ -115,8 +118,9 @@ class BasisTransformationHead(LearnableHead):
     """BT²'s basis transformation (Zhou et al., ICCV 2023; docs/METHODS.md §6b) on ``in_dim``-d backbone features.
 
     With ``f`` the normalised backbone output, ``o`` the old-model branch ``fc3(relu(f))`` (a linear map with
-    bias), ``P`` and ``O`` orthogonal maps (``torch``'s orthogonal parametrisation) and
-    ``k = old_width + added_dims - in_dim`` the dimensions the old branch contributes::
+    bias), ``P`` and ``O`` orthogonal maps (``torch``'s orthogonal parametrisation, trained by
+    :class:`~cl2r_bench.orthogonal.OrthogonalLinear`) and ``k = old_width + added_dims - in_dim`` the dimensions the
+    old branch contributes::
 
         c = [normalise(o), P(scale * f)]                width in_dim + k = old_width + added_dims
         feature = [O(c[:old_width]), c[old_width:]]     its first old_width dims are trained into the old frame
@@ -133,8 +137,6 @@ class BasisTransformationHead(LearnableHead):
     def __init__(self, in_dim: int, num_classes: int, *, old_width: int | None = None, added_dims: int = 32,
                  scale: float = 2.0) -> None:
         super().__init__(in_dim, num_classes)
-        from torch.nn.utils.parametrizations import orthogonal
-
         self.old_width = in_dim if old_width is None else old_width
         self.old_part = self.old_width + added_dims - in_dim
         if self.old_part < 1:
@@ -142,8 +144,8 @@ class BasisTransformationHead(LearnableHead):
                              f"least {in_dim - self.old_width + 1} dimensions, not {added_dims}")
         self.scale, self.width = scale, self.old_width + added_dims
         self.old_branch = nn.Linear(in_dim, self.old_part)
-        self.new_basis = orthogonal(nn.Linear(in_dim, in_dim, bias=False))
-        self.old_basis = orthogonal(nn.Linear(self.old_width, self.old_width, bias=False))
+        self.new_basis = OrthogonalLinear(in_dim, bias=False)
+        self.old_basis = OrthogonalLinear(self.old_width, bias=False)
         self.new_features: torch.Tensor | None = None
 
     @property
@@ -166,7 +168,8 @@ class OrthogonalTransformationHead(LearnableHead):
     With ``h`` the backbone output, ``E`` a linear layer with bias of ``old_width + added_dims`` outputs (the first
     ``old_width`` the old model's frame: ``compatible``, the others ``added``), ``Q`` an orthogonal matrix (torch's
     orthogonal parametrisation, a fixed orthogonal base times the matrix exponential of a skew-symmetric matrix, as
-    the authors' ``orthogonal(nn.Linear(...))``) and ``c`` its bias::
+    the authors' ``orthogonal(nn.Linear(...))``, trained by :class:`~cl2r_bench.orthogonal.OrthogonalLinear`) and ``c``
+    its bias::
 
         f = normalise(E h)                     width old_width + added_dims: the retrieval feature
         logits = W (Q f + c)                   W the bias-free classifier (it grows like :class:`LearnableHead`)
@@ -179,14 +182,12 @@ class OrthogonalTransformationHead(LearnableHead):
     dimensions."""
 
     def __init__(self, in_dim: int, num_classes: int, *, old_width: int | None = None, added_dims: int = 32) -> None:
-        from torch.nn.utils.parametrizations import orthogonal
-
         old_width = in_dim if old_width is None else old_width
         super().__init__(old_width + added_dims, num_classes)
         self.old_width, self.width = old_width, old_width + added_dims
         self.compatible = nn.Linear(in_dim, self.old_width)
         self.added = nn.Linear(in_dim, added_dims)
-        self.transform = orthogonal(nn.Linear(self.width, self.width))
+        self.transform = OrthogonalLinear(self.width)
 
     def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         widened = F.normalize(torch.cat([self.compatible(feats), self.added(feats)], dim=1), dim=1)

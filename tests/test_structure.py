@@ -84,10 +84,10 @@ def test_only_the_config_module_and_the_assembly_step_read_the_config_mapping():
     assert readers == []
 
 
-@pytest.mark.parametrize("leaf", ["cl2r_bench/heads.py", "cl2r_bench/errors.py", "tools/parity/probe.py"])
+@pytest.mark.parametrize("leaf", ["cl2r_bench/orthogonal.py", "cl2r_bench/errors.py", "tools/parity/probe.py"])
 def test_leaf_modules_import_nothing_of_the_suite(leaf):
-    """The heads and errors are the bottom of the import layers (pyproject.toml, checked by lint-imports); the
-    parity probe runs under the authors' Python, where the suite is not installed."""
+    """The orthogonal layer (under the heads) and the errors are the bottom of the import layers (pyproject.toml,
+    checked by lint-imports); the parity probe runs under the authors' Python, where the suite is not installed."""
     tree = ast.parse((ROOT / leaf).read_text())
     imported = {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
     imported |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
