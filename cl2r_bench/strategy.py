@@ -30,7 +30,14 @@ A strategy is one file in ``strategies/``, registered as the folder's modules ar
             self.num_old_classes = context.num_old_classes
 
         def loss(self, step: Step) -> torch.Tensor:
-            return self.config.weight * F.cross_entropy(step.logits, step.targets)
+            return self.terms(classification=self.config.weight * F.cross_entropy(step.logits, step.targets))
+
+**Loss terms.** A loss returned through :meth:`Strategy.terms` (``self.terms(classification=ce, distillation=w *
+fd)``) is the sum of its named terms, each as it enters the sum (weight included); the training loop logs each
+term's mean per epoch into the run's record (``timings.tasks[t].loss_terms``), so a term that never acts shows as 0.
+``classification`` names the plain classification loss; every other name is a compatibility term, and a strategy
+with a teacher must make one act in every scenario, or say why in :attr:`Strategy.inert_terms`
+(``tests/strategies/test_terms_act.py``).
 
 The training template (``cl2r_bench/training/template.py``) owns the loop, the optimiser, the replay memory and the
 frozen teacher; a strategy turns one mini-batch's outputs into a loss and may prepare per-task state (class means,
@@ -38,11 +45,12 @@ a frozen classifier) in :meth:`Strategy.before_task`. Its defaults are written o
 (``python runner.py list --params`` prints them; a run's ``config.yaml`` records the values used). Any Avalanche
 strategy runs without a file here: ``--strategy avalanche:<Class>`` (``cl2r_bench/training/avalanche.py``).
 
-**The teacher** (the frozen old model) is the model the task *started from*: the previous task's model, or at
-task 0 and at every replacement task the freshly loaded replacement model (the authors' code, METHODS.md §6).
-A strategy whose ``Config`` has a field ``replacement_teacher = "outgoing"`` gets instead, at a replacement, the
-model deployed before it (whose classifier knows the old classes). A task that starts from a random model
-(CL2R task 0) has no teacher.
+**The teacher** (the frozen old model) is the model the task *started from*: the previous task's model, or at task 0 and
+at every replacement task the freshly loaded replacement model (the authors' code, METHODS.md §6). A strategy whose
+``Config`` has a field ``replacement_teacher = "outgoing"`` gets instead, at a replacement, the model deployed before it
+(whose classifier knows the old classes): the default of every built-in strategy with a teacher but d-Simplex-HOC, whose
+papers train the new model against the deployed one (docs/METHODS.md §6). A task that starts from a random model (CL2R
+task 0) has no teacher.
 """
 from __future__ import annotations
 
@@ -60,11 +68,13 @@ from cl2r_bench.models import DEFAULT_AMP, forward_in_batches
 from cl2r_bench.plugin_settings import NoParams, config_from_params
 from cl2r_bench.registry import Registry
 
-__all__ = ["REPLACEMENT_TEACHERS", "STRATEGIES", "Step", "Strategy", "StrategyError", "StrategyFailure", "TaskContext",
-           "failures_reported", "get_strategy", "list_strategies", "loss_contract_problem", "register_strategy",
-           "strategy_loss"]
+__all__ = ["CLASSIFICATION_TERM", "REPLACEMENT_TEACHERS", "STRATEGIES", "Step", "Strategy", "StrategyError",
+           "StrategyFailure", "TaskContext", "failures_reported", "get_strategy", "list_strategies",
+           "loss_contract_problem", "register_strategy", "strategy_loss"]
 
 REPLACEMENT_TEACHERS = ("incoming", "outgoing")
+CLASSIFICATION_TERM = "classification"
+"""The name of a loss's plain classification term (:meth:`Strategy.terms`); every other term is a compatibility term."""
 
 
 
@@ -239,9 +249,19 @@ class Strategy:
     """The loss in one line, for the table of strategies (``runner.py list --markdown strategies``)."""
     reference: ClassVar[str] = ""
     """The paper the strategy comes from, for the same table."""
+    inert_terms: ClassVar[dict[str, str]] = {}
+    """Scenarios (by name) in which no compatibility term of this strategy acts at the tasks with a teacher, each with
+    the reason (the test that walks every strategy in every scenario reads it)."""
 
     def __init__(self, config: Any) -> None:
         self.config = config
+        self.last_terms: dict[str, torch.Tensor] = {}
+
+    def terms(self, **weighted: torch.Tensor) -> torch.Tensor:
+        """The loss as the sum of its named terms, each as it enters the sum; kept in :attr:`last_terms` for the
+        training loop's per-term log (module docstring)."""
+        self.last_terms = weighted
+        return sum(weighted.values())
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> Strategy:

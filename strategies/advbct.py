@@ -19,9 +19,10 @@ of the task's iterations done, e its 0-based epoch and E its epochs. These follo
 (``Ashespt/AdvBCT``: ``COMP_LOSS.TYPE: bct_limit``, ``ELASTIC_BOUNDARY: True``, ``TRAIN.TYPE: adv_compatible``,
 ``THRESHOLD: 1.0``); the mean of ``L_eb`` over the violating samples only is theirs too. The discriminator and the
 boundary parameters are built for each task with a teacher and trained by the task's optimiser
-(:meth:`Strategy.trainable_modules`). The old model is the teacher of ``cl2r_bench/strategy.py`` (at a replacement the
-incoming replacement model; ``replacement_teacher: outgoing`` keeps the model deployed before it). At CL2R task 0 (no
-old model) the loss is CE.
+(:meth:`Strategy.trainable_modules`). The old model is the teacher of ``cl2r_bench/strategy.py``: at a replacement, by
+default, the model deployed before it (``replacement_teacher: outgoing``: AdvBCT trains the new model against the
+deployed one; ``incoming`` anchors the replacement to itself, as the IAM-CL2R code's shared loop does). At CL2R task 0
+(no old model) the loss is CE.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class AdvBCTConfig:
     threshold: float = 1.0
     discriminator_width: int = setting(100, at_least=1, at_most=WIDTH_MAX)
     centre_classes: str = setting("old", choices=CENTRE_CLASSES)
-    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
+    replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
 
 
 class GradientReversal(torch.autograd.Function):
@@ -147,9 +148,9 @@ class AdvBCT(Strategy):
     def loss(self, step: Step) -> torch.Tensor:
         ce = F.cross_entropy(step.logits, step.targets)
         if self.regions is None or step.teacher_raw_features is None:
-            return ce
+            return self.terms(classification=ce)
         boundary = elastic_boundary_loss(step.features, step.labels, self.regions, self.boundary)
         adversarial = adversarial_loss(step.features, step.teacher_raw_features, self.judge,
                                        reversal_weight(step.progress))
-        return (ce + self.config.boundary_weight * boundary
-                + adversarial_weight(step.epoch, step.epochs) * adversarial)
+        return self.terms(classification=ce, boundary=self.config.boundary_weight * boundary,
+                          adversarial=adversarial_weight(step.epoch, step.epochs) * adversarial)

@@ -9,10 +9,11 @@ whose class has a row of ``W_old``. ``new_class_rows: match_norm`` (this suite's
 scale) rescales the class means to the mean norm of the trained rows, so old and new logits are comparable;
 ``raw`` keeps the means as they are. No replay memory (BCT-ER: :mod:`strategies.bct_er`).
 
-At a replacement the old model is, by default, the incoming replacement, whose classifier is dropped on
-loading: ``W_old`` is then made only of its class means. ``replacement_teacher: outgoing`` keeps the classifier
-of the model deployed before the replacement (extended with that model's class means), so the replacement is
-trained to be compatible with it, as in the BCT paper's model-update setting. At CL2R task 0 (random start,
+At a replacement the old model is, by default, the model deployed before it (``replacement_teacher: outgoing``, the
+BCT paper's model-update setting: the new model is trained against the deployed one), whose classifier is extended
+with its class means, so the replacement is trained to be compatible with it. ``incoming`` takes the replacement
+itself, whose classifier is dropped on loading (``W_old`` then only its class means), as the IAM-CL2R code's shared
+loop does. At CL2R task 0 (random start,
 no old model) the loss is plain CE.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ NEW_CLASS_ROWS = ("match_norm", "raw")
 class BCTConfig:
     influence_weight: float = 1.0
     new_class_rows: str = setting("match_norm", choices=NEW_CLASS_ROWS)
-    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
+    replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
 
 
 def old_classifier(trained_rows: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, num_classes: int,
@@ -90,6 +91,6 @@ class BCT(Strategy):
     def loss(self, step: Step) -> torch.Tensor:
         ce = F.cross_entropy(step.logits, step.targets)
         if self.old_rows is None:
-            return ce
-        return ce + self.config.influence_weight * influence_loss(step.features, step.labels, self.old_rows,
-                                                                  self.row_of_label)
+            return self.terms(classification=ce)
+        return self.terms(classification=ce, influence=self.config.influence_weight * influence_loss(
+            step.features, step.labels, self.old_rows, self.row_of_label))

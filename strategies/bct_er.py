@@ -2,7 +2,7 @@
 
 Batches mix 64 replay + 64 new samples from task 1 on, so old classes reach both the new classifier and the
 frozen old one; class means for ``W_old`` rows the old model was not trained on come from the new data and the
-memory (at a replacement with the default incoming teacher: every seen class).
+memory (at a replacement with ``replacement_teacher: incoming``: every seen class).
 """
 from __future__ import annotations
 

@@ -89,14 +89,16 @@ class BT2(Strategy):
                                                 context.num_seen_classes)
 
     def loss(self, step: Step) -> torch.Tensor:
-        loss = F.cross_entropy(step.logits, step.targets)
+        ce = F.cross_entropy(step.logits, step.targets)
         if self.pseudo_classifier is None:
-            return loss
+            return self.terms(classification=ce)
         compatible = old_frame(step.features, self.old_width)
         old = old_frame(step.teacher_raw_features, self.old_width)
-        loss = (loss + self.config.influence_weight * F.cross_entropy(compatible @ self.pseudo_classifier.t(),
-                                                                       step.labels)
-                + self.config.old_weight * cosine_gap(compatible, old))
+        terms = {"classification": ce,
+                 "influence": self.config.influence_weight * F.cross_entropy(compatible @ self.pseudo_classifier.t(),
+                                                                            step.labels),
+                 "old": self.config.old_weight * cosine_gap(compatible, old)}
         if step.independent_features is not None and step.new_features is not None:
-            loss = loss + self.config.independent_weight * cosine_gap(step.new_features, step.independent_features)
-        return loss
+            terms["independent"] = self.config.independent_weight * cosine_gap(step.new_features,
+                                                                               step.independent_features)
+        return self.terms(**terms)

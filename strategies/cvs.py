@@ -5,14 +5,17 @@
     L_m = mean_i max(0, d(a_i, p_i) - d(a_i, n_i) + 0.1)           (triplet, Euclidean on unit features)
           a_i = phi_t(x_i), p_i = phi_old(x_i), n_i = the phi_old(x_k) nearest to a_i with y_k != y_i in the batch
     L_d = mean over old-class samples of || c_y - phi_t(x) ||^2
-          c_y = mean of the old model's normalised features of class y (from the replay memory)
+          c_y = mean of the old model's normalised features of class y (from the task's samples of the old classes)
 
-Features are L2-normalised throughout (this suite's reading of "normalised features"); anchors without any
-other-class sample in the batch are left out of ``L_m``. The frozen old model is the teacher of
-``cl2r_bench/strategy.py``: the previous task's model, or at a replacement the incoming replacement model (then
-``c_y`` are its class means of the memory); ``replacement_teacher: outgoing`` uses the model deployed before
-the replacement. At CL2R task 0 (no old model) the loss is ``L_c``. The cosine head loads the learnable
-family's replacement models (backbone only).
+Features are L2-normalised throughout (this suite's reading of "normalised features"); anchors without any other-class
+sample in the batch are left out of ``L_m``. The prototypes ``c_y`` are made once per task from every sample of an old
+class the task sees: in a class-incremental stream the replay memory (the CL2R code's), in the upgrade protocol the old
+classes' images of the new training set (its memory stays empty; the two-model experiments make the old classes'
+prototypes from those images). The frozen old model is the teacher of ``cl2r_bench/strategy.py``: the previous task's
+model, or at a replacement, by default, the model deployed before it (``replacement_teacher: outgoing``: CVS keeps the
+new model consistent with the deployed one; ``incoming`` anchors the replacement to itself, as the IAM-CL2R code's
+shared loop does). At CL2R task 0 (no old model) the loss is ``L_c``. The cosine head loads the learnable family's
+replacement models (backbone only).
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ class CVSConfig:
     triplet_weight: float = 10.0
     margin: float = 0.1
     prototype_weight: float = 1.0
-    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
+    replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
 
 
 def nearest_negative_triplet_loss(anchors: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor,
@@ -76,19 +79,24 @@ class CVS(Strategy):
 
     def before_task(self, context: TaskContext) -> None:
         self.prototypes = self.has_prototype = None
-        if context.has_teacher and context.memory is not None and context.num_old_classes > 0:
-            _, features, labels = context.teacher_outputs(context.memory)
+        if not context.has_teacher or context.num_old_classes == 0:
+            return
+        seen = context.seen_data
+        old = seen.select(torch.nonzero(seen.labels < context.num_old_classes).flatten())
+        if len(old):
+            _, features, labels = context.teacher_outputs(old)
             self.prototypes, self.has_prototype = class_means(F.normalize(features, dim=1), labels,
                                                               context.num_old_classes)
 
     def loss(self, step: Step) -> torch.Tensor:
-        loss = F.cross_entropy(step.logits / self.config.temperature, step.targets)
+        classification = F.cross_entropy(step.logits / self.config.temperature, step.targets)
         if step.teacher_features is None:
-            return loss
+            return self.terms(classification=classification)
         new = F.normalize(step.features.float(), dim=1)
-        loss = loss + self.config.triplet_weight * nearest_negative_triplet_loss(
-            new, step.teacher_features, step.labels, self.config.margin)
+        terms = {"classification": classification,
+                 "triplet": self.config.triplet_weight * nearest_negative_triplet_loss(
+                     new, step.teacher_features, step.labels, self.config.margin)}
         if self.prototypes is not None:
-            loss = loss + self.config.prototype_weight * prototype_loss(new, step.labels, self.prototypes,
-                                                                        self.has_prototype)
-        return loss
+            terms["prototype"] = self.config.prototype_weight * prototype_loss(new, step.labels, self.prototypes,
+                                                                               self.has_prototype)
+        return self.terms(**terms)

@@ -63,7 +63,7 @@ class DSimplexHOC(Strategy):
     def loss(self, step: Step) -> torch.Tensor:
         ce = F.cross_entropy(step.logits, step.targets)
         if step.teacher_features is None:
-            return ce
+            return self.terms(classification=ce)
         hoc = hoc_loss(step.teacher_features, F.normalize(step.features.float(), dim=1), step.labels,
                        self.config.mu, self.config.mask)
-        return self.config.ce_weight * ce + self.config.hoc_weight * hoc
+        return self.terms(classification=self.config.ce_weight * ce, hoc=self.config.hoc_weight * hoc)

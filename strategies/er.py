@@ -21,4 +21,4 @@ class ExperienceReplay(Strategy):
     needs_teacher = False
 
     def loss(self, step: Step) -> torch.Tensor:
-        return F.cross_entropy(step.logits, step.targets)
+        return self.terms(classification=F.cross_entropy(step.logits, step.targets))

@@ -1,15 +1,23 @@
-"""FD: learnable growing head + feature distillation on the replay samples (METHODS.md §6, CL2R baseline).
+"""FD: learnable growing head + feature distillation on the old classes' samples (METHODS.md §6, CL2R baseline).
 
-    L = CE + lambda_t * mean_{i in memory half} (1 - cos(phi_t(x_i), phi_old(x_i)))
+    L = CE + lambda_t * mean_{i: y_i an old class} (1 - cos(phi_t(x_i), phi_old(x_i)))
 
 with ``lambda_t = lambda_base * sqrt(#new classes / #old classes)`` (``lambda_base`` = 5; "old" = the classes
 seen before this task). That is the CL2R code's rule, the inverse of LUCIR's ``sqrt(old / new)``: kept as coded
-and flagged here. ``adaptive: false`` uses ``lambda_base`` as is; ``samples: all`` distils on the whole batch
-instead of the memory half. With no old class (task 0) or no replay sample in the batch the loss is plain CE.
+and flagged here. ``adaptive: false`` uses ``lambda_base`` as is.
 
-The old model is the frozen teacher of ``cl2r_bench/strategy.py``: the previous task's model, or at a replacement
-the incoming replacement itself (``replacement_teacher: outgoing``: the model deployed before it). The features
-distilled are the retrieval features (the backbone output for this head).
+The samples distilled (``samples``): ``old_classes`` (the default) are the batch's samples of the classes seen before
+the task, the samples the old model was trained on. In a class-incremental stream they are exactly the replay half
+(a task's new data holds only its new classes), the CL2R code's "memory" samples; in the upgrade protocol, whose new
+training set holds the old classes and whose memory stays empty, they are the old classes' images of that set, as
+the two-model experiments distil. ``memory`` distils on the replay samples only (the suite's former default, which
+left the term inert in ``upgrade``); ``all`` on the whole batch. With no old class (task 0) or none in the batch the
+loss is plain CE.
+
+The old model is the frozen teacher of ``cl2r_bench/strategy.py``: the previous task's model, or at a replacement, by
+default, the model deployed before it (``replacement_teacher: outgoing``: CL2R distils the new model towards the
+previous, deployed one; ``incoming`` distils towards the replacement itself, as the IAM-CL2R code's shared loop does).
+The features distilled are the retrieval features (the backbone output for this head).
 """
 from __future__ import annotations
 
@@ -22,15 +30,15 @@ import torch.nn.functional as F
 from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
-SAMPLES = ("memory", "all")
+SAMPLES = ("old_classes", "memory", "all")
 
 
 @dataclass(frozen=True)
 class FDConfig:
     lambda_base: float = 5.0
     adaptive: bool = True
-    samples: str = setting("memory", choices=SAMPLES)
-    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
+    samples: str = setting("old_classes", choices=SAMPLES)
+    replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
 
 
 def distillation_weight(lambda_base: float, num_new: int, num_old: int, adaptive: bool = True) -> float:
@@ -60,14 +68,22 @@ class FeatureDistillation(Strategy):
     def __init__(self, config: FDConfig) -> None:
         super().__init__(config)
         self.weight = 0.0
+        self.num_old_classes = 0
 
     def before_task(self, context: TaskContext) -> None:
+        self.num_old_classes = context.num_old_classes
         self.weight = distillation_weight(self.config.lambda_base, context.num_new_classes, context.num_old_classes,
                                           self.config.adaptive) if context.has_teacher else 0.0
+
+    def distilled(self, step: Step) -> torch.Tensor:
+        """Which samples of the batch are distilled (``samples``, module docstring)."""
+        if self.config.samples == "old_classes":
+            return step.labels < self.num_old_classes
+        return step.from_memory if self.config.samples == "memory" else torch.ones_like(step.from_memory)
 
     def loss(self, step: Step) -> torch.Tensor:
         ce = F.cross_entropy(step.logits, step.targets)
         if step.teacher_features is None or self.weight == 0.0:
-            return ce
-        select = step.from_memory if self.config.samples == "memory" else torch.ones_like(step.from_memory)
-        return ce + self.weight * feature_distillation_loss(step.features, step.teacher_features, select)
+            return self.terms(classification=ce)
+        return self.terms(classification=ce, distillation=self.weight * feature_distillation_loss(
+            step.features, step.teacher_features, self.distilled(step)))

@@ -26,8 +26,9 @@ transformation of the old features:
 
 ``alignment_weight``, ``boundary_weight`` and ``centre_classes`` default to the form's. The old model is the teacher of
 ``cl2r_bench/strategy.py``; its centres are computed once per task from the task's data and the replay memory, so at
-a replacement they are the incoming replacement model's (``replacement_teacher: outgoing`` keeps the model deployed
-before it). At CL2R task 0 (no old model) the loss is CE.
+a replacement they are, by default, those of the model deployed before it (``replacement_teacher: outgoing``: LCE
+aligns the new model to the deployed one's centres; ``incoming``: the replacement's own, as the IAM-CL2R code's shared
+loop does). At CL2R task 0 (no old model) the loss is CE.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class LCEConfig:
     alignment_weight: float | None = None
     boundary_weight: float | None = None
     centre_classes: str | None = setting(None, choices=CENTRE_CLASSES)
-    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
+    replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
 
     def __post_init__(self) -> None:
         for key, value in FORMS[self.form].items():
@@ -126,7 +127,7 @@ class LCE(Strategy):
     def loss(self, step: Step) -> torch.Tensor:
         ce = F.cross_entropy(step.logits, step.targets)
         if self.regions is None:
-            return ce
+            return self.terms(classification=ce)
         classifier = self.model.head.classifier.weight
         if self.config.form == "authors":
             align = squared_alignment_loss(classifier, self.regions)
@@ -134,4 +135,5 @@ class LCE(Strategy):
         else:
             align = alignment_loss(classifier, step.labels, self.regions)
             boundary = boundary_loss(step.features, step.labels, self.regions)
-        return ce + self.config.alignment_weight * align + self.config.boundary_weight * boundary
+        return self.terms(classification=ce, alignment=self.config.alignment_weight * align,
+                          boundary=self.config.boundary_weight * boundary)

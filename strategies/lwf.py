@@ -6,10 +6,10 @@
 over the ``k`` classes the old classifier was trained on. KD is the soft-target cross-entropy of Li & Hoiem
 (no ``T^2`` factor; its gradient equals that of KL(old || new)). No replay memory, as in the original.
 
-At a replacement the teacher is, by default, the incoming replacement model, whose classifier is dropped on
-loading: it knows no stream class, so ``k = 0`` and that task is trained with plain CE. With
-``replacement_teacher: outgoing`` the model deployed before the replacement is the teacher and its classifier
-is distilled into the replacement.
+At a replacement the teacher is, by default, the model deployed before it (``replacement_teacher: outgoing``: LwF
+distils the previous model into the new one), and its classifier is distilled into the replacement. With
+``incoming`` the teacher is the replacement itself, whose classifier is dropped on loading: it knows no stream class,
+so ``k = 0`` and that task is trained with plain CE.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContex
 class LwFConfig:
     kd_weight: float = 1.0
     temperature: float = setting(2.0, above=0)
-    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
+    replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
 
 
 def distillation_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -54,7 +54,7 @@ class LwF(Strategy):
     def loss(self, step: Step) -> torch.Tensor:
         ce = F.cross_entropy(step.logits, step.targets)
         if step.teacher_logits is None or self.old_classes == 0:
-            return ce
+            return self.terms(classification=ce)
         k = self.old_classes
-        return ce + self.config.kd_weight * distillation_loss(step.logits[:, :k], step.teacher_logits[:, :k],
-                                                              self.config.temperature)
+        return self.terms(classification=ce, distillation=self.config.kd_weight * distillation_loss(
+            step.logits[:, :k], step.teacher_logits[:, :k], self.config.temperature))

@@ -11,18 +11,19 @@ to class regions the old features occupy::
     m_i = phi_t(x_i)     for every other row                                   (``mixing: replace``, alpha = 0.3)
     arc_m: t -> t cos m - sqrt(1 - t²) sin m   where t > cos(pi - m),   t - m sin(pi - m) otherwise   (t = cos θ_y)
 
-``W`` is the new model's own classifier (the ``cosine`` head: cosines of the normalised feature and the normalised
-rows, as their ``PartialFC`` at sample rate 1, which clamps them to [-1, 1]); ``floor(alpha * B)`` is their
-``int(cfg.batch_size * cfg.mix_ratio)``, ``B`` the batch size. A replaced row carries no gradient to the
-backbone, only to ``W`` (their in-place replacement). **Denoising** (their ``denoise_credible.py``, ``--T 0.9``):
-an old feature is *credible* when it is among the ``ceil(T * n_y)`` of its class's ``n_y`` features nearest to the
-class mean, after normalising each feature and then each dimension over the whole set (``denoise_space:
+``W`` is the new model's own classifier (the ``cosine`` head: cosines of the normalised feature and the normalised rows,
+as their ``PartialFC`` at sample rate 1, which clamps them to [-1, 1]); ``floor(alpha * B)`` is their
+``int(cfg.batch_size * cfg.mix_ratio)``, ``B`` the batch size. The run's per-term log splits the mean into the unmixed
+rows' share (``classification``) and the mixed rows' (``mixed``: 0 when no row could be mixed). A replaced row carries
+no gradient to the backbone, only to ``W`` (their in-place replacement). **Denoising** (their ``denoise_credible.py``,
+``--T 0.9``): an old feature is *credible* when it is among the ``ceil(T * n_y)`` of its class's ``n_y`` features
+nearest to the class mean, after normalising each feature and then each dimension over the whole set (``denoise_space:
 rows_columns``, sklearn's ``normalize`` then ``normalize(axis=0)``, Euclidean distances). The suite makes the class
-statistics once per task from the teacher's features of the task's data and the replay memory (every class with
-data: their old features cover the whole new training set) and keeps, per class, the distance of the
-``ceil(T n_y)``-th nearest (``r_y``); a batch row is credible when its old feature lies within ``r_y`` of its class
-mean, which on the task's own images is exactly their per-image mask (ties aside). ``credible_ratio: 1`` keeps
-every feature (no denoising); ``denoise_space: rows`` measures the distances on the unit features alone.
+statistics once per task from the teacher's features of the task's data and the replay memory (every class with data:
+their old features cover the whole new training set) and keeps, per class, the distance of the ``ceil(T n_y)``-th
+nearest (``r_y``); a batch row is credible when its old feature lies within ``r_y`` of its class mean, which on the
+task's own images is exactly their per-image mask (ties aside). ``credible_ratio: 1`` keeps every feature (no
+denoising); ``denoise_space: rows`` measures the distances on the unit features alone.
 
 Readings where the sources leave room (METHODS.md §6b):
 
@@ -40,8 +41,10 @@ Readings where the sources leave room (METHODS.md §6b):
   log-softmax does not. The gradients are the same.
 
 The old model's features must be as wide as the new model's (the new classifier reads both). The old model is the
-teacher of ``cl2r_bench/strategy.py`` (at a replacement the incoming model; ``replacement_teacher: outgoing`` keeps
-the model deployed before it). Without a teacher (CL2R task 0) the loss is the ArcFace term on the new features.
+teacher of ``cl2r_bench/strategy.py``: at a replacement, by default, the model deployed before it
+(``replacement_teacher: outgoing``: MixBCT trains the new model against the deployed one; ``incoming`` anchors the
+replacement to itself, as the IAM-CL2R code's shared loop does). Without a teacher (CL2R task 0) the loss is the ArcFace
+term on the new features.
 """
 from __future__ import annotations
 
@@ -68,7 +71,7 @@ class MixBCTConfig:
     margin: float = setting(0.5, at_least=0, below=math.pi)
     mixing: str = setting("replace", choices=MIXINGS)
     denoise_space: str = setting("rows_columns", choices=DENOISE_SPACES)
-    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
+    replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
 
 
 @dataclass
@@ -191,5 +194,8 @@ class MixBCT(Strategy):
             self.mixed = rows
             cosine = mixed_cosines(cosine, step.features, step.teacher_features, self.model.head.classifier.weight,
                                    rows, config.mixing, config.mix_ratio)
-        return F.cross_entropy(arcface_logits(cosine, step.targets, self.config.scale, self.config.margin),
-                               step.targets)
+        else:
+            rows = torch.zeros_like(step.labels, dtype=torch.bool)
+        losses = F.cross_entropy(arcface_logits(cosine, step.targets, self.config.scale, self.config.margin),
+                                 step.targets, reduction="none")
+        return self.terms(classification=losses[~rows].sum() / len(losses), mixed=losses[rows].sum() / len(losses))

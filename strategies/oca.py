@@ -88,13 +88,15 @@ class OCA(Strategy):
 
     def loss(self, step: Step) -> torch.Tensor:
         smoothing = self.config.label_smoothing
-        loss = self.config.classification_weight * F.cross_entropy(step.logits, step.targets,
-                                                                   label_smoothing=smoothing)
+        classification = self.config.classification_weight * F.cross_entropy(step.logits, step.targets,
+                                                                             label_smoothing=smoothing)
         if self.pseudo_classifier is None:
-            return loss
+            return self.terms(classification=classification)
         compatible = old_frame(step.features, self.old_width)
         rows = self.pseudo_classifier[step.labels]
-        return (loss + self.config.influence_weight * F.cross_entropy(compatible @ self.pseudo_classifier.t(),
-                                                                       step.labels, label_smoothing=smoothing)
-                + self.config.alignment_weight * F.cosine_embedding_loss(rows, compatible,
-                                                                          compatible.new_ones(len(compatible))))
+        return self.terms(
+            classification=classification,
+            influence=self.config.influence_weight * F.cross_entropy(compatible @ self.pseudo_classifier.t(),
+                                                                     step.labels, label_smoothing=smoothing),
+            alignment=self.config.alignment_weight * F.cosine_embedding_loss(rows, compatible,
+                                                                             compatible.new_ones(len(compatible))))

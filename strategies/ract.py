@@ -15,8 +15,9 @@ every new feature, the negatives' too, as the equation says; the reference code 
 ``all_gather``, which carries no gradient, so there the other samples' new features are constants:
 ``detach_new_negatives: true`` reproduces that (the parity check shows both, METHODS.md §6b). Batch samples of another
 class are negatives; same-class samples are left out of both sets, as in their code. The old model is the teacher of
-``cl2r_bench/strategy.py`` (the previous task's model, or at a replacement the incoming replacement model;
-``replacement_teacher: outgoing`` keeps the model deployed before it). At CL2R task 0 (no old model) the loss is CE.
+``cl2r_bench/strategy.py``: the previous task's model, or at a replacement, by default, the model deployed before it
+(``replacement_teacher: outgoing``: RACT trains the new model against the deployed one; ``incoming`` anchors the
+replacement to itself, as the IAM-CL2R code's shared loop does). At CL2R task 0 (no old model) the loss is CE.
 Batches mix replay and new samples, so old classes take part in a class-incremental stream.
 """
 from __future__ import annotations
@@ -36,7 +37,7 @@ class RACTConfig:
     temperature: float = setting(0.01, above=0)
     hard_negatives: int = 10         # 0: all
     detach_new_negatives: bool = False
-    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
+    replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
 
 
 def regression_alleviating_loss(features: torch.Tensor, old_features: torch.Tensor, labels: torch.Tensor,
@@ -67,7 +68,7 @@ class RACT(Strategy):
     def loss(self, step: Step) -> torch.Tensor:
         ce = F.cross_entropy(step.logits, step.targets)
         if step.teacher_features is None:
-            return ce
-        return ce + self.config.weight * regression_alleviating_loss(
+            return self.terms(classification=ce)
+        return self.terms(classification=ce, contrastive=self.config.weight * regression_alleviating_loss(
             step.features, step.teacher_features, step.labels, self.config.temperature, self.config.hard_negatives,
-            self.config.detach_new_negatives)
+            self.config.detach_new_negatives))

@@ -15,14 +15,15 @@ that the new model finds close, so that the new model's structure of the class m
 columns`` normalises each column instead, as the public reimplementation does (MixBCT, ``softmax(edges, dim=0)``):
 then ``1^T S = 1^T``, so ``mean_i O~_i`` is exactly the plain class mean and the refinement changes nothing
 (METHODS.md §6b shows the algebra; a test checks it). ``refinement: none`` takes the plain class means of the old
-unit features, as the reference implementation does (``Ashespt/AdvBCT``, ``COMP_LOSS.TYPE: uni_bct``, there over
-the old classes only: ``centre_classes: old``). The refinement's lambda and tau are those of the public reimplementation
-in MixBCT (the paper's own code is not released); METHODS.md §6b says what comes from where. Prototypes are made
-once per task, in ``before_task``, from the task's new data and the replay memory, with the model the task starts
-from as the new model: in a stream it is already trained (the previous task's, or the replacement), so the graph is
-meaningful from the first iteration. The old model is the teacher of ``cl2r_bench/strategy.py`` (at a replacement the
-incoming replacement model; ``replacement_teacher: outgoing`` keeps the model deployed before it). At CL2R task 0
-(no old model) the loss is CE.
+unit features, as the reference implementation does (``Ashespt/AdvBCT``, ``COMP_LOSS.TYPE: uni_bct``, there over the old
+classes only: ``centre_classes: old``). The refinement's lambda and tau are those of the public reimplementation in
+MixBCT (the paper's own code is not released); METHODS.md §6b says what comes from where. Prototypes are made once per
+task, in ``before_task``, from the task's new data and the replay memory, with the model the task starts from as the new
+model: in a stream it is already trained (the previous task's, or the replacement), so the graph is meaningful from the
+first iteration. The old model is the teacher of ``cl2r_bench/strategy.py``: at a replacement, by default, the model
+deployed before it (``replacement_teacher: outgoing``: UniBCT trains the new model against the deployed one's
+prototypes; ``incoming`` anchors the replacement to itself, as the IAM-CL2R code's shared loop does). At CL2R task 0 (no
+old model) the loss is CE.
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ class UniBCTConfig:
     affinity_temperature: float = setting(0.05, above=0)
     transition: str = setting("rows", choices=tuple(TRANSITIONS))
     centre_classes: str = setting("seen", choices=CENTRE_CLASSES)
-    replacement_teacher: str = setting("incoming", choices=REPLACEMENT_TEACHERS)
+    replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
 
 
 def refined_prototype(old: torch.Tensor, new: torch.Tensor, propagation: float, temperature: float,
@@ -136,6 +137,6 @@ class UniBCT(Strategy):
     def loss(self, step: Step) -> torch.Tensor:
         ce = F.cross_entropy(step.logits, step.targets)
         if self.prototypes is None:
-            return ce
-        return ce + self.config.weight * prototype_loss(step.features, step.labels, self.prototypes,
-                                                        self.row_of_label, self.config.scale, self.config.margin)
+            return self.terms(classification=ce)
+        return self.terms(classification=ce, prototype=self.config.weight * prototype_loss(
+            step.features, step.labels, self.prototypes, self.row_of_label, self.config.scale, self.config.margin))

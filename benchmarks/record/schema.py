@@ -167,14 +167,18 @@ class Adapter(TypedDict):
 
 
 class TaskTiming(TypedDict):
-    """One task's cost. ``seconds``: training (0 where the scenario does not train); ``iterations``: optimiser
-    steps; ``images``: training images seen, each epoch counted (by all ranks together under torchrun);
-    ``final_loss``: the last batch's loss (the global batch's; None without training); ``eval_seconds``: deploying the
+    """One task's training and cost. ``seconds``: training (0 where the scenario does not train); ``iterations``:
+    optimiser steps; ``images``: training images seen, each epoch counted (by all ranks together under torchrun);
+    ``final_loss``: the last batch's loss (the global batch's; None without training); ``loss_terms``: each term of
+    the strategy's loss (``classification`` and its compatibility terms, weighted as they enter the loss;
+    ``loss`` alone for a strategy that names none) and its mean per epoch, so an inert term shows as 0 (absent
+    without training, for an Avalanche strategy and in records written before it); ``eval_seconds``: deploying the
     model (embedding and scoring); ``images_per_second``: ``images / seconds``."""
     seconds: Annotated[float, Read("a number of seconds", _within(0, math.inf), required=True)]
     iterations: Annotated[int, Read("a number of iterations", _count, required=True)]
     images: int
     final_loss: float | None
+    loss_terms: NotRequired[dict[str, list[float]]]
     eval_seconds: float
     images_per_second: float
 

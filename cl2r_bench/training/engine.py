@@ -123,6 +123,33 @@ class DeviceBatches:
         return [images, labels, from_memory]
 
 
+class LossTermLog:
+    """Each loss term's mean per epoch (:meth:`cl2r_bench.strategy.Strategy.terms`): sums kept on the device, read
+    once per epoch, so logging adds no host synchronisation to an iteration. A term missing from an iteration counts
+    as 0 there; ``means[name]`` has one value per epoch (a term first seen in a later epoch: 0 for the earlier
+    ones)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.iterations = 0
+        self.means: dict[str, list[float]] = {}
+        self.epochs = 0
+
+    def add(self, terms: dict[str, torch.Tensor]) -> None:
+        for name, value in terms.items():
+            value = value.detach().float()
+            self.sums[name] = self.sums[name] + value if name in self.sums else value
+        self.iterations += 1
+
+    def end_epoch(self) -> None:
+        for name in self.sums.keys() | self.means.keys():
+            total = self.sums.get(name)
+            mean = float(total) / self.iterations if total is not None and self.iterations else 0.0
+            self.means.setdefault(name, [0.0] * self.epochs).append(mean)
+        self.sums, self.iterations = {}, 0
+        self.epochs += 1
+
+
 class EpochHook(Protocol):
     """Epoch-level control of :func:`~cl2r_bench.training.loop.train_task` (replacement pretraining until a plateau,
     ``cl2r_bench/training/pretrain.py``).

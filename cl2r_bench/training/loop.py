@@ -25,9 +25,9 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
                independent: RetrievalModel | None = None, experience: Any = None,
                description: str = "", epoch_hook: EpochHook | None = None,
                tracker: Tracker | None = None, task_index: int = 0,
-               processes: Processes = SINGLE) -> dict[str, float]:
-    """Train ``model`` in place on one task; returns ``{"seconds", "iterations", "images", "final_loss"}`` (images
-    and loss of the global batch).
+               processes: Processes = SINGLE) -> dict[str, Any]:
+    """Train ``model`` in place on one task; returns ``{"seconds", "iterations", "images", "final_loss",
+    "loss_terms"}`` (images and loss of the global batch; each loss term's mean per epoch, :class:`LossTermLog`).
 
     ``teacher`` and ``independent`` are frozen models whose features of each batch the strategy reads
     (``Step.teacher_*``, ``Step.independent_features``). A strategy that uses the replay memory draws its replay
@@ -84,4 +84,4 @@ def train_task(model: RetrievalModel, strategy: Strategy, new: ImageSet, memory:
     if broken is not None:
         raise NonFiniteError(f"{broken} holds NaN or infinite values after {template.step_count} iterations")
     return {"seconds": time.perf_counter() - started, "iterations": template.step_count,
-            "images": template.images_seen, "final_loss": template.last_loss}
+            "images": template.images_seen, "final_loss": template.last_loss, "loss_terms": template.term_log.means}

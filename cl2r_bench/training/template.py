@@ -6,11 +6,12 @@ are :class:`~cl2r_bench.training.engine.DeviceBatches` (``make_train_dataloader`
 (``forward``; the teacher is frozen in ``_before_training_exp``), the replay memory takes the task's exemplars in
 ``_after_training_exp``, the learning rate follows the cosine schedule or an epoch hook (``optimizer_step``),
 float16 autocast with gradient scaling on GPU, and the divergence check and the loss log run where the loss is read
-(``_after_training_iteration``). The forward, the loss, the backward and the optimizer step run inside the torch
-profiler's labels ``cl2r.forward``, ``cl2r.loss``, ``cl2r.backward``, ``cl2r.optimizer`` (``tools/profile_training.py``;
-free when no profiler runs). A model swap at a replacement task happens outside ``train()``
-(:class:`cl2r_bench.app.run_loop.Run`), as Avalanche requires (the optimizer is built for the model being trained). This
-module imports Avalanche (seconds), so :func:`~cl2r_bench.training.loop.train_task` imports it on first use.
+(``_after_training_iteration``), and each loss term's mean per epoch is logged (:class:`LossTermLog`). The forward, the
+loss, the backward and the optimizer step run inside the torch profiler's labels ``cl2r.forward``, ``cl2r.loss``,
+``cl2r.backward``, ``cl2r.optimizer`` (``tools/profile_training.py``; free when no profiler runs). A model swap at a
+replacement task happens outside ``train()`` (:class:`cl2r_bench.app.run_loop.Run`), as Avalanche requires (the
+optimizer is built for the model being trained). This module imports Avalanche (seconds), so
+:func:`~cl2r_bench.training.loop.train_task` imports it on first use.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from cl2r_bench.settings import TrainSettings
 from cl2r_bench.strategy import Step, Strategy, strategy_loss
 from cl2r_bench.tracking import Tracker
 
-from .engine import DeviceBatches, EpochHook, ReplayMemory, scheduled_lr
+from .engine import DeviceBatches, EpochHook, LossTermLog, ReplayMemory, scheduled_lr
 
 with importing_avalanche():
     from avalanche.training.templates import SupervisedTemplate
@@ -53,6 +54,7 @@ class CompatibilityTemplate(SupervisedTemplate):
         self.total_steps = settings.epochs * len(batches)
         self.step_count, self.images_seen, self.last_loss = 0, 0, float("nan")
         self.first_nonfinite = torch.tensor(-1, device=self.device)
+        self.term_log = LossTermLog()
 
     def _before_training_exp(self, **kwargs) -> None:
         """The teacher and the independent model are frozen: eval mode (normalisation statistics fixed), no
@@ -127,7 +129,10 @@ class CompatibilityTemplate(SupervisedTemplate):
     def criterion(self):
         where = f"task {self.task_index}, iteration {self.step_count + 1} of {self.total_steps}"
         with torch.profiler.record_function("cl2r.loss"):
-            return strategy_loss(self.compat_strategy, self._step, where)
+            self.compat_strategy.last_terms = {}
+            loss = strategy_loss(self.compat_strategy, self._step, where)
+            self.term_log.add(self.compat_strategy.last_terms or {"loss": loss})
+            return loss
 
     def backward(self) -> None:
         with torch.profiler.record_function("cl2r.backward"):
@@ -168,6 +173,7 @@ class CompatibilityTemplate(SupervisedTemplate):
 
     def _after_training_epoch(self, **kwargs) -> None:
         super()._after_training_epoch(**kwargs)
+        self.term_log.end_epoch()
         if self.epoch_hook is not None and not self.epoch_hook.after_epoch(self.trained, self.optimizer):
             self.stop_training()
 

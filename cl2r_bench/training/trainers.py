@@ -41,8 +41,9 @@ class Trainer(Protocol):
 
     def train(self, model: RetrievalModel, task: Task, memory: ReplayMemory, *, teacher: RetrievalModel | None,
               teacher_classes: int, replacement: bool, tracker: Tracker, description: str,
-              independent: RetrievalModel | None = None) -> dict[str, float]:
-        """Fine-tune ``model`` in place on ``task``; returns ``{"seconds", "iterations", "images", "final_loss"}``.
+              independent: RetrievalModel | None = None) -> dict[str, Any]:
+        """Fine-tune ``model`` in place on ``task``; returns ``{"seconds", "iterations", "images", "final_loss"}`` (and
+        ``loss_terms`` for a strategy of the suite's template).
         A trainer with ``uses_memory`` replays from ``memory`` and adds the task's exemplars to it; one with
         ``needs_independent`` is given the task's independent new model (``TaskContext.independent``)."""
 
@@ -59,7 +60,7 @@ class StrategyTrainer:
 
     def train(self, model: RetrievalModel, task: Task, memory: ReplayMemory, *, teacher: RetrievalModel | None,
               teacher_classes: int, replacement: bool, tracker: Tracker, description: str,
-              independent: RetrievalModel | None = None) -> dict[str, float]:
+              independent: RetrievalModel | None = None) -> dict[str, Any]:
         with failures_reported(self.strategy, f"task {task.index}, before_task"):
             self.strategy.before_task(TaskContext(
                 index=task.index, num_old_classes=task.num_seen_classes - len(task.new_classes),
@@ -88,7 +89,7 @@ class AvalancheTrainer:
 
     def train(self, model: RetrievalModel, task: Task, memory: ReplayMemory, *, teacher: RetrievalModel | None,
               teacher_classes: int, replacement: bool, tracker: Tracker, description: str,
-              independent: RetrievalModel | None = None) -> dict[str, float]:
+              independent: RetrievalModel | None = None) -> dict[str, Any]:
         self.strategy, timing = train_on_experience(self.strategy, self.name, self.params, model, task.experience,
                                                     self.settings, device=self.device, description=description)
         return timing

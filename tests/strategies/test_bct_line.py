@@ -97,7 +97,7 @@ def test_lce_authors_alignment_is_the_mean_squared_error_of_the_unit_rows():
 def test_lce_forms_bring_their_own_weights_and_classes():
     assert get_strategy("lce").from_params({}).config.__dict__ == {
         "form": "authors", "alignment_weight": 100.0, "boundary_weight": 1.0, "centre_classes": "seen",
-        "replacement_teacher": "incoming"}
+        "replacement_teacher": "outgoing"}
     advbct = get_strategy("lce").from_params({"form": "advbct", "boundary_weight": 3.0}).config
     assert (advbct.alignment_weight, advbct.boundary_weight, advbct.centre_classes) == (1.0, 3.0, "old")
 

@@ -193,7 +193,7 @@ def test_mixbct_is_registered_with_the_authors_defaults():
     assert cls is MixBCT and (cls.head, cls.uses_memory, cls.needs_teacher) == ("cosine", True, True)
     assert cls.from_params({}).config.__dict__ == {
         "mix_ratio": 0.3, "credible_ratio": 0.9, "scale": 64.0, "margin": 0.5, "mixing": "replace",
-        "denoise_space": "rows_columns", "replacement_teacher": "incoming"}
+        "denoise_space": "rows_columns", "replacement_teacher": "outgoing"}
     assert cls.loss_summary.startswith("`ArcFace") and cls.reference == "Liang et al., arXiv 2023"
 
 

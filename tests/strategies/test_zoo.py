@@ -102,23 +102,33 @@ def test_fd_weight_is_five_sqrt_new_over_old():
     assert distillation_weight(5.0, 15, 10, adaptive=False) == 5.0
 
 
-def test_fd_loss_by_hand_on_the_memory_half():
-    # cos(new_1, old_1) = cos((0,1), (1,0)) = 0; cos(new_2, old_2) = cos((1,1), (0,1)) = 1/sqrt 2; sample 0 is new.
-    s = step([0, 1, 1], [[2.0, 0.0], [0.0, 1.0], [1.0, 3.0]], [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]],
-             from_memory=[False, True, True], teacher_features=[[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
-    ce = (-2 + log_sum_exp(2, 0) - 1 + log_sum_exp(0, 1) - 3 + log_sum_exp(1, 3)) / 3
+def test_fd_loss_by_hand_on_the_old_classes_samples():
+    # One old class (0) and one new (1): cos(new_1, old_1) = cos((0,1), (1,0)) = 0; cos(new_2, old_2) = cos((1,1),
+    # (0,1)) = 1/sqrt 2; sample 0, of the new class, is not distilled. lambda = 5 sqrt(1 / 1).
+    teacher = [[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]]
+    logits, features = [[2.0, 0.0], [0.0, 1.0], [1.0, 3.0]], [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
+    ce = (0 + log_sum_exp(2, 0) - 0 + log_sum_exp(0, 1) - 1 + log_sum_exp(1, 3)) / 3
     fd = ((1 - 0) + (1 - 1 / math.sqrt(2))) / 2
+    replayed = step([1, 0, 0], logits, features, from_memory=[False, True, True], teacher_features=teacher)
+    upgrade = step([1, 0, 0], logits, features, teacher_features=teacher)     # old classes in the new data, no memory
     for name in ("fd", "dsimplex_fd"):
         strategy = get_strategy(name).from_params({})
-        strategy.before_task(context(10, 15, teacher=torch.nn.Linear(1, 1)))
-        assert float(strategy.loss(s)) == pytest.approx(ce + 5 * math.sqrt(1.5) * fd, abs=1e-5)
+        strategy.before_task(context(1, 1, teacher=torch.nn.Linear(1, 1)))
+        for batch in (replayed, upgrade):
+            assert float(strategy.loss(batch)) == pytest.approx(ce + 5 * fd, abs=1e-5)
+            assert float(strategy.last_terms["distillation"]) == pytest.approx(5 * fd, abs=1e-6)
+    memory_only = get_strategy("fd").from_params({"samples": "memory"})
+    memory_only.before_task(context(1, 1, teacher=torch.nn.Linear(1, 1)))
+    assert float(memory_only.loss(replayed)) == pytest.approx(ce + 5 * fd, abs=1e-5)
+    assert float(memory_only.loss(upgrade)) == pytest.approx(ce, abs=1e-6)
     everywhere = get_strategy("fd").from_params({"samples": "all", "adaptive": False, "lambda_base": 2.0})
-    everywhere.before_task(context(10, 15, teacher=torch.nn.Linear(1, 1)))
-    assert float(everywhere.loss(s)) == pytest.approx(ce + 2 * (1 + 1 + 1 - 1 / math.sqrt(2)) / 3, abs=1e-5)
+    everywhere.before_task(context(1, 1, teacher=torch.nn.Linear(1, 1)))
+    assert float(everywhere.loss(replayed)) == pytest.approx(ce + 2 * (1 + 1 + 1 - 1 / math.sqrt(2)) / 3, abs=1e-5)
 
 
-def test_fd_without_memory_samples_or_teacher_is_ce():
-    s = step([0, 1], [[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]], teacher_features=[[0.0, 1.0], [1.0, 0]])
+def test_fd_without_old_class_samples_or_teacher_is_ce():
+    s = step([10, 11], [[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]], teacher_features=[[0.0, 1.0], [1.0, 0]],
+             targets=torch.tensor([0, 1]))
     strategy = get_strategy("fd").from_params({})
     strategy.before_task(context(10, 15, teacher=torch.nn.Linear(1, 1)))
     assert torch.allclose(strategy.loss(s), F.cross_entropy(s.logits, s.targets))
@@ -243,14 +253,18 @@ def test_cvs_total_loss_weights_and_temperature():
 
 
 def test_cvs_prototypes_are_old_class_means_of_normalised_teacher_features():
+    """From the replay memory in a stream, from the new training set's old-class images in the upgrade protocol."""
     teacher = small_model("cosine").eval()
-    memory = images(8, torch.tensor([0, 1, 2, 3] * 2))
+    memory = images(6, torch.tensor([0, 1, 2] * 2))
+    new = images(4, torch.tensor([3, 4] * 2))
+    unit = F.normalize(teacher_features(teacher, memory), dim=1)
     strategy = get_strategy("cvs").from_params({})
-    strategy.before_task(context(3, 2, teacher_classes=3, teacher=teacher, memory=memory))
-    feats = teacher_features(teacher, memory)
-    unit = F.normalize(feats, dim=1)
+    strategy.before_task(context(3, 2, teacher_classes=3, teacher=teacher, memory=memory, new_data=new))
     assert strategy.prototypes.shape == (3, unit.shape[1])
-    assert torch.allclose(strategy.prototypes[1], (unit[1] + unit[5]) / 2, atol=1e-5)
+    assert torch.allclose(strategy.prototypes[1], (unit[1] + unit[4]) / 2, atol=1e-5)
+    both = ImageSet(torch.cat([new.images, memory.images]), torch.cat([new.labels, memory.labels]))
+    strategy.before_task(context(3, 2, teacher_classes=3, teacher=teacher, new_data=both))
+    assert torch.allclose(strategy.prototypes[1], (unit[1] + unit[4]) / 2, atol=1e-5)
 
 
 def test_cosine_head_logits_are_cosines():
