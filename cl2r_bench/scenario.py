@@ -109,11 +109,13 @@ class Scenario:
 
     def label(self) -> str:
         """The run's name in folders and leaderboards: ``adapter.label`` when set, else the strategy (``avalanche:X``
-        written ``avalanche-X``), joined by ``+<adapter>`` when one is used."""
+        written ``avalanche-X``; ``<strategy>.authors`` when it trains with its authors' recipe, ``training.recipe``),
+        joined by ``+<adapter>`` when one is used."""
         adapter = self.settings.adapter
         if adapter.label:
             return adapter.label
-        return self.settings.strategy.replace(":", "-") + (f"+{adapter.name}" if adapter.used else "")
+        recipe = ".authors" if self.settings.training.recipe == "authors" else ""
+        return self.settings.strategy.replace(":", "-") + recipe + (f"+{adapter.name}" if adapter.used else "")
 
     def stream(self) -> Stream:
         """The tasks and the evaluation sets (docs/METHODS.md §3-§4)."""

@@ -53,6 +53,14 @@ PRETRAIN_SCHEDULES = ("cosine", "plateau")
 AMP_DTYPES = ("float16", "bfloat16")
 EPOCH_LENGTHS = ("reference", "full_pass")
 SCHEDULE_STEPS = ("epoch", "iteration")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("cosine", "multistep", "poly")
+RECIPES = ("shared", "authors")
+"""``training.recipe``: the section's own settings for every strategy, or each strategy's authors' recipe over them
+(:attr:`cl2r_bench.strategy.Strategy.authors_recipe`)."""
+RECIPE_KEYS = ("optimizer", "lr", "lr_min", "momentum", "nesterov", "weight_decay", "epochs", "schedule", "milestones",
+               "gamma", "power", "warmup_epochs", "schedule_step")
+"""The training settings an authors' recipe may set."""
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 Section = TypeVar("Section")
@@ -96,6 +104,14 @@ class TrainSettings:
     lr_min: float
     momentum: float
     weight_decay: float
+    optimizer: str
+    nesterov: bool
+    schedule: str
+    milestones: list[int]
+    gamma: float
+    power: float
+    warmup_epochs: int
+    recipe: str
     amp: bool
     amp_dtype: str
     epoch_length: str
@@ -107,16 +123,27 @@ class TrainSettings:
 
     def __post_init__(self) -> None:
         check_rules("training", self, at_least(1, "epochs", "batch_size", "new_batch_size", "memory_batch_size",
-                                               "memory_per_class") + at_least(0, "lr_min", "weight_decay")
-                    + above_zero("lr") + [("momentum", lambda v: 0 <= v < 1, "in [0, 1)")])
+                                               "memory_per_class")
+                    + at_least(0, "lr_min", "weight_decay", "warmup_epochs") + above_zero("lr", "power")
+                    + [("momentum", lambda v: 0 <= v < 1, "in [0, 1)")])
         check_schedule("training", self)
         if not (isinstance(self.compile, bool) or self.compile in COMPILE_MODES):
             raise ConfigError(f"training.compile must be false, true or one of {list(COMPILE_MODES)}, not "
                               f"{self.compile!r}")
         for key, allowed in (("amp_dtype", AMP_DTYPES), ("epoch_length", EPOCH_LENGTHS),
-                             ("schedule_step", SCHEDULE_STEPS)):
+                             ("schedule_step", SCHEDULE_STEPS), ("optimizer", OPTIMIZERS), ("schedule", SCHEDULES),
+                             ("recipe", RECIPES)):
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"training.{key} must be one of {list(allowed)}, not {getattr(self, key)!r}")
+        if not (int_list(self.milestones) and all(m >= 1 for m in self.milestones)
+                and self.milestones == sorted(set(self.milestones))):
+            raise ConfigError(f"training.milestones must be increasing epochs of at least 1 (e.g. [20, 40]), not "
+                              f"{self.milestones!r}")
+        if not 0 < self.gamma <= 1:
+            raise ConfigError(f"training.gamma must be in (0, 1] (the factor at each milestone), not {self.gamma!r}")
+        if self.warmup_epochs >= self.epochs:
+            raise ConfigError(f"training.warmup_epochs = {self.warmup_epochs} leaves no epoch of the schedule out of "
+                              f"{self.epochs}; use fewer")
 
     @classmethod
     def with_defaults(cls, **changes: Any) -> TrainSettings:
@@ -134,6 +161,11 @@ class TrainSettings:
     def autocast(self) -> str | bool:
         """What ``amp`` arguments take: the autocast dtype's name, or False when mixed precision is off."""
         return self.amp_dtype if self.amp else False
+
+
+PRETRAIN_FIXED = {"optimizer": "sgd", "nesterov": False, "schedule": "cosine", "milestones": [], "gamma": 0.1,
+                  "power": 2.0, "warmup_epochs": 0, "recipe": "shared"}
+"""The training settings pretraining never takes from the run (:meth:`PretrainSettings.train_settings`)."""
 
 
 @dataclass(frozen=True)
@@ -228,9 +260,11 @@ class PretrainSettings:
         return [self.seed] * count if isinstance(self.seed, int) else list(self.seed[:count])
 
     def train_settings(self, training: TrainSettings) -> TrainSettings:
-        """The run's training settings with this section's epochs, batch size and learning rates."""
+        """The run's training settings with this section's epochs, batch size and learning rates, and always SGD
+        (momentum, weight decay of ``training``) under this section's schedule (:data:`PRETRAIN_FIXED`), whatever
+        optimiser the run's strategy trains with."""
         return dataclasses.replace(training, epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
-                                   lr_min=self.lr_min)
+                                   lr_min=self.lr_min, **PRETRAIN_FIXED)
 
     @property
     def plateau(self) -> PlateauSettings | None:

@@ -249,6 +249,11 @@ class Strategy:
     """The loss in one line, for the table of strategies (``runner.py list --markdown strategies``)."""
     reference: ClassVar[str] = ""
     """The paper the strategy comes from, for the same table."""
+    authors_recipe: ClassVar[dict[str, Any]] = {}
+    """The training settings its authors train the new model with (optimiser, lr, epochs, schedule: keys of the
+    ``training`` section), taken over the run's with ``training.recipe: authors``; empty: none declared."""
+    authors_recipe_source: ClassVar[str] = ""
+    """Where :attr:`authors_recipe` comes from (repository, file, lines), for the table of strategies and the docs."""
     inert_terms: ClassVar[dict[str, str]] = {}
     """Scenarios (by name) in which no compatibility term of this strategy acts at the tasks with a teacher, each with
     the reason (the test that walks every strategy in every scenario reads it)."""

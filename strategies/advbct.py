@@ -122,6 +122,10 @@ def adversarial_loss(features: torch.Tensor, old_raw_features: torch.Tensor, jud
 class AdvBCT(Strategy):
     loss_summary = '`CE + elastic boundary around old centres + adversarial discriminator (gradient reversal)`'
     reference = 'Pan et al., CVPR 2023'
+    authors_recipe = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005, "epochs": 30,
+                      "schedule": "multistep", "milestones": [5, 10, 20], "gamma": 0.1, "warmup_epochs": 0}
+    authors_recipe_source = ("Ashespt/AdvBCT: train.py L72-74, L133-134, configs/new_AdvBct.yml L34-40 (SGD 0.1, "
+                             "MultiStepLR [5, 10, 20] x 0.1, 30 epochs)")
     head = "learnable"
     uses_memory = True
     needs_teacher = True

@@ -65,6 +65,11 @@ def cosine_gap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 class BT2(Strategy):
     loss_summary = '`CE(W f) + 10·CE(b C_oldᵀ) + 5·(1 − cos(b, φ_old)) + 1·(1 − cos(f, φ_independent))`'
     reference = 'Zhou et al., ICCV 2023'
+    authors_recipe = {"optimizer": "adam", "lr": 0.001, "lr_min": 0.0, "weight_decay": 2.0 ** -15, "epochs": 100,
+                      "schedule": "cosine", "schedule_step": "epoch", "warmup_epochs": 5}
+    authors_recipe_source = ("YifeiZhou02/BT-2: configs/cifar100_transfer.yaml L11-36, utils/schedulers.py L72-104 "
+                             "(Adam 1e-3, weight decay 2^-15, a 5-epoch warm-up, then cosine to 0 per epoch, "
+                             "100 epochs)")
     head = "bt2"
     uses_memory = False
     needs_teacher = True

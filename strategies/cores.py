@@ -6,6 +6,8 @@ replacement model, keeps the replay memory and the simplex.
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 from cl2r_bench.strategy import register_strategy
 
 from .er import ExperienceReplay
@@ -15,4 +17,7 @@ from .er import ExperienceReplay
 class CoReS(ExperienceReplay):
     loss_summary = 'CE'
     reference = 'Biondi et al., TPAMI 2023 (CoReS)'
+    authors_recipe: ClassVar[dict] = {}
+    authors_recipe_source = ("none: CoReS's own training code is not at hand, and the IAM-CL2R code (ER's recipe) "
+                             "trains no CoReS")
     head = "dsimplex"

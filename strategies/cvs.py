@@ -67,6 +67,7 @@ def prototype_loss(features: torch.Tensor, labels: torch.Tensor, prototypes: tor
 class CVS(Strategy):
     loss_summary = '`L_c + 10·L_m (triplet, margin 0.1) + 1·L_d (old class means)`'
     reference = 'Wan et al., CVPR 2022'
+    authors_recipe_source = "none: no training recipe of CVS's authors is at hand"
     head = "cosine"
     uses_memory = True
     needs_teacher = True

@@ -55,6 +55,10 @@ def hoc_loss(old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor, mu: flo
 class DSimplexHOC(Strategy):
     loss_summary = '`0.1·CE + 0.9·L_hoc`, μ = 10'
     reference = 'Biondi et al., CVPR 2024 (IAM-CL2R)'
+    authors_recipe = {"optimizer": "sgd", "lr": 0.001, "lr_min": 0.00001, "momentum": 0.9, "weight_decay": 0.0005,
+                      "epochs": 70, "schedule": "cosine", "schedule_step": "epoch", "warmup_epochs": 0}
+    authors_recipe_source = ("miccunifi/iamcl2r: src/iamcl2r/params.py L30-40, main.py L147-163 (SGD 1e-3, cosine to "
+                             "1e-5 stepped per epoch, 70 epochs a task)")
     head = "dsimplex"
     uses_memory = True
     needs_teacher = True

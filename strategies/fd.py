@@ -60,6 +60,10 @@ def feature_distillation_loss(features: torch.Tensor, teacher_features: torch.Te
 class FeatureDistillation(Strategy):
     loss_summary = 'the same as `dsimplex_fd`'
     reference = "feature distillation, CL2R's baseline (Biondi et al., TOMM 2023)"
+    authors_recipe = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005, "epochs": 70,
+                      "schedule": "multistep", "milestones": [49, 64], "gamma": 0.1, "warmup_epochs": 0}
+    authors_recipe_source = ("NiccoBiondi/CompatibleLifelongRepresentation: src/cl2r/main.py L118-120, L147, "
+                             "config.yml L2-9 (SGD 0.1, MultiStepLR [49, 64] x 0.1, 70 epochs a task)")
     head = "learnable"
     uses_memory = True
     needs_teacher = True

@@ -7,7 +7,17 @@ transformation of the old features:
 * ``authors`` (the default: the paper's authors' code, ``IrvingMeng/LCE``, ``main.py``'s ``train`` and
   ``save_lcefeat``)::
 
-      L = CE + 100 * mean_{c, k} (W^_{c,k} - c^_{c,k})^2 + 1 * mean_i max(kappa_{y_i} - phi^_t(x_i) . c^_{y_i}, 0)
+      L = ArcFace_{s, m}(cos(W_y, phi_t(x)), y) + 100 * mean_{c, k} (W^_{c,k} - c^_{c,k})^2
+          + 1 * mean_i max(kappa_{y_i} - phi^_t(x_i) . c^_{y_i}, 0)
+
+  The classifier is theirs: a normalised classifier (``models/Classifier.py`` ``NormalizedClassifier``: logits the
+  cosines of the unit feature and the unit rows; the suite's ``cosine`` head) under ArcFace with the scale and margin
+  of their configuration (``configs/res50_arcface.yaml``: ``CLA_S`` 16, ``CLA_M`` 0.1; ``losses/arcface_loss.py``,
+  the target's ``cos(theta + m)`` where ``theta + m < pi``, else ``cos theta - m sin(pi - m)``). It is what turns
+  "rows aligned to the old centres" into "features pulled to them": the logits are the cosines the alignment moves.
+  Their recipe trains it with Adam (``training.recipe: authors``, :attr:`authors_recipe`), under which each row moves
+  at the learning rate whatever the size of its gradient; under the shared budget's SGD the alignment's gradient is
+  that of ``100 / (C D)`` times each row's squared distance (C rows of D entries), a small pull (METHODS.md §6b).
 
   over every class with a centre (the squared error averaged over the rows and their entries, as ``F.mse_loss``),
   ``c^`` the normalised mean of the class's old unit features, ``kappa_y`` the smallest cosine of one of them to
@@ -16,7 +26,8 @@ transformation of the old features:
   of the *un-normalised* feature with ``c^`` clamped to [-1, 1]; the suite normalises the feature, so the term is the
   cosine the paper describes (with features of norm above 1 the clamp makes their term 0 for almost every sample: a
   defect not reproduced, METHODS.md §6b).
-* ``advbct`` (``Ashespt/AdvBCT``'s reimplementation, ``COMP_LOSS.TYPE: lce``, ``K = 0``)::
+* ``advbct`` (``Ashespt/AdvBCT``'s reimplementation, ``COMP_LOSS.TYPE: lce``, ``K = 0``, ``LOSS.TYPE: softmax``: a
+  plain linear classifier, the ``learnable`` head)::
 
       L = CE + 1 * mean_i (1 - c^_{y_i} . W^_{y_i}) + 1 * mean_i max(arccos(c^_{y_i} . phi^_t(x_i)) - theta_{y_i}, 0)
 
@@ -24,7 +35,8 @@ transformation of the old features:
   (``cl2r_bench/class_regions.py``), both means over the batch samples whose class has a centre and an angle, centres
   of the old classes (``centre_classes: old``).
 
-``alignment_weight``, ``boundary_weight`` and ``centre_classes`` default to the form's. The old model is the teacher of
+``alignment_weight``, ``boundary_weight``, ``centre_classes``, ``scale`` and ``margin`` default to the form's, and
+the form picks the head (a strategy instance's ``head``). The old model is the teacher of
 ``cl2r_bench/strategy.py``; its centres are computed once per task from the task's data and the replay memory, so at
 a replacement they are, by default, those of the model deployed before it (``replacement_teacher: outgoing``: LCE
 aligns the new model to the deployed one's centres; ``incoming``: the replacement's own, as the IAM-CL2R code's shared
@@ -32,6 +44,7 @@ loop does). At CL2R task 0 (no old model) the loss is CE.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,13 +54,19 @@ from cl2r_bench.class_regions import CENTRE_CLASSES, ClassRegions, task_regions
 from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
+from .mixbct import arcface_logits
+
 ARCCOS_LIMIT = 1 - 1e-7
 """Cosines are clamped to ``[-ARCCOS_LIMIT, ARCCOS_LIMIT]`` before the arc-cosine, whose slope is infinite at +-1."""
 
 
-FORMS = {"authors": {"alignment_weight": 100.0, "boundary_weight": 1.0, "centre_classes": "seen"},
-         "advbct": {"alignment_weight": 1.0, "boundary_weight": 1.0, "centre_classes": "old"}}
-"""Each reading's own weights and centre classes (module docstring), what ``None`` takes."""
+FORMS = {"authors": {"alignment_weight": 100.0, "boundary_weight": 1.0, "centre_classes": "seen", "scale": 16.0,
+                     "margin": 0.1},
+         "advbct": {"alignment_weight": 1.0, "boundary_weight": 1.0, "centre_classes": "old", "scale": None,
+                    "margin": None}}
+"""Each reading's own weights, centre classes and ArcFace scale and margin (None: plain cross-entropy on a linear
+classifier) (module docstring), what ``None`` takes."""
+FORM_HEADS = {"authors": "cosine", "advbct": "learnable"}
 
 
 @dataclass(frozen=True)
@@ -56,12 +75,17 @@ class LCEConfig:
     alignment_weight: float | None = None
     boundary_weight: float | None = None
     centre_classes: str | None = setting(None, choices=CENTRE_CLASSES)
+    scale: float | None = setting(None, above=0)
+    margin: float | None = setting(None, at_least=0, below=math.pi)
     replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
 
     def __post_init__(self) -> None:
         for key, value in FORMS[self.form].items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
+        if FORMS[self.form]["scale"] is None and (self.scale, self.margin) != (None, None):
+            raise ValueError(f"scale and margin are the ArcFace of form authors; form {self.form!r} trains a linear "
+                             "classifier with plain cross-entropy")
 
 
 def cosine_boundary_loss(features: torch.Tensor, labels: torch.Tensor, regions: ClassRegions) -> torch.Tensor:
@@ -105,16 +129,22 @@ def alignment_loss(classifier: torch.Tensor, labels: torch.Tensor, regions: Clas
 
 @register_strategy("lce")
 class LCE(Strategy):
-    loss_summary = ('`CE + 100 mean(Ŵ − ĉ)² + max(κ_y − cos(φ_t, ĉ_y), 0)`: old class centres and cosine floors (the '
-                    "authors' code; `form: advbct` the reimplementation's angles)")
+    loss_summary = ("`ArcFace(s 16, m 0.1) on a normalised classifier + 100 mean(Ŵ − ĉ)² + max(κ_y − cos(φ_t, ĉ_y), 0)`"
+                    ": old class centres and cosine floors (the authors' code; `form: advbct` the reimplementation's "
+                    "linear classifier and angles)")
     reference = 'Meng et al., ICCV 2021'
-    head = "learnable"
+    authors_recipe = {"optimizer": "adam", "lr": 0.00035, "weight_decay": 0.0005, "epochs": 60,
+                      "schedule": "multistep", "milestones": [20, 40], "gamma": 0.1, "warmup_epochs": 0}
+    authors_recipe_source = ("IrvingMeng/LCE: configs/default.py L68-80, main.py L72-75, L85-86 (Adam 3.5e-4, weight "
+                             "decay 5e-4, MultiStepLR [20, 40] x 0.1, 60 epochs)")
+    head = FORM_HEADS["authors"]
     uses_memory = True
     needs_teacher = True
     Config = LCEConfig
 
     def __init__(self, config: LCEConfig) -> None:
         super().__init__(config)
+        self.head = FORM_HEADS[config.form]
         self.regions: ClassRegions | None = None
         self.model = None
 
@@ -124,8 +154,15 @@ class LCE(Strategy):
             raise ValueError("LCE aligns the trained model's classifier: TaskContext.model must be given")
         self.model = context.model
 
+    def classification(self, step: Step) -> torch.Tensor:
+        """ArcFace on the normalised classifier's cosines (form authors), or cross-entropy on the linear logits."""
+        if self.config.scale is None:
+            return F.cross_entropy(step.logits, step.targets)
+        return F.cross_entropy(arcface_logits(step.logits, step.targets, self.config.scale, self.config.margin),
+                               step.targets)
+
     def loss(self, step: Step) -> torch.Tensor:
-        ce = F.cross_entropy(step.logits, step.targets)
+        ce = self.classification(step)
         if self.regions is None:
             return self.terms(classification=ce)
         classifier = self.model.head.classifier.weight

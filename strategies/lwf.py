@@ -39,6 +39,8 @@ def distillation_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, temper
 class LwF(Strategy):
     loss_summary = '`CE + KD(new logits on old classes, old logits, T = 2)`'
     reference = 'Li and Hoiem, ECCV 2016 / TPAMI 2017'
+    authors_recipe_source = ("none: no recipe of the CL2R papers' LwF baseline is public, and Li and Hoiem's is for "
+                             "classification")
     head = "learnable"
     uses_memory = False
     needs_teacher = True

@@ -155,6 +155,10 @@ class MixBCT(Strategy):
     loss_summary = ("`ArcFace(s 64, m 0.5)` of the new classifier on the batch with 30 % of its rows replaced by "
                     "credible old features (the 90 % nearest their class mean)")
     reference = "Liang et al., arXiv 2023"
+    authors_recipe = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005, "epochs": 35,
+                      "schedule": "poly", "power": 2.0, "warmup_epochs": 0}
+    authors_recipe_source = ("yuleung/MixBCT: BCT_Methods/MixBCT/train.py L73, L80-82, L95-104, lr_scheduler.py L10 "
+                             "(SGD 0.1, poly of power 2 per iteration, 35 epochs)")
     head = "cosine"
     uses_memory = True
     needs_teacher = True

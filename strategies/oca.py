@@ -64,6 +64,10 @@ def old_frame(features: torch.Tensor, width: int) -> torch.Tensor:
 class OCA(Strategy):
     loss_summary = '`5·CE_s(W(Qf + c)) + 10·CE_s(b C_oldᵀ) + 5·(1 − cos(C_old[y], b))`, Q orthogonal, smoothing 0.1'
     reference = 'Ricci et al., arXiv 2024'
+    authors_recipe = {"optimizer": "adam", "lr": 0.001, "lr_min": 0.0, "weight_decay": 2.0 ** -15, "epochs": 100,
+                      "schedule": "cosine", "schedule_step": "epoch", "warmup_epochs": 5}
+    authors_recipe_source = ("z3n0e/OCA: configs/train/cifar100_OCA.yaml L17-43, train_OCA.py L46-58 (Adam 1e-3, "
+                             "weight decay 2^-15, a 5-epoch warm-up, then cosine to 0 per epoch, 100 epochs)")
     head = "oca"
     uses_memory = False
     needs_teacher = True

@@ -60,6 +60,11 @@ def regression_alleviating_loss(features: torch.Tensor, old_features: torch.Tens
 class RACT(Strategy):
     loss_summary = '`CE + contrastive(new→old positive; new→old and new→new negatives, τ 0.01)`'
     reference = 'Zhang et al., ICLR 2022'
+    authors_recipe = {"optimizer": "sgd", "lr": 0.1, "lr_min": 0.001, "momentum": 0.9, "weight_decay": 0.0001,
+                      "epochs": 30, "schedule": "cosine", "schedule_step": "iteration", "warmup_epochs": 1}
+    authors_recipe_source = ("TencentARC/OpenCompatible: docs/train_test.md's command, utils/util.py L79-89, L100-105 "
+                             "(SGD 0.1, weight decay 1e-4, a 1-epoch warm-up, then cosine per iteration to lr x 1e-2, "
+                             "30 epochs)")
     head = "learnable"
     uses_memory = True
     needs_teacher = True

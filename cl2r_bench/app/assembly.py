@@ -9,6 +9,7 @@ way: config -> assembly -> scenario -> training -> measuring -> record (docs/lay
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,8 @@ def assemble(config: dict[str, Any]) -> Assembly:
         used["scenario_params"][settings.scenario] = scenario_parameters
     used["strategy_params"][settings.strategy] = (trainer.parameters if trainer is not None else
                                                   strategy_parameters(settings.strategy, settings.strategy_params))
+    if trainer is not None and settings.training.recipe == "authors":
+        used["training"] = dataclasses.asdict(trainer.settings)
     adapter = make_adapter(settings.adapter.name, settings.adapter_params) if settings.adapter.used else None
     if adapter is not None:
         check_pairing(adapter.name, settings.model_update.pairing)

@@ -9,7 +9,7 @@ import re
 import sys
 from dataclasses import asdict
 
-MARKDOWN_TABLES = ("strategies", "adapters", "scenarios", "presets", "datasets")
+MARKDOWN_TABLES = ("strategies", "recipes", "adapters", "scenarios", "presets", "datasets")
 REST_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")
 REST_LITERAL = re.compile(r"``([^`]+)``")
 
@@ -63,6 +63,8 @@ def markdown_table(kind: str) -> str:
     """The table of ``kind`` (one of :data:`MARKDOWN_TABLES`) in GitHub Markdown."""
     if kind == "strategies":
         header, rows = ["name", "head", "loss", "replay", "old model", "reference"], strategy_rows()
+    elif kind == "recipes":
+        header, rows = ["name", "optimiser", "lr", "weight decay", "epochs", "schedule", "source"], recipe_rows()
     elif kind == "adapters":
         header, rows = ["`--adapter`", "maps", "how it is fitted", "reference"], adapter_rows()
     else:
@@ -88,6 +90,38 @@ def strategy_rows() -> list[list[str]]:
         rows.append([f"`{name}`", HEADS[cls.head], escaped(cls.loss_summary) or "—",
                      "yes" if cls.uses_memory else "no", old_models, escaped(cls.reference) or "—"])
     return rows
+
+
+def recipe_rows() -> list[list[str]]:
+    """One row per registered strategy: its authors' recipe (``training.recipe: authors``; the run's own settings fill
+    what a recipe leaves out) and where it comes from, or "none declared"."""
+    from strategies import get_strategy, list_strategies
+
+    rows = []
+    for name in list_strategies():
+        cls = get_strategy(name)
+        recipe = cls.authors_recipe
+        if not recipe:
+            rows.append([f"`{name}`", "none declared", "—", "—", "—", "—", escaped(cls.authors_recipe_source) or "—"])
+            continue
+        optimiser = recipe.get("optimizer", "sgd") + (" (Nesterov)" if recipe.get("nesterov") else "")
+        rows.append([f"`{name}`", optimiser, f"{recipe.get('lr', '—'):g}", f"{recipe.get('weight_decay', '—'):.3g}",
+                     str(recipe.get("epochs", "—")), schedule_words(recipe), escaped(cls.authors_recipe_source)])
+    return rows
+
+
+def schedule_words(recipe: dict) -> str:
+    """A recipe's schedule in words: its warm-up, then cosine (to ``lr_min``, per epoch or iteration), multistep
+    (milestones and factor) or poly (power)."""
+    schedule = recipe.get("schedule", "cosine")
+    if schedule == "multistep":
+        words = f"× {recipe.get('gamma', 0.1):g} at epochs {', '.join(map(str, recipe.get('milestones', [])))}"
+    elif schedule == "poly":
+        words = f"poly, power {recipe.get('power', 2.0):g}, per iteration"
+    else:
+        words = f"cosine to {recipe.get('lr_min', 0):g} per {recipe.get('schedule_step', 'epoch')}"
+    warmup = recipe.get("warmup_epochs", 0)
+    return f"{warmup}-epoch warm-up, then {words}" if warmup else words
 
 
 def adapter_rows() -> list[list[str]]:

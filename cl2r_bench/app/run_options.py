@@ -48,7 +48,8 @@ RUN_OPTIONS = (
     RunOption("--scenario", "scenario", f"{' | '.join(choices('scenarios'))} or a plug-in's (runner.py list; default "
               "from configs/default.yaml: iamcl2r)"),
     RunOption("--strategy", "strategy", "a registered strategy, avalanche:<Class> (any Avalanche strategy, e.g. "
-              "avalanche:EWC), or 'all' (the registered ones)", value=_unless_all),
+              "avalanche:EWC), or 'all' (the registered ones; with training.recipe=authors, those with an authors' "
+              "recipe)", value=_unless_all),
     RunOption("--adapter", "adapter.name", "a post-hoc adapter between model updates (cl2r_bench/adapters/), 'none', "
               "or 'all' (none and every adapter, one run each)", value=_unless_all),
     RunOption("--dataset", "dataset", f"training stream: {' | '.join(choices('datasets'))} or a plug-in's"),
@@ -121,6 +122,14 @@ def requested_output(args: argparse.Namespace) -> str:
     return resolve(requested_layers(args))["output"]
 
 
+def expanded_strategies(recipe: str) -> list[str]:
+    """What ``--strategy all`` runs: every registered strategy, or with ``training.recipe: authors`` those that declare
+    an authors' recipe."""
+    from strategies import get_strategy, list_strategies
+
+    return [name for name in list_strategies() if recipe != "authors" or get_strategy(name).authors_recipe]
+
+
 def requested_runs(args: argparse.Namespace) -> list[Assembly]:
     """One assembled run per (strategy, adapter, seed) the command asks for (``all`` expands to the registered
     strategies, after the plugins are loaded, and to ``none`` and every adapter the scenario can run,
@@ -128,14 +137,13 @@ def requested_runs(args: argparse.Namespace) -> list[Assembly]:
     here, before any data is read or model trained."""
     # The run's parts import torch and timm (seconds): only when runs are asked for, not for --help.
     from cl2r_bench.app.assembly import adapters_for, assemble, load_plugins
-    from strategies import list_strategies
 
     layers = requested_layers(args)
     if args.seeds and args.seed is not None:
         raise UsageError("give --seed or --seeds, not both")
     load_plugins(resolve(layers)["plugins"])
-    strategies = list_strategies() if args.strategy == "all" else [None]
     resolved = resolve(layers)
+    strategies = expanded_strategies(resolved["training"]["recipe"]) if args.strategy == "all" else [None]
     adapters = ([{"name": a} for a in ["none", *adapters_for(resolved["scenario"],
                                                               resolved["model_update"]["pairing"])]]
                 if args.adapter == "all" else [None])

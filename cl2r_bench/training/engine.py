@@ -1,19 +1,19 @@
 """Training one task on Avalanche's ``SupervisedTemplate`` (METHODS.md §4).
 
-Per task, rebuilt from scratch: SGD (momentum 0.9, weight decay 5e-4 not applied to normalisation weights and
-biases), cosine schedule from ``lr`` to ``lr_min`` stepped once per epoch (``CosineAnnealingLR(T_max=epochs)`` of
-the authors' code; ``schedule_step: iteration`` steps it every iteration), fp16 autocast with gradient scaling on
-GPU as the authors' code (``amp_dtype: bfloat16`` without scaling). Batches come from :class:`DeviceBatches`:
-images live as uint8 on the device and are cropped / flipped there; the model normalises them itself
-(:class:`cl2r_bench.models.RetrievalModel`), so neither the loop nor the teacher needs the data's statistics.
-The epoch length follows the authors' code (METHODS.md §4, ``epoch_length: reference``): a shuffled pass of
-``N // 128`` batches without a memory; with one, ``(N_new + N_mem) // 128`` batches of 64 new + 64 replay
-samples, each half drawn without replacement inside the batch and independently across batches.
-``epoch_length: full_pass`` is this suite's earlier rule: one pass over the new samples per epoch, replay drawn
-with replacement.
+Per task, rebuilt from scratch: SGD (momentum 0.9, weight decay 5e-4 not applied to normalisation weights and biases),
+cosine schedule from ``lr`` to ``lr_min`` stepped once per epoch (``CosineAnnealingLR(T_max=epochs)`` of the authors'
+code; ``schedule_step: iteration`` steps it every iteration); an authors' recipe may train with Adam or AdamW and a
+multistep or poly schedule and a warm-up instead (``training.optimizer``, ``schedule``, :func:`make_optimizer`,
+:func:`scheduled_lr`); fp16 autocast with gradient scaling on GPU as the authors' code (``amp_dtype: bfloat16`` without
+scaling). Batches come from :class:`DeviceBatches`: images live as uint8 on the device and are cropped / flipped there;
+the model normalises them itself (:class:`cl2r_bench.models.RetrievalModel`), so neither the loop nor the teacher needs
+the data's statistics. The epoch length follows the authors' code (METHODS.md §4, ``epoch_length: reference``): a
+shuffled pass of ``N // 128`` batches without a memory; with one, ``(N_new + N_mem) // 128`` batches of 64 new + 64
+replay samples, each half drawn without replacement inside the batch and independently across batches. ``epoch_length:
+full_pass`` is this suite's earlier rule: one pass over the new samples per epoch, replay drawn with replacement.
 
-The strategy only computes the loss (:class:`cl2r_bench.strategy.Strategy`); this module owns the loop, the
-teacher (frozen, eval mode, no gradient) and the replay memory (:func:`update_memory`).
+The strategy only computes the loss (:class:`cl2r_bench.strategy.Strategy`); this module owns the loop, the teacher
+(frozen, eval mode, no gradient) and the replay memory (:func:`update_memory`).
 """
 from __future__ import annotations
 
@@ -183,8 +183,8 @@ class ZeroStartSGD(torch.optim.SGD):
     file saved by the other kind of update would then change it (with float16 the gradient scaler, which hands a fused
     optimizer its overflow check, would fail the unfused step)."""
 
-    def __init__(self, groups: list[dict], *, lr: float, momentum: float, fused: bool) -> None:
-        super().__init__(groups, lr=lr, momentum=momentum, dampening=0.0, fused=fused or None)
+    def __init__(self, groups: list[dict], *, lr: float, momentum: float, fused: bool, nesterov: bool = False) -> None:
+        super().__init__(groups, lr=lr, momentum=momentum, dampening=0.0, nesterov=nesterov, fused=fused or None)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load, with this optimizer's kind of update kept."""
@@ -203,16 +203,22 @@ class ZeroStartSGD(torch.optim.SGD):
 
 
 def make_optimizer(model: nn.Module, settings: TrainSettings,
-                   extra: Sequence[nn.Module] = ()) -> torch.optim.SGD:
-    """SGD with weight decay on weight matrices and kernels only (not on norm weights and biases), over the
-    parameters of ``model`` and of the ``extra`` modules a strategy trains with it
-    (:meth:`cl2r_bench.strategy.Strategy.trainable_modules`), updated by torch's fused kernel with
-    ``settings.fused_optimizer`` (:class:`ZeroStartSGD`)."""
+                   extra: Sequence[nn.Module] = ()) -> torch.optim.Optimizer:
+    """``settings.optimizer`` with weight decay on weight matrices and kernels only (not on norm weights and biases),
+    over the parameters of ``model`` and of the ``extra`` modules a strategy trains with it
+    (:meth:`cl2r_bench.strategy.Strategy.trainable_modules`): SGD (momentum, Nesterov's with ``nesterov``), updated
+    by torch's fused kernel with ``settings.fused_optimizer`` (:class:`ZeroStartSGD`), or torch's Adam (L2 weight
+    decay added to the gradient) or AdamW (decoupled weight decay), at their default betas and epsilon."""
     params = [p for module in (model, *extra) for p in module.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim > 1]
     no_decay = [p for p in params if p.ndim <= 1]
     groups = [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return ZeroStartSGD(groups, lr=settings.lr, momentum=settings.momentum, fused=settings.fused_optimizer)
+    if settings.optimizer == "adam":
+        return torch.optim.Adam(groups, lr=settings.lr)
+    if settings.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=settings.lr)
+    return ZeroStartSGD(groups, lr=settings.lr, momentum=settings.momentum, nesterov=settings.nesterov,
+                        fused=settings.fused_optimizer)
 
 
 def cosine_lr(step: int, total: int, lr: float, lr_min: float) -> float:
@@ -220,12 +226,34 @@ def cosine_lr(step: int, total: int, lr: float, lr_min: float) -> float:
     return lr_min + 0.5 * (lr - lr_min) * (1 + math.cos(math.pi * min(step, total) / max(total, 1)))
 
 
+def multistep_lr(epoch: int, lr: float, milestones: Sequence[int], gamma: float) -> float:
+    """``lr`` times ``gamma`` for each milestone reached by the 0-based ``epoch`` (torch's ``MultiStepLR`` stepped
+    after each epoch: epoch ``m`` is the first at the lower rate)."""
+    return lr * gamma ** sum(epoch >= milestone for milestone in milestones)
+
+
 def scheduled_lr(iteration: int, iterations_per_epoch: int, settings: TrainSettings) -> float:
-    """The learning rate of an iteration: the cosine schedule at its epoch (``schedule_step: epoch``, as
-    ``CosineAnnealingLR(T_max=epochs)`` stepped after each epoch) or at the iteration itself."""
+    """The learning rate of an iteration: during the first ``warmup_epochs`` epochs a linear ramp, ``lr (e + 1) /
+    warmup_epochs`` at epoch e (the BT² and OCA code's warm-up) or, with ``schedule_step: iteration``, ``lr (i + 1) /
+    (warmup_epochs x iterations per epoch)`` at iteration i (RACT's timm warm-up, which starts at lr x 1e-3); then
+    ``schedule: multistep`` at its epoch, ``poly`` at the iteration (``lr (1 - i / I)^power`` over the remaining
+    iterations, MixBCT's ``PolyScheduler``), or the cosine schedule over the remaining epochs at its epoch
+    (``schedule_step: epoch``, as ``CosineAnnealingLR(T_max=epochs)`` stepped after each epoch) or at the iteration
+    itself."""
+    per_epoch = max(iterations_per_epoch, 1)
+    epoch, warmup = iteration // per_epoch, settings.warmup_epochs
+    if epoch < warmup:
+        if settings.schedule_step == "iteration":
+            return settings.lr * (iteration + 1) / (warmup * per_epoch)
+        return settings.lr * (epoch + 1) / warmup
+    if settings.schedule == "multistep":
+        return multistep_lr(epoch, settings.lr, settings.milestones, settings.gamma)
+    iteration, epochs = iteration - warmup * per_epoch, settings.epochs - warmup
+    if settings.schedule == "poly":
+        return settings.lr * (1 - min(iteration / (epochs * per_epoch), 1)) ** settings.power
     if settings.schedule_step == "epoch":
-        return cosine_lr(iteration // max(iterations_per_epoch, 1), settings.epochs, settings.lr, settings.lr_min)
-    return cosine_lr(iteration, settings.epochs * iterations_per_epoch, settings.lr, settings.lr_min)
+        return cosine_lr(iteration // per_epoch, epochs, settings.lr, settings.lr_min)
+    return cosine_lr(iteration, epochs * per_epoch, settings.lr, settings.lr_min)
 
 
 def training_forward(model: RetrievalModel, settings: TrainSettings, processes: Processes = SINGLE) -> nn.Module:

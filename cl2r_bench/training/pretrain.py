@@ -43,7 +43,7 @@ from cl2r_bench.models import (
     forward_in_batches,
     load_replacement,
 )
-from cl2r_bench.settings import PlateauSettings, TrainSettings
+from cl2r_bench.settings import PRETRAIN_FIXED, PlateauSettings, TrainSettings
 from cl2r_bench.strategy import Step, Strategy
 from cl2r_bench.training.loop import train_task
 
@@ -205,7 +205,7 @@ def pretrained_replacement(data: DataSplits, classes: list[int], *, head: str, m
     spec = {"dataset": data.name, "data_sha256": [data.train.digest(), data.test.digest()], "classes": classes,
             "head": head, **model_kwargs,
             "settings": {k: v for k, v in settings.__dict__.items()
-                         if f"training.{k}" not in SPEED_OPTIONS} | {"progress": None},
+                         if f"training.{k}" not in SPEED_OPTIONS and k not in PRETRAIN_FIXED} | {"progress": None},
             "images_per_class": images_per_class,
             "seed": seed, "image_size": int(data.train.images.shape[-1])}
     if not data.train.are_images:

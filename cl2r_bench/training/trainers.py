@@ -17,9 +17,10 @@ import torch
 
 from cl2r_bench.data.streams import Task
 from cl2r_bench.distributed import SINGLE, LaunchError, Processes
+from cl2r_bench.errors import ConfigError
 from cl2r_bench.models import RetrievalModel
-from cl2r_bench.settings import RunSettings, TrainSettings
-from cl2r_bench.strategy import failures_reported
+from cl2r_bench.settings import RECIPE_KEYS, RunSettings, TrainSettings
+from cl2r_bench.strategy import StrategyError, failures_reported
 from cl2r_bench.tracking import Tracker
 from strategies import Strategy, TaskContext, get_strategy
 
@@ -38,6 +39,7 @@ class Trainer(Protocol):
     needs_independent: bool
     head_options: dict[str, Any]  # the keyword arguments of the strategy's head (BT²'s widths)
     parameters: dict[str, Any]  # every parameter of the strategy, defaults included (saved with the run's config)
+    settings: TrainSettings  # what it trains with (the authors' recipe applied, with training.recipe: authors)
 
     def train(self, model: RetrievalModel, task: Task, memory: ReplayMemory, *, teacher: RetrievalModel | None,
               teacher_classes: int, replacement: bool, tracker: Tracker, description: str,
@@ -114,9 +116,31 @@ def make_trainer(settings: RunSettings, device: torch.device,
         if processes.distributed:
             raise LaunchError(f"{settings.strategy} trains in one process: run it without torchrun (the suite's "
                               "own strategies train data-parallel)")
+        if settings.training.recipe == "authors":
+            raise StrategyError(f"training.recipe=authors: {settings.strategy} has no authors' recipe in the suite; "
+                                "train it with training.recipe=shared")
         return AvalancheTrainer(settings.strategy, params, settings.training, device)
-    return StrategyTrainer(get_strategy(settings.strategy).from_params(params), settings.training, processes)
+    strategy = get_strategy(settings.strategy).from_params(params)
+    return StrategyTrainer(strategy, strategy_training(settings.training, strategy), processes)
+
+
+def strategy_training(training: TrainSettings, strategy: Strategy) -> TrainSettings:
+    """The settings ``strategy`` trains with: ``training`` itself (``recipe: shared``), or its authors' recipe over
+    it (``recipe: authors``, :attr:`~cl2r_bench.strategy.Strategy.authors_recipe`); pretraining keeps ``training``."""
+    if training.recipe == "shared":
+        return training
+    if not strategy.authors_recipe:
+        raise StrategyError(f"training.recipe=authors: strategy {strategy.name!r} declares no authors' recipe "
+                            "(authors_recipe in its file); train it with training.recipe=shared")
+    unknown = sorted(set(strategy.authors_recipe) - set(RECIPE_KEYS))
+    if unknown:
+        raise StrategyError(f"strategy {strategy.name!r}: its authors_recipe sets {unknown}, which a recipe may not "
+                            f"set (allowed: {list(RECIPE_KEYS)})")
+    try:
+        return dataclasses.replace(training, **strategy.authors_recipe)
+    except ConfigError as exc:
+        raise StrategyError(f"strategy {strategy.name!r}'s authors_recipe: {exc}") from None
 
 
 __all__ = ["AvalancheStrategyError", "AvalancheTrainer", "StrategyTrainer", "Trainer", "make_trainer",
-           "strategy_parameters"]
+           "strategy_parameters", "strategy_training"]

@@ -11,7 +11,7 @@ from benchmarks.retrieval import nearest_neighbour_hits
 from cl2r_bench.app import cli as runner
 from cl2r_bench.class_regions import ClassRegions, class_regions, largest_inlier
 from cl2r_bench.heads import BasisTransformationHead
-from strategies import Step, get_strategy
+from strategies import Step, StrategyError, get_strategy
 from strategies.advbct import (
     ElasticBoundary,
     GradientReversal,
@@ -94,12 +94,30 @@ def test_lce_authors_alignment_is_the_mean_squared_error_of_the_unit_rows():
     assert squared_alignment_loss(classifier, regions).item() == pytest.approx(expected)
 
 
-def test_lce_forms_bring_their_own_weights_and_classes():
-    assert get_strategy("lce").from_params({}).config.__dict__ == {
+def test_lce_forms_bring_their_own_weights_classes_and_classifier():
+    authors = get_strategy("lce").from_params({})
+    assert authors.config.__dict__ == {
         "form": "authors", "alignment_weight": 100.0, "boundary_weight": 1.0, "centre_classes": "seen",
-        "replacement_teacher": "outgoing"}
-    advbct = get_strategy("lce").from_params({"form": "advbct", "boundary_weight": 3.0}).config
-    assert (advbct.alignment_weight, advbct.boundary_weight, advbct.centre_classes) == (1.0, 3.0, "old")
+        "scale": 16.0, "margin": 0.1, "replacement_teacher": "outgoing"}
+    assert authors.head == get_strategy("lce").head == "cosine"            # their NormalizedClassifier
+    advbct = get_strategy("lce").from_params({"form": "advbct", "boundary_weight": 3.0})
+    assert (advbct.config.alignment_weight, advbct.config.boundary_weight, advbct.config.centre_classes) == (
+        1.0, 3.0, "old")
+    assert advbct.head == "learnable" and advbct.config.scale is None
+    with pytest.raises(StrategyError, match="scale and margin are the ArcFace of form authors"):
+        get_strategy("lce").from_params({"form": "advbct", "scale": 16.0})
+
+
+def test_lce_authors_classification_is_their_arcface_on_cosines():
+    """Target cosine 0.6 of class 0 moved by m = 0.1: cos(acos 0.6 + 0.1) = 0.6 cos 0.1 - 0.8 sin 0.1; the other
+    class's cosine 0.2 kept; both times s = 16 (their res50_arcface.yaml)."""
+    lce = get_strategy("lce").from_params({})
+    target = 0.6 * math.cos(0.1) - 0.8 * math.sin(0.1)
+    expected = -16 * target + math.log(math.exp(16 * target) + math.exp(16 * 0.2))
+    step = Step(labels=torch.tensor([0]), targets=torch.tensor([0]), logits=torch.tensor([[0.6, 0.2]]),
+                features=torch.randn(1, 2), from_memory=torch.zeros(1, dtype=torch.bool))
+    assert lce.loss(step).item() == pytest.approx(expected, rel=1e-5)
+    assert set(lce.last_terms) == {"classification"}
 
 
 def test_lce_loss_adds_both_terms_to_ce():

@@ -63,7 +63,7 @@ def test_zoo_is_registered_with_the_documented_heads_and_memory():
                 "bct": ("learnable", False, True), "bct_er": ("learnable", True, True),
                 "lwf": ("learnable", False, True), "fd": ("learnable", True, True),
                 "dsimplex_fd": ("dsimplex", True, True), "dsimplex_hoc": ("dsimplex", True, True),
-                "cvs": ("cosine", True, True), "lce": ("learnable", True, True), "unibct": ("learnable", True, True),
+                "cvs": ("cosine", True, True), "lce": ("cosine", True, True), "unibct": ("learnable", True, True),
                 "ract": ("learnable", True, True), "advbct": ("learnable", True, True), "bt2": ("bt2", False, True),
                 "mixbct": ("cosine", True, True), "oca": ("oca", False, True)}
     assert set(expected) == set(ZOO), "every built-in strategy has its documented head, memory and teacher here"

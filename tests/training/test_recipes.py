@@ -1,0 +1,113 @@
+"""The authors' recipes (``training.recipe: authors``, docs/strategies.md): each strategy's optimiser and schedule over
+the run's training settings, the schedules against torch's own, and the run that names and records them."""
+import math
+
+import pytest
+import torch
+
+from cl2r_bench.app.assembly import assemble
+from cl2r_bench.app.run_options import expanded_strategies
+from cl2r_bench.config import resolve
+from cl2r_bench.errors import ConfigError
+from cl2r_bench.settings import RECIPE_KEYS, TrainSettings
+from cl2r_bench.strategy import StrategyError
+from cl2r_bench.training.engine import ZeroStartSGD, make_optimizer, scheduled_lr
+from cl2r_bench.training.trainers import strategy_training
+from strategies import get_strategy, list_strategies
+
+
+def lrs(settings: TrainSettings, per_epoch: int) -> list[float]:
+    return [scheduled_lr(i, per_epoch, settings) for i in range(settings.epochs * per_epoch)]
+
+
+def test_multistep_is_torch_multisteplr_stepped_per_epoch():
+    settings = TrainSettings.with_defaults(epochs=8, lr=0.1, schedule="multistep", milestones=[2, 5], gamma=0.1)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[2, 5], gamma=0.1)
+    for epoch in range(8):
+        for iteration in (epoch * 3, epoch * 3 + 2):
+            assert scheduled_lr(iteration, 3, settings) == pytest.approx(optimizer.param_groups[0]["lr"], rel=1e-12)
+        optimizer.step()
+        scheduler.step()
+
+
+def test_warmup_then_cosine_to_zero_by_hand():
+    """BT²'s and OCA's: 5 warm-up epochs at lr (e + 1) / 5, then cosine over the remaining 5 epochs from lr to 0."""
+    settings = TrainSettings.with_defaults(epochs=10, lr=1e-3, lr_min=0.0, warmup_epochs=5)
+    per_epoch = lrs(settings, 2)[::2]
+    assert per_epoch[:5] == pytest.approx([2e-4, 4e-4, 6e-4, 8e-4, 1e-3])
+    assert per_epoch[5:] == pytest.approx([1e-3 * 0.5 * (1 + math.cos(math.pi * k / 5)) for k in range(5)])
+
+
+def test_iteration_warmup_ramps_every_iteration_then_cosine_per_iteration():
+    """RACT's: one warm-up epoch of 4 iterations at lr (i + 1) / 4, then cosine over the other 2 x 4 iterations."""
+    settings = TrainSettings.with_defaults(epochs=3, lr=0.1, lr_min=0.001, schedule_step="iteration",
+                                           warmup_epochs=1)
+    assert lrs(settings, 4) == pytest.approx([0.025, 0.05, 0.075, 0.1] + [
+        0.001 + 0.5 * 0.099 * (1 + math.cos(math.pi * k / 8)) for k in range(8)])
+
+
+def test_poly_power_two_per_iteration_by_hand():
+    """MixBCT's PolyScheduler without warm-up: lr (1 - i / I)^2 over I = 4 x 5 iterations."""
+    settings = TrainSettings.with_defaults(epochs=4, lr=0.1, schedule="poly", power=2.0)
+    assert lrs(settings, 5) == pytest.approx([0.1 * (1 - i / 20) ** 2 for i in range(20)])
+
+
+@pytest.mark.parametrize("changes, message", [({"schedule": "step"}, "training.schedule"),
+                                              ({"milestones": [5, 2]}, "training.milestones"),
+                                              ({"gamma": 0.0}, "training.gamma"),
+                                              ({"warmup_epochs": 10, "epochs": 10}, "training.warmup_epochs"),
+                                              ({"optimizer": "lamb"}, "training.optimizer"),
+                                              ({"recipe": "paper"}, "training.recipe")])
+def test_bad_recipe_settings_are_one_line_errors(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainSettings.with_defaults(**changes)
+
+
+def test_optimiser_kinds_keep_the_decay_groups():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    for kind, expected in (("sgd", ZeroStartSGD), ("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)):
+        optimizer = make_optimizer(model, TrainSettings.with_defaults(optimizer=kind, nesterov=kind == "sgd"))
+        assert type(optimizer) is expected
+        decayed, free = optimizer.param_groups
+        assert [p.shape for p in decayed["params"]] == [(4, 3)] and decayed["weight_decay"] == 5e-4
+        assert free["weight_decay"] == 0.0 and len(free["params"]) == 3
+    assert optimizer.defaults["betas"] == (0.9, 0.999)
+
+
+def test_every_declared_recipe_is_valid_and_applied_over_the_shared_settings():
+    shared = TrainSettings.with_defaults(epochs=10, recipe="authors")
+    for name in list_strategies():
+        strategy = get_strategy(name).from_params({})
+        if not strategy.authors_recipe:
+            continue
+        assert set(strategy.authors_recipe) <= set(RECIPE_KEYS) and strategy.authors_recipe_source, name
+        trained = strategy_training(shared, strategy)
+        for key, value in strategy.authors_recipe.items():
+            assert getattr(trained, key) == value, (name, key)
+        assert (trained.batch_size, trained.amp) == (shared.batch_size, shared.amp)
+    lce = strategy_training(shared, get_strategy("lce").from_params({}))
+    assert (lce.optimizer, lce.lr, lce.epochs, lce.milestones) == ("adam", 3.5e-4, 60, [20, 40])
+    assert strategy_training(TrainSettings.with_defaults(), get_strategy("lce").from_params({})).optimizer == "sgd"
+
+
+def test_a_strategy_without_a_recipe_is_refused_and_left_out_of_all():
+    with pytest.raises(StrategyError, match="declares no authors' recipe"):
+        strategy_training(TrainSettings.with_defaults(recipe="authors"), get_strategy("cvs").from_params({}))
+    authors = expanded_strategies("authors")
+    assert "lce" in authors and not {"cvs", "lwf", "cores"} & set(authors)
+    assert expanded_strategies("shared") == list_strategies()
+
+
+def test_a_run_with_the_authors_recipe_is_named_and_records_what_trained_it(tiny):
+    import yaml
+
+    layers = [("tiny", yaml.safe_load(tiny.read_text())),
+              ("command line", {"strategy": "lce", "training": {"recipe": "authors"}})]
+    parts = assemble(resolve(layers))
+    assert parts.label == "lce.authors" and parts.directory.parent.name == "lce.authors"
+    assert parts.config["training"]["optimizer"] == "adam" and parts.config["training"]["epochs"] == 60
+    assert parts.trainer.settings.milestones == [20, 40]
+    assert parts.settings.training.optimizer == "sgd"               # what pretraining reads stays the run's own
+    pretraining = parts.settings.replacement.pretrain.train_settings(parts.settings.training)
+    assert (pretraining.optimizer, pretraining.schedule, pretraining.recipe) == ("sgd", "cosine", "shared")
