@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 
 from cl2r_bench.app.run_options import add_run_options
-from cl2r_bench.limits import count_argument, seed_argument
+from cl2r_bench.limits import JOBS_MAX, count_argument, number, seed_argument
 from cl2r_bench.plugins import PLUGIN_KINDS
 
 COMMANDS = ("run", "pretrain", "embed", "sweep", "metrics", "leaderboard", "compare", "plot", "report", "pages",
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     met.add_argument("--queries", type=count_argument,
                      help="queries behind each entry: adds the noise analysis (binomial; "
                      "benchmarks/noise.py)")
-    met.add_argument("--replacement-tasks", type=int, nargs="*", default=[],
+    met.add_argument("--replacement-tasks", type=number(int, at_least=0), nargs="*", default=[],
                      help="replacement tasks, for the noise analysis of the pairs across replacements")
     board = sub.add_parser("leaderboard", help="one row per experiment, mean ± std over seeds",
                            description="Tables of every complete metrics.json under --results. A csv output is "
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep.add_argument("--launcher", default="local", choices=LAUNCHERS, help="local: a pool of processes on this "
                        "machine, one GPU each when there are several; slurm: one SLURM job array (submitit)")
-    sweep.add_argument("--jobs", type=count_argument, default=1,
+    sweep.add_argument("--jobs", type=number(int, at_least=1, at_most=JOBS_MAX), default=1,
                        help="runs at a time with --launcher local (default %(default)s)")
     sweep.add_argument("--max-runs", type=count_argument, default=1000,
                        help="refuse a grid of more runs than this before "
