@@ -1,5 +1,5 @@
-"""What a seed, a count and a number option may be, checked where they enter (command line, config, array files)
-and before anything is allocated or seeded (docs/reliability.md).
+"""What a seed, a count, a number option and a text file may be, checked where they enter (command line, config,
+array files, pages) and before anything is allocated, seeded or read (docs/reliability.md).
 
 * A seed is an integer in [0, :data:`SEED_MAX`]: every generator the suite seeds (torch, numpy, Python) takes it,
   and so does a task's seed ``seed * 1000 + task`` (:func:`cl2r_bench.settings.task_seed`) in torch's 64 bits.
@@ -7,12 +7,16 @@ and before anything is allocated or seeded (docs/reliability.md).
 * A number on the command line declares the values it takes beside its option, as a setting declares its own
   (:func:`cl2r_bench.plugin_settings.setting`): ``type=number(int, at_least=2, at_most=RESAMPLES_MAX)``
   (:class:`NumberOption`); ``tests/app/test_arguments.py`` feeds every option of every command a value outside.
+* A text file the suite reads whole (a record, a config, a page, a matrix) is a regular file of at most
+  :data:`TEXT_BYTES_MAX` bytes of UTF-8 (:func:`read_text`): a FIFO, a device or a link to one is never opened.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 SEED_MAX = 2**32 - 1
@@ -27,6 +31,9 @@ SHARDS_MAX = 2**16
 """The most pieces an embedding is split in (``embed --shards``) and SLURM array tasks it is spread over
 (``--workers``; SLURM's own ``MaxArraySize`` is at most 4,000,001 and 1,001 by default): a task object and a done
 file each."""
+TEXT_BYTES_MAX = 64 << 20
+"""The largest text file read whole: a metrics.json is a few hundred kB (the per-entry noise intervals of a 31-task
+run), a config or a page a few dozen."""
 
 
 def seed_problem(value: object, name: str = "seed") -> str | None:
@@ -122,3 +129,42 @@ seed_argument = number(int, at_least=0, at_most=SEED_MAX)
 """argparse ``type`` of a seed."""
 count_argument = number(int, at_least=1)
 """argparse ``type`` of a count (queries, runs)."""
+
+
+class TextFileError(ValueError):
+    """A text file that cannot be read whole: ``problem`` says why in one line (without the file's name, which the
+    reader adds as it names the file)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+def read_text(path: str | Path, what: str = "file", max_bytes: int = TEXT_BYTES_MAX) -> str:
+    """The UTF-8 text of ``path``, a regular file of at most ``max_bytes`` (a ``what``: a record, a config, ...).
+
+    Raises :class:`TextFileError` naming the problem in one line: missing or unreadable, a folder, not a regular
+    file (a FIFO, device or link to one: never opened, so never waited on), larger than ``max_bytes`` (checked
+    before reading and while reading, so a file that grows is cut off), or not UTF-8. Line ends read as
+    :meth:`pathlib.Path.read_text` reads them (``\\r\\n`` and ``\\r`` as ``\\n``)."""
+    path = Path(path)
+    too_large = f"more than a {what} holds ({max_bytes >> 20} MB)"
+    try:
+        info = path.stat()
+        if stat.S_ISDIR(info.st_mode):
+            raise TextFileError(f"a folder, not a {what}")
+        if not stat.S_ISREG(info.st_mode):
+            raise TextFileError(f"not a regular file (a FIFO, device or link to one); a {what} is a file")
+        if info.st_size > max_bytes:
+            raise TextFileError(f"{info.st_size} bytes, {too_large}")
+        with path.open("rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise TextFileError(f"unreadable ({exc.strerror or exc})") from None
+    if len(data) > max_bytes:
+        raise TextFileError(f"more than {max_bytes} bytes, {too_large}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TextFileError(f"not UTF-8 text (byte {data[exc.start]:#04x} at position {exc.start})") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
