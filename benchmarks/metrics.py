@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from cl2r_bench.limits import TextFileError, read_text
 from cl2r_bench.settings import TIE_RULES
 
 SCALES = {"auto": (100, "fractions in [0, 1] or percent in [0, 100]"), "fraction": (1, "fractions in [0, 1]"),
@@ -90,13 +91,15 @@ def _scale_of(matrix: np.ndarray) -> str:
 def load_matrix(path: str | Path, *, scale: str = "auto") -> np.ndarray:
     """Read a matrix from JSON: a list of rows, or an object with a ``compatibility_matrix`` key (``scale`` as in
     :func:`as_matrix`)."""
+    if not Path(path).exists():
+        raise MatrixError(f"{path} does not exist")
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise MatrixError(f"{path} does not exist") from None
+        data = json.loads(read_text(path, "matrix file"))
+    except TextFileError as exc:
+        raise MatrixError(f"{path} is {exc.problem}; a matrix file is UTF-8 JSON") from None
     except RecursionError:
         raise MatrixError(f"{path}: JSON nesting too deep; a matrix is a list of rows of numbers") from None
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
         raise MatrixError(f"{path} is not readable JSON ({exc})") from None
     if isinstance(data, dict):
         if "compatibility_matrix" not in data:

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from cl2r_bench.errors import ConfigError
+from cl2r_bench.limits import TextFileError, read_text
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 SPEED_OPTIONS = ("training.channels_last", "training.fused_optimizer", "training.compile")
@@ -60,8 +61,12 @@ class PlainLoader(yaml.SafeLoader):
 
 
 def load_yaml(text: str) -> Any:
-    """Parse settings text as YAML without aliases (:class:`PlainLoader`)."""
-    return yaml.load(text, Loader=PlainLoader)
+    """Parse settings text as YAML without aliases (:class:`PlainLoader`); nesting deeper than Python's recursion
+    limit (``[[[[...]]]]``) is a :class:`~cl2r_bench.errors.ConfigError`, not a ``RecursionError``."""
+    try:
+        return yaml.load(text, Loader=PlainLoader)
+    except RecursionError:
+        raise ConfigError("YAML nested too deeply; settings are a few levels of mappings and lists") from None
 
 
 def config_text(config: dict[str, Any]) -> str:
@@ -71,16 +76,19 @@ def config_text(config: dict[str, Any]) -> str:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping; a missing, unreadable or non-mapping file is a :class:`ConfigError`."""
+    """Read a YAML mapping; a missing, unreadable (:func:`cl2r_bench.limits.read_text`: a folder, a FIFO, too large,
+    not UTF-8), malformed or non-mapping file is a :class:`ConfigError` naming it."""
+    if not Path(path).exists():
+        raise ConfigError(f"config file {path} does not exist")
     try:
-        data = load_yaml(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at position "
-                          f"{exc.start}); save it as UTF-8") from None
-    except (OSError, yaml.YAMLError) as exc:
+        data = load_yaml(read_text(path, "config file"))
+    except TextFileError as exc:
+        fix = "; save it as UTF-8" if exc.problem.startswith("not UTF-8") else ""
+        raise ConfigError(f"config file {path} is {exc.problem}{fix}") from None
+    except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -94,7 +102,11 @@ plug-in file a config names (:func:`add_plugin_profiles`), so that a plug-in dat
 
 
 def add_plugin_profiles(plugins: list[str]) -> None:
-    """Look up profiles also in ``configs/`` beside each of ``plugins`` (the config's plug-in files), where one is."""
+    """Look up profiles also in ``configs/`` beside each of ``plugins`` (the config's plug-in files), where one is;
+    the first reader of the list, so the one that refuses an entry that is not a path."""
+    odd = [plugin for plugin in plugins if not isinstance(plugin, str) or not plugin.strip()]
+    if odd:
+        raise ConfigError(f"plugins holds {odd[0]!r}: list the paths of Python files, e.g. plugins: [my_strategy.py]")
     for plugin in plugins:
         folder = Path(plugin).resolve().parent / "configs"
         if folder.is_dir() and folder not in PROFILE_FOLDERS:
@@ -193,6 +205,8 @@ def parse_assignment(text: str) -> dict[str, Any]:
         value = load_yaml(raw)
     except yaml.YAMLError:
         raise ConfigError(f"--set {text!r}: the value is not valid YAML") from None
+    except ConfigError as exc:
+        raise ConfigError(f"--set {dotted.strip()}=...: {exc}") from None
     if isinstance(value, bool) and raw.strip().lower() not in ("true", "false"):
         value = raw.strip()  # YAML 1.1 reads on/off/yes/no as booleans; on the command line they are words
     return nested(dotted.strip(), value)

@@ -11,11 +11,10 @@ range and an unknown choice, so a new plug-in is covered without a new test.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
-from cl2r_bench.limits import COUNT_MAX
+from cl2r_bench.limits import COUNT_MAX, Allowed, bounds
 
 WIDTH_MAX = 16384
 """The most units a plug-in's layer may have, or dimensions it may add (a 16384 x 16384 float matrix is 1 GiB)."""
@@ -27,47 +26,13 @@ class NoParams:
     """The ``Config`` of a part without parameters."""
 
 
-@dataclass(frozen=True)
-class Allowed:
-    """The values one setting takes: numbers from ``low`` (excluded when ``low_open``) to ``high``, or ``choices``."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    choices: tuple[Any, ...] | None = None
-
-    def problem(self, value: Any) -> str | None:
-        """What is wrong with ``value`` (in the words of :mod:`cl2r_bench.setting_rules`), or None; None passes."""
-        if value is None or isinstance(value, bool):
-            return None
-        if self.choices is not None:
-            return None if value in self.choices else f"choose from {list(self.choices)}"
-        if isinstance(value, (int, float)) and not self.holds(value):
-            return f"must be {self.described()}"
-        return None
-
-    def holds(self, value: float) -> bool:
-        if math.isnan(value) or math.isinf(value) and self.high is None and value > 0:
-            return False
-        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
-        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
-        return above and below
-
-    def described(self) -> str:
-        low = None if self.low is None else ("above " if self.low_open else "at least ") + f"{self.low:g}"
-        high = None if self.high is None else ("below " if self.high_open else "at most ") + f"{self.high:g}"
-        return " and ".join(part for part in (low, high) if part) + ("" if self.high is not None else " (finite)")
-
-
 def setting(default: Any, *, at_least: float | None = None, above: float | None = None,
             at_most: float | None = None, below: float | None = None, choices: tuple[Any, ...] | None = None) -> Any:
     """A ``Config`` field with its default and the values it takes (module docstring)."""
     if choices is not None:
         rule = Allowed(choices=tuple(choices))
     else:
-        rule = Allowed(low=above if above is not None else at_least, high=below if below is not None else at_most,
-                       low_open=above is not None, high_open=below is not None)
+        rule = bounds(at_least=at_least, above=above, at_most=at_most, below=below)
     return field(default=default, metadata={ALLOWED: rule})
 
 

@@ -31,7 +31,8 @@ def load_plugin(path: str) -> None:
     """
     file = Path(path)
     if not file.is_file():
-        state = "is a folder" if file.is_dir() else "does not exist"
+        state = ("is a folder" if file.is_dir() else "is not a regular file (a FIFO, device or link to one)"
+                 if file.exists() else "does not exist")
         raise PluginError(f"plugin {path} {state}; pass the path of a Python file that registers {PLUGIN_KINDS}")
     resolved = file.resolve()
     module_name = f"{MODULE_PREFIX}{file.stem}_{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}"

@@ -224,7 +224,11 @@ def check_replacements(s: RunSettings) -> None:
         raise ConfigError(f"replacement.tasks = {tasks!r} must list distinct task numbers in 0..{num_tasks - 1} "
                           "(e.g. [0, 2, 4] for 7 tasks)")
     if rep.checkpoints:
-        if not all(isinstance(p, str) for p in rep.checkpoints) or len(rep.checkpoints) != len(tasks):
+        odd = [p for p in rep.checkpoints if not isinstance(p, str) or not p.strip()]
+        if odd:
+            raise ConfigError(f"replacement.checkpoints holds {odd[0]!r}; give one file path or encoder spec per "
+                              "replacement task")
+        if len(rep.checkpoints) != len(tasks):
             raise ConfigError(f"replacement.checkpoints has {len(rep.checkpoints)} entries for {len(tasks)} "
                               f"replacement task(s) {tasks}; give one file path or encoder spec per task")
         for reference in rep.checkpoints:

@@ -26,7 +26,7 @@ import yaml
 
 from cl2r_bench.config import CONFIG_DIR, choices
 from cl2r_bench.errors import ConfigError, safe_name
-from cl2r_bench.limits import seed_problem
+from cl2r_bench.limits import RESAMPLES_MAX, seed_problem
 from cl2r_bench.models import BACKBONES
 from cl2r_bench.setting_rules import above_zero, at_least, check_choices, check_rules, check_schedule, int_list
 
@@ -342,8 +342,9 @@ class EvaluationSettings:
     resamples: int
 
     def __post_init__(self) -> None:
-        check_rules("evaluation", self, at_least(1, "batch_size", "resamples", "heldout_classes", "queries_per_class")
-                    + [("confidence", lambda v: 0 < v < 1, "between 0 and 1 (e.g. 0.95)")])
+        check_rules("evaluation", self, at_least(1, "batch_size", "heldout_classes", "queries_per_class")
+                    + [("confidence", lambda v: 0 < v < 1, "between 0 and 1 (e.g. 0.95)"),
+                       ("resamples", lambda v: 1 <= v <= RESAMPLES_MAX, f"from 1 to {RESAMPLES_MAX}")])
         check_choices("evaluation", self, {"dataset": (*EVALUATION_PROTOCOLS, *choices("datasets")),
                                            "mode": GALLERY_MODES,
                                            "tie_rule": TIE_RULES})

@@ -19,6 +19,7 @@ def run_cli(*args):
     ("model.backbone=vit", "model.backbone = 'vit'"),
     ("device=gpu", "device = 'gpu'"),
     ("evaluation.confidence=1.5", "evaluation.confidence = 1.5 must be between 0 and 1"),
+    ("evaluation.resamples=100001", "evaluation.resamples = 100001 must be from 1 to 100000"),
     ("training.batch_size=0", "training.batch_size = 0 must be from 1 to 2147483647"),
     ("training.lr=0", "training.lr = 0.0 must be above 0"),
     ("training.compile=fast", "training.compile must be false, true or one of ['default', 'reduce-overhead'"),

@@ -1,11 +1,11 @@
 """``metrics.json`` on disk: the one way to write a record and the one way to read one, checked."""
 import json
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from cl2r_bench.files import atomic_write_json, strict_json
+from cl2r_bench.limits import TEXT_BYTES_MAX, TextFileError, read_text
 
 from .check import record_problem
 from .schema import RunRecord
@@ -69,25 +69,19 @@ def checked_records(results_dir: str | Path) -> Iterator[tuple[Path, RunRecord |
             yield path, None, exc.problem
 
 
-MAX_RECORD_BYTES = 64 << 20
-"""A metrics.json is a few hundred kB (the per-entry noise intervals of a 31-task run); larger is not a record."""
+MAX_RECORD_BYTES = TEXT_BYTES_MAX
+"""The largest record read: any text file's bound (:data:`cl2r_bench.limits.TEXT_BYTES_MAX`)."""
 
 
 def _parse(path: Path) -> tuple[Any, str | None]:
     """``(parsed JSON, None)``, or ``(None, why the file cannot be read)`` in one line. Only regular files of at
-    most :data:`MAX_RECORD_BYTES` are read, so a FIFO or a link to a device never hangs a reader."""
+    most :data:`MAX_RECORD_BYTES` are read (:func:`cl2r_bench.limits.read_text`), so a FIFO or a link to a device
+    never hangs a reader."""
     try:
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode):
-            return None, "not a regular file (a FIFO, device or link to one); a metrics.json is a file"
-        if info.st_size > MAX_RECORD_BYTES:
-            return None, f"{info.st_size} bytes, more than a record holds ({MAX_RECORD_BYTES >> 20} MB)"
-        return json.loads(path.read_text(encoding="utf-8")), None
-    except OSError as exc:
-        return None, f"unreadable ({exc.strerror or exc})"
-    except UnicodeDecodeError as exc:
-        return None, (f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at position {exc.start}); a metrics.json "
-                      "is UTF-8 JSON")
+        return json.loads(read_text(path, "record", MAX_RECORD_BYTES)), None
+    except TextFileError as exc:
+        suffix = "; a metrics.json is UTF-8 JSON" if exc.problem.startswith("not UTF-8") else ""
+        return None, exc.problem + suffix
     except RecursionError:
         return None, "JSON nesting too deep; a metrics.json is an object a few levels deep"
     except ValueError as exc:

@@ -82,8 +82,11 @@ def read_embeddings(path: str | Path, stream_rows: int | None = None, processes:
                         with members.open(info) as member:
                             _check_header(f"{path} ({name})", member, info.file_size)
                 arrays = {name: archive[name] for name in ARRAYS}
-        except (OSError, ValueError) as exc:
-            raise EmbeddingsError(f"{path} is not a readable .npz file ({str(exc).splitlines()[0][:120]})") from None
+        except EmbeddingsError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - zip, zlib and numpy failures of a damaged or foreign file
+            raise EmbeddingsError(f"{path} is not a readable .npz file ({type(exc).__name__}: {_first_line(exc)}); "
+                                  "save it again with np.savez(FILE, old=..., new=..., labels=...)") from None
     else:
         raise EmbeddingsError(f"{path} is neither a .npz file nor a folder holding old.npy, new.npy and labels.npy "
                               "(or .pt); check the path")
@@ -124,6 +127,11 @@ def _read_array(path: Path, mapped: bool = False) -> np.ndarray:
     return (value.float() if value.is_floating_point() else value).numpy()
 
 
+def _first_line(exc: Exception) -> str:
+    """The first line of an exception's message, at most 120 characters (its type's name where it has none)."""
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+
+
 def _check_header(name: str, handle: Any, stored_bytes: int) -> None:
     """Refuse a ``.npy`` stream whose header claims more data than the file holds, before anything is allocated
     (a damaged or forged header would otherwise ask for terabytes)."""
@@ -131,8 +139,8 @@ def _check_header(name: str, handle: Any, stored_bytes: int) -> None:
         version = np.lib.format.read_magic(handle)
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, _, dtype = read(handle)
-    except (ValueError, OSError, SyntaxError) as exc:
-        raise EmbeddingsError(f"{name} is not a numpy array file ({str(exc).splitlines()[0][:120]}); save it with "
+    except Exception as exc:  # noqa: BLE001 - numpy's header parser raises what its tokenizer and literal_eval do
+        raise EmbeddingsError(f"{name} is not a numpy array file ({_first_line(exc)}); save it with "
                               "np.save or np.savez") from None
     claimed = math.prod(shape) * dtype.itemsize
     if claimed > stored_bytes - handle.tell():

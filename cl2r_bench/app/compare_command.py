@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from cl2r_bench.errors import UsageError
+from cl2r_bench.limits import RESAMPLES_MAX, number
 
 
 def add_compare_options(parser: argparse.ArgumentParser) -> None:
@@ -20,9 +21,10 @@ def add_compare_options(parser: argparse.ArgumentParser) -> None:
                         help="compare the best experiment on FIGURE with every other one, in each scenario and data "
                         f"set; experiments with equal records are one row, as on the leaderboard (one of: "
                         f"{', '.join(HIGHER_IS_BETTER)})")
-    parser.add_argument("--confidence", type=float, default=0.95, help="the intervals' level (default %(default)s)")
-    parser.add_argument("--resamples", type=int, default=1000, help="paired bootstrap draws of the queries "
-                        "(default %(default)s)")
+    parser.add_argument("--confidence", type=number(float, above=0, below=1), default=0.95,
+                        help="the intervals' level (default %(default)s)")
+    parser.add_argument("--resamples", type=number(int, at_least=2, at_most=RESAMPLES_MAX), default=1000,
+                        help="paired bootstrap draws of the queries (default %(default)s)")
     parser.add_argument("--format", default="github", choices=["github", "csv", "latex"])
 
 
@@ -33,8 +35,6 @@ def command_compare(args: argparse.Namespace) -> int:
     from cl2r_bench.reporting.experiments import collect, experiment_groups, result_groups
     from cl2r_bench.reporting.tables import render
 
-    if not 0 < args.confidence < 1 or args.resamples < 2:
-        raise UsageError("--confidence must be between 0 and 1 (e.g. 0.95) and --resamples at least 2")
     if bool(args.against_best) == (len(args.experiments) == 2) or len(args.experiments) not in (0, 2):
         raise UsageError("give two experiments, A and B, or --against-best FIGURE")
     existing_folder(args.results, "; pass the results folder first")

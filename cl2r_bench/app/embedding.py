@@ -31,18 +31,18 @@ from cl2r_bench.config import config_text
 from cl2r_bench.errors import UsageError
 from cl2r_bench.feature_cache import Sharding
 from cl2r_bench.files import atomic_write_text
-from cl2r_bench.limits import count_argument
+from cl2r_bench.limits import SHARDS_MAX, number
 
 
 def add_embed_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shards", type=count_argument, default=1, metavar="K", help="pieces each split is "
-                        "embedded in, at most its images (default %(default)s); the same K for every worker of one "
-                        "embedding")
+    parser.add_argument("--shards", type=number(int, at_least=1, at_most=SHARDS_MAX), default=1, metavar="K",
+                        help="pieces each split is embedded in, at most its images (default %(default)s); the same K "
+                        "for every worker of one embedding")
     parser.add_argument("--launcher", default="local", choices=("local", "slurm"),
                         help="local: this process (or each torchrun rank) is a worker; slurm: one job array")
-    parser.add_argument("--workers", type=count_argument, metavar="N",
+    parser.add_argument("--workers", type=number(int, at_least=1, at_most=SHARDS_MAX), metavar="N",
                         help="--launcher slurm: array tasks (default: --shards)")
-    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", type=number(int, at_least=0, below=SHARDS_MAX), help=argparse.SUPPRESS)
     parser.add_argument("--done-file", help=argparse.SUPPRESS)
 
 

@@ -13,9 +13,11 @@ import torch
 import yaml
 
 from benchmarks.record import holds_complete_record
-from cl2r_bench.config import SPEED_OPTIONS, config_text, differing, flatten
+from cl2r_bench.config import SPEED_OPTIONS, config_text, differing, flatten, load_yaml
 from cl2r_bench.distributed import SINGLE, Processes
+from cl2r_bench.errors import ConfigError
 from cl2r_bench.files import atomic_write_text, exclusive
+from cl2r_bench.limits import TextFileError, read_text
 
 IGNORED_ON_RESUME = ("training.progress", *SPEED_OPTIONS, "evaluation.plots", "tracking.",
                      "distributed.connect_timeout", "distributed.timeout", "device", "output",
@@ -84,8 +86,8 @@ class RunFolder:
         if (self.path / RUN_MARKER).is_file():
             return True
         try:
-            config = yaml.safe_load((self.path / "config.yaml").read_text())
-        except (OSError, yaml.YAMLError, UnicodeDecodeError):
+            config = load_yaml(read_text(self.path / "config.yaml", "config file"))
+        except (TextFileError, yaml.YAMLError, ConfigError):
             return False
         return isinstance(config, dict) and {"scenario", "dataset", "seed"} <= set(config)
 
@@ -94,8 +96,8 @@ class RunFolder:
         is a :class:`RunError`."""
         path = self.path / "config.yaml"
         try:
-            saved = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+            saved = load_yaml(read_text(path, "config file"))
+        except (TextFileError, yaml.YAMLError, ConfigError) as exc:
             saved = exc
         if not isinstance(saved, dict):
             raise RunError(f"--resume: {path} is missing, empty or damaged, so the run's settings are unknown; "

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from cl2r_bench.config import choices, nested, parse_assignment, read_yaml, resolve
 from cl2r_bench.errors import UsageError
-from cl2r_bench.limits import seed_argument
+from cl2r_bench.limits import count_argument, seed_argument
 from cl2r_bench.plugins import PLUGIN_KINDS
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ RUN_OPTIONS = (
     RunOption("--seeds", None, "several seeds, run one after the other", {"type": seed_argument, "nargs": "+"}),
     RunOption("--device", "device", "auto | cpu | cuda | cuda:N"),
     RunOption("--epochs", "training.epochs", "epochs per task (replacement pretraining has its own: --set "
-              "replacement.pretrain.epochs=N)", {"type": int}),
+              "replacement.pretrain.epochs=N)", {"type": count_argument}),
     RunOption("--output", "output", "results folder (default results/)"),
     RunOption("--config", None, "a YAML file of settings (same keys as configs/default.yaml)"),
     RunOption("--set", None, "any setting, e.g. --set stream.num_tasks=31 --set replacement.tasks=[0,10,20]",

@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 from cl2r_bench.app.sweep import Job, progress
 from cl2r_bench.errors import UsageError
 from cl2r_bench.files import atomic_write_text
+from cl2r_bench.limits import number
 from cl2r_bench.threads import thread_environment
 
 JOB_NAME = "cl2r-sweep"
@@ -49,25 +50,27 @@ RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"}
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 ANSWER_SECONDS = 30
 QUEUE_PATIENCE_SECONDS = 600
+MEMORY_GB_MAX = 2**20
+"""The most memory a job may ask for, in GB (``--mem-per-job``): a pebibyte, more than any node holds."""
 
 
 def add_slurm_options(parser: argparse.ArgumentParser) -> None:
     """The sweep's options for ``--launcher slurm``; every job of the array gets the same resources."""
     group = parser.add_argument_group("SLURM (--launcher slurm; needs pip install submitit)")
     group.add_argument("--partition", help="SLURM partition (default: the cluster's default partition)")
-    group.add_argument("--time", type=int, default=180, metavar="MINUTES",
+    group.add_argument("--time", type=number(int, at_least=1), default=180, metavar="MINUTES",
                        help="time limit of each job (default %(default)s); a job that reaches it is requeued (up to "
                        "--requeues times) and resumes after its last finished task")
-    group.add_argument("--requeues", type=int, default=3, metavar="N",
+    group.add_argument("--requeues", type=number(int, at_least=0), default=3, metavar="N",
                        help="how many times a job that reaches its time limit is requeued (default %(default)s, "
                        "submitit's); a run longer than (N + 1) x --time needs more")
-    group.add_argument("--gpus-per-job", type=int, default=1, metavar="N", help="GPUs of each job (default "
-                       "%(default)s; 0 on a cluster without GPUs)")
-    group.add_argument("--cpus-per-job", type=int, default=4, metavar="N", help="CPU cores of each job (default "
-                       "%(default)s)")
-    group.add_argument("--mem-per-job", type=float, default=16, metavar="GB", help="memory of each job in GB "
-                       "(default %(default)s)")
-    group.add_argument("--array-parallelism", type=int, default=32, metavar="N",
+    group.add_argument("--gpus-per-job", type=number(int, at_least=0), default=1, metavar="N",
+                       help="GPUs of each job (default %(default)s; 0 on a cluster without GPUs)")
+    group.add_argument("--cpus-per-job", type=number(int, at_least=1), default=4, metavar="N",
+                       help="CPU cores of each job (default %(default)s)")
+    group.add_argument("--mem-per-job", type=number(float, above=0, at_most=MEMORY_GB_MAX), default=16, metavar="GB",
+                       help="memory of each job in GB (default %(default)s)")
+    group.add_argument("--array-parallelism", type=number(int, at_least=1), default=32, metavar="N",
                        help="jobs of the array running at a time (default %(default)s)")
     group.add_argument("--slurm-extra", action="append", default=[], metavar="KEY=VALUE",
                        help="another sbatch option, e.g. --slurm-extra account=myproject --slurm-extra qos=high "
@@ -190,14 +193,8 @@ def warning_seconds(minutes: int) -> int:
 
 
 def sbatch_parameters(args: argparse.Namespace) -> dict[str, Any]:
-    """submitit's ``SlurmExecutor`` parameters of the sweep's options; a bad value is a :class:`UsageError`."""
-    for option, value, least in (("--time", args.time, 1), ("--gpus-per-job", args.gpus_per_job, 0),
-                                 ("--cpus-per-job", args.cpus_per_job, 1), ("--requeues", args.requeues, 0),
-                                 ("--array-parallelism", args.array_parallelism, 1)):
-        if value < least:
-            raise UsageError(f"{option} must be at least {least}, not {value}")
-    if not (0 < args.mem_per_job < math.inf):
-        raise UsageError(f"--mem-per-job is in GB and must be a finite number above 0, not {args.mem_per_job}")
+    """submitit's ``SlurmExecutor`` parameters of the sweep's options (each number checked as it is parsed,
+    :func:`add_slurm_options`); a ``--slurm-extra`` that is not KEY=VALUE is a :class:`UsageError`."""
     extra = {}
     for text in args.slurm_extra:
         key, equals, value = text.partition("=")

@@ -27,6 +27,7 @@ from cl2r_bench.encoders.base import (
     unavailable,
 )
 from cl2r_bench.heads import DSimplexHead
+from cl2r_bench.limits import TextFileError, read_text
 from cl2r_bench.models import IDENTITY_MEAN, IDENTITY_STD, RetrievalModel, build_model
 from cl2r_bench.settings import RunSettings
 
@@ -91,8 +92,8 @@ def _model_description(info: Path, spec: str) -> dict[str, Any]:
     """The model description beside a ``suite:`` checkpoint, checked: a JSON object with every key of
     :data:`MODEL_DESCRIPTION`; an empty, malformed or incomplete file is one :class:`EncoderError` line."""
     try:
-        meta = json.loads(info.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        meta = json.loads(read_text(info, "model description"))
+    except (TextFileError, RecursionError, json.JSONDecodeError) as exc:
         raise EncoderError(f"encoder {spec!r}: {info} is not the model description the suite writes "
                            f"({type(exc).__name__}: {str(exc)[:80]}); restore it from the run that made the model, "
                            "or delete the model and its .json to pretrain it again") from None

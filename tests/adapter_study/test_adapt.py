@@ -220,8 +220,8 @@ def test_an_array_header_claiming_more_than_the_file_holds_is_refused_before_all
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--seeds", str(2**70)], "argument --seeds: a seed must be an integer from 0 to 4294967295"),
-    (["--seeds", "-1"], "argument --seeds: a seed must be an integer from 0"),
+    (["--seeds", str(2**70)], "argument --seeds: must be a whole number from 0 to 4294967295"),
+    (["--seeds", "-1"], "argument --seeds: must be a whole number from 0"),
 ])
 def test_seeds_out_of_range_are_one_line(rotated, tmp_path, capsys, args, message):
     train, test = rotated

@@ -106,6 +106,12 @@ def test_a_second_run_on_a_folder_in_use_is_refused_and_a_stale_lock_is_taken_ov
     assert run_cli(*args) == 0 and not run_dir.with_name("seed42.lock").exists()
 
 
+def _replace_by_fifo(path: Path) -> None:
+    """A FIFO in place of ``path``: a reader that opened it would wait for a writer for ever."""
+    path.unlink()
+    os.mkfifo(path)
+
+
 @pytest.fixture
 def finished_run(tiny, tmp_path):
     """A finished 3-task CL2R run: ``(command-line arguments, run folder)``."""
@@ -121,6 +127,9 @@ def finished_run(tiny, tmp_path):
     (lambda d: torch.save({"weights": torch.zeros(2)}, d / "state.pt"), "state.pt is damaged"),
     (lambda d: (d / "config.yaml").unlink(), "config.yaml is missing, empty or damaged"),
     (lambda d: (d / "config.yaml").write_text(""), "config.yaml is missing, empty or damaged"),
+    (lambda d: _replace_by_fifo(d / "config.yaml"), "config.yaml is missing, empty or damaged"),
+    (lambda d: (d / "config.yaml").write_text("a: " + "[" * 100_000 + "]" * 100_000), "config.yaml is missing"),
+    (lambda d: (d / "config.yaml").write_text("a: &a [1, 1]\nb: [*a, *a]\n"), "config.yaml is missing"),
     (lambda d: _truncate(d / "checkpoints/task1.pt"), "task1.pt is damaged"),
 ])
 def test_a_damaged_run_folder_is_one_line_naming_the_file_and_the_fix(damage, fragment, finished_run, capsys):

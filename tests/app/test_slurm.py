@@ -57,11 +57,11 @@ def test_without_submitit_a_slurm_sweep_says_what_to_install(tmp_path, capsys, m
      "the SLURM controller does not answer (sinfo: sinfo: error: Unable to contact slurm controller"),
     ({"sbatch": "exit 0", "srun": "exit 0", "sinfo": "printf 'debug*\\ngpu\\n'"}, ["--partition", "big"],
      "SLURM partition 'big' does not exist; partitions here: debug, gpu"),
-    ({}, ["--time", "0"], "--time must be at least 1, not 0"),
-    ({}, ["--requeues", "-1"], "--requeues must be at least 0, not -1"),
-    ({}, ["--mem-per-job", "0"], "--mem-per-job is in GB and must be a finite number above 0"),
-    ({}, ["--mem-per-job", "inf"], "must be a finite number above 0, not inf"),
-    ({}, ["--mem-per-job", "nan"], "must be a finite number above 0, not nan"),
+    ({}, ["--time", "0"], "argument --time: must be a whole number from 1 to 2147483647, not 0"),
+    ({}, ["--requeues", "-1"], "argument --requeues: must be a whole number from 0 to 2147483647, not -1"),
+    ({}, ["--mem-per-job", "0"], "argument --mem-per-job: must be above 0 and at most 1048576, not 0"),
+    ({}, ["--mem-per-job", "inf"], "must be above 0 and at most 1048576, not inf"),
+    ({}, ["--mem-per-job", "nan"], "must be above 0 and at most 1048576, not nan"),
     ({}, ["--slurm-extra", "account"], "--slurm-extra 'account': use KEY=VALUE"),
 ])
 def test_a_slurm_sweep_that_cannot_be_submitted_is_one_line_before_anything_is_written(

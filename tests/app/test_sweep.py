@@ -47,7 +47,7 @@ def test_a_failed_job_is_named_with_its_log_and_runs_again_once_fixed(tiny, tmp_
 @pytest.mark.parametrize("args, message", [
     (["--strategy", "er", "nope"], "unknown strategy 'nope'"),
     (["--strategy", "er", "--jobs", "0"], "argument --jobs: must be a whole number from 1"),
-    (["--strategy", "er", "--seeds", str(2**70)], "argument --seeds: a seed must be an integer from 0 to 4294967295"),
+    (["--strategy", "er", "--seeds", str(2**70)], "argument --seeds: must be a whole number from 0 to 4294967295"),
     (["--strategy", "er", "--seed", "1"], "--seeds K1 K2"),
 ])
 def test_bad_sweep_input_is_one_line_before_any_run(args, message, tiny, tmp_path, capsys):

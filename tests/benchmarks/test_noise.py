@@ -168,7 +168,9 @@ def test_metrics_command_adds_binomial_noise(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--queries", str(10**21)], "argument --queries: must be a whole number from 1 to 2147483647"),
-    (["--queries", "100", "--replacement-tasks", "99", "-5"], "--replacement-tasks 99 -5: the matrix has 3 tasks"),
+    (["--queries", "100", "--replacement-tasks", "99", "7"], "--replacement-tasks 99 7: the matrix has 3 tasks"),
+    (["--queries", "100", "--replacement-tasks", "1", "-5"],
+     "argument --replacement-tasks: must be a whole number from 0 to 2147483647, not -5"),
     (["--replacement-tasks", "2"], "--replacement-tasks is read by the noise analysis: add --queries N"),
 ])
 def test_counts_and_task_lists_are_checked_against_the_matrix_in_one_line(tmp_path, capsys, args, message):

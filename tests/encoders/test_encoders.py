@@ -256,13 +256,18 @@ def test_a_torchvision_model_without_a_linear_classifier_is_one_line(tmp_path, m
     ("{not json", "is not the model description the suite writes (JSONDecodeError"),
     ("[1, 2]", "lacks backbone, simplex_vertices_count"),
     ('{"backbone": "small_cnn"}', "lacks simplex_vertices_count, small_width, small_out_dim, head, dataset"),
+    ("[" * 100_000, "is not the model description the suite writes (RecursionError"),
+    (b'{"backbone": "sm\xe4ll_cnn"}', "(TextFileError: not UTF-8 text (byte 0xe4 at position 16)"),
 ])
 def test_a_suite_checkpoint_with_a_damaged_description_is_one_line(tmp_path, description, message):
     model = build_model(backbone="small_cnn", head="learnable", num_classes=7, small_width=8, small_out_dim=16,
                         mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
     path = tmp_path / "model.pt"
     torch.save(model.state_dict(), path)
-    path.with_suffix(".json").write_text(description)
+    if isinstance(description, bytes):
+        path.with_suffix(".json").write_bytes(description)
+    else:
+        path.with_suffix(".json").write_text(description)
     with pytest.raises(EncoderError) as error:
         build_encoder(f"suite:{path}")
     assert message in str(error.value) and "\n" not in str(error.value) and "delete the model" in str(error.value)
