@@ -69,7 +69,8 @@ def test_a_resolved_config_names_every_parameter_of_its_strategy_and_adapter():
     config = assemble(resolve([("test", {"strategy": "dsimplex_hoc", "adapter": {"name": "fct"}})])).config
     assert config["strategy_params"]["dsimplex_hoc"] == {"ce_weight": 0.1, "hoc_weight": 0.9, "mu": 10.0,
                                                          "mask": "zero", "replacement_teacher": "incoming"}
-    assert config["adapter_params"]["fct"]["hidden"] == 1024
+    assert config["adapter_params"]["fct"]["hidden"] == 2048
+    assert config["adapter_params"]["fct"]["network"] == "side_projection"
     RunSettings.from_config(config)
 
 
