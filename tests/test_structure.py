@@ -85,7 +85,8 @@ def test_only_the_config_module_and_the_assembly_step_read_the_config_mapping():
     assert readers == []
 
 
-@pytest.mark.parametrize("leaf", ["cl2r_bench/heads.py", "cl2r_bench/errors.py", "tools/parity/probe.py"])
+@pytest.mark.parametrize("leaf", ["cl2r_bench/heads.py", "cl2r_bench/errors.py", "tools/parity/probe.py",
+                                  "tools/parity/fct_probe.py"])
 def test_leaf_modules_import_nothing_of_the_suite(leaf):
     """The heads and errors are the bottom of the import layers (pyproject.toml, checked by lint-imports); the
     parity probe runs under the authors' Python, where the suite is not installed."""
