@@ -69,7 +69,8 @@ def test_a_resolved_config_names_every_parameter_of_its_strategy_and_adapter():
     config = assemble(resolve([("test", {"strategy": "dsimplex_hoc", "adapter": {"name": "fct"}})])).config
     assert config["strategy_params"]["dsimplex_hoc"] == {"ce_weight": 0.1, "hoc_weight": 0.9, "mu": 10.0,
                                                          "mask": "zero", "replacement_teacher": "incoming"}
-    assert config["adapter_params"]["fct"]["hidden"] == 1024
+    assert config["adapter_params"]["fct"]["hidden"] == 2048
+    assert config["adapter_params"]["fct"]["network"] == "side_projection"
     RunSettings.from_config(config)
 
 
@@ -84,7 +85,8 @@ def test_only_the_config_module_and_the_assembly_step_read_the_config_mapping():
     assert readers == []
 
 
-@pytest.mark.parametrize("leaf", ["cl2r_bench/orthogonal.py", "cl2r_bench/errors.py", "tools/parity/probe.py"])
+@pytest.mark.parametrize("leaf", ["cl2r_bench/orthogonal.py", "cl2r_bench/errors.py", "tools/parity/probe.py",
+                                  "tools/parity/fct_probe.py"])
 def test_leaf_modules_import_nothing_of_the_suite(leaf):
     """The orthogonal layer (under the heads) and the errors are the bottom of the import layers (pyproject.toml,
     checked by lint-imports); the parity probe runs under the authors' Python, where the suite is not installed."""

@@ -18,7 +18,10 @@ sets, and stops sooner once it has converged:
   ``patience`` checks without such a fall the fit has **converged** and stops;
 * the weights of the best score are restored at the end, whether it converged or ran out of steps;
 * with fewer than 2 held-out items (a tiny set, or ``holdout: 0``) the mean training loss between two checks is
-  watched instead.
+  watched instead;
+* held-out items are scored in eval mode (a network with batch norm reads its running statistics there, as the
+  fitted map does, and moves none of them), and an adapter that normalises each batch sets
+  :meth:`LearnedAdapter.min_batch`: the last items of an epoch too few for a batch wait for the next epoch's draw.
 
 A fit that used its whole budget without converging is reported by :func:`convergence_note`, one line saying how
 to give it more. The fit log (``runner.py adapt``'s records, ``adapter.fits`` of a run) carries ``steps``,
@@ -133,17 +136,16 @@ class FitProgress:
 def train_to_convergence(module: torch.nn.Module, batch_loss: Callable[[torch.Tensor], torch.Tensor], n: int,
                          budget: StepBudget, generator: torch.Generator,
                          watch: Callable[[torch.Tensor], float] | None = None,
-                         progress: FitProgress | None = None) -> dict[str, Any]:
+                         progress: FitProgress | None = None, min_batch: int = 1) -> dict[str, Any]:
     """Train ``module``'s parameters with Adam on ``batch_loss(item indices)`` over ``n`` fitting items under
     ``budget`` (module docstring), judging convergence by ``watch(held-out indices)`` (lower is better; default:
-    the mean held-out ``batch_loss``) and reporting to ``progress`` at each check; returns the convergence log:
-    ``steps``, ``converged``, ``best_step``, ``holdout_items`` and ``loss_curve``."""
+    the mean held-out ``batch_loss``), both in eval mode, and reporting to ``progress`` at each check; an epoch's
+    last items fewer than ``min_batch`` are left to the next epoch. Returns the convergence log: ``steps``,
+    ``converged``, ``best_step``, ``holdout_items`` and ``loss_curve``."""
     def watched(held_out: torch.Tensor) -> float:
-        if watch is None:
-            return _held_out_loss(batch_loss, held_out, budget.batch_size)
         module.eval()
         try:
-            return watch(held_out)
+            return _held_out_loss(batch_loss, held_out, budget.batch_size) if watch is None else watch(held_out)
         finally:
             module.train()
 
@@ -152,7 +154,7 @@ def train_to_convergence(module: torch.nn.Module, batch_loss: Callable[[torch.Te
     monitor, curve = _Monitor(module, budget), []
     order, position, window, step, converged = training[:0], 0, [], 0, False
     while step < budget.max_steps and not converged:
-        if position >= len(order):
+        if len(order) - position < min(min_batch, len(training)):
             order = training[torch.randperm(len(training), generator=generator, device=generator.device).cpu()]
             position = 0
         idx = order[position:position + budget.batch_size]
@@ -218,12 +220,19 @@ class LearnedAdapter(Adapter):
         """The scalar training loss of the items ``idx`` of ``data``."""
         raise NotImplementedError
 
+    def min_batch(self) -> int:
+        """The fewest items a training batch may hold (default 1; 2 for a network that normalises each batch)."""
+        return 1
+
     def fit_log(self, data: FeaturePair) -> dict[str, float]:
         """Numbers worth logging about the trained adapter on its fitting tensors ``data`` (default: none)."""
         return {}
 
     def fit(self, pair: FeaturePair, generator: torch.Generator) -> dict[str, Any]:
         data = self.fitting_data(pair)
+        if len(data.old) < self.min_batch():
+            raise AdapterError(f"adapter {self.name!r}: {len(data.old)} fitting item(s); its network normalises each "
+                               f"batch and needs at least {self.min_batch()}")
         device = data.old.device
         watch = None
         if self.held_out_watch is not None:
@@ -231,7 +240,7 @@ class LearnedAdapter(Adapter):
                 idx = idx.to(device)
                 return self.held_out_watch(self, pair.old[idx], pair.new[idx], pair.labels[idx])
         log = train_to_convergence(self, lambda idx: self.batch_loss(data, idx.to(device)), len(data.old),
-                                   self.config, generator, watch, self.fit_progress)
+                                   self.config, generator, watch, self.fit_progress, self.min_batch())
         with torch.no_grad():
             extra = self.fit_log(data)
         return {**extra, **log, "watched": "held-out loss" if watch is None else "held-out retrieval error"}

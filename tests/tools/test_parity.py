@@ -65,12 +65,39 @@ def test_first_per_class_keeps_data_set_order():
 @pytest.mark.parametrize("script", ["steps", "end_to_end"])
 def test_a_wrong_reference_path_is_a_one_line_error(script, tmp_path):
     args = ["--iamcl2r", str(tmp_path / "nowhere"), "--data-root", str(tmp_path), "--work", str(tmp_path)] \
-        if script == "end_to_end" else ["--iamcl2r", str(tmp_path / "nowhere"), "--cl2r", "x", "--ml-fct", "y",
+        if script == "end_to_end" else ["--iamcl2r", str(tmp_path / "nowhere"), "--cl2r", "x",
                                            "--cifar10", str(tmp_path)]
     done = subprocess.run([sys.executable, "-m", f"tools.parity.{script}"] + args,
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "not a checkout of miccunifi/iamcl2r" in done.stderr
+
+
+def test_fct_harness_wrong_reference_path_is_a_one_line_error(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "tools.parity.fct", "--ml-fct", str(tmp_path / "nowhere")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "not a checkout of apple/ml-fct" in done.stderr
+
+
+def test_fct_weights_get_ml_fct_names_and_kernel_shapes():
+    """Every weight of the suite's side-projection network gets the name of ml-fct's MLP_BN_SIDE_PROJECTION
+    (p1 / p2 / mixer, ConvBlock i = layers 3i..3i+2), linear weights as 1x1 kernels; their load is strict."""
+    from cl2r_bench.adapters import make_adapter
+
+    fct = load("fct")
+    adapter = make_adapter("fct", {"fct": {"hidden": 8}})
+    adapter.build(4, 3, 5)
+    state = fct.to_reference_state(adapter.state_dict())
+    assert state["p1.0.conv.weight"].shape == (8, 4, 1, 1) and state["p1.1.conv.weight"].shape == (6, 8, 1, 1)
+    assert state["p2.0.conv.weight"].shape == (10, 5, 1, 1) and state["p2.1.normalizer.running_var"].shape == (6,)
+    assert state["mixer.0.conv.weight"].shape == (8, 12, 1, 1) and state["mixer.1.normalizer.weight"].shape == (8,)
+    assert state["mixer.2.conv.weight"].shape == (3, 8, 1, 1) and state["mixer.2.conv.bias"].shape == (3,)
+    blocks = {f"{branch}.{i}" for branch, count in (("p1", 2), ("p2", 2), ("mixer", 2)) for i in range(count)}
+    expected = {f"{b}.conv.weight" for b in blocks} | {"mixer.2.conv.weight", "mixer.2.conv.bias"} | {
+        f"{b}.normalizer.{p}" for b in blocks
+        for p in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}
+    assert set(state) == expected
 
 
 def test_the_protocol_table_reads_the_paper_preset():

@@ -1,13 +1,13 @@
 """The reference side of the step-level parity check: run under the authors' own Python environment.
 
-    <reference venv>/bin/python -m tools.parity.probe --iamcl2r PATH --cl2r PATH --ml-fct PATH --work DIR
+    <reference venv>/bin/python -m tools.parity.probe --iamcl2r PATH --cl2r PATH --work DIR
 
 ``DIR/inputs.pt`` (written by ``tools/parity/steps.py``) holds the tensors and checkpoint paths; this script
 calls the authors' functions on them (``create_model``, ``train_one_epoch``, ``HocLoss``, ``BalancedBatchSampler``,
-``load_cifar_identification``, ``evaluate``, CL2R's ``update_criterion_weight`` / ``EmbeddingsSimilarity``, ml-fct's
-``MLP_BN_SIDE_PROJECTION``) and writes what they return to ``DIR/reference.pt``. It imports nothing of the suite and
-copies none of the authors' code: where a rule lives inline in their ``main.py`` (parameter groups), it is read
-from that file and evaluated.
+``load_cifar_identification``, ``evaluate``, CL2R's ``update_criterion_weight`` / ``EmbeddingsSimilarity``) and
+writes what they return to ``DIR/reference.pt`` (ml-fct's FCT has its own check: ``fct_probe.py``). It imports
+nothing of the suite and copies none of the authors' code: where a rule lives inline in their ``main.py``
+(parameter groups), it is read from that file and evaluated.
 """
 from __future__ import annotations
 
@@ -176,22 +176,12 @@ def cl2r_fd(inputs: dict) -> dict:
     return {"lambda": float(weight), "loss": float(ce + weight * fd)}
 
 
-def ml_fct(inputs: dict) -> dict:
-    from models.transformations import MLP_BN_SIDE_PROJECTION  # ml-fct's own models package (--ml-fct on sys.path)
-
-    old, side = inputs["fct_old"], inputs["fct_side"]
-    net = MLP_BN_SIDE_PROJECTION(old.shape[1], inputs["fct_new"].shape[1], side.shape[1])
-    return {"mse": torch.nn.MSELoss()(inputs["fct_new"], inputs["fct_mapped"]).item(),
-            "parameters": sum(p.numel() for p in net.parameters()),
-            "output_shape": list(net(old[:, :, None, None], side[:, :, None, None]).shape)}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name in ("--iamcl2r", "--cl2r", "--ml-fct", "--work"):
+    for name in ("--iamcl2r", "--cl2r", "--work"):
         parser.add_argument(name, required=True)
     args = parser.parse_args()
-    sys.path[:0] = [str(Path(args.iamcl2r) / "src"), str(Path(args.cl2r) / "src"), str(Path(args.ml_fct))]
+    sys.path[:0] = [str(Path(args.iamcl2r) / "src"), str(Path(args.cl2r) / "src")]
     logging.disable(logging.CRITICAL)
     patch_offline()
     torch.manual_seed(0)
@@ -200,8 +190,7 @@ def main() -> None:
     inputs["iamcl2r"] = args.iamcl2r
     out = {"hoc_step": training_step(inputs, "hoc"), "er_step": training_step(inputs, "er"),
            "hoc_loss": hoc_loss_values(inputs), "sampler": sampler_counts(inputs),
-           "expansion": learnable_expansion(inputs), "fd": cl2r_fd(inputs), "fct": ml_fct(inputs),
-           "replacement": replacement_load(inputs)}
+           "expansion": learnable_expansion(inputs), "fd": cl2r_fd(inputs), "replacement": replacement_load(inputs)}
     out["optimizer"] = optimizer_step(inputs)
     out["evaluation"] = evaluation(inputs, work)
     torch.save(out, work / "reference.pt")

@@ -1,11 +1,12 @@
 """Step-level parity with the authors' code on identical tensors (results/parity/README.md).
 
     python -m tools.parity.steps --iamcl2r REF/iamcl2r --cl2r REF/CompatibleLifelongRepresentation \\
-        --ml-fct REF/ml-fct --cifar10 data [--reference-python REF/venv/bin/python] [--out results/parity/steps.json]
+        --cifar10 data [--reference-python REF/venv/bin/python] [--out results/parity/steps.json]
 
 The same weights (suite models converted to the authors' checkpoint format), the same batch and float64 where it
 helps are given to both codes: ``probe.py`` runs the authors' functions under their own Python, this script runs
 the suite's, and each row reports the largest absolute difference and its tolerance, or why the two cannot agree.
+FCT's transformation has its own check against ml-fct (``tools/parity/fct.py``).
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.retrieval import CompatibilityEvaluator
-from cl2r_bench.adapters import make_adapter
 from cl2r_bench.data.cifar import read_cifar
 from cl2r_bench.data.datasets import CIFAR100_MEAN, CIFAR100_STD, DataError, ImageSet
 from cl2r_bench.heads import simplex_vertices
@@ -129,7 +129,7 @@ def evaluation_data(cifar10: str, work: Path) -> tuple[Path, ImageSet, ImageSet]
 
 def run_probe(python: Path, refs: dict[str, Path], work: Path) -> dict:
     command = [str(python), str(Path(__file__).with_name("probe.py")), "--iamcl2r", str(refs["iamcl2r"]),
-               "--cl2r", str(refs["cl2r"]), "--ml-fct", str(refs["ml_fct"]), "--work", str(work)]
+               "--cl2r", str(refs["cl2r"]), "--work", str(work)]
     done = subprocess.run(command, capture_output=True, text=True,
                           env={"WANDB_MODE": "disabled", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
                                "PATH": "/usr/bin:/bin"})
@@ -211,14 +211,6 @@ def compare(ref: dict, ours: dict) -> list[dict]:
                     float((theirs_m - ours_m).abs().max()), 1 / ours["queries"],
                     f"theirs {theirs_m.numpy().round(4).tolist()}, ours {ours_m.numpy().round(4).tolist()}; "
                     "tolerance one query"))
-    rows.append(row("FCT loss: ours (mean squared norm) / dimension vs ml-fct's nn.MSELoss",
-                    abs(ours["fct_mse"] - ref["fct"]["mse"]), 1e-6,
-                    "the same loss up to the constant factor 1/D, which Adam's update ignores"))
-    rows.append(row("FCT transformation", float("inf"), 0.0,
-                    "cannot agree: ml-fct's MLP_BN_SIDE_PROJECTION (1x1 convolutions with batch norm, a separate "
-                    "side-information branch, inner width 2048: "
-                    f"{ref['fct']['parameters']:,} parameters here) is not the "
-                    f"suite's plain MLP on [old, side] ({ours['fct_parameters']:,}); same inputs, outputs and loss"))
     return rows
 
 
@@ -226,23 +218,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iamcl2r", required=True, help="checkout of miccunifi/iamcl2r")
     parser.add_argument("--cl2r", required=True, help="checkout of NiccoBiondi/CompatibleLifelongRepresentation")
-    parser.add_argument("--ml-fct", required=True, help="checkout of apple/ml-fct")
     parser.add_argument("--cifar10", required=True, help="folder holding cifar-10-batches-py/")
     parser.add_argument("--reference-python", help="the reference's interpreter (default: venv/bin/python beside "
                                                    "the iamcl2r checkout)")
     parser.add_argument("--out", default=str(ROOT / "results" / "parity" / "steps.json"))
     args = parser.parse_args()
     refs = {"iamcl2r": reference_checkout(args.iamcl2r, "src/iamcl2r/methods/hoc.py", "miccunifi/iamcl2r"),
-            "cl2r": reference_checkout(args.cl2r, "src/cl2r/train.py", "NiccoBiondi/CompatibleLifelongRepresentation"),
-            "ml_fct": reference_checkout(args.ml_fct, "models/transformations.py", "apple/ml-fct")}
+            "cl2r": reference_checkout(args.cl2r, "src/cl2r/train.py", "NiccoBiondi/CompatibleLifelongRepresentation")}
     python = reference_python(args.reference_python, refs["iamcl2r"])
     torch.set_default_dtype(torch.float32)
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
         work = Path(tmp)
         rows = run(python, refs, work, args.cifar10)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    repositories = {"iamcl2r": "miccunifi/iamcl2r", "cl2r": "NiccoBiondi/CompatibleLifelongRepresentation",
-                    "ml_fct": "apple/ml-fct"}
+    repositories = {"iamcl2r": "miccunifi/iamcl2r", "cl2r": "NiccoBiondi/CompatibleLifelongRepresentation"}
     sources = provenance({name: (repositories[name], path) for name, path in refs.items()})
     Path(args.out).write_text(json.dumps({**sources, "rows": rows}, indent=1, allow_nan=False) + "\n")
     width = max(len(r["name"]) for r in rows)
@@ -272,9 +261,7 @@ def run(python: Path, refs: dict[str, Path], work: Path, cifar10: str) -> list[d
               "fd_new_classes": 15, "fd_labels": torch.randint(0, 25, (128,), generator=gen),
               "fd_logits": torch.randn(128, 25, generator=gen), "fd_new": torch.randn(128, 64, generator=gen),
               "fd_old": torch.randn(128, 64, generator=gen), "data_root": str(data_root),
-              "eval_images": torch.zeros(64),
-              "fct_old": torch.randn(32, 16, generator=gen), "fct_side": torch.randn(32, 8, generator=gen),
-              "fct_new": torch.randn(32, 12, generator=gen), "fct_mapped": torch.randn(32, 12, generator=gen)}
+              "eval_images": torch.zeros(64)}
     ours = suite_values(built, inputs, query, gallery)
     inputs["optimizer_grads"] = {reference_name(k): v for k, v in ours["hoc_step"]["grads"].items()}
     torch.save(inputs, work / "inputs.pt")
@@ -305,7 +292,6 @@ def suite_values(built: dict, inputs: dict, query: ImageSet, gallery: ImageSet) 
         evaluator.deploy(model.eval())
     ours["matrix"] = torch.tensor([[evaluator.matrix[0][0], 0.0], evaluator.matrix[1]], dtype=torch.float64)
     ours["queries"] = len(query)
-    ours |= fct_values(inputs)
     return ours
 
 
@@ -367,14 +353,6 @@ def optimizer_values(student, initial: dict[str, torch.Tensor]) -> dict:
     no_decay = [reference_name(n) for n, p in model.named_parameters() if p.requires_grad and p.ndim <= 1]
     return {"lr": lr, "no_decay": no_decay,
             "after_step": {reference_name(n): p.detach() for n, p in model.named_parameters() if p.requires_grad}}
-
-
-def fct_values(inputs: dict) -> dict:
-    adapter = make_adapter("fct", {})
-    new_dim = inputs["fct_new"].shape[1]
-    adapter.build(inputs["fct_old"].shape[1], new_dim, inputs["fct_side"].shape[1])
-    squared = (inputs["fct_mapped"] - inputs["fct_new"]).pow(2).sum(dim=1).mean() / new_dim
-    return {"fct_mse": float(squared), "fct_parameters": sum(p.numel() for p in adapter.parameters())}
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 """The tables of ``results/parity/README.md``, from the parity records beside it (``runner.py pages`` writes them).
 
     python -m tools.parity.tables steps|protocol|end-to-end|timing|bct-line|bt2|authors|mixbct|oca|vec2vec|\
-        local-procrustes [--folder results/parity]
+        local-procrustes|fct [--folder results/parity]
 
-``steps``, ``bct-line``, ``bt2``, ``authors``, ``mixbct``, ``oca``, ``vec2vec`` and ``local-procrustes``: one row
-per check of ``steps.json``, ``bct_line.json``, ``bt2.json``, ``authors.json``, ``mixbct.json``, ``oca.json``,
-``vec2vec.json`` and ``local_procrustes.json`` (the largest absolute difference, its tolerance, whether it agrees,
-the note), then the commits they name; ``protocol``: the authors' 7-task run beside the resolved ``paper`` preset
-(:func:`tools.parity.report.protocol`); ``end-to-end``: per strategy and code the AC and AA over seeds of
-``end_to_end.json``, and each mean matrix entry by entry; ``timing``: the timed pair of ``timing.json``.
+``steps``, ``bct-line``, ``bt2``, ``authors``, ``mixbct``, ``oca``, ``vec2vec``, ``local-procrustes`` and ``fct``:
+one row per check of ``steps.json``, ``bct_line.json``, ``bt2.json``, ``authors.json``, ``mixbct.json``,
+``oca.json``, ``vec2vec.json``, ``local_procrustes.json`` and ``fct.json`` (the largest absolute difference, its
+tolerance, whether it agrees, the note), then the commits they name; ``protocol``: the authors' 7-task run beside
+the resolved ``paper`` preset (:func:`tools.parity.report.protocol`); ``end-to-end``: per strategy and code the AC
+and AA over seeds of ``end_to_end.json``, and each mean matrix entry by entry; ``timing``: the timed pair of
+``timing.json``.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from tools.parity.report import entry_table, protocol, summarise
 
 CHECKS = {"steps": "steps.json", "bct-line": "bct_line.json", "bt2": "bt2.json", "authors": "authors.json",
           "mixbct": "mixbct.json", "oca": "oca.json", "vec2vec": "vec2vec.json",
-          "local-procrustes": "local_procrustes.json"}
+          "local-procrustes": "local_procrustes.json", "fct": "fct.json"}
 
 
 def number(value: float | None) -> str:
