@@ -13,6 +13,9 @@ are fractions in [0, 1]; AA, ACA, BC and FC are reported in percent, as the pape
 * Across replacements (this suite's diagnostic for IAM-CL2R): AC and ACA restricted to the pairs (t, k) with a
   replacement task r, k < r <= t, i.e. a query model that descends from a different replacement than the
   gallery model. These are the pairs the papers' claim is about.
+* Margin parts (this suite's diagnostic): each pair's margin ``M[t][k] - M[k][k]`` is the query model's own gain
+  ``M[t][t] - M[k][k]`` less its cross gap ``M[t][t] - M[t][k]``, averaged within segments (no replacement task r,
+  k < r <= t) and across replacements, in percent points.
 
 A genuine 0.0 accuracy is a value like any other, never "missing".
 """
@@ -149,6 +152,27 @@ def across_replacements(matrix: np.ndarray, replacement_tasks: list[int], tie_ru
         return {"AC_across": None, "ACA_across": None, "pairs_across": 0}
     return {"AC_across": float(compatible_pairs(matrix, tie_rule)[pairs].sum() / count),
             "ACA_across": float(100.0 * matrix[pairs].mean()), "pairs_across": count}
+
+
+def margin_parts(matrix: np.ndarray, replacement_tasks: list[int]) -> dict[str, dict[str, Any]]:
+    """Why pairs fail, per group of pairs t > k: ``within`` a segment (no replacement task r with k < r <= t) and
+    ``across`` replacements (:func:`replacement_pairs`). Each group's ``{"margin", "own_gain", "cross_gap",
+    "pairs"}``: the mean over its pairs of the margin ``M[t][k] - M[k][k]`` (above 0: compatible under the strict
+    rule), of the query model's own gain ``M[t][t] - M[k][k]`` and of its cross gap ``M[t][t] - M[t][k]``, in
+    percent points; margin = own gain - cross gap (docs/METHODS.md §2). The three are None in a group without
+    pairs."""
+    size = len(matrix)
+    across = replacement_pairs(size, replacement_tasks)
+    groups = {"within": np.tri(size, k=-1, dtype=bool) & ~across, "across": across}
+    diagonal = np.diag(matrix)
+    parts = {"margin": matrix - diagonal[None, :], "own_gain": diagonal[:, None] - diagonal[None, :],
+             "cross_gap": diagonal[:, None] - matrix}
+    out = {}
+    for group, pairs in groups.items():
+        count = int(pairs.sum())
+        out[group] = {**{part: float(100.0 * values[pairs].mean()) if count else None
+                         for part, values in parts.items()}, "pairs": count}
+    return out
 
 
 def average_accuracy(matrix: np.ndarray) -> float:

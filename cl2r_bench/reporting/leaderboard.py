@@ -14,10 +14,10 @@ top-1's), ``noise`` (the noise-aware AC), ``replacements`` (the replacement mode
 ``retrieval`` and ``backfilling`` (every adapter study, leave-one-out or a ``model_update`` run along a stream: each
 case's top-1 and mAP, each order's AUC, the zero-shot change and the adapters' declared diagnostics such as
 λ-orthogonal's f(W)), ``two_model`` (the BCT line's protocol), ``timing`` (ms per training iteration), ``across``
-(AC and ACA across replacements) and ``matrices`` (the mean compatibility matrices; in csv, long rows ``scenario,
-dataset, strategy, t, k, mean, std, seeds``, tasks 0-based, percent). :func:`cl2r_bench.reporting.tables.render`
-writes them
-in github, latex or csv.
+(AC and ACA across replacements), ``margins`` (why pairs fail: each pair's margin split into the query model's own
+gain and its cross gap, within segments and across replacements) and ``matrices`` (the mean compatibility
+matrices; in csv, long rows ``scenario, dataset, strategy, t, k, mean, std, seeds``, tasks 0-based, percent).
+:func:`cl2r_bench.reporting.tables.render` writes them in github, latex or csv.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.metrics import across_replacements, as_matrix
+from benchmarks.metrics import across_replacements, as_matrix, margin_parts
 from benchmarks.noise import CONFIDENCE, t_interval
 from benchmarks.record import (
     PAPER_CASES,
@@ -43,7 +43,7 @@ from .experiments import experiment_groups, models_label, result_groups, short_m
 from .tables import Column, Kind, Table, render, without_empty_columns
 
 TABLES = ("main", "intervals", "noise", "replacements", "retrieval", "backfilling", "two_model", "timing", "across",
-          "matrices")
+          "margins", "matrices")
 SUMMARY = TABLES[:7]
 COLUMNS = ("AC", "AA", "ACA")
 
@@ -83,6 +83,14 @@ TIMING_COLUMNS = (*IDENTITY, Column("train ms / iteration", "train_ms_per_iterat
                   Column("ratio to baseline", "ratio_to_baseline"), SEEDS)
 ACROSS_COLUMNS = (*IDENTITY, Column("AC across replacements", "AC_across", Kind.SPREAD, 3),
                   Column("ACA across (%)", "ACA_across", Kind.SPREAD), Column("pairs", "pairs", Kind.INTEGER), SEEDS)
+PAIR_GROUP_TITLES = {"within": "within segments", "across": "across replacements"}
+MARGIN_TITLES = {"margin": "margin", "own_gain": "own gain", "cross_gap": "cross gap"}
+"""The titles of :func:`benchmarks.metrics.margin_parts`' pair groups and parts."""
+MARGIN_COLUMNS = (*IDENTITY, Column("pair group", "pair_group", Kind.TEXT),
+                  *(column for part, title in MARGIN_TITLES.items()
+                    for column in (Column(f"{title} (points)", part),
+                                   Column(f"{title} 95% CI", f"{part}_interval", Kind.INTERVAL))),
+                  Column("pairs", "pairs", Kind.INTEGER), SEEDS)
 TWO_MODEL_CASES = (("old/old", ("top1",)), ("new/old", ("top1", "top5", "mAP")), ("new/new", ("top1", "top5", "mAP")))
 SCORE_TITLES = {"top1": "top-1", "top5": "top-5", "mAP": "mAP"}
 TWO_MODEL_COLUMNS = (*IDENTITY, *(Column(f"{case} {SCORE_TITLES[score]}", f"{case}_{score}", Kind.SPREAD)
@@ -262,6 +270,26 @@ def across_rows(records: list[RunRecord], tie_rule: str = "strict") -> list[list
     return rows
 
 
+def margin_rows(records: list[RunRecord], confidence: float = CONFIDENCE) -> list[list[Any]]:
+    """Rows of :data:`MARGIN_COLUMNS`, two per experiment with a matrix (within segments, then across replacements,
+    each where its runs have pairs): the mean over seeds of each run's mean margin, own gain and cross gap
+    (:func:`benchmarks.metrics.margin_parts`, percent points), each beside its t-interval over seeds as in
+    :func:`interval_rows` (clipped to -100 to 100), and the pairs per run. Means of means, so margin = own gain -
+    cross gap in every row; the intervals, each figure's own, need not add up."""
+    rows = []
+    for (scenario, dataset, strategy), runs in _matrix_groups(records).items():
+        parts = [margin_parts(matrix, r.get("replacement_tasks", [])) for r, matrix in runs]
+        for group, title in PAIR_GROUP_TITLES.items():
+            measured = [p[group] for p in parts if p[group]["pairs"]]
+            if not measured:
+                continue
+            figures = [[m[part] for m in measured] for part in MARGIN_TITLES]
+            cells = [cell for values in figures
+                     for cell in (float(np.mean(values)), t_interval(values, confidence, (-100.0, 100.0)))]
+            rows.append([scenario, dataset, strategy, title, *cells, measured[0]["pairs"], len(measured)])
+    return rows
+
+
 def mean_matrices(records: list[RunRecord]) -> list[Table]:
     """Per (scenario, dataset, strategy), the compatibility matrix averaged over seeds, in percent, as a grid
     titled with the experiment: query task t by gallery task k <= t, ``(mean, std)`` (std only when there are
@@ -383,6 +411,7 @@ def build(records: list[RunRecord], fmt: str = "github", names: Iterable[str] = 
         "replacements": lambda: [Table(REPLACEMENT_COLUMNS, replacement_rows(records))],
         "timing": lambda: [Table(TIMING_COLUMNS, timing_rows(records, baseline))],
         "across": lambda: [Table(ACROSS_COLUMNS, across_rows(records))],
+        "margins": lambda: [Table(MARGIN_COLUMNS, margin_rows(records))],
         "matrices": lambda: ([Table(MATRIX_ROW_COLUMNS, matrix_rows(records))] if fmt == "csv"
                              else mean_matrices(records)),
     }

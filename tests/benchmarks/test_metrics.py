@@ -17,6 +17,7 @@ from benchmarks.metrics import (
     backward_compatibility,
     forward_compatibility,
     load_matrix,
+    margin_parts,
     replacement_pairs,
 )
 from cl2r_bench.app import cli as runner
@@ -171,6 +172,25 @@ def test_across_replacements_on_the_reference_matrices():
     assert er["AC_across"] == 0.0 and er["ACA_across"] == pytest.approx(np.mean(across_entries))
     assert across_replacements(as_matrix(ER_ROWS), [0]) == {"AC_across": None, "ACA_across": None,
                                                              "pairs_across": 0}
+
+
+def test_margin_parts_split_each_pair_groups_mean_margin_into_own_gain_less_cross_gap():
+    """TIE_ROWS with a replacement at 2. Within, (1, 0): margin 50 - 50 = 0, own gain 60 - 50 = 10, cross gap
+    60 - 50 = 10. Across, (2, 0): margin 60 - 50 = 10, own gain 70 - 50 = 20, cross gap 70 - 60 = 10; (2, 1): margin
+    40 - 60 = -20, own gain 70 - 60 = 10, cross gap 70 - 40 = 30; means -5, 15 and 20."""
+    parts = margin_parts(as_matrix(TIE_ROWS), [0, 2])
+    assert parts["within"] == pytest.approx({"margin": 0.0, "own_gain": 10.0, "cross_gap": 10.0, "pairs": 1})
+    assert parts["across"] == pytest.approx({"margin": -5.0, "own_gain": 15.0, "cross_gap": 20.0, "pairs": 2})
+    assert margin_parts(as_matrix(TIE_ROWS), [0])["across"] == {"margin": None, "own_gain": None,
+                                                                "cross_gap": None, "pairs": 0}
+
+
+@pytest.mark.parametrize("rows", [HOC_ROWS, ER_ROWS], ids=["hoc", "er"])
+def test_margin_parts_of_the_reference_matrices_add_up_and_count_the_across_tables_pairs(rows):
+    parts = margin_parts(as_matrix(rows), [0, 2, 4])
+    assert (parts["within"]["pairs"], parts["across"]["pairs"]) == (5, 16)
+    for group in parts.values():
+        assert group["margin"] == pytest.approx(group["own_gain"] - group["cross_gap"])
 
 
 MIXED_ROWS = [[50.0], [0.5, 60.0]]
