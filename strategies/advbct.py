@@ -12,17 +12,26 @@ reversal, pushes the new features' distribution onto the old one's.
 
 ``c_y`` is the mean of the old model's unit features of class y (not re-normalised) and ``r_y`` the largest
 distance of those features to it after the 1.5 IQR rule (``cl2r_bench/class_regions.py``; classes with fewer than two
-inliers are left out); ``b_y`` is a learnable per-class parameter (initialised uniformly in [-1, 1]) and T =
-``threshold`` = 1.0. ``D`` is a discriminator (linear 100, batch norm, ReLU, linear 2, log-softmax) on raw
-(un-normalised) features; GRL_alpha passes features forward and multiplies the gradient by -alpha; p is the fraction
-of the task's iterations done, e its 0-based epoch and E its epochs. These follow the authors' code
-(``Ashespt/AdvBCT``: ``COMP_LOSS.TYPE: bct_limit``, ``ELASTIC_BOUNDARY: True``, ``TRAIN.TYPE: adv_compatible``,
-``THRESHOLD: 1.0``); the mean of ``L_eb`` over the violating samples only is theirs too. The discriminator and the
-boundary parameters are built for each task with a teacher and trained by the task's optimiser
-(:meth:`Strategy.trainable_modules`). The old model is the teacher of ``cl2r_bench/strategy.py``: at a replacement, by
-default, the model deployed before it (``replacement_teacher: outgoing``: AdvBCT trains the new model against the
-deployed one; ``incoming`` anchors the replacement to itself, as the IAM-CL2R code's shared loop does). At CL2R task 0
-(no old model) the loss is CE.
+inliers are left out); ``b_y`` is a learnable per-class parameter (initialised uniformly in [-1, 1]).
+
+**The boundary: paper against code.** The paper's boundary shrinks: its overview figure (Fig. 3) gives the elastic
+radius as ``r_max - r_e``, the old class's largest radius less a learnable ``r_e``. The code moves every radius toward
+``THRESHOLD`` T = 1.0 instead, enlarging the radii below it; on unit features whose class radii lie below 1 (a class
+centre of norm ``|c|`` puts distance 1 at ``cos = |c| / 2``) that asks a new feature only for a cosine of ``|c| / 2`` to
+its class centre, and ``b_y``, pushed by the loss to widen the boundary, drives ``R_y`` to 1. The suite follows the
+paper, as elsewhere (docs/strategies.md): ``threshold`` T = 0 by default, with which the code's own formula is ``R_y =
+r_y (1 - sigmoid(b_y))``, the paper's shrinking ``r_max - r_e`` with ``r_e = r_y sigmoid(b_y)`` in ``[0, r_y]``;
+``threshold: 1.0`` is the code's.
+
+``D`` is a discriminator (linear 100, batch norm, ReLU, linear 2, log-softmax) on raw (un-normalised) features;
+GRL_alpha passes features forward and multiplies the gradient by -alpha; p is the fraction of the task's iterations
+done, e its 0-based epoch and E its epochs. These follow the authors' code (``Ashespt/AdvBCT``: ``COMP_LOSS.TYPE:
+bct_limit``, ``ELASTIC_BOUNDARY: True``, ``TRAIN.TYPE: adv_compatible``, ``THRESHOLD: 1.0``, above); the mean of
+``L_eb`` over the violating samples only is theirs too. The discriminator and the boundary parameters are built for each
+task with a teacher and trained by the task's optimiser (:meth:`Strategy.trainable_modules`). The old model is the
+teacher of ``cl2r_bench/strategy.py``: at a replacement, by default, the model deployed before it
+(``replacement_teacher: outgoing``: AdvBCT trains the new model against the deployed one; ``incoming`` anchors the
+replacement to itself, as the IAM-CL2R code's shared loop does). At CL2R task 0 (no old model) the loss is CE.
 """
 from __future__ import annotations
 
@@ -44,7 +53,7 @@ NEW, OLD = 0, 1
 @dataclass(frozen=True)
 class AdvBCTConfig:
     boundary_weight: float = 1.0
-    threshold: float = 1.0
+    threshold: float = 0.0
     discriminator_width: int = setting(100, at_least=1, at_most=WIDTH_MAX)
     centre_classes: str = setting("old", choices=CENTRE_CLASSES)
     replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
@@ -120,7 +129,8 @@ def adversarial_loss(features: torch.Tensor, old_raw_features: torch.Tensor, jud
 
 @register_strategy("advbct")
 class AdvBCT(Strategy):
-    loss_summary = '`CE + elastic boundary around old centres + adversarial discriminator (gradient reversal)`'
+    loss_summary = ('`CE + elastic boundary around old centres (shrinking, the paper; `threshold: 1` the code) + '
+                    'adversarial discriminator (gradient reversal)`')
     reference = 'Pan et al., CVPR 2023'
     authors_recipe = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005, "epochs": 30,
                       "schedule": "multistep", "milestones": [5, 10, 20], "gamma": 0.1, "warmup_epochs": 0}

@@ -175,6 +175,18 @@ def test_elastic_boundary_grows_small_radii_and_shrinks_large_ones_towards_the_t
     assert boundary(torch.tensor([0, 1])).tolist() == pytest.approx([0.4 + 0.6 / 2, 1.2 - 0.2 / 2])
 
 
+def test_elastic_boundary_by_default_shrinks_each_radius_as_the_paper():
+    """T = 0: R = r (1 - sigmoid(b)), the paper's r_max - r_e; at b = 0 half of each radius, and never above r."""
+    assert get_strategy("advbct").from_params({}).config.threshold == 0.0
+    boundary = ElasticBoundary(torch.tensor([0.4, 1.2]), threshold=0.0)
+    with torch.no_grad():
+        boundary.logit.zero_()
+    assert boundary(torch.tensor([0, 1])).tolist() == pytest.approx([0.2, 0.6])
+    with torch.no_grad():
+        boundary.logit.fill_(5.0)
+    assert bool((boundary(torch.tensor([0, 1])) < torch.tensor([0.4, 1.2]) * 0.01).all())
+
+
 def test_elastic_boundary_loss_is_the_mean_excess_of_the_samples_outside():
     regions = regions_at([[1.0, 0.0]], distance_radius=[0.4])
     boundary = ElasticBoundary(regions.distance_radius.clone(), threshold=1.0)

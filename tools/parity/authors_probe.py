@@ -12,7 +12,8 @@ runs the authors' own code on them and writes what it computes to ``DIR/referenc
   which carries no gradient) and false; the loss and the gradient of the new features;
 * LCE: ``IrvingMeng/LCE``'s ``save_lcefeat`` (``main.py``: the old class centres and cosines) on the old features,
   then one iteration of its ``train`` with ``use_lce=1`` (``lambda_a=100``, ``lambda_b=1``, no transformation)
-  around a backbone that returns the given features and their ``Classifier``; the loss and every gradient;
+  around a backbone that returns the given features, their ``NormalizedClassifier`` and their ``ArcFaceLoss`` at
+  their configuration's scale 16 and margin 0.1 (``configs/res50_arcface.yaml``); the loss and every gradient;
 * UniBCT: ``yuleung/MixBCT``'s ``PrototypeGeneration`` (``BCT_Methods/UniBCT/refine_prototype.py``, the public
   reimplementation of the paper's prototype refinement, ``lamb=0.9``, ``temper=0.05``) on the old and new features.
 
@@ -105,7 +106,8 @@ def ract(checkout: Path, inputs: dict) -> dict:
 def lce(checkout: Path, inputs: dict, work: Path) -> dict:
     sys.path.insert(0, str(checkout))
     main = __import__("main")
-    from models.Classifier import Classifier
+    from losses.arcface_loss import ArcFaceLoss
+    from models.Classifier import NormalizedClassifier
 
     folder = work / "lce"
     folder.mkdir()
@@ -115,10 +117,10 @@ def lce(checkout: Path, inputs: dict, work: Path) -> dict:
     main.save_lcefeat(old_model, [(images, ids, ids)], str(folder))
     centres, cosines = np.load(folder / "old_class_centers.npy"), np.load(folder / "old_class_cos.npy")
     model = Given(inputs["lce_features"], trainable=True)
-    classifier = Classifier(inputs["lce_features"].shape[1], len(centres))
+    classifier = NormalizedClassifier(inputs["lce_features"].shape[1], len(centres))
     with torch.no_grad():
-        classifier.classifier.weight.copy_(inputs["lce_classifier"])
-    head = Parallel(classifier.classifier)
+        classifier.weight.copy_(inputs["lce_classifier"])
+    head = Parallel(classifier)
     labels = inputs["lce_labels"]
     losses = []
 
@@ -127,7 +129,7 @@ def lce(checkout: Path, inputs: dict, work: Path) -> dict:
             return None
 
     optimizer = Recording([model.features, *classifier.parameters()], lr=0.0)
-    criterion = nn.CrossEntropyLoss()
+    criterion = ArcFaceLoss(scale=16.0, margin=0.1)                 # configs/res50_arcface.yaml
 
     def recorded(outputs, pids):
         value = criterion(outputs, pids)
@@ -148,7 +150,7 @@ def lce(checkout: Path, inputs: dict, work: Path) -> dict:
     finally:
         torch.Tensor.backward = original_backward
     return {"centres": torch.tensor(centres), "cosines": torch.tensor(cosines), "loss": losses[-1],
-            "features_grad": model.features.grad.clone(), "classifier_grad": classifier.classifier.weight.grad.clone()}
+            "features_grad": model.features.grad.clone(), "classifier_grad": classifier.weight.grad.clone()}
 
 
 def unibct(checkout: Path, inputs: dict, work: Path) -> dict:

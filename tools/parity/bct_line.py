@@ -139,7 +139,7 @@ METHOD_NOTES = {
     "advbct": "bct_limit + ELASTIC_BOUNDARY + adv_compatible (epoch 2 of 5): CE + elastic boundary + adversarial",
 }
 REFERENCE_READINGS = {"lce": {"form": "advbct"}, "unibct": {"refinement": "none", "centre_classes": "old"},
-                      "ract": {"detach_new_negatives": True}}
+                      "ract": {"detach_new_negatives": True}, "advbct": {"threshold": THRESHOLD}}
 
 
 def compare(reference: dict, inputs: dict) -> tuple[list[dict], list[dict]]:
