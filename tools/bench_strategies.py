@@ -1,12 +1,21 @@
 """Benchmark: training time per iteration of every registered strategy, as a ratio to ER in the same run.
 
-Each strategy trains one fine-tuning task (task 1 of a stream: 64 new + 64 replay samples per batch when it uses
-the memory, 128 new samples otherwise) from the same starting model, with its frozen teacher and its
-``before_task`` set-up (class means, frozen classifier) included in the timed part, on the same device-resident
-data. Strategies are run interleaved, ``--repeats`` times; the figure per strategy is the median seconds per
-iteration and its ratio to ER's median.
+Each strategy trains one task from the same starting models, with its frozen teacher, its ``before_task`` set-up
+(class means, frozen classifier) and its own head included in the timed part, on the same device-resident data
+(64 new + 64 replay samples per batch when it uses the memory, 128 new samples otherwise). Strategies run
+interleaved, ``--repeats`` times; the figure per strategy is the median seconds per iteration and its ratio to ER's.
 
-    python -m tools.bench_strategies [--backbone small_cnn] [--images 1920] [--epochs 2] [--repeats 3]
+* ``--setting images`` (default): task 1 of a stream of small synthetic images (``--backbone``), 10 old and 15 new
+  classes, the new model fine-tuning the old one.
+* ``--setting track``: the pretrained-backbone track's shapes (docs/METHODS.md §4b) in the upgrade protocol's task 1:
+  items are ``--feature-dim``-wide cached encoder features (1280: EfficientNet-Lite0's), every model the track's
+  embedding network (1024 hidden, 512 out) under its strategy's head, 100 old and 100 new classes; the new model is
+  built afresh over the 512-d old model (so BT²'s and OCA's heads are their 544-d orthogonal layers over it, as in
+  the track's zoo), the old model is the teacher and an untrained learnable model BT²'s independent model. Only the
+  shapes matter for the time per iteration: the features are Gaussian classes.
+
+    python -m tools.bench_strategies [--setting images|track] [--images 1920] [--epochs 2] [--repeats 3]
+                                     [--strategies er oca bt2]
 """
 from __future__ import annotations
 
@@ -14,42 +23,109 @@ import argparse
 import copy
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.synthetic import make_synthetic
-from cl2r_bench.models import build_model
+from cl2r_bench.models import RetrievalModel, build_model, head_over
 from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training.engine import ReplayMemory, update_memory
 from cl2r_bench.training.loop import train_task
 from strategies import TaskContext, get_strategy, list_strategies
 
-OLD_CLASSES, NEW_CLASSES = 10, 15
+MEMORY_PER_CLASS = 20
 
 
-def one_task(name: str, start: dict, new: ImageSet, memory: ImageSet, settings: TrainSettings,
-             model_options: dict) -> float:
-    """Seconds per iteration of one fine-tuning task of strategy ``name`` (set-up included)."""
+@dataclass
+class Setting:
+    """One benchmark setting: the task's data, the old classes' replay memory and how models are built."""
+
+    new: ImageSet
+    memory: ImageSet
+    old_classes: int
+    new_classes: int
+    model_options: dict
+    fresh_new_model: bool
+    """True: the new model is built afresh over the old one (upgrade); False: it fine-tunes a copy of it."""
+
+
+def image_setting(backbone: str, images: int, device: torch.device) -> Setting:
+    """Task 1 of a synthetic image stream: 10 old classes, 15 new ones, ``images`` new-class images."""
+    old_classes, new_classes = 10, 15
+    source = make_synthetic(num_classes=old_classes + new_classes, train_per_class=images // new_classes)
+    labels = source.train.labels
+    old = source.train.select(torch.nonzero(labels < old_classes).flatten())
+    new = source.train.select(torch.nonzero(labels >= old_classes).flatten())
+    return Setting(on_device(new, device), on_device(replay_memory(old), device), old_classes, new_classes,
+                   {"backbone": backbone, "mean": source.mean, "std": source.std}, fresh_new_model=False)
+
+
+def track_setting(feature_dim: int, images: int, device: torch.device) -> Setting:
+    """The track's upgrade task 1 in shapes: ``images`` items of 200 Gaussian classes of ``feature_dim`` features."""
+    old_classes = new_classes = 100
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.arange(old_classes + new_classes).repeat_interleave(images // (old_classes + new_classes))
+    centres = torch.randn(old_classes + new_classes, feature_dim, generator=generator)
+    items = ImageSet(centres[labels] + 2 * torch.randn(len(labels), feature_dim, generator=generator), labels)
+    old = items.select(torch.nonzero(labels < old_classes).flatten())
+    return Setting(on_device(items, device), on_device(replay_memory(old), device), old_classes, new_classes,
+                   {"backbone": "frozen_encoder", "feature_dim": feature_dim}, fresh_new_model=True)
+
+
+def replay_memory(old: ImageSet) -> ImageSet:
+    return update_memory(None, old, MEMORY_PER_CLASS, torch.Generator().manual_seed(0))
+
+
+def on_device(data: ImageSet, device: torch.device) -> ImageSet:
+    return ImageSet(data.images.to(device), data.labels.to(device))
+
+
+def task_models(name: str, setting: Setting, old_states: dict) -> tuple[RetrievalModel, RetrievalModel | None,
+                                                                         RetrievalModel | None]:
+    """``(model to train, teacher or None, independent model or None)`` of strategy ``name`` on ``setting``."""
     cls = get_strategy(name)
-    model = build_model(head=cls.head, num_classes=OLD_CLASSES, **model_options).to(new.images.device)
-    model.load_state_dict(start[cls.head])
+    device = setting.new.images.device
+    family = "learnable" if cls.head in ("bt2", "oca") else cls.head
+    old = build_model(head=family, num_classes=setting.old_classes, **setting.model_options).to(device)
+    old.load_state_dict(old_states[family])
+    seen = setting.old_classes + setting.new_classes
+    if setting.fresh_new_model:
+        head, options = head_over(cls.head, old.head.feature_width)
+        model = build_model(head=head, num_classes=seen, head_options={**cls.from_params({}).head_options(),
+                                                                       **options}, **setting.model_options)
+    else:
+        model = copy.deepcopy(old)
+        model.head.grow(seen)
+    independent = (build_model(head="learnable", num_classes=seen, **setting.model_options).to(device).eval()
+                   if cls.needs_independent else None)
+    return model.to(device), old.eval() if cls.needs_teacher else None, independent
+
+
+def one_task(name: str, setting: Setting, old_states: dict, settings: TrainSettings) -> float:
+    """Seconds per iteration of one task of strategy ``name`` (set-up included)."""
+    cls = get_strategy(name)
     strategy = cls.from_params({})
-    replay = memory if cls.uses_memory else None
+    replay = setting.memory if cls.uses_memory else None
     started = time.perf_counter()
-    teacher = copy.deepcopy(model).eval() if cls.needs_teacher else None
-    model.head.grow(OLD_CLASSES + NEW_CLASSES)
-    strategy.before_task(TaskContext(index=1, num_old_classes=OLD_CLASSES, num_new_classes=NEW_CLASSES,
-                                     teacher_classes=OLD_CLASSES if teacher is not None else 0, teacher=teacher,
-                                     new_data=new, memory=replay, amp=settings.autocast))
-    result = train_task(model, strategy, new, ReplayMemory(20, 0, items=replay), settings, teacher=teacher)
+    model, teacher, independent = task_models(name, setting, old_states)
+    strategy.before_task(TaskContext(index=1, num_old_classes=setting.old_classes,
+                                     num_new_classes=setting.new_classes,
+                                     teacher_classes=setting.old_classes if teacher is not None else 0,
+                                     teacher=teacher, new_data=setting.new, memory=replay, amp=settings.autocast,
+                                     model=model, independent=independent))
+    result = train_task(model, strategy, setting.new, ReplayMemory(MEMORY_PER_CLASS, 0, items=replay), settings,
+                        teacher=teacher, independent=independent)
     return (time.perf_counter() - started) / result["iterations"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backbone", default="small_cnn")
-    parser.add_argument("--images", type=int, default=1920, help="new-class training images (15 classes)")
+    parser.add_argument("--setting", choices=("images", "track"), default="images")
+    parser.add_argument("--backbone", default="small_cnn", help="--setting images: the backbone")
+    parser.add_argument("--feature-dim", type=int, default=1280, help="--setting track: the encoder's width")
+    parser.add_argument("--images", type=int, default=1920, help="training items of the task")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--strategies", nargs="+", default=None, help="default: every registered strategy")
@@ -59,26 +135,19 @@ def main() -> None:
     names = args.strategies or list_strategies()
     if "er" not in names:
         names = ["er", *names]
-    per_class = args.images // NEW_CLASSES
-    source = make_synthetic(num_classes=OLD_CLASSES + NEW_CLASSES, train_per_class=per_class)
-    labels = source.train.labels
-    old = source.train.select(torch.nonzero(labels < OLD_CLASSES).flatten())
-    new = source.train.select(torch.nonzero(labels >= OLD_CLASSES).flatten())
-    memory = update_memory(None, old, 20, torch.Generator().manual_seed(0))
-    new.images, new.labels = new.images.to(device), new.labels.to(device)
-    memory.images, memory.labels = memory.images.to(device), memory.labels.to(device)
+    setting = (track_setting(args.feature_dim, args.images, device) if args.setting == "track"
+               else image_setting(args.backbone, args.images, device))
     settings = TrainSettings.with_defaults(epochs=args.epochs, lr=0.01, progress=False)
-    model_options = {"backbone": args.backbone, "mean": source.mean, "std": source.std}
     torch.manual_seed(0)
-    start = {head: build_model(head=head, num_classes=OLD_CLASSES, **model_options).state_dict()
-             for head in ("learnable", "cosine", "dsimplex")}
-    one_task("er", start, new, memory, settings, model_options)  # warm-up
+    old_states = {head: build_model(head=head, num_classes=setting.old_classes, **setting.model_options).state_dict()
+                  for head in ("learnable", "cosine", "dsimplex")}
+    one_task("er", setting, old_states, settings)  # warm-up
     times: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(args.repeats):
         for name in names:
             torch.manual_seed(1)
-            times[name].append(one_task(name, start, new, memory, settings, model_options))
-    print(f"device {device}, backbone {args.backbone}, {len(new)} new + {len(memory)} replay images, "
+            times[name].append(one_task(name, setting, old_states, settings))
+    print(f"device {device}, setting {args.setting}, {len(setting.new)} new + {len(setting.memory)} replay items, "
           f"{args.epochs} epochs, batch 128, {args.repeats} interleaved repeats, torch threads "
           f"{torch.get_num_threads()}")
     baseline = statistics.median(times["er"])
