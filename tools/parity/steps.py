@@ -164,7 +164,7 @@ def compare(ref: dict, ours: dict) -> list[dict]:
     rows.append(row("d-Simplex-FD lambda_t (10 old, 15 new classes)", abs(ours["fd_lambda"] - ref["fd"]["lambda"]),
                     1e-12,
                     f"{ours['fd_lambda']:.6f}"))
-    rows.append(row("d-Simplex-FD loss (CE + lambda_t (1 - cos) on the replay half)",
+    rows.append(row("d-Simplex-FD loss (CE + lambda_t (1 - cos) on the replay half, the old classes' samples)",
                     abs(ours["fd_loss"] - ref["fd"]["loss"]),
                     1e-5, "theirs: CL2R's update_criterion_weight and EmbeddingsSimilarity (replay half first)"))
     old_rows = ref["expansion"]["classifier"][:CLASSES].double()
@@ -258,7 +258,7 @@ def run(python: Path, refs: dict[str, Path], work: Path, cifar10: str) -> list[d
               "hoc_new": F.normalize(torch.randn(64, 32, generator=gen, dtype=torch.float64), dim=1),
               "hoc_labels": torch.randint(0, 8, (64,), generator=gen), "hoc_example": example,
               "sampler": (4500, 200, 10), "task0_images": 3000, "epoch": EPOCH, "fd_old_classes": 10,
-              "fd_new_classes": 15, "fd_labels": torch.randint(0, 25, (128,), generator=gen),
+              "fd_new_classes": 15, "fd_labels": replay_then_new_labels(gen),
               "fd_logits": torch.randn(128, 25, generator=gen), "fd_new": torch.randn(128, 64, generator=gen),
               "fd_old": torch.randn(128, 64, generator=gen), "data_root": str(data_root),
               "eval_images": torch.zeros(64)}
@@ -293,6 +293,13 @@ def suite_values(built: dict, inputs: dict, query: ImageSet, gallery: ImageSet) 
     ours["matrix"] = torch.tensor([[evaluator.matrix[0][0], 0.0], evaluator.matrix[1]], dtype=torch.float64)
     ours["queries"] = len(query)
     return ours
+
+
+def replay_then_new_labels(generator: torch.Generator) -> torch.Tensor:
+    """The labels of a task-1 batch of the CL2R code: 64 replay samples of the 10 old classes, then 64 new samples of
+    the 15 new ones (the suite distils the old classes' samples, the CL2R code the replay half: the same samples)."""
+    return torch.cat([torch.randint(0, 10, (64,), generator=generator),
+                      torch.randint(10, 25, (64,), generator=generator)])
 
 
 def fd_values(inputs: dict) -> dict:
