@@ -48,6 +48,7 @@ from cl2r_bench.plugin_settings import NoParams, config_from_params
 from cl2r_bench.registry import Registry
 from cl2r_bench.setting_rules import int_list
 from cl2r_bench.settings import EVALUATION_PROTOCOLS, RunSettings, task_seed
+from cl2r_bench.strategy import default_replacement_teacher
 
 __all__ = ["SCENARIOS", "Finished", "Scenario", "ScenarioError", "check_class_budget", "check_replacements",
            "datasets_read", "get_scenario", "items_read", "list_scenarios", "read_data", "register_scenario",
@@ -109,13 +110,16 @@ class Scenario:
 
     def label(self) -> str:
         """The run's name in folders and leaderboards: ``adapter.label`` when set, else the strategy (``avalanche:X``
-        written ``avalanche-X``; ``<strategy>.authors`` when it trains with its authors' recipe, ``training.recipe``),
-        joined by ``+<adapter>`` when one is used."""
-        adapter = self.settings.adapter
+        written ``avalanche-X``; ``<strategy>.<teacher>`` when its ``replacement_teacher`` is set to the other arm
+        than its default, ``<strategy>.authors`` when it trains with its authors' recipe, ``training.recipe``), joined
+        by ``+<adapter>`` when one is used."""
+        adapter, strategy = self.settings.adapter, self.settings.strategy
         if adapter.label:
             return adapter.label
+        teacher = self.settings.strategy_params.get(strategy, {}).get("replacement_teacher")
+        arm = f".{teacher}" if teacher is not None and teacher != default_replacement_teacher(strategy) else ""
         recipe = ".authors" if self.settings.training.recipe == "authors" else ""
-        return self.settings.strategy.replace(":", "-") + recipe + (f"+{adapter.name}" if adapter.used else "")
+        return strategy.replace(":", "-") + arm + recipe + (f"+{adapter.name}" if adapter.used else "")
 
     def stream(self) -> Stream:
         """The tasks and the evaluation sets (docs/METHODS.md §3-§4)."""

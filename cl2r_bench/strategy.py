@@ -54,6 +54,7 @@ task 0) has no teacher.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,8 +70,8 @@ from cl2r_bench.plugin_settings import NoParams, config_from_params
 from cl2r_bench.registry import Registry
 
 __all__ = ["CLASSIFICATION_TERM", "REPLACEMENT_TEACHERS", "STRATEGIES", "Step", "Strategy", "StrategyError",
-           "StrategyFailure", "TaskContext", "failures_reported", "get_strategy", "list_strategies",
-           "loss_contract_problem", "register_strategy", "strategy_loss"]
+           "StrategyFailure", "TaskContext", "default_replacement_teacher", "failures_reported", "get_strategy",
+           "list_strategies", "loss_contract_problem", "register_strategy", "strategy_loss"]
 
 REPLACEMENT_TEACHERS = ("incoming", "outgoing")
 CLASSIFICATION_TERM = "classification"
@@ -299,6 +300,15 @@ class Strategy:
 def _check_head(name: str, cls: type[Strategy]) -> None:
     if cls.head not in HEADS:
         raise StrategyError(f"strategy {name!r}: head must be one of {list(HEADS)}, not {cls.head!r}")
+
+
+def default_replacement_teacher(name: str) -> str | None:
+    """The ``replacement_teacher`` strategy ``name`` takes by default (its ``Config``'s), or None for a name that is
+    not registered (an Avalanche strategy) or a strategy without one."""
+    if name not in STRATEGIES.classes:
+        return None
+    fields = {item.name: item for item in dataclasses.fields(STRATEGIES.classes[name].Config)}
+    return fields["replacement_teacher"].default if "replacement_teacher" in fields else None
 
 
 STRATEGIES = Registry("strategy", StrategyError, _check_head)

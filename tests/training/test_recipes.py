@@ -111,3 +111,15 @@ def test_a_run_with_the_authors_recipe_is_named_and_records_what_trained_it(tiny
     assert parts.settings.training.optimizer == "sgd"               # what pretraining reads stays the run's own
     pretraining = parts.settings.replacement.pretrain.train_settings(parts.settings.training)
     assert (pretraining.optimizer, pretraining.schedule, pretraining.recipe) == ("sgd", "cosine", "shared")
+
+
+def test_a_run_of_the_other_teacher_arm_is_named_by_it(tiny):
+    """bct's default is outgoing: incoming is the other arm (bct.incoming); d-Simplex-HOC's default is incoming."""
+    import yaml
+
+    base = yaml.safe_load(tiny.read_text())
+    for strategy, teacher, label in (("bct", "incoming", "bct.incoming"), ("bct", "outgoing", "bct"),
+                                     ("dsimplex_hoc", "outgoing", "dsimplex_hoc.outgoing")):
+        layers = [("tiny", base), ("command line", {"strategy": strategy, "strategy_params": {
+            strategy: {"replacement_teacher": teacher}}})]
+        assert assemble(resolve(layers)).label == label
