@@ -1,5 +1,6 @@
-"""``runner.py compare RESULTS A B``: whether experiment A beats experiment B beyond noise on every figure both
-hold, and ``runner.py compare RESULTS --against-best FIGURE``: the best experiment on FIGURE against every other one,
+"""``runner.py compare RESULTS A B``: whether experiment A beats experiment B beyond noise on every figure both hold;
+``runner.py compare RESULTS --variants FIGURE``: every experiment's variants (``bct.incoming``, ``lce.authors``) against
+it; and ``runner.py compare RESULTS --against-best FIGURE``: the best experiment on FIGURE against every other one,
 experiments whose records are equal seed for seed one row as on the leaderboard (``bct = bct_er`` in ``upgrade``;
 :func:`cl2r_bench.reporting.experiments.result_groups`) (:mod:`cl2r_bench.reporting.compare`)."""
 from __future__ import annotations
@@ -21,6 +22,10 @@ def add_compare_options(parser: argparse.ArgumentParser) -> None:
                         help="compare the best experiment on FIGURE with every other one, in each scenario and data "
                         f"set; experiments with equal records are one row, as on the leaderboard (one of: "
                         f"{', '.join(HIGHER_IS_BETTER)})")
+    parser.add_argument("--variants", metavar="FIGURE", choices=list(HIGHER_IS_BETTER),
+                        help="compare every experiment named <name>.<variant> (another teacher arm: bct.incoming; the "
+                        "authors' recipe: lce.authors) with the experiment <name>, on FIGURE and every figure both "
+                        "hold")
     parser.add_argument("--confidence", type=number(float, above=0, below=1), default=0.95,
                         help="the intervals' level (default %(default)s)")
     parser.add_argument("--resamples", type=number(int, at_least=2, at_most=RESAMPLES_MAX), default=1000,
@@ -31,12 +36,13 @@ def add_compare_options(parser: argparse.ArgumentParser) -> None:
 def command_compare(args: argparse.Namespace) -> int:
     """Print the comparison table and its verdict line (or the table against the best)."""
     from cl2r_bench.app.results_folder import existing_folder, refuse_nothing_read
-    from cl2r_bench.reporting.compare import against_best, compare, comparison_table, verdict_line
+    from cl2r_bench.reporting.compare import against_best, against_variants, compare, comparison_table, verdict_line
     from cl2r_bench.reporting.experiments import collect, experiment_groups, result_groups
     from cl2r_bench.reporting.tables import render
 
-    if bool(args.against_best) == (len(args.experiments) == 2) or len(args.experiments) not in (0, 2):
-        raise UsageError("give two experiments, A and B, or --against-best FIGURE")
+    modes = [bool(args.against_best), bool(args.variants), len(args.experiments) == 2]
+    if sum(modes) != 1 or len(args.experiments) not in (0, 2):
+        raise UsageError("give two experiments, A and B, or --against-best FIGURE, or --variants FIGURE")
     existing_folder(args.results, "; pass the results folder first")
     records, skipped = collect(args.results)
     refuse_nothing_read(skipped, bool(records), args.results)
@@ -46,6 +52,14 @@ def command_compare(args: argparse.Namespace) -> int:
         if not table.rows:
             raise UsageError(f"no scenario and data set under {args.results} holds two experiments with "
                              f"{args.against_best}")
+        print(render([table], args.format))
+        return 0
+    if args.variants:
+        table = against_variants(experiment_groups(records), args.variants, confidence=args.confidence,
+                                 resamples=args.resamples)
+        if not table.rows:
+            raise UsageError(f"no experiment under {args.results} has a variant named <name>.<variant> with "
+                             f"{args.variants}")
         print(render([table], args.format))
         return 0
     groups = experiment_groups(records)

@@ -54,7 +54,7 @@ class TableCommand:
 TABLE_COMMANDS = {
     "runner.py leaderboard": TableCommand(("--results", "--format", "--table", "--timing", "--baseline", "--matrices",
                                            "--published")),
-    "runner.py compare": TableCommand(("--against-best", "--confidence", "--resamples", "--format")),
+    "runner.py compare": TableCommand(("--against-best", "--variants", "--confidence", "--resamples", "--format")),
     "runner.py list": TableCommand(("--params", "--markdown")),
     "runner.py metrics": TableCommand(("--json", "--tie-rule", "--scale", "--queries", "--replacement-tasks")),
     "python -m tools.import_graph": TableCommand(("--at",)),

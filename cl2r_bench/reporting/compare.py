@@ -319,6 +319,37 @@ def against_best(groups: dict[tuple[str, str, str], list[RunRecord]], figure: st
     return Table(columns, rows)
 
 
+def against_variants(groups: dict[tuple[str, str, str], list[RunRecord]], figure: str, *,
+                     confidence: float = CONFIDENCE, resamples: int = RESAMPLES) -> Table:
+    """Within each scenario and data set, every experiment named ``<name>.<variant>`` (a strategy's other teacher arm,
+    ``bct.incoming``; its authors' recipe, ``lce.authors``) compared with the experiment ``<name>`` (:func:`compare`
+    of the variant against it): one row per pair, both means of ``figure``, the difference (variant - it) with its
+    interval, and the verdict on every figure both hold (``+`` the variant is better beyond noise, ``-`` it is worse,
+    ``=`` within noise). Each experiment is read from its records that hold ``figure``."""
+    rows, memo = [], {}
+    for (scenario, dataset), experiments in _by_setting(groups).items():
+        holding = {label: [record for record in runs if _figure_values([record], figure)]
+                   for label, runs in experiments.items()}
+        for variant in sorted(holding):
+            base = variant.rsplit(".", 1)[0]
+            if base == variant or not holding.get(base) or not holding[variant]:
+                continue
+            found = compare(holding[variant], holding[base], confidence=confidence, resamples=resamples, memo=memo)
+            main = next(d for d in found if d.figure == figure)
+            marks = " ".join(f"{d.figure} {'+' if d.verdict == 'A' else '-' if d.verdict == 'B' else '='}"
+                             for d in found)
+            rows.append([scenario, dataset, base, variant, main.b, main.a, main.difference, main.interval,
+                         len({r["seed"] for r in holding[variant]}), marks])
+    columns = (Column("scenario", "scenario", Kind.TEXT), Column("dataset", "dataset", Kind.TEXT),
+               Column("experiment", "experiment", Kind.TEXT), Column("variant", "variant", Kind.TEXT),
+               Column(figure, "value", digits=3), Column(f"variant {figure}", "variant_value", digits=3),
+               Column("variant - it", "difference", digits=3),
+               Column(f"{int(100 * confidence)}% interval", "interval", Kind.INTERVAL, 3),
+               Column("seeds", "seeds", Kind.INTEGER),
+               Column("every figure (+ variant better, - it better, = within noise)", "verdicts", Kind.TEXT))
+    return Table(columns, rows)
+
+
 def _by_setting(groups: dict[tuple[str, str, str], list[RunRecord]]
                 ) -> dict[tuple[str, str], dict[str, list[RunRecord]]]:
     out: dict[tuple[str, str], dict[str, list[RunRecord]]] = {}

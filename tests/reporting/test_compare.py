@@ -13,7 +13,14 @@ from benchmarks.metrics import all_metrics, as_matrix
 from benchmarks.noise import bootstrap_accuracies, t_interval, t_quantile
 from benchmarks.record import pack_hits
 from cl2r_bench.app.cli import main
-from cl2r_bench.reporting.compare import against_best, compare, matrix_figures, two_model_figures, verdict_line
+from cl2r_bench.reporting.compare import (
+    against_best,
+    against_variants,
+    compare,
+    matrix_figures,
+    two_model_figures,
+    verdict_line,
+)
 from cl2r_bench.reporting.leaderboard import interval_rows
 
 
@@ -205,3 +212,20 @@ def test_against_best_shows_experiments_with_equal_records_as_one_row_as_the_lea
     rows = [line.split(",") for line in capsys.readouterr().out.strip().splitlines()[1:]]
     assert [(row[2], row[3]) for row in rows] == [("a", "b = b_twin")], "twins are one result, not two rows"
     assert main(["compare", str(tmp_path), "a", "b_twin"]) == 0, "A and B still name single experiments"
+
+
+def test_variants_are_compared_with_their_experiment_pair_by_pair():
+    """bct.incoming against bct (differences 3, 4, 5 over paired seeds: variant worse by 4 on AA, beyond noise at
+    1,000 queries a seed), lce.authors against lce (equal: within noise); er has no variant, x.incoming no base."""
+    def runs(method: str, counts: tuple[int, ...]) -> list[dict]:
+        return [record([accuracy(c, 1000)], seed=s, method=method, queries=f"q{s}") for s, c in enumerate(counts)]
+
+    groups = {("iamcl2r", "synthetic", name): runs(name, counts) for name, counts in (
+        ("bct", (530, 640, 750)), ("bct.incoming", (500, 600, 700)), ("lce", (500, 600, 700)),
+        ("lce.authors", (500, 600, 700)), ("er", (400, 400, 400)), ("x.incoming", (400, 400, 400)))}
+    table = against_variants(groups, "AA")
+    assert [row[2:4] for row in table.rows] == [["bct", "bct.incoming"], ["lce", "lce.authors"]]
+    bct, lce = table.rows
+    assert bct[4:7] == [pytest.approx(64.0), pytest.approx(60.0), pytest.approx(-4.0)]
+    assert bct[7][1] < 0 and bct[9] == "AA -"
+    assert lce[6] == pytest.approx(0.0) and lce[9] == "AA ="
