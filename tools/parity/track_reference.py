@@ -37,11 +37,13 @@ EVAL_BATCH = 1024
 
 class Items(nn.Module):
     """A backbone over items: the embedding network applied to each item's features, whatever trailing unit
-    dimensions a reference's image pipeline gives them (``N x D`` or ``N x D x 1 x 1``)."""
+    dimensions a reference's image pipeline gives them (``N x D`` or ``N x D x 1 x 1``); ``num_features`` its
+    output width, as timm's backbones say theirs."""
 
     def __init__(self, network: nn.Module) -> None:
         super().__init__()
         self.network = network
+        self.num_features = network.out_dim
 
     def forward(self, items: torch.Tensor) -> torch.Tensor:
         return self.network(items.flatten(1))
@@ -68,20 +70,19 @@ class TrackRun:
 
     def new_network(self) -> Items:
         """A freshly initialised embedding network over the new encoder's columns (the new model's backbone)."""
+        return self.network(tuple(self.data["embedding"]["new_columns"]))
+
+    def network(self, columns: tuple[int, int]) -> Items:
+        """A freshly initialised embedding network over the items' ``columns``."""
         shape = self.data["embedding"]
-        return Items(self._network(shape["new_columns"][1] - shape["new_columns"][0], shape["width"],
-                                   shape["out_dim"], columns=tuple(shape["new_columns"])))
+        return Items(self._network(columns[1] - columns[0], shape["width"], shape["out_dim"], columns=columns))
 
     def frozen_network(self, name: str) -> Items:
         """The embedding network of the old model (``name`` ``old``) or of the independent new model
         (``independent``), with its weights, in eval mode and without gradients."""
-        model = self.data[name]
-        shape = self.data["embedding"]
-        network = self._network(model["columns"][1] - model["columns"][0], shape["width"], shape["out_dim"],
-                                columns=tuple(model["columns"]))
-        network.load_state_dict(model["backbone"])
-        network.eval().requires_grad_(False)
-        return Items(network)
+        network = self.network(tuple(self.data[name]["columns"]))
+        network.network.load_state_dict(self.data[name]["backbone"])
+        return network.eval().requires_grad_(False)
 
     @property
     def old_classifier(self) -> torch.Tensor:
@@ -94,11 +95,42 @@ class TrackRun:
         are; else every item once, in order."""
         return DataLoader(TensorDataset(*tensors), batch_size=self.batch_size, shuffle=train, drop_last=train)
 
+    def process_group(self) -> tuple[str, str]:
+        """``(backend, init_method)`` of a one-process group: gloo and a file in the run's folder."""
+        return "gloo", f"file://{self.work / 'process_group'}"
+
     @torch.no_grad()
     def features(self, feature: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """``feature`` of every test item, in batches, on the CPU."""
         out = [feature(batch.to(self.device)).float().cpu() for batch in self.test_items.split(EVAL_BATCH)]
         return torch.cat(out).reshape(len(self.test_items), -1)
+
+
+class OneProcess(nn.Module):
+    """``DistributedDataParallel`` in one process: the module under ``.module``, its tensor arguments moved to the
+    run's device as DDP moves them to its device (gradients of one process need no averaging)."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, module: nn.Module, *args, **kwargs) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        def moved(value):
+            return value.to(self.device) if isinstance(value, torch.Tensor) else value
+
+        return self.module(*map(moved, args), **{k: moved(v) for k, v in kwargs.items()})
+
+
+def one_process(run: TrackRun) -> None:
+    """Their multi-process training as one process: ``DistributedDataParallel`` is :class:`OneProcess` and
+    ``SyncBatchNorm.convert_sync_batchnorm`` keeps batch norm (the same function in one process); their process
+    group, when they make one, is given a gloo backend and a file in the run's folder
+    (:meth:`TrackRun.process_group`)."""
+    OneProcess.device = run.device
+    torch.nn.parallel.DistributedDataParallel = OneProcess
+    torch.nn.SyncBatchNorm.convert_sync_batchnorm = classmethod(lambda cls, module, *args, **kwargs: module)
 
 
 def import_suite_package() -> None:
@@ -146,6 +178,7 @@ def main() -> None:
     folder = work / "reference"
     folder.mkdir(exist_ok=True)
     run = TrackRun(data, checkout, folder, args.seed, args.epochs)
+    one_process(run)
     seed_everything(args.seed)
     started = time.perf_counter()
     feature = reference.train(run, args.strategy)
