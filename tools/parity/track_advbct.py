@@ -18,9 +18,7 @@ suite's protocol scores the model their last epoch saves.
 
 As released, ``train.py`` stops at its imports: it imports ``build_reid_dataloader`` from ``data_loaders``, which
 does not define it (only its re-identification branch calls it); a stand-in that raises is put there. Its ``main``
-spawns one ``main_worker`` per GPU (``torch.multiprocessing.spawn``, in fresh processes that would not hold the
-stand-ins), so ``main_worker(0, 1, config)`` runs here, as ``main`` runs it on one GPU, after the seeding ``main``
-does (``set_random_seed``).
+spawns one ``main_worker`` per GPU; here one, in this process (``TrackRun.spawned``).
 """
 from __future__ import annotations
 
@@ -35,8 +33,8 @@ MARKER = "trainer/trainer.py"
 STRATEGIES = ("bct", "advbct")
 CONFIGS = {"bct": "configs/new_BCT.yml", "advbct": "configs/new_AdvBct.yml"}
 ENTRY_POINT = ("extract_feat.py main() L12, gen_class_meta() L40, gen_class_theta() L90 on the old model; then "
-               "train.py main_worker(0, 1, config) L38 (what main() L20 spawns on one GPU; LandmarkComTrainer.train, "
-               "trainer/trainer.py L245) with configs/new_BCT.yml (bct) or configs/new_AdvBct.yml (advbct)")
+               "train.py main() L20 (one main_worker L38, LandmarkComTrainer.train trainer/trainer.py L245) with "
+               "configs/new_BCT.yml (bct) or configs/new_AdvBct.yml (advbct)")
 ARCH = "track_embedding"
 
 
@@ -117,7 +115,6 @@ def train(run, strategy: str):
     import train as advbct
     import trainer.trainer
     from data_loaders import factory_train_landmark_dataset
-    from utils.util import set_random_seed
 
     old_checkpoint = run.work / "old_model.pth.tar"
     old = run.frozen_network("old")
@@ -136,8 +133,7 @@ def train(run, strategy: str):
     advbct.build_bct_models = featured_models(advbct.build_bct_models, run)
     advbct.build_test_dataloader = lambda *args, **kwargs: ([], None)
     trainer.trainer.evaluate_func = lambda *args, **kwargs: 0.0
-    set_random_seed(config.SEED)
-    advbct.main_worker(0, 1, config)
+    run.spawned(advbct.main, config)
     saved = torch.load(run.work / "train" / "ckpt" / f"checkpoint_epoch{epochs}.pth.tar", map_location=run.device,
                        weights_only=False)["model"]
     network = run.new_network().to(run.device)

@@ -95,6 +95,18 @@ class TrackRun:
         are; else every item once, in order."""
         return DataLoader(TensorDataset(*tensors), batch_size=self.batch_size, shuffle=train, drop_last=train)
 
+    def spawned(self, main: Callable, *args) -> None:
+        """Their ``main(*args)``, which spawns one worker per GPU (``torch.multiprocessing.spawn``, in fresh processes
+        that would not hold the stand-ins), with one worker in this process: while it runs, ``spawn`` calls the worker
+        as process 0 and ``torch.cuda.device_count`` is 1 (the GPU, or the CPU standing in for it)."""
+        spawn, count = torch.multiprocessing.spawn, torch.cuda.device_count
+        torch.multiprocessing.spawn = lambda worker, nprocs, args=(), **kwargs: worker(0, *args)
+        torch.cuda.device_count = lambda: 1
+        try:
+            main(*args)
+        finally:
+            torch.multiprocessing.spawn, torch.cuda.device_count = spawn, count
+
     def process_group(self) -> tuple[str, str]:
         """``(backend, init_method)`` of a one-process group: gloo and a file in the run's folder."""
         return "gloo", f"file://{self.work / 'process_group'}"
@@ -145,10 +157,21 @@ def import_suite_package() -> None:
 
 
 def without_cuda() -> None:
-    """Their ``.cuda()`` calls and ``torch.cuda.set_device`` on a machine without a GPU: no-ops."""
+    """Their ``.cuda()`` calls, ``torch.cuda.set_device`` and moves to a GPU index (``.to(0)``) on a machine
+    without a GPU: no-ops."""
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
     nn.Module.cuda = lambda self, *args, **kwargs: self
     torch.cuda.set_device = lambda *args, **kwargs: None
+    move = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if args and isinstance(args[0], int) and not isinstance(args[0], bool):
+            return self
+        return move(self, *args, **kwargs)
+
+    torch.Tensor.to = to
+
+
 
 
 def seed_everything(seed: int) -> None:
