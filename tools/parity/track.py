@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from tools.parity.common import ROOT, ParityError, provenance, reference_checkout, reference_python
 
-REFERENCES = ("lce", "advbct", "bt2", "ract")
+REFERENCES = ("lce", "advbct", "bt2", "ract", "oca")
 """The references, each described and driven by ``tools/parity/track_<name>.py``."""
 SUITE_RUN = ["--scenario", "upgrade", "--preset", "pretrained", "--set", "seed_scope=split"]
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
