@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from tools.parity.common import ROOT, ParityError, provenance, reference_checkout, reference_python
 
-REFERENCES = ("lce", "advbct", "bt2", "ract", "oca")
+REFERENCES = ("lce", "advbct", "bt2", "ract", "oca", "mixbct")
 """The references, each described and driven by ``tools/parity/track_<name>.py``."""
 SUITE_RUN = ["--scenario", "upgrade", "--preset", "pretrained", "--set", "seed_scope=split"]
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
@@ -117,6 +117,7 @@ def export(parts, folder: Path, needs_independent: bool) -> dict[str, Any]:
     old.eval()
     test = test_split(stream)
     train = stream.tasks[1].train
+    train = train.select(torch.argsort(train.labels, stable=True))  # class by class, as MixBCT's tools read it
     model = settings.model
     data = {"train_items": train.images.cpu(), "train_labels": train.labels.cpu(),
             "test_items": test.images.cpu(), "classes": stream.tasks[1].num_seen_classes,

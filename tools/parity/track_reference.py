@@ -108,8 +108,9 @@ class TrackRun:
             torch.multiprocessing.spawn, torch.cuda.device_count = spawn, count
 
     def process_group(self) -> tuple[str, str]:
-        """``(backend, init_method)`` of a one-process group: gloo and a file in the run's folder."""
-        return "gloo", f"file://{self.work / 'process_group'}"
+        """``(backend, init_method)`` of a one-process group: NCCL on a GPU (their backend), else gloo, and a file
+        in the run's folder."""
+        return "nccl" if self.device.type == "cuda" else "gloo", f"file://{self.work / 'process_group'}"
 
     @torch.no_grad()
     def features(self, feature: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -138,8 +139,7 @@ class OneProcess(nn.Module):
 def one_process(run: TrackRun) -> None:
     """Their multi-process training as one process: ``DistributedDataParallel`` is :class:`OneProcess` and
     ``SyncBatchNorm.convert_sync_batchnorm`` keeps batch norm (the same function in one process); their process
-    group, when they make one, is given a gloo backend and a file in the run's folder
-    (:meth:`TrackRun.process_group`)."""
+    group, when they make one, has one process (:meth:`TrackRun.process_group`)."""
     OneProcess.device = run.device
     torch.nn.parallel.DistributedDataParallel = OneProcess
     torch.nn.SyncBatchNorm.convert_sync_batchnorm = classmethod(lambda cls, module, *args, **kwargs: module)
@@ -157,21 +157,23 @@ def import_suite_package() -> None:
 
 
 def without_cuda() -> None:
-    """Their ``.cuda()`` calls, ``torch.cuda.set_device`` and moves to a GPU index (``.to(0)``) on a machine
-    without a GPU: no-ops."""
+    """Their ``.cuda()`` calls, ``torch.cuda.set_device`` and moves to a GPU (``.to(0)``, ``.to("cuda:0")``) on a
+    machine without a GPU: no-ops."""
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
     nn.Module.cuda = lambda self, *args, **kwargs: self
     torch.cuda.set_device = lambda *args, **kwargs: None
-    move = torch.Tensor.to
+    for kind in (torch.Tensor, nn.Module):
+        kind.to = staying(kind.to)
 
+
+def staying(move: Callable) -> Callable:
+    """``move`` (a ``to`` method) returning its object where the target is a GPU."""
     def to(self, *args, **kwargs):
-        if args and isinstance(args[0], int) and not isinstance(args[0], bool):
-            return self
-        return move(self, *args, **kwargs)
-
-    torch.Tensor.to = to
-
-
+        target = args[0] if args else kwargs.get("device")
+        gpu = (isinstance(target, int) and not isinstance(target, bool)) or \
+            (isinstance(target, (str, torch.device)) and str(target).startswith("cuda"))
+        return self if gpu else move(self, *args, **kwargs)
+    return to
 
 
 def seed_everything(seed: int) -> None:
