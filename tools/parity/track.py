@@ -82,15 +82,26 @@ def assembled(arguments: list[str]):
     """The suite's run as ``runner.py`` assembles it from ``arguments`` (:class:`cl2r_bench.app.assembly.Assembly`)."""
     from cl2r_bench.app.arguments import build_parser
     from cl2r_bench.app.run_options import requested_runs
+    from cl2r_bench.errors import ConfigError, PartError, UsageError
 
-    return requested_runs(build_parser().parse_args(arguments))[0]
+    try:
+        return requested_runs(build_parser().parse_args(arguments))[0]
+    except (ConfigError, PartError, UsageError) as exc:
+        raise ParityError(f"the suite's run: {exc}") from None
 
 
 def suite_run(arguments: list[str], parts, folder: Path) -> dict[str, Any]:
-    """The suite's record of the run, from ``--suite-output`` or run now (resumed if a run stopped there)."""
+    """The suite's record of the run, from ``--suite-output`` (its settings checked as ``--resume`` checks them)
+    or run now (resumed if a run stopped there)."""
     from benchmarks.record import RECORD_FILE, read_record
+    from cl2r_bench.app.run_folder import RunError, RunFolder
 
     path = parts.directory / RECORD_FILE
+    if path.is_file():
+        try:
+            RunFolder(parts.directory, resume=True, overwrite=False).check_resumable(parts.config)
+        except RunError as exc:
+            raise ParityError(f"the suite's run in {parts.directory} has other settings: {exc}") from None
     if not (path.is_file() and read_record(path).get("complete")):
         resume = ["--resume"] if path.is_file() else []
         with open(folder / "suite.log", "w") as log:
@@ -178,7 +189,7 @@ def run_strategy(args: argparse.Namespace, strategy: str, seed: int) -> dict[str
     from cl2r_bench.files import code_commit
 
     name = strategy_references()[strategy]
-    folder = args.work / strategy / f"seed{seed}"
+    folder = args.work / (strategy + (f"-epochs{args.epochs}" if args.epochs else "")) / f"seed{seed}"
     folder.mkdir(parents=True, exist_ok=True)
     arguments = suite_arguments(strategy, seed, args)
     parts = assembled(arguments)
