@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.table == "protocol":
         print(protocol_table())
     elif args.table == "track":
-        print(track_table(json.loads((args.folder / "track.json").read_text())))
+        path = args.folder / "track.json"
+        print(track_table(json.loads(path.read_text())) if path.is_file() else
+              "No run yet: `python -m tools.parity.track` (the commands above) writes `track.json`.")
     elif args.table == "end-to-end":
         print(end_to_end_table(json.loads((args.folder / "end_to_end.json").read_text())))
     else:

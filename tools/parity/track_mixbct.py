@@ -39,9 +39,10 @@ REPOSITORY = "yuleung/MixBCT"
 MARKER = "BCT_Methods/MixBCT/train.py"
 STRATEGIES = ("mixbct", "unibct")
 METHODS = {"mixbct": "MixBCT", "unibct": "UniBCT"}
-ENTRY_POINT = ("tools/denoising/denoise_credible.py main() (mixbct) or tools/get_feature/get_avg_feature.py main() "
-               "(unibct) on the old model's features, then BCT_Methods/<MixBCT|UniBCT>/train.py main() with "
-               "configs/OPclass_ms1mv3_r18_to_r50_<method>_softmax_to_arc_f128.py")
+ENTRY_POINT = ("tools/denoising/denoise_credible.py main() L27 (mixbct) or tools/get_feature/get_avg_feature.py "
+               "main() L9 (unibct) on the old model's features, then BCT_Methods/MixBCT/train.py main() L38 or "
+               "BCT_Methods/UniBCT/train.py main() L42 with configs/OPclass_ms1mv3_r18_to_r50_<method>_softmax_to_"
+               "arc_f128.py")
 SD = "f128_r18_softmax_class70"
 """Their scenario name: ``class70`` puts the feature files under ``feature_save/OPclass/``."""
 

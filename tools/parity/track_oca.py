@@ -30,7 +30,7 @@ MARKER = "trainers/OCA_trainer.py"
 STRATEGIES = ("oca",)
 ENTRY_POINT = ("train_OCA.py main() L21 (OCATrainer.train, trainers/OCA_trainer.py L24, per epoch) with "
                "configs/train/cifar100_OCA.yaml; the released main stops at OCATrainer.validate(criterion=...) "
-               "after epoch 1 (L116): validation is a stand-in")
+               "after epoch 1 (L112): validation is a stand-in")
 CONFIG = "configs/train/cifar100_OCA.yaml"
 
 

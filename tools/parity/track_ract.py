@@ -29,8 +29,8 @@ from torch.utils.data import TensorDataset
 REPOSITORY = "TencentARC/OpenCompatible"
 MARKER = "model/loss.py"
 STRATEGIES = ("ract",)
-ENTRY_POINT = ("train_bct.py main() L18 (one main_worker L38, LandmarkTrainer.train trainer/trainer.py L50), the "
-               "command of docs/train_test.md with --comp_loss_type contra_ract --comp_loss_topk 10")
+ENTRY_POINT = ("train_bct.py main() L18 (one main_worker L38, LandmarkTrainer.train trainer/trainer.py L50) with "
+               "the configuration of docs/train_test.md's command (--comp_loss_type contra_ract --comp_loss_topk 10)")
 ARCH = "track_embedding"
 
 
