@@ -40,6 +40,7 @@ from cl2r_bench.scenario import (
     register_scenario,
     stream_from_settings,
 )
+from cl2r_bench.settings import RunSettings
 from cl2r_bench.training.pretrain import pretrained_replacement
 
 TWO_MODEL_CASES = ("old/old", "new/old", "new/new")
@@ -49,6 +50,25 @@ def classified_correctly(model: RetrievalModel, predicted: torch.Tensor, labels:
     """Whether ``model``'s classifier put each image's class first (``predicted``: its top outputs; the old model's
     classifier knows the old classes only, so it misses every new-class image)."""
     return (predicted == model.class_targets(labels.to(predicted.device))).cpu().numpy()
+
+
+def test_split(stream: Stream) -> ImageSet:
+    """The test items of every stream class, in the order the two-model protocol ranks them (task by task)."""
+    test = [experience_images(exp) for exp in stream.benchmark.test_stream]
+    return ImageSet(torch.cat([t.images for t in test]), torch.cat([t.labels for t in test]))
+
+
+def two_model_study(old_features: torch.Tensor, new_features: torch.Tensor, labels: torch.Tensor,
+                    settings: RunSettings) -> dict[str, Any]:
+    """The papers' leave-one-out protocol on the test split (module docstring): ``old_features`` and
+    ``new_features`` the two models' L2-normalised features of the same items (a new model wider than the old one
+    meets the old gallery with its first dimensions), scored as ``settings.model_update`` says
+    (:func:`benchmarks.adapted_cases.measure`). :meth:`Upgrade.finish` measures a run's models with it, and the
+    track's end-to-end parity (``tools/parity/track.py``) the authors' models."""
+    split = StudySplit(PairedFeatures(old_features, new_features, labels), scoring=Scoring.of(settings.model_update),
+                       old_frame_prefix=True)
+    with torch.no_grad():
+        return measure(split, None, orders=[], steps=1, seed=settings.seed)
 
 
 @register_scenario("upgrade")
@@ -122,16 +142,12 @@ class Upgrade(Scenario):
         """The papers' leave-one-out protocol on the test split of every stream class (module docstring), and the
         classifiers' negative flips on the same images, as the record's ``two_model``
         (:class:`benchmarks.record.TwoModel`)."""
-        old, new, stream = finished.outgoing, finished.model, finished.stream
-        test = [experience_images(exp) for exp in stream.benchmark.test_stream]
-        images = torch.cat([t.images for t in test])
-        labels = torch.cat([t.labels for t in test]).to(images.device)
+        old, new = finished.outgoing, finished.model
+        test = test_split(finished.stream)
+        images, labels = test.images, test.labels.to(test.images.device)
         (old_features, old_predicted), (new_features, new_predicted) = (
             finished.embed_and_classify(model, images) for model in (old, new))
-        split = StudySplit(PairedFeatures(old_features, new_features, labels),
-                           scoring=Scoring.of(self.settings.model_update), old_frame_prefix=True)
-        with torch.no_grad():
-            study = measure(split, None, orders=[], steps=1, seed=self.settings.seed)
+        study = two_model_study(old_features, new_features, labels, self.settings)
         cases = {case: study["cases"][case] for case in TWO_MODEL_CASES}
         correct = [classified_correctly(old, old_predicted, labels), classified_correctly(new, new_predicted, labels)]
         return {"two_model": {"cases": cases, "negative_flips": study["negative_flips"],

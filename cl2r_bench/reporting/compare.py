@@ -3,8 +3,8 @@
 
 Each figure of a run is computed from its per-query top-1 hits, which its record keeps (``query_hits``: every entry
 of the compatibility matrix; ``two_model.query_top1`` for the BCT line's protocol): AC, AA, ACA and the negative
-flip rates of the matrix, and in ``upgrade`` the new/old top-1 and the two-model negative flip rates. Two sources of
-noise are measured:
+flip rates of the matrix, and in ``upgrade`` the new/old and new/new top-1 and the two-model negative flip rates. Two
+sources of noise are measured:
 
 * **the queries**: within a seed, A's and B's runs are scored on the same queries (the records' ``query_sha256``
   and ``gallery_sha256``), so the queries are resampled with replacement, the same resample for both (the paired
@@ -42,9 +42,10 @@ from benchmarks.record import RunRecord, unpack_hits
 from .tables import Column, Kind, Table
 
 HIGHER_IS_BETTER = {"AC": True, "AA": True, "ACA": True, "NFR self": False, "NFR cross": False,
-                    "new/old top-1": True, "two-model NFR self": False, "two-model NFR cross": False}
+                    "new/old top-1": True, "new/new top-1": True, "two-model NFR self": False,
+                    "two-model NFR cross": False}
 """The figures compared, in this order, and which way is better."""
-UNITS = {"AC": "", "AA": " points", "ACA": " points", "new/old top-1": " points"}
+UNITS = {"AC": "", "AA": " points", "ACA": " points", "new/old top-1": " points", "new/new top-1": " points"}
 """Units of the differences: AC is a fraction of pairs, every other figure percent (its difference in points)."""
 
 
@@ -103,9 +104,9 @@ def matrix_figures(record: RunRecord) -> QueryFigures | None:
 
 
 def two_model_figures(record: RunRecord) -> QueryFigures | None:
-    """``upgrade``'s new/old top-1 and its negative flip rates to new/new (``two-model NFR self``) and to new/old
-    (``two-model NFR cross``), from ``two_model.query_top1`` (None without it); top-1 counted as the record counts
-    it (queries without a match left out under the ``exclude`` convention)."""
+    """``upgrade``'s new/old and new/new top-1 and its negative flip rates to new/new (``two-model NFR self``) and
+    to new/old (``two-model NFR cross``), from ``two_model.query_top1`` (None without it); top-1 counted as the
+    record counts it (queries without a match left out under the ``exclude`` convention)."""
     two_model = record.get("two_model")
     if not two_model or not {"old/old", "new/old", "new/new"} <= set(two_model.get("query_top1", {})):
         return None
@@ -114,11 +115,12 @@ def two_model_figures(record: RunRecord) -> QueryFigures | None:
                                                                                           "new/new"))
     counted = queries - (two_model.get("queries_without_match", 0)
                          if two_model.get("unmatched_queries") == "exclude" else 0)
-    rows = np.stack([cross, old & ~new, old & ~cross])
+    rows = np.stack([cross, new, old & ~new, old & ~cross])
 
     def figures(means: np.ndarray) -> dict[str, np.ndarray]:
-        return {"new/old top-1": 100 * means[0] * queries / counted, "two-model NFR self": 100 * means[1],
-                "two-model NFR cross": 100 * means[2]}
+        counted_share = queries / counted
+        return {"new/old top-1": 100 * means[0] * counted_share, "new/new top-1": 100 * means[1] * counted_share,
+                "two-model NFR self": 100 * means[2], "two-model NFR cross": 100 * means[3]}
 
     return QueryFigures(rows, figures)
 

@@ -61,9 +61,9 @@ def test_the_two_model_figures_come_from_its_query_hits():
     upgrade["two_model"] = {"queries": 5, "queries_without_match": 0, "unmatched_queries": "miss", "query_top1": {
         "old/old": pack_hits(np.array([1, 1, 1, 0, 0], bool)), "new/old": pack_hits(np.array([1, 0, 1, 1, 0], bool)),
         "new/new": pack_hits(np.array([0, 1, 1, 1, 1], bool))}}
-    # new/old 3 of 5; old/old's hits lost by new/new: query 0; by new/old: query 1
+    # new/old 3 of 5, new/new 4 of 5; old/old's hits lost by new/new: query 0; by new/old: query 1
     assert two_model_figures(upgrade).values() == pytest.approx(
-        {"new/old top-1": 60.0, "two-model NFR self": 20.0, "two-model NFR cross": 20.0})
+        {"new/old top-1": 60.0, "new/new top-1": 80.0, "two-model NFR self": 20.0, "two-model NFR cross": 20.0})
 
 
 def test_paired_seeds_on_their_own_queries_give_the_t_interval_of_the_differences():

@@ -1,7 +1,7 @@
 """The tables of ``results/parity/README.md``, from the parity records beside it (``runner.py pages`` writes them).
 
     python -m tools.parity.tables steps|protocol|end-to-end|timing|bct-line|bt2|authors|mixbct|oca|vec2vec|\
-        local-procrustes|fct [--folder results/parity]
+        local-procrustes|fct|track [--folder results/parity]
 
 ``steps``, ``bct-line``, ``bt2``, ``authors``, ``mixbct``, ``oca``, ``vec2vec``, ``local-procrustes`` and ``fct``:
 one row per check of ``steps.json``, ``bct_line.json``, ``bt2.json``, ``authors.json``, ``mixbct.json``,
@@ -9,7 +9,8 @@ one row per check of ``steps.json``, ``bct_line.json``, ``bt2.json``, ``authors.
 tolerance, whether it agrees, the note), then the commits they name; ``protocol``: the authors' 7-task run beside
 the resolved ``paper`` preset (:func:`tools.parity.report.protocol`); ``end-to-end``: per strategy and code the AC
 and AA over seeds of ``end_to_end.json``, and each mean matrix entry by entry; ``timing``: the timed pair of
-``timing.json``.
+``timing.json``; ``track``: per strategy of ``track.json`` both codes' new/old and new/new top-1 and their
+difference with ``runner.py compare``'s interval, then each reference's commit and entry point.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.metrics import all_metrics, as_matrix
+from cl2r_bench.reporting.compare import compare
 from tools.parity.common import ROOT
 from tools.parity.report import entry_table, protocol, summarise
 
@@ -85,15 +87,53 @@ def timing_table(record: dict) -> str:
     return "\n".join(lines)
 
 
+def track_table(record: dict) -> str:
+    """Per strategy: both codes' new/old and new/new top-1 (mean ± std over seeds) and the authors' code's
+    difference with ``compare``'s interval (paired seeds; each seed its own split and queries); then the suite's
+    commits and each reference's repository, commit and entry point."""
+    figures = ("new/old top-1", "new/new top-1")
+    lines = ["| strategy | seeds | " + " | ".join(f"{f} (%): suite | authors | authors − suite [95% interval]"
+                                                  for f in figures) + " | within noise |",
+             "|---|---|" + "---|---|---|" * len(figures) + "---|"]
+    commits, sources = set(), []
+    for strategy, entry in record.items():
+        suite = [run["suite"] for run in entry["runs"].values()]
+        authors = [run["reference"] for run in entry["runs"].values()]
+        found = {d.figure: d for d in compare(authors, suite) if d.figure in figures}
+        cells = []
+        for figure in figures:
+            case = figure.split()[0]
+            spread = [_mean_std([run["two_model"]["cases"][case]["top1"] for run in runs]) for runs in (suite, authors)]
+            d = found[figure]
+            low, high = d.interval
+            cells.append(f"{spread[0]} | {spread[1]} | {d.difference:+.2f} [{low:+.2f}, {high:+.2f}]")
+        within = "yes" if all(d.verdict == "noise" for d in found.values()) else "**no**"
+        smoke = "" if isinstance(entry["epochs"], str) else f" (smoke: {entry['epochs']} epochs)"
+        lines.append(f"| {strategy}{smoke} | {len(suite)} | {' | '.join(cells)} | {within} |")
+        commits |= {run["commit"] for run in suite + authors}
+        reference = next(iter(entry["references"].values()))
+        sources.append(f"- {strategy}: `{reference['repository']}` at {reference['commit']}, {entry['entry_point']}")
+    lines.append(f"\nSuite at {', '.join(sorted(str(c) for c in commits))}.\n")
+    return "\n".join(lines + sources)
+
+
+def _mean_std(values: list[float]) -> str:
+    return f"{statistics.mean(values):.2f} ± {statistics.pstdev(values):.2f}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("table", choices=[*CHECKS, "protocol", "end-to-end", "timing"])
+    parser.add_argument("table", choices=[*CHECKS, "protocol", "end-to-end", "timing", "track"])
     parser.add_argument("--folder", type=Path, default=ROOT / "results" / "parity")
     args = parser.parse_args(argv)
     if args.table in CHECKS:
         print(checks(json.loads((args.folder / CHECKS[args.table]).read_text())))
     elif args.table == "protocol":
         print(protocol_table())
+    elif args.table == "track":
+        path = args.folder / "track.json"
+        print(track_table(json.loads(path.read_text())) if path.is_file() else
+              "No run yet: `python -m tools.parity.track` (the commands above) writes `track.json`.")
     elif args.table == "end-to-end":
         print(end_to_end_table(json.loads((args.folder / "end_to_end.json").read_text())))
     else:

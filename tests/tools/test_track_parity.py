@@ -1,0 +1,147 @@
+"""The track's end-to-end parity driver (tools/parity/track.py, results/parity/README.md §12): its parts without a
+reference, and, with the references' checkouts (``CL2R_REFERENCES``: the folder holding LCE/, AdvBCT/, BT-2/,
+OpenCompatible/, OCA/, MixBCT/ and their venv/), each authors' loop driven end to end on a synthetic stand-in of
+the track (timm's test EfficientNet as both frozen encoders, 12 generated classes)."""
+import importlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.record import pack_hits
+
+track = importlib.import_module("tools.parity.track")
+tables = importlib.import_module("tools.parity.tables")
+REFERENCES = os.environ.get("CL2R_REFERENCES")
+
+
+def test_every_strategy_of_the_bct_line_has_its_authors_code():
+    sources = {strategy: track.reference_module(name).REPOSITORY
+               for strategy, name in track.strategy_references().items()}
+    assert sources == {"lce": "IrvingMeng/LCE", "bct": "Ashespt/AdvBCT", "advbct": "Ashespt/AdvBCT",
+                       "bt2": "YifeiZhou02/BT-2", "ract": "TencentARC/OpenCompatible", "oca": "z3n0e/OCA",
+                       "mixbct": "yuleung/MixBCT", "unibct": "yuleung/MixBCT"}
+
+
+def test_the_suite_trains_the_authors_recipe_or_for_a_smoke_run_the_same_recipe_shortened():
+    assert track.recipe_settings("lce", None) == ["--set", "training.recipe=authors"]
+    smoke = track.recipe_settings("lce", 2)
+    assert smoke[::2] == ["--set"] * 8
+    assert smoke[1::2] == ['training.optimizer="adam"', "training.lr=0.00035", "training.weight_decay=0.0005",
+                           "training.epochs=2", 'training.schedule="multistep"', "training.milestones=[20, 40]",
+                           "training.gamma=0.1", "training.warmup_epochs=0"]
+
+
+def test_a_wrong_checkout_is_one_line_and_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        track.main(["--references", str(tmp_path), "--data-root", str(tmp_path), "--work", str(tmp_path / "w"),
+                    "--strategies", "lce"])
+    assert stopped.value.code == 2
+    assert "is not a checkout of IrvingMeng/LCE" in capsys.readouterr().err
+
+
+def test_settings_the_suite_refuses_are_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        track.assembled(["run", *track.SUITE_RUN, "--strategy", "bt2", "--data-root", "data",
+                         *track.recipe_settings("bt2", 2)])
+    assert stopped.value.code == 2
+    assert "warmup_epochs = 5 leaves no epoch of the schedule out of 2" in capsys.readouterr().err
+
+
+def run(seed: int, new_old: int, new_new: int, queries: int = 1000) -> dict:
+    """A run's fields in the parity record: ``new_old`` / ``new_new`` of ``queries`` queries hit at top-1."""
+    def hits(count: int) -> str:
+        return pack_hits(np.arange(queries) < count)
+
+    return {"seed": seed, "stream": {"class_order": [0, 1]}, "evaluation": {"query_sha256": f"q{seed}",
+                                                                           "gallery_sha256": f"g{seed}"},
+            "two_model": {"cases": {"new/old": {"top1": 100 * new_old / queries},
+                                    "new/new": {"top1": 100 * new_new / queries}},
+                          "query_top1": {"old/old": hits(queries), "new/old": hits(new_old), "new/new": hits(new_new)},
+                          "queries": queries, "queries_without_match": 0, "unmatched_queries": "miss"},
+            "commit": "abc"}
+
+
+def test_the_table_gives_both_codes_and_the_paired_difference_with_compares_interval():
+    record = {"lce": {"epochs": "the authors' recipe", "entry_point": "main.py main()",
+                      "references": {"lce": {"repository": "IrvingMeng/LCE", "commit": "bb087e5"}},
+                      "runs": {"1": {"suite": run(1, 500, 800), "reference": run(1, 700, 800)},
+                               "2": {"suite": run(2, 600, 900), "reference": run(2, 800, 900)}}}}
+    text = tables.track_table(record)
+    row = next(line for line in text.splitlines() if line.startswith("| lce"))
+    # new/old: suite 50, 60 (55 ± 5), authors 70, 80 (75 ± 5), +20 on both seeds, so the interval is the
+    # queries' floor (t(0.975, 1) = 12.71 x about 0.9): beyond noise; new/new equal on both
+    assert "| 55.00 ± 5.00 | 75.00 ± 5.00 | +20.00 [" in row
+    low = float(row.split("+20.00 [")[1].split(",")[0])
+    assert 0 < low < 20
+    assert "| 85.00 ± 5.00 | 85.00 ± 5.00 | +0.00 [+0.00, +0.00] |" in row
+    assert row.endswith("| **no** |")
+    assert "`IrvingMeng/LCE` at bb087e5, main.py main()" in text and "Suite at abc." in text
+
+
+def test_a_batch_moved_to_a_gpu_stays_where_it_is_without_one():
+    import sys
+    sys.path.insert(0, str(Path(track.__file__).parent))
+    try:
+        reference = importlib.import_module("track_reference")
+    finally:
+        sys.path.pop(0)
+    to = reference.staying(torch.Tensor.to)
+    x = torch.ones(2)
+    assert to(x, 0) is x and to(x, "cuda:0") is x and to(x, torch.device("cuda")) is x
+    assert to(x, torch.float64).dtype == torch.float64
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory):
+    """The ``--set`` options of the synthetic stand-in: two weight files of timm's test EfficientNet as the old and
+    the new encoder, 12 generated classes (6 old), 24 items a class, small embedding networks."""
+    import timm
+
+    folder = tmp_path_factory.mktemp("stand_in")
+    encoders = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        torch.save(timm.create_model("test_efficientnet", pretrained=False).state_dict(), folder / f"e{seed}.pth")
+        encoders.append(f"timm:test_efficientnet@{folder / f'e{seed}.pth'}")
+    settings = ["dataset=synthetic", "device=cpu", f"model.encoders=[{','.join(encoders)}]",
+                "model.embedding_width=32", "model.embedding_dim=16", "data.synthetic_classes=12",
+                "data.synthetic_train_per_class=24", "data.synthetic_test_per_class=6", "data.synthetic_noise=0.08",
+                "data.synthetic_similarity=0.0", "stream.initial_classes=6", "stream.increment=6",
+                "stream.images_per_class=24", "replacement.pretrain.epochs=2", "evaluation.plots=false",
+                f"replacement.pretrain.cache_dir={folder / 'models'}", f"model_update.feature_cache={folder / 'f'}"]
+    return folder, [option for setting in settings for option in ("--set", setting)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["lce", "bct", "advbct", "bt2", "ract", "oca", "mixbct", "unibct"])
+def test_the_authors_loop_trains_on_the_stand_in_and_is_scored_by_the_suites_protocol(strategy, stand_in, tmp_path):
+    references = Path(REFERENCES or "")
+    name = track.strategy_references()[strategy]
+    module = track.reference_module(name)
+    checkout = references / module.REPOSITORY.split("/")[1]
+    if not REFERENCES or not (checkout / module.MARKER).is_file() or not (references / "venv/bin/python").is_file():
+        pytest.skip(f"set CL2R_REFERENCES to the folder holding the references' checkouts and venv/ (results/parity/"
+                    f"README.md §12) to drive {module.REPOSITORY}")
+    folder, settings = stand_in
+    command = ["--references", str(references), "--data-root", str(folder), "--work", str(tmp_path / "work"),
+               "--strategies", strategy, "--seeds", "1", "--epochs", "6", "--suite-output", str(tmp_path / "suite"),
+               *settings]
+    track.main(command)
+    record = json.loads((tmp_path / "work" / "track.json").read_text())[strategy]
+    suite, authors = record["runs"]["1"]["suite"], record["runs"]["1"]["reference"]
+    assert {key: suite[key] for key in ("stream", "evaluation")} == {key: authors[key] for key in ("stream",
+                                                                                                    "evaluation")}
+    assert suite["two_model"]["queries"] == authors["two_model"]["queries"] == 72
+    assert suite["two_model"]["cases"]["old/old"] == authors["two_model"]["cases"]["old/old"]
+    assert all(0 <= authors["two_model"]["cases"][case]["top1"] <= 100 for case in ("new/old", "new/new"))
+    assert record["references"][name]["repository"] == module.REPOSITORY and record["epochs"] == 6
+    log = tmp_path / "work" / f"{strategy}-epochs6" / "seed1" / "reference.log"
+    written = log.stat().st_mtime_ns
+    track.main(command)
+    assert log.stat().st_mtime_ns == written, "a finished run is kept and skipped"
+    assert f"| {strategy} (smoke: 6 epochs) | 1 |" in tables.track_table(json.loads(
+        (tmp_path / "work" / "track.json").read_text()))
