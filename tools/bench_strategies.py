@@ -14,7 +14,7 @@ interleaved, ``--repeats`` times; the figure per strategy is the median seconds 
   the track's zoo), the old model is the teacher and an untrained learnable model BT²'s independent model. Only the
   shapes matter for the time per iteration: the features are Gaussian classes.
 
-    python -m tools.bench_strategies [--setting images|track] [--images 1920] [--epochs 2] [--repeats 3]
+    python -m tools.bench_strategies [--setting images|track] [--images N] [--epochs 2] [--repeats 3]
                                      [--strategies er oca bt2]
 """
 from __future__ import annotations
@@ -125,7 +125,9 @@ def main() -> None:
     parser.add_argument("--setting", choices=("images", "track"), default="images")
     parser.add_argument("--backbone", default="small_cnn", help="--setting images: the backbone")
     parser.add_argument("--feature-dim", type=int, default=1280, help="--setting track: the encoder's width")
-    parser.add_argument("--images", type=int, default=1920, help="training items of the task")
+    parser.add_argument("--images", type=int, default=None,
+                        help="training items of the task (default 1920 images; on the track 60,000 features: 200 "
+                             "classes x 300, upgrade's task 1)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--strategies", nargs="+", default=None, help="default: every registered strategy")
@@ -135,8 +137,8 @@ def main() -> None:
     names = args.strategies or list_strategies()
     if "er" not in names:
         names = ["er", *names]
-    setting = (track_setting(args.feature_dim, args.images, device) if args.setting == "track"
-               else image_setting(args.backbone, args.images, device))
+    setting = (track_setting(args.feature_dim, args.images or 60_000, device) if args.setting == "track"
+               else image_setting(args.backbone, args.images or 1920, device))
     settings = TrainSettings.with_defaults(epochs=args.epochs, lr=0.01, progress=False)
     torch.manual_seed(0)
     old_states = {head: build_model(head=head, num_classes=setting.old_classes, **setting.model_options).state_dict()
