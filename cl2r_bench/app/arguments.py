@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="print only this table: main, noise, replacements, retrieval (the adapter studies' cases), "
                        "backfilling (their AUCs, zero-shot retention and the adapters' diagnostics such as f(W)), "
                        "timing, across, margins (each pair's margin split into the query model's own gain and its "
-                       "cross gap, within segments and across replacements) or matrices (the mean matrices; in csv, "
+                       "cross gap, within segments and across replacements), terms (each loss term's first and last "
+                       "epoch over the tasks with an older model, and where it never acted) or matrices (the mean "
+                       "matrices; in csv, "
                        "rows scenario, dataset, strategy, t, k, mean, std, seeds)")
     board.add_argument("--timing", action="store_true",
                        help="also print each strategy's training time per iteration and its ratio to --baseline")

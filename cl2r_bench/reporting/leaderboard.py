@@ -15,7 +15,8 @@ top-1's), ``noise`` (the noise-aware AC), ``replacements`` (the replacement mode
 case's top-1 and mAP, each order's AUC, the zero-shot change and the adapters' declared diagnostics such as
 λ-orthogonal's f(W)), ``two_model`` (the BCT line's protocol), ``timing`` (ms per training iteration), ``across``
 (AC and ACA across replacements), ``margins`` (why pairs fail: each pair's margin split into the query model's own
-gain and its cross gap, within segments and across replacements) and ``matrices`` (the mean compatibility
+gain and its cross gap, within segments and across replacements), ``terms`` (each loss term's weight and where it
+never acted: :mod:`cl2r_bench.reporting.loss_terms`) and ``matrices`` (the mean compatibility
 matrices; in csv, long rows ``scenario, dataset, strategy, t, k, mean, std, seeds``, tasks 0-based, percent).
 :func:`cl2r_bench.reporting.tables.render` writes them in github, latex or csv.
 """
@@ -40,10 +41,11 @@ from benchmarks.record import (
 )
 
 from .experiments import experiment_groups, models_label, result_groups, short_model_name
+from .loss_terms import TERM_COLUMNS, term_rows
 from .tables import Column, Kind, Table, render, without_empty_columns
 
 TABLES = ("main", "intervals", "noise", "replacements", "retrieval", "backfilling", "two_model", "timing", "across",
-          "margins", "matrices")
+          "margins", "terms", "matrices")
 SUMMARY = TABLES[:7]
 COLUMNS = ("AC", "AA", "ACA")
 
@@ -412,6 +414,7 @@ def build(records: list[RunRecord], fmt: str = "github", names: Iterable[str] = 
         "timing": lambda: [Table(TIMING_COLUMNS, timing_rows(records, baseline))],
         "across": lambda: [Table(ACROSS_COLUMNS, across_rows(records))],
         "margins": lambda: [Table(MARGIN_COLUMNS, margin_rows(records))],
+        "terms": lambda: [Table(TERM_COLUMNS, term_rows(records))],
         "matrices": lambda: ([Table(MATRIX_ROW_COLUMNS, matrix_rows(records))] if fmt == "csv"
                              else mean_matrices(records)),
     }
