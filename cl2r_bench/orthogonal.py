@@ -64,9 +64,12 @@ def spectral_norm_estimate(generator: torch.Tensor, iterations: int = POWER_ITER
     return min(upper, ESTIMATE_MARGIN * float(vector.norm()) ** 0.5)
 
 
-def times_exponential(rows: torch.Tensor, generator: torch.Tensor) -> torch.Tensor:
-    """``rows @ exp(generator)`` by the scaled Taylor series (module docstring); differentiable in both."""
-    steps = max(1, math.ceil(spectral_norm_estimate(generator.detach()) / STEP_NORM))
+def times_exponential(rows: torch.Tensor, generator: torch.Tensor, spectral_norm: float | None = None) -> torch.Tensor:
+    """``rows @ exp(generator)`` by the scaled Taylor series (module docstring); differentiable in both.
+    ``spectral_norm``: :func:`spectral_norm_estimate` of ``generator`` when the caller has it."""
+    if spectral_norm is None:
+        spectral_norm = spectral_norm_estimate(generator.detach())
+    steps = max(1, math.ceil(spectral_norm / STEP_NORM))
     step = generator / steps
     for _ in range(steps):
         term, total = rows, rows
@@ -94,8 +97,9 @@ class OrthogonalLinear(nn.Linear):
         if self.training and torch.is_grad_enabled() and rows.ndim == 2 and len(rows) <= self.in_features:
             parametrization = self.parametrizations.weight
             generator = -skew_generator(parametrization.original)
-            if spectral_norm_estimate(generator.detach()) <= STEP_NORM * MAX_STEPS:
+            norm = spectral_norm_estimate(generator.detach())
+            if norm <= STEP_NORM * MAX_STEPS:
                 with torch.autocast(rows.device.type, enabled=False):
-                    rotated = times_exponential(rows.float(), generator.float()) @ parametrization[0].base.mT
+                    rotated = times_exponential(rows.float(), generator.float(), norm) @ parametrization[0].base.mT
                     return rotated if self.bias is None else rotated + self.bias
         return super().forward(rows)

@@ -12,7 +12,8 @@ interleaved, ``--repeats`` times; the figure per strategy is the median seconds 
   embedding network (1024 hidden, 512 out) under its strategy's head, 100 old and 100 new classes; the new model is
   built afresh over the 512-d old model (so BT²'s and OCA's heads are their 544-d orthogonal layers over it, as in
   the track's zoo), the old model is the teacher and an untrained learnable model BT²'s independent model. Only the
-  shapes matter for the time per iteration: the features are Gaussian classes.
+  shapes matter for the time per iteration: the features are Gaussian classes. The track's learning rate (1e-3): BT²'s
+  and OCA's orthogonal layers cost more as their generators grow, which the learning rate sets.
 
     python -m tools.bench_strategies [--setting images|track] [--images N] [--epochs 2] [--repeats 3]
                                      [--strategies er oca bt2]
@@ -139,7 +140,8 @@ def main() -> None:
         names = ["er", *names]
     setting = (track_setting(args.feature_dim, args.images or 60_000, device) if args.setting == "track"
                else image_setting(args.backbone, args.images or 1920, device))
-    settings = TrainSettings.with_defaults(epochs=args.epochs, lr=0.01, progress=False)
+    settings = TrainSettings.with_defaults(epochs=args.epochs, lr=0.001 if args.setting == "track" else 0.01,
+                                           progress=False)
     torch.manual_seed(0)
     old_states = {head: build_model(head=head, num_classes=setting.old_classes, **setting.model_options).state_dict()
                   for head in ("learnable", "cosine", "dsimplex")}
