@@ -135,7 +135,7 @@ class BasisTransformationHead(LearnableHead):
     channels to compare)."""
 
     def __init__(self, in_dim: int, num_classes: int, *, old_width: int | None = None, added_dims: int = 32,
-                 scale: float = 2.0) -> None:
+                 scale: float = 2.0, orthogonal_map: str = "matrix_exp") -> None:
         super().__init__(in_dim, num_classes)
         self.old_width = in_dim if old_width is None else old_width
         self.old_part = self.old_width + added_dims - in_dim
@@ -144,8 +144,8 @@ class BasisTransformationHead(LearnableHead):
                              f"least {in_dim - self.old_width + 1} dimensions, not {added_dims}")
         self.scale, self.width = scale, self.old_width + added_dims
         self.old_branch = nn.Linear(in_dim, self.old_part)
-        self.new_basis = OrthogonalLinear(in_dim, bias=False)
-        self.old_basis = OrthogonalLinear(self.old_width, bias=False)
+        self.new_basis = OrthogonalLinear(in_dim, bias=False, orthogonal_map=orthogonal_map)
+        self.old_basis = OrthogonalLinear(self.old_width, bias=False, orthogonal_map=orthogonal_map)
         self.new_features: torch.Tensor | None = None
 
     @property
@@ -181,13 +181,14 @@ class OrthogonalTransformationHead(LearnableHead):
     orthogonal layer serves the classifier only, and an older gallery meets ``f``'s first ``old_width``
     dimensions."""
 
-    def __init__(self, in_dim: int, num_classes: int, *, old_width: int | None = None, added_dims: int = 32) -> None:
+    def __init__(self, in_dim: int, num_classes: int, *, old_width: int | None = None, added_dims: int = 32,
+                 orthogonal_map: str = "matrix_exp") -> None:
         old_width = in_dim if old_width is None else old_width
         super().__init__(old_width + added_dims, num_classes)
         self.old_width, self.width = old_width, old_width + added_dims
         self.compatible = nn.Linear(in_dim, self.old_width)
         self.added = nn.Linear(in_dim, added_dims)
-        self.transform = OrthogonalLinear(self.width)
+        self.transform = OrthogonalLinear(self.width, orthogonal_map=orthogonal_map)
 
     def forward(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         widened = F.normalize(torch.cat([self.compatible(feats), self.added(feats)], dim=1), dim=1)
@@ -197,8 +198,8 @@ class OrthogonalTransformationHead(LearnableHead):
 def build_head(head: str, in_dim: int, num_classes: int, simplex_vertices_count: int = 1024,
                head_options: dict | None = None) -> nn.Module:
     """A fresh head of family ``head`` on ``in_dim``-d backbone features (docs/METHODS.md §5); ``head_options``
-    are the keyword arguments of a BT² head (its strategy's ``added_dims`` and ``scale``) or an OCA head
-    (``added_dims``)."""
+    are the keyword arguments of a BT² head (its strategy's ``added_dims``, ``scale`` and ``orthogonal_map``) or an
+    OCA head (``added_dims``, ``orthogonal_map``)."""
     if head == "learnable":
         return LearnableHead(in_dim, num_classes)
     if head == "cosine":

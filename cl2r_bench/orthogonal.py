@@ -21,6 +21,12 @@ terms never grow by more than ``e^STEP_NORM`` before they shrink and float32 los
 polynomial. With ``A`` far from the identity's neighbourhood (1-norm above ``STEP_NORM * MAX_STEPS``) and outside
 training (evaluation, embedding galleries: batches of thousands, no gradient) the layer uses torch's weight as is.
 ``tests/test_orthogonal.py`` checks outputs and gradients against torch's layer within 1e-5.
+
+``orthogonal_map: cayley`` (an option, not the authors' map) is torch's Cayley parametrisation,
+``W = B (I - A/2)^{-1} (I + A/2)``, trained as ``y = x (I - A/2) (I + A/2)^{-1} Bᵀ + b`` by one LU solve on the batch:
+about a quarter of the series' products at the generator norms BT²'s layers reach (issue "speed of the orthogonal
+strategies"), a different orthogonal map of the same parameters, whose results are compared with the exponential's
+before it could become a default (docs/METHODS.md §6b).
 """
 from __future__ import annotations
 
@@ -40,6 +46,8 @@ MAX_STEPS = 4
 POWER_ITERATIONS = 8
 ESTIMATE_MARGIN = 1.5
 """Power iteration approaches the largest singular value from below; the step count takes this margin over it."""
+ORTHOGONAL_MAPS = ("matrix_exp", "cayley")
+"""The maps of :class:`OrthogonalLinear`: torch's matrix exponential (the authors'), or torch's Cayley map."""
 MAX_TERMS = 40
 """A cap that a step never reaches at ``STEP_NORM`` (``1 / 40!`` is far below any tolerance)."""
 
@@ -83,23 +91,40 @@ def times_exponential(rows: torch.Tensor, generator: torch.Tensor, spectral_norm
     return rows
 
 
-class OrthogonalLinear(nn.Linear):
-    """``orthogonal(nn.Linear(width, width, bias))`` (matrix exponential, trivialisation) whose training forward
-    multiplies the batch by the exponential's series instead of forming it (module docstring)."""
+def times_cayley(rows: torch.Tensor, generator: torch.Tensor) -> torch.Tensor:
+    """``rows @ ((I - A/2)^{-1} (I + A/2))ᵀ = rows (I - A/2) (I + A/2)^{-1}`` for a skew-symmetric ``A``: one solve."""
+    eye = torch.eye(len(generator), dtype=generator.dtype, device=generator.device)
+    return torch.linalg.solve(eye + generator / 2, rows @ (eye - generator / 2), left=False)
 
-    def __init__(self, width: int, *, bias: bool = True) -> None:
+
+class OrthogonalLinear(nn.Linear):
+    """``orthogonal(nn.Linear(width, width, bias), orthogonal_map)`` (trivialisation) whose training forward multiplies
+    the batch by the map without forming the weight: the exponential's series, or the Cayley map's solve (module
+    docstring)."""
+
+    def __init__(self, width: int, *, bias: bool = True, orthogonal_map: str = "matrix_exp") -> None:
         super().__init__(width, width, bias=bias)
-        orthogonal(self)
+        if orthogonal_map not in ORTHOGONAL_MAPS:
+            raise ValueError(f"orthogonal_map must be one of {list(ORTHOGONAL_MAPS)}, not {orthogonal_map!r}")
+        self.orthogonal_map = orthogonal_map
+        orthogonal(self, orthogonal_map=orthogonal_map)
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        """``rows Wᵀ + b``: by the series while training with gradients on a batch no larger than the width and a
-        generator within ``STEP_NORM * MAX_STEPS`` of 0 (in float32, outside autocast), else from torch's weight."""
+        """``rows Wᵀ + b``: while training with gradients on a batch no larger than the width (in float32, outside
+        autocast), by the Cayley map's solve, or by the series when the generator is within ``STEP_NORM *
+        MAX_STEPS`` of 0; else from torch's weight."""
         if self.training and torch.is_grad_enabled() and rows.ndim == 2 and len(rows) <= self.in_features:
             parametrization = self.parametrizations.weight
-            generator = -skew_generator(parametrization.original)
-            norm = spectral_norm_estimate(generator.detach())
-            if norm <= STEP_NORM * MAX_STEPS:
-                with torch.autocast(rows.device.type, enabled=False):
-                    rotated = times_exponential(rows.float(), generator.float(), norm) @ parametrization[0].base.mT
-                    return rotated if self.bias is None else rotated + self.bias
+            generator = skew_generator(parametrization.original)
+            with torch.autocast(rows.device.type, enabled=False):
+                if self.orthogonal_map == "cayley":
+                    return self._finish(times_cayley(rows.float(), generator.float()), parametrization)
+                norm = spectral_norm_estimate(generator.detach())
+                if norm <= STEP_NORM * MAX_STEPS:
+                    return self._finish(times_exponential(rows.float(), -generator.float(), norm), parametrization)
         return super().forward(rows)
+
+    def _finish(self, mapped: torch.Tensor, parametrization: nn.Module) -> torch.Tensor:
+        """``mapped Bᵀ + b``: the fixed base of the trivialisation, then the bias."""
+        rotated = mapped @ parametrization[0].base.mT
+        return rotated if self.bias is None else rotated + self.bias

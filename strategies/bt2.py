@@ -27,6 +27,11 @@ head and width (the old model is then the task's starting model, ``old_width`` i
 model is the scenario's (``Scenario.independent_models``); without one (CL2R, fine-tuning tasks) the last term is
 dropped. Retrieval compares a query with a narrower gallery on the gallery's width (the first dimensions, as the
 authors' ``cosine_distance_matrix``). At CL2R task 0 (no old model) the loss is CE.
+
+``orthogonal_map: cayley`` trains the orthogonal layers through torch's Cayley map instead of the authors' matrix
+exponential (:mod:`cl2r_bench.orthogonal`): a different map of the same parameters, faster on a CPU where the
+generators grow, an option whose results are compared with the exponential's (docs/METHODS.md §6b), not the
+authors' method.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.models import class_means
+from cl2r_bench.orthogonal import ORTHOGONAL_MAPS
 from cl2r_bench.plugin_settings import WIDTH_MAX, setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
@@ -48,6 +54,7 @@ class BT2Config:
     independent_weight: float = 1.0
     added_dims: int = setting(32, at_least=1, at_most=WIDTH_MAX)
     scale: float = setting(2.0, above=0)
+    orthogonal_map: str = setting("matrix_exp", choices=ORTHOGONAL_MAPS)
     replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
 
 
@@ -82,7 +89,8 @@ class BT2(Strategy):
         self.old_width = 0
 
     def head_options(self) -> dict[str, Any]:
-        return {"added_dims": self.config.added_dims, "scale": self.config.scale}
+        return {"added_dims": self.config.added_dims, "scale": self.config.scale,
+                "orthogonal_map": self.config.orthogonal_map}
 
     def before_task(self, context: TaskContext) -> None:
         self.pseudo_classifier = None

@@ -31,6 +31,11 @@ by ``added_dims`` at each such upgrade; a model with nothing under it (task 0) h
 fine-tuning keeps a model's head and width (the old model is then the task's starting model, ``old_width`` its whole
 width). Retrieval compares a query with a narrower gallery on the gallery's width (the first dimensions, as the
 authors' ``cosine_distance_matrix``). Without an old model (CL2R task 0) the loss is its classification term.
+
+``orthogonal_map: cayley`` trains the orthogonal layers through torch's Cayley map instead of the authors' matrix
+exponential (:mod:`cl2r_bench.orthogonal`): a different map of the same parameters, faster on a CPU where the
+generators grow, an option whose results are compared with the exponential's (docs/METHODS.md §6b), not the
+authors' method.
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.models import class_means
+from cl2r_bench.orthogonal import ORTHOGONAL_MAPS
 from cl2r_bench.plugin_settings import WIDTH_MAX, setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
@@ -52,6 +58,7 @@ class OCAConfig:
     alignment_weight: float = 5.0
     label_smoothing: float = setting(0.1, at_least=0, below=1)
     added_dims: int = setting(32, at_least=1, at_most=WIDTH_MAX)
+    orthogonal_map: str = setting("matrix_exp", choices=ORTHOGONAL_MAPS)
     replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
 
 
@@ -79,7 +86,7 @@ class OCA(Strategy):
         self.old_width = 0
 
     def head_options(self) -> dict[str, Any]:
-        return {"added_dims": self.config.added_dims}
+        return {"added_dims": self.config.added_dims, "orthogonal_map": self.config.orthogonal_map}
 
     def before_task(self, context: TaskContext) -> None:
         self.pseudo_classifier = None

@@ -144,8 +144,8 @@ def test_oca_is_registered_with_its_head_and_defaults():
     assert cls.loss_summary.startswith("`") and cls.reference.startswith("Ricci et al.")
     assert dataclasses.asdict(cls.Config()) == {
         "classification_weight": 5.0, "influence_weight": 10.0, "alignment_weight": 5.0, "label_smoothing": 0.1,
-        "added_dims": 32, "replacement_teacher": "outgoing"}
-    assert cls.from_params({"added_dims": 8}).head_options() == {"added_dims": 8}
+        "added_dims": 32, "orthogonal_map": "matrix_exp", "replacement_teacher": "outgoing"}
+    assert cls.from_params({"added_dims": 8}).head_options() == {"added_dims": 8, "orthogonal_map": "matrix_exp"}
 
 
 # --- From the command line ------------------------------------------------------------------------------------
