@@ -6,7 +6,6 @@ import pathlib
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.data.avalanche_import import DeferredModule, avalanche_warnings_filtered
 from cl2r_bench.data.streams import build_stream
 from cl2r_bench.models import CheckpointError, build_model
+from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training.avalanche import (
     AvalancheStrategyError,
     HeadGrowthPlugin,
@@ -31,8 +31,8 @@ from cl2r_bench.training.avalanche import (
 )
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SETTINGS = SimpleNamespace(lr=0.05, lr_min=0.001, momentum=0.9, weight_decay=5e-4, epochs=1, batch_size=16,
-                           progress=False, fused_optimizer=True)
+SETTINGS = TrainSettings.with_defaults(lr=0.05, lr_min=0.001, momentum=0.9, weight_decay=5e-4, epochs=1, batch_size=16,
+                                       progress=False, fused_optimizer=True)
 
 
 @pytest.fixture(scope="module")
