@@ -14,11 +14,15 @@ import torch.nn.functional as F
 from . import cpu as ranking_cpu
 
 
-def similarities(queries: torch.Tensor, gallery: torch.Tensor) -> torch.Tensor:
-    """``queries @ gallery.T``; on CPU numpy's float32 product (module docstring), elsewhere torch's."""
+def similarities(queries: torch.Tensor, gallery: torch.Tensor, out: np.ndarray | None = None) -> torch.Tensor:
+    """``queries @ gallery.T``; on CPU numpy's float32 product (module docstring), written into ``out`` when given
+    (float32, ``(rows, n)`` or more rows: its first rows are used), elsewhere torch's. A buffer reused from block to
+    block spares the product a fresh allocation of every block, whose pages the system would map and zero first (a
+    quarter of the product's time at 335 x 50,000 x 512 on 2 cores); the figures are the same to the bit."""
     if queries.device.type != "cpu" or queries.dtype != torch.float32 or gallery.dtype != torch.float32:
         return queries @ gallery.t()
-    return torch.from_numpy(queries.detach().numpy() @ gallery.detach().numpy().T)
+    target = None if out is None else out[:len(queries)]
+    return torch.from_numpy(np.matmul(queries.detach().numpy(), gallery.detach().numpy().T, out=target))
 
 
 class LabelIndex:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -35,9 +36,11 @@ def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tenso
     first = torch.zeros(curves, steps, len(q), dtype=torch.long)
     ap = torch.full((2, curves, steps, len(q)), float("nan"), dtype=torch.float64)
     bar = progress_bar(progress, len(q) * n)
+    buffers = [np.empty((min(rows, len(q)), n), dtype=np.float32) if device.type == "cpu" else None
+               for _ in versions]
     for start in range(0, len(q), rows):
         stop = min(start + rows, len(q))
-        scores = [counting.similarities(q[start:stop], v) for v in versions]
+        scores = [counting.similarities(q[start:stop], v, out) for v, out in zip(versions, buffers, strict=True)]
         own = None if own_index is None else own_index[start:stop]
         if own is not None:
             for block in scores:
