@@ -100,6 +100,38 @@ def fill_positives(similarity: torch.Tensor, block: torch.Tensor, rows: torch.Te
                                                                           pairs.item[inside] - start)
 
 
+def positive_scores(similarity: list[torch.Tensor], index: torch.Tensor, valid: torch.Tensor, n: int,
+                    fresh_from: torch.Tensor, steps: int,
+                    count_above: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], finished: slice = slice(None)
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's first rank ``(curves, steps, rows)`` (0 without a positive) and its AP and AP@R stacked ``(2,
+    curves, steps, rows)`` (NaN without a positive), for the rows ``finished``, at every step of every curve: the
+    ranks of :func:`positive_ranks` summarised by :func:`summarise_ranks`. On CPU (:func:`compiled_counting`) one
+    compiled pass, :func:`benchmarks.ranking.cpu.rank_scores`, reads each positive's rank from the items above it
+    and sums the precisions, without the ranks' tensor (``(curves, steps, rows, P)``, sorted along P) that the
+    tensor operations build; its AP sums its terms in rank order, so an AP may differ from theirs in the last bit
+    (``tests/benchmarks/test_ranking.py``)."""
+    if not compiled_counting(index.device) or index.shape[1] == 0:
+        return summarise_ranks(*positive_ranks(similarity, index, valid, n, fresh_from, steps, count_above,
+                                               finished))
+    thresholds, placed, owner = sorted_thresholds(similarity, index, valid)
+    above = count_above(thresholds, owner)
+    first, ap = ranking_cpu.rank_scores(above.numpy(), placed[finished].numpy(), index[finished].numpy(),
+                                        valid[finished].numpy(), fresh_from.numpy(), len(similarity))
+    return torch.from_numpy(first), torch.from_numpy(ap)
+
+
+def sorted_thresholds(similarity: list[torch.Tensor], index: torch.Tensor, valid: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(thresholds, placed, owner)``, each ``(rows, V * P)``: every row's positives' similarities of its ``V``
+    versions (``similarity``; +inf for padding) in ascending order, where each came from (``version * P + slot``)
+    and its positive's gallery index."""
+    width = index.shape[1]
+    own = torch.cat([torch.where(valid, version, float("inf")) for version in similarity], dim=1)
+    thresholds, placed = own.sort(dim=1)
+    return thresholds, placed, index.gather(1, placed % width)
+
+
 def positive_ranks(similarity: list[torch.Tensor], index: torch.Tensor, valid: torch.Tensor, n: int,
                    fresh_from: torch.Tensor, steps: int,
                    count_above: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], finished: slice = slice(None)
@@ -118,11 +150,10 @@ def positive_ranks(similarity: list[torch.Tensor], index: torch.Tensor, valid: t
         counts = valid[finished].sum(dim=1)
         return torch.zeros(curves, steps, len(counts), 0, dtype=torch.long, device=device), counts
     rows = len(index)
-    own = torch.cat([torch.where(valid, version, float("inf")) for version in similarity], dim=1)
-    thresholds, placed = own.sort(dim=1)
+    thresholds, placed, owner = sorted_thresholds(similarity, index, valid)
     position = torch.empty_like(placed).scatter_(1, placed, torch.arange(placed.shape[1], device=device)
                                                  .expand(rows, -1).contiguous())
-    above = count_above(thresholds, index[torch.arange(rows, device=device)[:, None], placed % width])
+    above = count_above(thresholds, owner)
     index, valid, position = index[finished], valid[finished], position[finished]
     rows, counts = len(index), valid.sum(dim=1)
     is_fresh = fresh_from[:, index][:, :, None, :] <= torch.arange(steps, device=device)[None, None, :, None]

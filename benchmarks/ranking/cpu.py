@@ -303,3 +303,67 @@ def finish(count: np.ndarray, steps: int) -> np.ndarray:  # pragma: no cover - c
                         stale_above -= cells[1, c, t, i + 2]
                     above[c, r, t, i] = fresh_above + stale_above
     return above
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def rank_scores(above: np.ndarray, placed: np.ndarray, index: np.ndarray, valid: np.ndarray, fresh_from: np.ndarray,
+                versions: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """``(first, ap)``: each row's first rank ``(curves, steps, rows)`` (0 without a positive) and its AP and AP@R
+    ``(2, curves, steps, rows)`` (NaN without a positive; docs/METHODS.md §7b), from :func:`finish`'s ``above``
+    ``(curves, rows, steps, m)``, the items before each of the row's thresholds in ascending order; ``placed``
+    ``(rows, m)``: the ``version * P + slot`` of each threshold, the slot's positive being gallery item ``index[row,
+    slot]`` where ``valid`` ``(rows, P)``; item j is fresh at the steps t >= ``fresh_from[curve, j]``.
+
+    At each step a positive's rank is one more than the items above the threshold of the version it has then. Taken
+    from the largest threshold down, those ranks ascend, since every item above a positive is above any positive of
+    a lower similarity, and so is that positive itself; only positives of equal similarity, which the tie-break by
+    gallery index orders, may come out of order, and an insertion keeps the list sorted. AP = (1/P) Σ_j j / r_j over
+    the sorted ranks r_j, AP@R the same sum over r_j <= P."""
+    curves, rows, steps, m = above.shape
+    width = index.shape[1]
+    first = np.zeros((curves, steps, rows), dtype=np.int64)
+    ap = np.full((2, curves, steps, rows), np.nan)
+    for r in numba.prange(rows):
+        count = 0
+        for s in range(width):
+            count += valid[r, s]
+        if count == 0:
+            continue
+        thresholds = versions * count
+        taken = np.empty(thresholds, dtype=np.int64)
+        fresh_version = np.empty(thresholds, dtype=np.bool_)
+        entry = np.empty((curves, thresholds), dtype=np.int64)
+        k = 0
+        for i in range(m - 1, -1, -1):
+            slot = placed[r, i] % width
+            if valid[r, slot]:
+                taken[k], fresh_version[k] = i, placed[r, i] < width
+                for c in range(curves):
+                    entry[c, k] = fresh_from[c, index[r, slot]]
+                k += 1
+                if k == thresholds:
+                    break
+        ranks = np.empty(count, dtype=np.int64)
+        for c in range(curves):
+            for t in range(steps):
+                k = 0
+                for j in range(thresholds):
+                    if versions > 1 and fresh_version[j] != (entry[c, j] <= t):
+                        continue
+                    rank = above[c, r, t, taken[j]] + 1
+                    at = k
+                    while at > 0 and ranks[at - 1] > rank:
+                        ranks[at] = ranks[at - 1]
+                        at -= 1
+                    ranks[at] = rank
+                    k += 1
+                total, within = 0.0, 0.0
+                for j in range(count):
+                    precision = (j + 1) / ranks[j]
+                    total += precision
+                    if ranks[j] <= count:
+                        within += precision
+                first[c, t, r] = ranks[0]
+                ap[0, c, t, r] = total / count
+                ap[1, c, t, r] = within / count
+    return first, ap

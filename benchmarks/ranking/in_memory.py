@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import counting
-from .counting import LabelIndex, items_above, positive_ranks, summarise_ranks
+from .counting import LabelIndex, items_above, positive_scores
 from .scores import RetrievalScores, as_scores
 
 CHUNK_ELEMENTS = 1 << 24
@@ -47,9 +47,9 @@ def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tenso
                 block[torch.arange(stop - start, device=device), own] = float("-inf")
         index, valid = by_label.positives(query_labels[start:stop], own)
         similarity = [block.gather(1, index) for block in scores]
-        ranks, counts = positive_ranks(similarity, index, valid, n, fresh_from, steps,
-                                       partial(items_above, scores, fresh_from=fresh_from, steps=steps))
-        first[:, :, start:stop], ap[:, :, :, start:stop] = summarise_ranks(ranks, counts)
+        first[:, :, start:stop], ap[:, :, :, start:stop] = positive_scores(
+            similarity, index, valid, n, fresh_from, steps, partial(items_above, scores, fresh_from=fresh_from,
+                                                                    steps=steps))
         bar.update((stop - start) * n)
     bar.close()
     return as_scores(first, ap, unmatched_queries)
