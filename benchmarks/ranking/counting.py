@@ -3,7 +3,8 @@ the similarities, the gallery grouped by label, the positives' own products, and
 positive, by the compiled CPU kernel (:mod:`benchmarks.ranking.cpu`) or in tensor operations elsewhere."""
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numba
@@ -207,14 +208,34 @@ def numba_threads_as_torch() -> None:
     torch.set_num_threads(threads)
 
 
+@contextlib.contextmanager
+def bookkeeping_on_one_thread(device: torch.device) -> Iterator[None]:
+    """On CPU, the compiled kernels on as many threads as torch uses (:func:`numba_threads_as_torch`; numpy's
+    product has its own), and torch's own operations on one thread until the block is left, then on as many as
+    before. In a ranking in memory torch only keeps the books of each block of queries (its positives, their
+    similarities and thresholds: tensors of a few hundred thousand entries), where a second thread costs more in
+    synchronisation than it saves: on 2 cores shared with other work, a block's positives took 10 times as long on
+    2 threads as on 1 (docs/adapters.md, "Cost of a study")."""
+    if device.type != "cpu":
+        yield
+        return
+    numba_threads_as_torch()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class ItemCounter:
     """The CPU kernel's counts for one block of queries (:mod:`benchmarks.ranking.cpu`): the thresholds' bucket
     table made once, blocks of gallery items added (:meth:`add`), and the items above each positive read at the end
-    (:meth:`items_above`), on as many threads as torch uses."""
+    (:meth:`items_above`), on the threads numba was given (:func:`numba_threads_as_torch`, by the ranking that counts:
+    :func:`bookkeeping_on_one_thread` in memory)."""
 
     def __init__(self, thresholds: torch.Tensor, owner: torch.Tensor, versions: int, fresh_from: torch.Tensor,
                  steps: int) -> None:
-        numba_threads_as_torch()
         m = thresholds.shape[1]
         self.thresholds = F.pad(thresholds.float(), (0, 1), value=float("inf")).numpy()
         self.owner = owner.contiguous().numpy()

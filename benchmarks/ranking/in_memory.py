@@ -38,19 +38,20 @@ def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tenso
     bar = progress_bar(progress, len(q) * n)
     buffers = [np.empty((min(rows, len(q)), n), dtype=np.float32) if device.type == "cpu" else None
                for _ in versions]
-    for start in range(0, len(q), rows):
-        stop = min(start + rows, len(q))
-        scores = [counting.similarities(q[start:stop], v, out) for v, out in zip(versions, buffers, strict=True)]
-        own = None if own_index is None else own_index[start:stop]
-        if own is not None:
-            for block in scores:
-                block[torch.arange(stop - start, device=device), own] = float("-inf")
-        index, valid = by_label.positives(query_labels[start:stop], own)
-        similarity = [block.gather(1, index) for block in scores]
-        first[:, :, start:stop], ap[:, :, :, start:stop] = positive_scores(
-            similarity, index, valid, n, fresh_from, steps, partial(items_above, scores, fresh_from=fresh_from,
-                                                                    steps=steps))
-        bar.update((stop - start) * n)
+    with counting.bookkeeping_on_one_thread(device):
+        for start in range(0, len(q), rows):
+            stop = min(start + rows, len(q))
+            scores = [counting.similarities(q[start:stop], v, out) for v, out in zip(versions, buffers, strict=True)]
+            own = None if own_index is None else own_index[start:stop]
+            if own is not None:
+                for block in scores:
+                    block[torch.arange(stop - start, device=device), own] = float("-inf")
+            index, valid = by_label.positives(query_labels[start:stop], own)
+            similarity = [block.gather(1, index) for block in scores]
+            first[:, :, start:stop], ap[:, :, :, start:stop] = positive_scores(
+                similarity, index, valid, n, fresh_from, steps, partial(items_above, scores, fresh_from=fresh_from,
+                                                                        steps=steps))
+            bar.update((stop - start) * n)
     bar.close()
     return as_scores(first, ap, unmatched_queries)
 

@@ -143,6 +143,8 @@ def chunked_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, block:
     counts up. ``advance`` is told the pairs each chunk compared."""
     rows = torch.arange(len(block), device=block.device)
     on_cpu = counting.compiled_counting(block.device)
+    if on_cpu:
+        counting.numba_threads_as_torch()
     counter = ItemCounter(thresholds, owner, len(versions), fresh_from, steps) if on_cpu else None
     above = None if on_cpu else torch.zeros(len(fresh_from), len(block), steps, thresholds.shape[1],
                                             dtype=torch.long, device=block.device)
