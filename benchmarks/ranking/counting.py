@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import numba
 import numpy as np
@@ -119,6 +120,24 @@ def positive_scores(similarity: list[torch.Tensor], index: torch.Tensor, valid: 
     above = count_above(thresholds, owner)
     first, ap = ranking_cpu.rank_scores(above.numpy(), placed[finished].numpy(), index[finished].numpy(),
                                         valid[finished].numpy(), fresh_from.numpy(), len(similarity))
+    return torch.from_numpy(first), torch.from_numpy(ap)
+
+
+def block_scores(scores: list[torch.Tensor], similarity: list[torch.Tensor], index: torch.Tensor, valid: torch.Tensor,
+                 n: int, fresh_from: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`positive_scores` of a block of queries whose similarities to the whole gallery are ``scores`` (per
+    version, ``(rows, n)``: a block of a ranking in memory). On CPU each row is counted and scored in one compiled
+    pass, :func:`benchmarks.ranking.cpu.rank_rows` (the same counts as :func:`items_above`, the same scores as
+    :func:`positive_scores`); elsewhere :func:`positive_scores` counts with :func:`items_above`."""
+    if not compiled_counting(index.device) or index.shape[1] == 0:
+        return positive_scores(similarity, index, valid, n, fresh_from, steps,
+                               partial(items_above, scores, fresh_from=fresh_from, steps=steps))
+    thresholds, placed, owner = sorted_thresholds(similarity, index, valid)
+    padded = F.pad(thresholds.float(), (0, 1), value=float("inf"))
+    first, ap = ranking_cpu.rank_rows(scores[0].numpy(), scores[-1].numpy(), padded.numpy(), owner.numpy(),
+                                      placed.numpy(), index.numpy(), valid.numpy(),
+                                      fresh_from.clamp(max=steps).int().numpy(), steps,
+                                      ranking_cpu.buckets_for(thresholds.shape[1]), len(scores))
     return torch.from_numpy(first), torch.from_numpy(ap)
 
 

@@ -364,11 +364,12 @@ def test_the_vectorised_counting_of_a_streamed_gallery_equals_the_compiled_one(m
 
 @pytest.mark.parametrize("exclude_self", [True, False])
 def test_the_compiled_scores_of_the_ranks_equal_the_tensor_operations(monkeypatch, exclude_self):
-    """:func:`benchmarks.ranking.cpu.rank_scores` (the CPU's summary of each positive's rank) against the tensor
-    operations of :func:`benchmarks.ranking.counting.positive_ranks` and ``summarise_ranks`` (the GPU's path, run on
-    the CPU): in memory, a ranking and a backfilling curve of three orders with duplicates in both versions (ties)
-    and an unmatched query give every query the same first rank at every step, and APs and AP@Rs within 1e-12 (the
-    compiled loop sums each AP in rank order, the tensor sum in its own, so the last bit may differ)."""
+    """:func:`benchmarks.ranking.cpu.rank_rows` (the CPU's pass over each row of a block in memory: its counts and
+    the summary of each positive's rank) against :func:`benchmarks.ranking.counting.items_above_vectorised`,
+    ``positive_ranks`` and ``summarise_ranks`` (the GPU's tensor operations, run on the CPU): a ranking and a
+    backfilling curve of three orders with duplicates in both versions (ties) and an unmatched query give every query
+    the same first rank at every step, and APs and AP@Rs within 1e-12 (the compiled loop sums each AP in rank order,
+    the tensor sum in its own, so the last bit may differ)."""
     x, y = clusters_with_duplicates(seed=11)
     stale = x + 0.8 * torch.tensor(np.random.default_rng(12).normal(size=x.shape), dtype=torch.float32)
     stale[10::10] = stale[9:-1:10]
