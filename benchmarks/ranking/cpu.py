@@ -93,10 +93,12 @@ def count_items(count: np.ndarray, fresh: np.ndarray, stale: np.ndarray, thresho
     ``index``: ``(E, n)`` the items' gallery indices, E being 1 (every row compares the same items, a chunk of the
     gallery) or ``rows`` (each row its own, :func:`screen`'s candidates). An item equal to a threshold moves one
     count from that threshold's cell to the next when its gallery index is lower than the threshold's positive's
-    (the stable sort's tie-break). Counts add up over blocks of items.
+    (the stable sort's tie-break). Counts add up over blocks of items. Items below every threshold (place 0) are
+    not counted: they come after every positive, and :func:`finish` reads only the cells from place 1 up.
 
-    Each row's items are bucketed in one loop (vectorised), placed in a second (noting the few equal to a threshold)
-    and counted in a third, so each loop stays short; indices are unsigned, which spares numba's checks for negative
+    Each row's items below its least threshold (most of a gallery: the other classes) are dropped in a first loop,
+    without a branch; the others are bucketed in a second, placed in a third (noting the few equal to a threshold)
+    and counted in a fourth, so each loop stays short; indices are unsigned, which spares numba's checks for negative
     ones."""
     rows = len(fresh)
     for r in numba.prange(rows):
@@ -118,18 +120,25 @@ def count_row(cells: np.ndarray, fresh: np.ndarray, stale: np.ndarray, thr: np.n
     top = np.float32(buckets - 1)
     one = np.uint64(1)
     low, high, scale = span[0], span[1], span[2]
+    lowest = thr[0]
+    kept = np.empty(n, dtype=np.uint32)
     bucket = np.empty(n, dtype=np.uint32)
     place = np.empty(n, dtype=np.uint32)
     tied = np.empty(n, dtype=np.uint32)
     for version in range(versions):
         block = fresh if version == 0 else stale
         version_cells = cells[version]
+        count = 0
         for item in range(n):
-            bucket[item] = bucket_of(block[item], low, high, scale, top)
+            kept[count] = item
+            count += block[item] >= lowest
+        for k in range(count):
+            bucket[k] = bucket_of(block[kept[k]], low, high, scale, top)
         ties = 0
-        for item in range(n):
+        for k in range(count):
+            item = kept[k]
             value = block[item]
-            b = np.uint64(bucket[item])
+            b = np.uint64(bucket[k])
             at = np.uint64(first[b])
             at += np.uint64(thr[at] < value)
             at += np.uint64(thr[at] < value)
@@ -141,16 +150,17 @@ def count_row(cells: np.ndarray, fresh: np.ndarray, stale: np.ndarray, thr: np.n
                         at = middle + one
                     else:
                         end = middle
-            place[item] = at
-            tied[ties] = item
+            place[k] = at
+            tied[ties] = k
             ties += thr[at] == value
         for c in range(curves):
             turns, cell = entries[c], version_cells[c]
-            for item in range(n):
-                cell[turns[item], place[item] + 1] += 1
-        for k in range(ties):
-            item = tied[k]
-            at, value = place[item], block[item]
+            for k in range(count):
+                cell[turns[kept[k]], place[k] + 1] += 1
+        for j in range(ties):
+            k = tied[j]
+            item = kept[k]
+            at, value = place[k], block[item]
             while at < m and thr[at] == value:
                 if items[item] < own[at]:
                     for c in range(curves):
