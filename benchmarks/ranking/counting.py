@@ -145,10 +145,16 @@ def sorted_thresholds(similarity: list[torch.Tensor], index: torch.Tensor, valid
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(thresholds, placed, owner)``, each ``(rows, V * P)``: every row's positives' similarities of its ``V``
     versions (``similarity``; +inf for padding) in ascending order, where each came from (``version * P + slot``)
-    and its positive's gallery index."""
+    and its positive's gallery index. Equal thresholds may come in any order (the counts break their ties by the
+    positives' gallery indices): on CPU numpy's sort orders them, 3 to 4 times as fast as torch's on rows of a few
+    hundred (its vectorised quicksort), elsewhere torch's."""
     width = index.shape[1]
     own = torch.cat([torch.where(valid, version, float("inf")) for version in similarity], dim=1)
-    thresholds, placed = own.sort(dim=1)
+    if own.device.type == "cpu":
+        placed = torch.from_numpy(np.argsort(own.numpy(), axis=1))
+        thresholds = own.gather(1, placed)
+    else:
+        thresholds, placed = own.sort(dim=1)
     return thresholds, placed, index.gather(1, placed % width)
 
 
