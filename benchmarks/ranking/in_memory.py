@@ -12,7 +12,12 @@ from .counting import LabelIndex, block_scores
 from .scores import RetrievalScores, as_scores
 
 CHUNK_ELEMENTS = 1 << 24
-"""The most query x gallery similarities of one block of an in-memory ranking, by default (float32: 64 MB)."""
+"""The most query x gallery similarities of one block of an in-memory ranking off the CPU, by default (float32:
+64 MB; the vectorised counting's temporaries are several times as large)."""
+CPU_CHUNK_ELEMENTS = 1 << 25
+"""The same on CPU (float32: 128 MB per gallery version): numpy's product packs the whole gallery again for every
+block, so blocks of twice the rows took 14 % less time per ranking at 50,000 x 512 (docs/adapters.md, "Cost of a
+study"); each row's counts are the compiled pass's own, not the block's."""
 
 
 def ranked(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torch.Tensor, stale: torch.Tensor | None,
@@ -42,7 +47,7 @@ def ranked_blocks(queries: torch.Tensor, query_labels: torch.Tensor, fresh: torc
     n, curves = len(fresh), len(fresh_from)
     by_label = LabelIndex(gallery_labels)
     thresholds = len(versions) * by_label.largest + 1
-    chunk_elements = chunk_elements or CHUNK_ELEMENTS
+    chunk_elements = chunk_elements or (CPU_CHUNK_ELEMENTS if device.type == "cpu" else CHUNK_ELEMENTS)
     rows = max(1, min(chunk_elements // max(n, 1), chunk_elements // (curves * (steps + 1) * thresholds)))
     first = torch.zeros(curves, steps, len(q), dtype=torch.long)
     ap = torch.full((2, curves, steps, len(q)), float("nan"), dtype=torch.float64)
