@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=50000)
     parser.add_argument("--dim", type=int, default=1280)
     parser.add_argument("--classes", type=int, default=100)
-    parser.add_argument("--chunk-elements", type=int, default=1 << 24)
+    parser.add_argument("--chunk-elements", type=int, help="similarities per block (default: the ranking's own)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

@@ -52,9 +52,10 @@ is only known to be beyond it, so the full mAP is not given (None) and CMC stops
 100,000 items (docs/scale-out.md).
 
 Every score is in percent; precisions are summed in float64, so chunking changes no digit that matters. The
-queries are processed in blocks of at most ``chunk_elements`` query x gallery entries (:data:`CHUNK_ELEMENTS` in
-memory, :data:`STREAMED_ELEMENTS` streamed, by default; ``python -m tools.bench_ranking`` and ``python -m
-tools.bench_adapt_study`` measure time and peak memory). On CPU the similarities are numpy's float32 matrix
+queries are processed in blocks of at most ``chunk_elements`` query x gallery entries (by default
+:data:`~benchmarks.ranking.in_memory.CPU_CHUNK_ELEMENTS` in memory on CPU, :data:`CHUNK_ELEMENTS` in memory
+elsewhere, :data:`STREAMED_ELEMENTS` streamed; ``python -m tools.bench_ranking`` measures time and peak memory,
+``python -m tools.bench_adapt_study`` a whole study's time). On CPU the similarities are numpy's float32 matrix
 products (its OpenBLAS ran at about 200 GFLOPS on 2 cores where torch's MKL ran at 170: docs/scale-out.md).
 """
 from __future__ import annotations

@@ -3,8 +3,10 @@ the similarities, the gallery grouped by label, the positives' own products, and
 positive, by the compiled CPU kernel (:mod:`benchmarks.ranking.cpu`) or in tensor operations elsewhere."""
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import numba
 import numpy as np
@@ -14,11 +16,15 @@ import torch.nn.functional as F
 from . import cpu as ranking_cpu
 
 
-def similarities(queries: torch.Tensor, gallery: torch.Tensor) -> torch.Tensor:
-    """``queries @ gallery.T``; on CPU numpy's float32 product (module docstring), elsewhere torch's."""
+def similarities(queries: torch.Tensor, gallery: torch.Tensor, out: np.ndarray | None = None) -> torch.Tensor:
+    """``queries @ gallery.T``; on CPU numpy's float32 product (module docstring), written into ``out`` when given
+    (float32, ``(rows, n)`` or more rows: its first rows are used), elsewhere torch's. A buffer reused from block to
+    block spares the product a fresh allocation of every block, whose pages the system would map and zero first (a
+    quarter of the product's time at 335 x 50,000 x 512 on 2 cores); the figures are the same to the bit."""
     if queries.device.type != "cpu" or queries.dtype != torch.float32 or gallery.dtype != torch.float32:
         return queries @ gallery.t()
-    return torch.from_numpy(queries.detach().numpy() @ gallery.detach().numpy().T)
+    target = None if out is None else out[:len(queries)]
+    return torch.from_numpy(np.matmul(queries.detach().numpy(), gallery.detach().numpy().T, out=target))
 
 
 class LabelIndex:
@@ -96,6 +102,62 @@ def fill_positives(similarity: torch.Tensor, block: torch.Tensor, rows: torch.Te
                                                                           pairs.item[inside] - start)
 
 
+def positive_scores(similarity: list[torch.Tensor], index: torch.Tensor, valid: torch.Tensor, n: int,
+                    fresh_from: torch.Tensor, steps: int,
+                    count_above: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], finished: slice = slice(None)
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's first rank ``(curves, steps, rows)`` (0 without a positive) and its AP and AP@R stacked ``(2,
+    curves, steps, rows)`` (NaN without a positive), for the rows ``finished``, at every step of every curve: the
+    ranks of :func:`positive_ranks` summarised by :func:`summarise_ranks`. On CPU (:func:`compiled_counting`) one
+    compiled pass, :func:`benchmarks.ranking.cpu.rank_scores`, reads each positive's rank from the items above it
+    and sums the precisions, without the ranks' tensor (``(curves, steps, rows, P)``, sorted along P) that the
+    tensor operations build; its AP sums its terms in rank order, so an AP may differ from theirs in the last bit
+    (``tests/benchmarks/test_ranking.py``)."""
+    if not compiled_counting(index.device) or index.shape[1] == 0:
+        return summarise_ranks(*positive_ranks(similarity, index, valid, n, fresh_from, steps, count_above,
+                                               finished))
+    thresholds, placed, owner = sorted_thresholds(similarity, index, valid)
+    above = count_above(thresholds, owner)
+    first, ap = ranking_cpu.rank_scores(above.numpy(), placed[finished].numpy(), index[finished].numpy(),
+                                        valid[finished].numpy(), fresh_from.numpy(), len(similarity))
+    return torch.from_numpy(first), torch.from_numpy(ap)
+
+
+def block_scores(scores: list[torch.Tensor], similarity: list[torch.Tensor], index: torch.Tensor, valid: torch.Tensor,
+                 n: int, fresh_from: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`positive_scores` of a block of queries whose similarities to the whole gallery are ``scores`` (per
+    version, ``(rows, n)``: a block of a ranking in memory). On CPU each row is counted and scored in one compiled
+    pass, :func:`benchmarks.ranking.cpu.rank_rows` (the same counts as :func:`items_above`, the same scores as
+    :func:`positive_scores`); elsewhere :func:`positive_scores` counts with :func:`items_above`."""
+    if not compiled_counting(index.device) or index.shape[1] == 0:
+        return positive_scores(similarity, index, valid, n, fresh_from, steps,
+                               partial(items_above, scores, fresh_from=fresh_from, steps=steps))
+    thresholds, placed, owner = sorted_thresholds(similarity, index, valid)
+    padded = F.pad(thresholds.float(), (0, 1), value=float("inf"))
+    first, ap = ranking_cpu.rank_rows(scores[0].numpy(), scores[-1].numpy(), padded.numpy(), owner.numpy(),
+                                      placed.numpy(), index.numpy(), valid.numpy(),
+                                      fresh_from.clamp(max=steps).int().numpy(), steps,
+                                      ranking_cpu.buckets_for(thresholds.shape[1]), len(scores))
+    return torch.from_numpy(first), torch.from_numpy(ap)
+
+
+def sorted_thresholds(similarity: list[torch.Tensor], index: torch.Tensor, valid: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(thresholds, placed, owner)``, each ``(rows, V * P)``: every row's positives' similarities of its ``V``
+    versions (``similarity``; +inf for padding) in ascending order, where each came from (``version * P + slot``)
+    and its positive's gallery index. Equal thresholds may come in any order (the counts break their ties by the
+    positives' gallery indices): on CPU numpy's sort orders them, 3 to 4 times as fast as torch's on rows of a few
+    hundred (its vectorised quicksort), elsewhere torch's."""
+    width = index.shape[1]
+    own = torch.cat([torch.where(valid, version, float("inf")) for version in similarity], dim=1)
+    if own.device.type == "cpu":
+        placed = torch.from_numpy(np.argsort(own.numpy(), axis=1))
+        thresholds = own.gather(1, placed)
+    else:
+        thresholds, placed = own.sort(dim=1)
+    return thresholds, placed, index.gather(1, placed % width)
+
+
 def positive_ranks(similarity: list[torch.Tensor], index: torch.Tensor, valid: torch.Tensor, n: int,
                    fresh_from: torch.Tensor, steps: int,
                    count_above: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], finished: slice = slice(None)
@@ -114,11 +176,10 @@ def positive_ranks(similarity: list[torch.Tensor], index: torch.Tensor, valid: t
         counts = valid[finished].sum(dim=1)
         return torch.zeros(curves, steps, len(counts), 0, dtype=torch.long, device=device), counts
     rows = len(index)
-    own = torch.cat([torch.where(valid, version, float("inf")) for version in similarity], dim=1)
-    thresholds, placed = own.sort(dim=1)
+    thresholds, placed, owner = sorted_thresholds(similarity, index, valid)
     position = torch.empty_like(placed).scatter_(1, placed, torch.arange(placed.shape[1], device=device)
                                                  .expand(rows, -1).contiguous())
-    above = count_above(thresholds, index[torch.arange(rows, device=device)[:, None], placed % width])
+    above = count_above(thresholds, owner)
     index, valid, position = index[finished], valid[finished], position[finished]
     rows, counts = len(index), valid.sum(dim=1)
     is_fresh = fresh_from[:, index][:, :, None, :] <= torch.arange(steps, device=device)[None, None, :, None]
@@ -172,14 +233,34 @@ def numba_threads_as_torch() -> None:
     torch.set_num_threads(threads)
 
 
+@contextlib.contextmanager
+def bookkeeping_on_one_thread(device: torch.device) -> Iterator[None]:
+    """On CPU, the compiled kernels on as many threads as torch uses (:func:`numba_threads_as_torch`; numpy's
+    product has its own), and torch's own operations on one thread until the block is left, then on as many as
+    before. In a ranking in memory torch only keeps the books of each block of queries (its positives, their
+    similarities and thresholds: tensors of a few hundred thousand entries), where a second thread costs more in
+    synchronisation than it saves: on 2 cores shared with other work, a block's positives took 10 times as long on
+    2 threads as on 1 (docs/adapters.md, "Cost of a study")."""
+    if device.type != "cpu":
+        yield
+        return
+    numba_threads_as_torch()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class ItemCounter:
     """The CPU kernel's counts for one block of queries (:mod:`benchmarks.ranking.cpu`): the thresholds' bucket
     table made once, blocks of gallery items added (:meth:`add`), and the items above each positive read at the end
-    (:meth:`items_above`), on as many threads as torch uses."""
+    (:meth:`items_above`), on the threads numba was given (:func:`numba_threads_as_torch`, by the ranking that counts:
+    :func:`bookkeeping_on_one_thread` in memory)."""
 
     def __init__(self, thresholds: torch.Tensor, owner: torch.Tensor, versions: int, fresh_from: torch.Tensor,
                  steps: int) -> None:
-        numba_threads_as_torch()
         m = thresholds.shape[1]
         self.thresholds = F.pad(thresholds.float(), (0, 1), value=float("inf")).numpy()
         self.owner = owner.contiguous().numpy()

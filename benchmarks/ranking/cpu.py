@@ -1,8 +1,10 @@
 """The CPU kernels of :func:`benchmarks.ranking.counting.items_above`: how many gallery items come before each positive,
 at every step of every backfilling curve, in one pass over each block row (docs/METHODS.md §7b; the counting is the
 ranking module's docstring, "How the ranks are found without sorting rows"). :func:`count_items` adds a block of
-gallery items to per-row counts, so a gallery streamed in chunks is counted chunk by chunk, and :func:`finish` turns
-the counts into the items above each positive once.
+gallery items to per-row counts, so a gallery streamed in chunks is counted chunk by chunk, :func:`finish` turns
+the counts into the items above each positive once, and :func:`rank_scores` reads each query's first rank, AP and
+AP@R from them. A block ranked against the whole gallery at once (in memory) takes each row through all four
+stages in one pass, :func:`rank_rows`; each stage is a function of one row that both ways share.
 
 **How an item finds its place among a row's thresholds** (its positives' similarities, ascending): by a bucket
 table, not a binary search. :func:`bucket_table` cuts the span of the row's finite thresholds into
@@ -43,31 +45,38 @@ def bucket_of(value: float, low: float, high: float, scale: float, top: float) -
 def bucket_table(thresholds: np.ndarray, buckets: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
     """``(starts, span)``: ``starts[row, b]`` the first threshold of bucket ``b`` of ``row`` (``starts[row,
     buckets]`` = m), and ``span[row]`` its ``(low, high, scale)`` in float32, from ``thresholds`` ``(rows, m)``
-    ascending float32 (module docstring)."""
-    rows, m = thresholds.shape
+    ascending float32 (module docstring; :func:`bucket_row` for each row)."""
+    rows = len(thresholds)
     starts = np.empty((rows, buckets + 1), dtype=np.int32)
     span = np.zeros((rows, 3), dtype=np.float32)
-    top = np.float32(buckets - 1)
     for r in numba.prange(rows):
-        thr = thresholds[r]
-        low, high = np.inf, -np.inf
-        for i in range(m):
-            if np.isfinite(thr[i]):
-                low, high = min(low, thr[i]), max(high, thr[i])
-        if not high >= low:
-            low, high = 0.0, 0.0
-        span[r, 0], span[r, 1] = low, high
-        span[r, 2] = min(buckets / (np.float64(high) - np.float64(low)), 1e30) if high > low else 0.0
-        b = 0
-        for i in range(m):
-            value = bucket_of(thr[i], span[r, 0], span[r, 1], span[r, 2], top)
-            while b <= value:
-                starts[r, b] = i
-                b += 1
-        while b <= buckets:
-            starts[r, b] = m
-            b += 1
+        bucket_row(thresholds[r], starts[r], span[r])
     return starts, span
+
+
+@numba.njit(cache=True, nogil=True)
+def bucket_row(thr: np.ndarray, starts: np.ndarray, span: np.ndarray) -> None:  # pragma: no cover - compiled
+    """One row of :func:`bucket_table`: ``starts`` ``(buckets + 1,)`` and ``span`` ``(3,)`` of the ascending
+    thresholds ``thr``."""
+    m, buckets = len(thr), len(starts) - 1
+    top = np.float32(buckets - 1)
+    low, high = np.inf, -np.inf
+    for i in range(m):
+        if np.isfinite(thr[i]):
+            low, high = min(low, thr[i]), max(high, thr[i])
+    if not high >= low:
+        low, high = 0.0, 0.0
+    span[0], span[1] = low, high
+    span[2] = min(buckets / (np.float64(high) - np.float64(low)), 1e30) if high > low else 0.0
+    b = 0
+    for i in range(m):
+        value = bucket_of(thr[i], span[0], span[1], span[2], top)
+        while b <= value:
+            starts[b] = i
+            b += 1
+    while b <= buckets:
+        starts[b] = m
+        b += 1
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)
@@ -84,60 +93,80 @@ def count_items(count: np.ndarray, fresh: np.ndarray, stale: np.ndarray, thresho
     ``index``: ``(E, n)`` the items' gallery indices, E being 1 (every row compares the same items, a chunk of the
     gallery) or ``rows`` (each row its own, :func:`screen`'s candidates). An item equal to a threshold moves one
     count from that threshold's cell to the next when its gallery index is lower than the threshold's positive's
-    (the stable sort's tie-break). Counts add up over blocks of items.
+    (the stable sort's tie-break). Counts add up over blocks of items. Items below every threshold (place 0) are
+    not counted: they come after every positive, and :func:`finish` reads only the cells from place 1 up.
 
-    Each row's items are bucketed in one loop (vectorised), placed in a second (noting the few equal to a threshold)
-    and counted in a third, so each loop stays short; indices are unsigned, which spares numba's checks for negative
+    Each row's items below its least threshold (most of a gallery: the other classes) are dropped in a first loop,
+    without a branch; the others are bucketed in a second, placed in a third (noting the few equal to a threshold)
+    and counted in a fourth, so each loop stays short; indices are unsigned, which spares numba's checks for negative
     ones."""
-    rows, n = fresh.shape
-    curves = entry.shape[1]
-    m = thresholds.shape[1] - 1
-    buckets = starts.shape[1] - 1
+    rows = len(fresh)
+    for r in numba.prange(rows):
+        entries, items = (entry[r], index[r]) if len(index) > 1 else (entry[0], index[0])
+        count_row(count[r], fresh[r], stale[r], thresholds[r], owner[r], starts[r], span[r], entries, items, versions)
+
+
+@numba.njit(cache=True, nogil=True)
+def count_row(cells: np.ndarray, fresh: np.ndarray, stale: np.ndarray, thr: np.ndarray, own: np.ndarray,
+              first: np.ndarray, span: np.ndarray, entries: np.ndarray, items: np.ndarray,
+              versions: int) -> None:  # pragma: no cover - compiled
+    """One row of :func:`count_items`: its ``cells`` ``(versions, curves, steps + 1, m + 2)``, similarities
+    ``fresh`` and ``stale`` ``(n,)``, thresholds ``thr`` ``(m + 1,)``, their positives ``own``, its bucket table
+    (``first``, ``span``), and the items' ``entries`` ``(curves, n)`` and gallery indices ``items`` ``(n,)``."""
+    n = len(fresh)
+    curves = entries.shape[0]
+    m = len(thr) - 1
+    buckets = len(first) - 1
     top = np.float32(buckets - 1)
     one = np.uint64(1)
-    for r in numba.prange(rows):
-        thr, own, first = thresholds[r], owner[r], starts[r]
-        low, high, scale = span[r, 0], span[r, 1], span[r, 2]
-        entries, items = (entry[r], index[r]) if len(index) > 1 else (entry[0], index[0])
-        bucket = np.empty(n, dtype=np.uint32)
-        place = np.empty(n, dtype=np.uint32)
-        tied = np.empty(n, dtype=np.uint32)
-        for version in range(versions):
-            block = fresh[r] if version == 0 else stale[r]
-            cells = count[r, version]
-            for item in range(n):
-                bucket[item] = bucket_of(block[item], low, high, scale, top)
-            ties = 0
-            for item in range(n):
-                value = block[item]
-                b = np.uint64(bucket[item])
-                at = np.uint64(first[b])
-                at += np.uint64(thr[at] < value)
-                at += np.uint64(thr[at] < value)
-                if thr[at] < value:
-                    end = np.uint64(first[b + one])
-                    while at < end:
-                        middle = (at + end) >> one
-                        if thr[middle] < value:
-                            at = middle + one
-                        else:
-                            end = middle
-                place[item] = at
-                tied[ties] = item
-                ties += thr[at] == value
-            for c in range(curves):
-                turns, cell = entries[c], cells[c]
-                for item in range(n):
-                    cell[turns[item], place[item] + 1] += 1
-            for k in range(ties):
-                item = tied[k]
-                at, value = place[item], block[item]
-                while at < m and thr[at] == value:
-                    if items[item] < own[at]:
-                        for c in range(curves):
-                            cells[c, entries[c, item], at + 2] += 1
-                            cells[c, entries[c, item], at + 1] -= 1
-                    at += 1
+    low, high, scale = span[0], span[1], span[2]
+    lowest = thr[0]
+    kept = np.empty(n, dtype=np.uint32)
+    bucket = np.empty(n, dtype=np.uint32)
+    place = np.empty(n, dtype=np.uint32)
+    tied = np.empty(n, dtype=np.uint32)
+    for version in range(versions):
+        block = fresh if version == 0 else stale
+        version_cells = cells[version]
+        count = 0
+        for item in range(n):
+            kept[count] = item
+            count += block[item] >= lowest
+        for k in range(count):
+            bucket[k] = bucket_of(block[kept[k]], low, high, scale, top)
+        ties = 0
+        for k in range(count):
+            item = kept[k]
+            value = block[item]
+            b = np.uint64(bucket[k])
+            at = np.uint64(first[b])
+            at += np.uint64(thr[at] < value)
+            at += np.uint64(thr[at] < value)
+            if thr[at] < value:
+                end = np.uint64(first[b + one])
+                while at < end:
+                    middle = (at + end) >> one
+                    if thr[middle] < value:
+                        at = middle + one
+                    else:
+                        end = middle
+            place[k] = at
+            tied[ties] = k
+            ties += thr[at] == value
+        for c in range(curves):
+            turns, cell = entries[c], version_cells[c]
+            for k in range(count):
+                cell[turns[kept[k]], place[k] + 1] += 1
+        for j in range(ties):
+            k = tied[j]
+            item = kept[k]
+            at, value = place[k], block[item]
+            while at < m and thr[at] == value:
+                if items[item] < own[at]:
+                    for c in range(curves):
+                        version_cells[c, entries[c, item], at + 2] += 1
+                        version_cells[c, entries[c, item], at + 1] -= 1
+                at += 1
 
 
 @numba.njit(inline="always")
@@ -280,26 +309,134 @@ def finish(count: np.ndarray, steps: int) -> np.ndarray:  # pragma: no cover - c
     """``(curves, rows, steps, m)``: the items above each threshold at each step, from :func:`count_items`'s
     ``count``: a suffix sum over places turns counts into items above; fresh items count at the steps t >= entry,
     stale ones at t < entry."""
-    rows, versions, curves = count.shape[0], count.shape[1], count.shape[2]
-    m = count.shape[4] - 2
+    rows, curves, m = count.shape[0], count.shape[2], count.shape[4] - 2
     above = np.zeros((curves, rows, steps, m), dtype=np.int64)
     for r in numba.prange(rows):
-        cells = count[r].copy()
-        for version in range(versions):
-            for c in range(curves):
-                for e in range(steps + 1):
-                    for k in range(m, -1, -1):
-                        cells[version, c, e, k] += cells[version, c, e, k + 1]
-        for c in range(curves):
-            for i in range(m):
-                stale_above = 0
-                if versions > 1:
-                    for e in range(steps + 1):
-                        stale_above += cells[1, c, e, i + 2]
-                fresh_above = 0
-                for t in range(steps):
-                    fresh_above += cells[0, c, t, i + 2]
-                    if versions > 1:
-                        stale_above -= cells[1, c, t, i + 2]
-                    above[c, r, t, i] = fresh_above + stale_above
+        finish_row(count[r].copy(), steps, above[:, r])
     return above
+
+
+@numba.njit(cache=True, nogil=True)
+def finish_row(cells: np.ndarray, steps: int, above: np.ndarray) -> None:  # pragma: no cover - compiled
+    """One row of :func:`finish`: its ``cells`` ``(versions, curves, steps + 1, m + 2)`` (summed in place) into its
+    ``above`` ``(curves, steps, m)``."""
+    versions, curves, m = cells.shape[0], cells.shape[1], cells.shape[3] - 2
+    for version in range(versions):
+        for c in range(curves):
+            for e in range(steps + 1):
+                for k in range(m, -1, -1):
+                    cells[version, c, e, k] += cells[version, c, e, k + 1]
+    for c in range(curves):
+        for i in range(m):
+            stale_above = 0
+            if versions > 1:
+                for e in range(steps + 1):
+                    stale_above += cells[1, c, e, i + 2]
+            fresh_above = 0
+            for t in range(steps):
+                fresh_above += cells[0, c, t, i + 2]
+                if versions > 1:
+                    stale_above -= cells[1, c, t, i + 2]
+                above[c, t, i] = fresh_above + stale_above
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def rank_scores(above: np.ndarray, placed: np.ndarray, index: np.ndarray, valid: np.ndarray, entry: np.ndarray,
+                versions: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """``(first, ap)``: each row's first rank ``(curves, steps, rows)`` (0 without a positive) and its AP and AP@R
+    ``(2, curves, steps, rows)`` (NaN without a positive; docs/METHODS.md §7b), from :func:`finish`'s ``above``
+    ``(curves, rows, steps, m)``, the items before each of the row's thresholds in ascending order; ``placed``
+    ``(rows, m)``: the ``version * P + slot`` of each threshold, the slot's positive being gallery item ``index[row,
+    slot]`` where ``valid`` ``(rows, P)``; item j is fresh at the steps t >= ``entry[curve, j]`` (:func:`score_row`
+    for each row)."""
+    curves, rows, steps = above.shape[0], above.shape[1], above.shape[2]
+    first = np.zeros((curves, steps, rows), dtype=np.int64)
+    ap = np.full((2, curves, steps, rows), np.nan)
+    for r in numba.prange(rows):
+        score_row(above[:, r], placed[r], index[r], valid[r], entry, versions, first[:, :, r], ap[:, :, :, r])
+    return first, ap
+
+
+@numba.njit(cache=True, nogil=True)
+def score_row(above: np.ndarray, placed: np.ndarray, index: np.ndarray, valid: np.ndarray, entry: np.ndarray,
+              versions: int, first: np.ndarray, ap: np.ndarray) -> None:  # pragma: no cover - compiled
+    """One row of :func:`rank_scores`: from its ``above`` ``(curves, steps, m)``, ``placed`` ``(m,)``, ``index`` and
+    ``valid`` ``(P,)``, its ``first`` ``(curves, steps)`` and ``ap`` ``(2, curves, steps)``, left as they are
+    (0, NaN) without a positive.
+
+    At each step a positive's rank is one more than the items above the threshold of the version it has then. Taken
+    from the largest threshold down, those ranks ascend, since every item above a positive is above any positive of
+    a lower similarity, and so is that positive itself; only positives of equal similarity, which the tie-break by
+    gallery index orders, may come out of order, and an insertion keeps the list sorted. AP = (1/P) Σ_j j / r_j over
+    the sorted ranks r_j, AP@R the same sum over r_j <= P."""
+    curves, steps, m = above.shape
+    width = len(index)
+    count = 0
+    for s in range(width):
+        count += valid[s]
+    if count == 0:
+        return
+    thresholds = versions * count
+    taken = np.empty(thresholds, dtype=np.int64)
+    fresh_version = np.empty(thresholds, dtype=np.bool_)
+    turns = np.empty((curves, thresholds), dtype=np.int64)
+    k = 0
+    for i in range(m - 1, -1, -1):
+        slot = placed[i] % width
+        if valid[slot]:
+            taken[k], fresh_version[k] = i, placed[i] < width
+            for c in range(curves):
+                turns[c, k] = entry[c, index[slot]]
+            k += 1
+            if k == thresholds:
+                break
+    ranks = np.empty(count, dtype=np.int64)
+    for c in range(curves):
+        for t in range(steps):
+            k = 0
+            for j in range(thresholds):
+                if versions > 1 and fresh_version[j] != (turns[c, j] <= t):
+                    continue
+                rank = above[c, t, taken[j]] + 1
+                at = k
+                while at > 0 and ranks[at - 1] > rank:
+                    ranks[at] = ranks[at - 1]
+                    at -= 1
+                ranks[at] = rank
+                k += 1
+            total, within = 0.0, 0.0
+            for j in range(count):
+                precision = (j + 1) / ranks[j]
+                total += precision
+                if ranks[j] <= count:
+                    within += precision
+            first[c, t] = ranks[0]
+            ap[0, c, t] = total / count
+            ap[1, c, t] = within / count
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def rank_rows(fresh: np.ndarray, stale: np.ndarray, thresholds: np.ndarray, owner: np.ndarray, placed: np.ndarray,
+              index: np.ndarray, valid: np.ndarray, entry: np.ndarray, steps: int, buckets: int,
+              versions: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """:func:`rank_scores` of a block of queries ranked against the whole gallery, whose similarities are ``fresh``
+    and ``stale`` ``(rows, n)``, each row taken through :func:`bucket_row`, :func:`count_row`, :func:`finish_row`
+    and :func:`score_row` in one pass, its counts in a buffer of its own (``thresholds``, ``owner``: as
+    :func:`count_items` takes them; ``entry`` ``(curves, n)``; ``buckets``: :func:`buckets_for` the thresholds): one
+    start of the threads per block instead of one per stage, and no block-sized array of counts between the stages
+    (a threads' start costs milliseconds on cores shared with other work)."""
+    rows, n = fresh.shape
+    curves, m = entry.shape[0], thresholds.shape[1] - 1
+    first = np.zeros((curves, steps, rows), dtype=np.int64)
+    ap = np.full((2, curves, steps, rows), np.nan)
+    items = np.arange(n)
+    for r in numba.prange(rows):
+        starts = np.empty(buckets + 1, dtype=np.int32)
+        span = np.zeros(3, dtype=np.float32)
+        bucket_row(thresholds[r, :m], starts, span)
+        cells = np.zeros((versions, curves, steps + 1, m + 2), dtype=np.int32)
+        count_row(cells, fresh[r], stale[r], thresholds[r], owner[r], starts, span, entry, items, versions)
+        above = np.empty((curves, steps, m), dtype=np.int64)
+        finish_row(cells, steps, above)
+        score_row(above, placed[r], index[r], valid[r], entry, versions, first[:, :, r], ap[:, :, :, r])
+    return first, ap

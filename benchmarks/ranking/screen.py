@@ -13,7 +13,7 @@ from cl2r_bench.distributed import Processes
 
 from ..gallery_rows import GalleryRows
 from . import cpu as ranking_cpu
-from .counting import ItemCounter, LabelIndex, PositivePairs, fill_positives
+from .counting import ItemCounter, LabelIndex, PositivePairs, fill_positives, numba_threads_as_torch
 from .scores import CMC_DEPTH
 
 SCREEN_ROOM, SCREEN_SLACK = 4, 8192
@@ -108,6 +108,7 @@ def screened_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, score
     lies below the screen's depth at every step (:func:`screen_candidates`), so the counts are exact for every
     positive within that many places and more than that for any other. Processes that share the gallery add
     their counts up."""
+    numba_threads_as_torch()
     counter = ItemCounter(thresholds, owner, len(scores), fresh_from, steps)
     counter.add(scores, items.numpy())
     processes.total(torch.from_numpy(counter.count))

@@ -18,8 +18,7 @@ from .counting import (
     PositivePairs,
     fill_positives,
     items_above,
-    positive_ranks,
-    summarise_ranks,
+    positive_scores,
 )
 from .in_memory import progress_bar
 from .scores import RetrievalScores, as_scores
@@ -102,8 +101,7 @@ def streamed(queries: torch.Tensor, query_labels: torch.Tensor, fresh: GalleryRo
             count_above = partial(chunked_items_above, block=block, versions=versions, items=items, own=own,
                                   pairs=pairs, similarity=similarity, fresh_from=fresh_from, steps=steps,
                                   finished=finished, advance=bar.update)
-        ranks, counts = positive_ranks(similarity, index, valid, n, fresh_from, steps, count_above, finished)
-        block_first, block_ap = summarise_ranks(ranks, counts)
+        block_first, block_ap = positive_scores(similarity, index, valid, n, fresh_from, steps, count_above, finished)
         if screen:
             block_ap[0] = float("nan")
         sizes = processes.shares(stop - start)
@@ -145,6 +143,8 @@ def chunked_items_above(thresholds: torch.Tensor, owner: torch.Tensor, *, block:
     counts up. ``advance`` is told the pairs each chunk compared."""
     rows = torch.arange(len(block), device=block.device)
     on_cpu = counting.compiled_counting(block.device)
+    if on_cpu:
+        counting.numba_threads_as_torch()
     counter = ItemCounter(thresholds, owner, len(versions), fresh_from, steps) if on_cpu else None
     above = None if on_cpu else torch.zeros(len(fresh_from), len(block), steps, thresholds.shape[1],
                                             dtype=torch.long, device=block.device)

@@ -362,6 +362,33 @@ def test_the_vectorised_counting_of_a_streamed_gallery_equals_the_compiled_one(m
             assert_same_scores(step_vectorised, step_compiled)
 
 
+@pytest.mark.parametrize("exclude_self", [True, False])
+def test_the_compiled_scores_of_the_ranks_equal_the_tensor_operations(monkeypatch, exclude_self):
+    """:func:`benchmarks.ranking.cpu.rank_rows` (the CPU's pass over each row of a block in memory: its counts and
+    the summary of each positive's rank) against :func:`benchmarks.ranking.counting.items_above_vectorised`,
+    ``positive_ranks`` and ``summarise_ranks`` (the GPU's tensor operations, run on the CPU): a ranking and a
+    backfilling curve of three orders with duplicates in both versions (ties) and an unmatched query give every query
+    the same first rank at every step, and APs and AP@Rs within 1e-12 (the compiled loop sums each AP in rank order,
+    the tensor sum in its own, so the last bit may differ)."""
+    x, y = clusters_with_duplicates(seed=11)
+    stale = x + 0.8 * torch.tensor(np.random.default_rng(12).normal(size=x.shape), dtype=torch.float32)
+    stale[10::10] = stale[9:-1:10]
+    fresh_from = torch.randint(0, 6, (3, len(x)), generator=torch.Generator().manual_seed(2))
+
+    def scores():
+        return [[retrieval_scores(stale, y, x, y, exclude_self=exclude_self, chunk_elements=900)],
+                *backfilling_scores(x, y, x, stale, y, fresh_from, 5, exclude_self=exclude_self, chunk_elements=5000)]
+
+    compiled = scores()
+    monkeypatch.setattr(counting, "compiled_counting", lambda device: False)
+    vectorised = scores()
+    assert len(compiled) == len(vectorised) == 4
+    for curve_compiled, curve_vectorised in zip(compiled, vectorised, strict=True):
+        for step_compiled, step_vectorised in zip(curve_compiled, curve_vectorised, strict=True):
+            assert_same_scores(step_compiled, step_vectorised)
+            assert step_compiled.queries_without_positive == (0 if not exclude_self else 1)
+
+
 @pytest.mark.parametrize("compiled", [True, False])
 def test_a_pairs_similarity_is_the_same_wherever_it_is_taken(monkeypatch, compiled):
     """The positives' dot products of a streamed ranking (:func:`benchmarks.ranking.pair_similarities`; the GPU's
