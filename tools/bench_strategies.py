@@ -15,8 +15,11 @@ interleaved, ``--repeats`` times; the figure per strategy is the median seconds 
   shapes matter for the time per iteration: the features are Gaussian classes. The track's learning rate (1e-3): BT²'s
   and OCA's orthogonal layers cost more as their generators grow, which the learning rate sets.
 
+A strategy may be named with settings, ``NAME:KEY=VALUE,...`` (values read as YAML), to time a variant beside
+its default: ``--strategies er bt2 bt2:orthogonal_map=cayley``.
+
     python -m tools.bench_strategies [--setting images|track] [--images N] [--epochs 2] [--repeats 3]
-                                     [--strategies er oca bt2]
+                                     [--strategies er oca bt2 bt2:orthogonal_map=cayley]
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import yaml
 
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.synthetic import make_synthetic
@@ -83,9 +87,22 @@ def on_device(data: ImageSet, device: torch.device) -> ImageSet:
     return ImageSet(data.images.to(device), data.labels.to(device))
 
 
-def task_models(name: str, setting: Setting, old_states: dict) -> tuple[RetrievalModel, RetrievalModel | None,
-                                                                         RetrievalModel | None]:
-    """``(model to train, teacher or None, independent model or None)`` of strategy ``name`` on ``setting``."""
+def strategy_variant(label: str) -> tuple[str, dict]:
+    """``(strategy name, settings)`` of a ``--strategies`` entry ``NAME`` or ``NAME:KEY=VALUE,...``."""
+    name, _, assignments = label.partition(":")
+    params = {}
+    for assignment in filter(None, assignments.split(",")):
+        key, equals, value = assignment.partition("=")
+        if not equals:
+            raise SystemExit(f"--strategies {label}: write each setting as KEY=VALUE, e.g. bt2:orthogonal_map=cayley")
+        params[key] = yaml.safe_load(value)
+    return name, params
+
+
+def task_models(name: str, params: dict, setting: Setting,
+                old_states: dict) -> tuple[RetrievalModel, RetrievalModel | None, RetrievalModel | None]:
+    """``(model to train, teacher or None, independent model or None)`` of strategy ``name`` with ``params`` on
+    ``setting``."""
     cls = get_strategy(name)
     device = setting.new.images.device
     family = "learnable" if cls.head in ("bt2", "oca") else cls.head
@@ -94,7 +111,7 @@ def task_models(name: str, setting: Setting, old_states: dict) -> tuple[Retrieva
     seen = setting.old_classes + setting.new_classes
     if setting.fresh_new_model:
         head, options = head_over(cls.head, old.head.feature_width)
-        model = build_model(head=head, num_classes=seen, head_options={**cls.from_params({}).head_options(),
+        model = build_model(head=head, num_classes=seen, head_options={**cls.from_params(params).head_options(),
                                                                        **options}, **setting.model_options)
     else:
         model = copy.deepcopy(old)
@@ -104,13 +121,15 @@ def task_models(name: str, setting: Setting, old_states: dict) -> tuple[Retrieva
     return model.to(device), old.eval() if cls.needs_teacher else None, independent
 
 
-def one_task(name: str, setting: Setting, old_states: dict, settings: TrainSettings) -> float:
-    """Seconds per iteration of one task of strategy ``name`` (set-up included)."""
+def one_task(label: str, setting: Setting, old_states: dict, settings: TrainSettings) -> float:
+    """Seconds per iteration of one task of the strategy ``label`` names (:func:`strategy_variant`; set-up
+    included)."""
+    name, params = strategy_variant(label)
     cls = get_strategy(name)
-    strategy = cls.from_params({})
+    strategy = cls.from_params(params)
     replay = setting.memory if cls.uses_memory else None
     started = time.perf_counter()
-    model, teacher, independent = task_models(name, setting, old_states)
+    model, teacher, independent = task_models(name, params, setting, old_states)
     strategy.before_task(TaskContext(index=1, num_old_classes=setting.old_classes,
                                      num_new_classes=setting.new_classes,
                                      teacher_classes=setting.old_classes if teacher is not None else 0,
@@ -131,7 +150,8 @@ def main() -> None:
                              "classes x 300, upgrade's task 1)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--strategies", nargs="+", default=None, help="default: every registered strategy")
+    parser.add_argument("--strategies", nargs="+", default=None,
+                        help="default: every registered strategy; NAME:KEY=VALUE,... times a variant")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -155,10 +175,10 @@ def main() -> None:
           f"{args.epochs} epochs, batch 128, {args.repeats} interleaved repeats, torch threads "
           f"{torch.get_num_threads()}")
     baseline = statistics.median(times["er"])
-    print(f"{'strategy':>14}  {'ms / iteration':>14}  {'ratio to er':>11}  runs (ms)")
+    print(f"{'strategy':>30}  {'ms / iteration':>14}  {'ratio to er':>11}  runs (ms)")
     for name in names:
         median = statistics.median(times[name])
-        print(f"{name:>14}  {1000 * median:14.1f}  {median / baseline:11.2f}  "
+        print(f"{name:>30}  {1000 * median:14.1f}  {median / baseline:11.2f}  "
               f"{[round(1000 * t, 1) for t in times[name]]}")
 
 
