@@ -46,20 +46,17 @@ def command_compare(args: argparse.Namespace) -> int:
     existing_folder(args.results, "; pass the results folder first")
     records, skipped = collect(args.results)
     refuse_nothing_read(skipped, bool(records), args.results)
-    if args.against_best:
-        table = against_best(result_groups(records), args.against_best, confidence=args.confidence,
-                             resamples=args.resamples)
-        if not table.rows:
-            raise UsageError(f"no scenario and data set under {args.results} holds two experiments with "
-                             f"{args.against_best}")
-        print(render([table], args.format))
-        return 0
-    if args.variants:
-        table = against_variants(experiment_groups(records), args.variants, confidence=args.confidence,
+    if args.against_best or args.variants:
+        if args.against_best:
+            table = against_best(result_groups(records), args.against_best, confidence=args.confidence,
                                  resamples=args.resamples)
+            empty = f"no scenario and data set under {args.results} holds two experiments with {args.against_best}"
+        else:
+            table = against_variants(experiment_groups(records), args.variants, confidence=args.confidence,
+                                     resamples=args.resamples)
+            empty = f"no experiment under {args.results} has a variant named <name>.<variant> with {args.variants}"
         if not table.rows:
-            raise UsageError(f"no experiment under {args.results} has a variant named <name>.<variant> with "
-                             f"{args.variants}")
+            raise UsageError(empty)
         print(render([table], args.format))
         return 0
     groups = experiment_groups(records)

@@ -307,10 +307,8 @@ def against_best(groups: dict[tuple[str, str, str], list[RunRecord]], figure: st
                 continue
             found = compare(holding[best], holding[label], confidence=confidence, resamples=resamples, memo=memo)
             main = next(d for d in found if d.figure == figure)
-            marks = " ".join(f"{d.figure} {'+' if d.verdict == 'A' else '-' if d.verdict == 'B' else '='}"
-                             for d in found)
             rows.append([scenario, dataset, best, label, main.a, main.b, main.difference, main.interval,
-                         len({r["seed"] for r in holding[label]}), marks])
+                         len({r["seed"] for r in holding[label]}), verdict_marks(found)])
     columns = (Column("scenario", "scenario", Kind.TEXT), Column("dataset", "dataset", Kind.TEXT),
                Column(f"best on {figure}", "best", Kind.TEXT), Column("experiment", "experiment", Kind.TEXT),
                Column(f"best {figure}", "best_value", digits=3), Column(figure, "value", digits=3),
@@ -319,6 +317,12 @@ def against_best(groups: dict[tuple[str, str, str], list[RunRecord]], figure: st
                Column("seeds", "seeds", Kind.INTEGER),
                Column("every figure (+ best better, - it better, = within noise)", "verdicts", Kind.TEXT))
     return Table(columns, rows)
+
+
+def verdict_marks(found: list[Difference]) -> str:
+    """Each figure of ``found`` with its verdict: ``+`` the first experiment better beyond noise, ``-`` the second,
+    ``=`` within noise."""
+    return " ".join(f"{d.figure} {'+' if d.verdict == 'A' else '-' if d.verdict == 'B' else '='}" for d in found)
 
 
 def against_variants(groups: dict[tuple[str, str, str], list[RunRecord]], figure: str, *,
@@ -338,10 +342,8 @@ def against_variants(groups: dict[tuple[str, str, str], list[RunRecord]], figure
                 continue
             found = compare(holding[variant], holding[base], confidence=confidence, resamples=resamples, memo=memo)
             main = next(d for d in found if d.figure == figure)
-            marks = " ".join(f"{d.figure} {'+' if d.verdict == 'A' else '-' if d.verdict == 'B' else '='}"
-                             for d in found)
             rows.append([scenario, dataset, base, variant, main.b, main.a, main.difference, main.interval,
-                         len({r["seed"] for r in holding[variant]}), marks])
+                         len({r["seed"] for r in holding[variant]}), verdict_marks(found)])
     columns = (Column("scenario", "scenario", Kind.TEXT), Column("dataset", "dataset", Kind.TEXT),
                Column("experiment", "experiment", Kind.TEXT), Column("variant", "variant", Kind.TEXT),
                Column(figure, "value", digits=3), Column(f"variant {figure}", "variant_value", digits=3),
