@@ -204,8 +204,19 @@ def noise_rows(records: list[RunRecord]) -> list[list[Any]]:
 
 def replacement_rows(records: list[RunRecord]) -> list[list[Any]]:
     """Each replacement model's own retrieval accuracy on the evaluation set (percent, mean over seeds, with the
-    mean Wilson interval; :data:`REPLACEMENT_COLUMNS`), for the runs that measured it."""
-    rows = []
+    mean Wilson interval; :data:`REPLACEMENT_COLUMNS`), for the runs that measured it. Experiments whose rows agree
+    in every figure (they started from the same replacement models, as a strategy's teacher arms do) share one set
+    of rows, their names joined by commas."""
+    shared: dict[tuple, list[str]] = defaultdict(list)
+    for (scenario, dataset, strategy), rows in _replacement_rows_by_experiment(records).items():
+        shared[(scenario, dataset, tuple(tuple(row) for row in rows))].append(strategy)
+    return [[scenario, dataset, ", ".join(strategies), *row]
+            for (scenario, dataset, rows), strategies in shared.items() for row in rows]
+
+
+def _replacement_rows_by_experiment(records: list[RunRecord]) -> dict[tuple[str, str, str], list[list[Any]]]:
+    """:func:`replacement_rows`' rows of each experiment, without its scenario, data set and name."""
+    out = {}
     for (scenario, dataset, strategy), runs in result_groups(records).items():
         scored: dict[tuple[int, Any], list[ReplacementModel]] = defaultdict(list)
         for r in runs:
@@ -215,9 +226,9 @@ def replacement_rows(records: list[RunRecord]) -> list[list[Any]]:
         for (task, classes), reps in sorted(scored.items(), key=lambda item: (item[0][0], item[0][1] is None,
                                                                              item[0][1] or 0)):
             interval = tuple(100 * float(np.mean([rep["own_accuracy_interval"][i] for rep in reps])) for i in (0, 1))
-            rows.append([scenario, dataset, strategy, task, classes,
-                         100 * float(np.mean([rep["own_accuracy"] for rep in reps])), interval, len(reps)])
-    return rows
+            out.setdefault((scenario, dataset, strategy), []).append(
+                [task, classes, 100 * float(np.mean([rep["own_accuracy"] for rep in reps])), interval, len(reps)])
+    return out
 
 
 def seconds_per_iteration(record: RunRecord) -> float | None:

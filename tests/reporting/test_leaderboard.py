@@ -4,11 +4,11 @@ spread for a value that no seed changes, and the negative flip rates of measured
 import math
 
 import pytest
-from helpers.records import DELETE, changed, valid_record
+from helpers.records import DELETE, MATRIX, changed, valid_record
 
 from cl2r_bench.reporting import published_tables
 from cl2r_bench.reporting.experiments import experiment_groups, models_label, short_model_name, study_groups
-from cl2r_bench.reporting.leaderboard import MAIN_COLUMNS, _spread, build, leaderboard_rows
+from cl2r_bench.reporting.leaderboard import MAIN_COLUMNS, _spread, build, leaderboard_rows, replacement_rows
 from cl2r_bench.reporting.published_tables import PUBLISHED_MAIN_COLUMNS, published_case_rows, published_main_rows
 from cl2r_bench.reporting.tables import Column, Kind, Table, cell_text, render
 
@@ -154,3 +154,22 @@ def test_the_main_table_names_each_rows_starting_models_family_encoder_and_own_a
         model.update(family="learnable", encoder=encoder)
     (row,) = leaderboard_rows([record, valid_record(2)])
     assert row[8] == "learnable: Lite0 40.0 / Lite1 50.0"
+
+
+def test_experiments_that_started_from_the_same_replacement_models_share_their_rows():
+    """Two teacher arms of one strategy read the same replacement models: one set of rows names both; another
+    family's models keep their own rows."""
+    def record(strategy: str, seed: int, accuracy: float, first_entry: float) -> dict:
+        out = changed(changed(valid_record(seed), "strategy", strategy), "method", strategy)
+        out["config"] = {**out["config"], "strategy": strategy, "strategy_params": {strategy: {}}}
+        out["compatibility_matrix"] = [[first_entry, None, None], *MATRIX[1:]]
+        out["replacement_models"][0]["own_accuracy"] = accuracy
+        return out
+
+    rows = replacement_rows([record(name, seed, accuracy, first_entry)
+                             for name, accuracy, first_entry in (("bct", 0.4, 0.5), ("lwf", 0.4, 0.45),
+                                                                 ("dsimplex_hoc", 0.3, 0.4))
+                             for seed in (1, 2)])
+    assert [row[2:5] for row in rows] == [["bct, lwf", 0, 3], ["bct, lwf", 2, 6], ["dsimplex_hoc", 0, 3],
+                                          ["dsimplex_hoc", 2, 6]]
+    assert [round(row[5], 6) for row in rows] == [40.0, 50.0, 30.0, 50.0] and rows[0][7] == 2
