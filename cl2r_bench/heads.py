@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cl2r_bench.orthogonal import OrthogonalLinear
+from cl2r_bench.orthogonal import AUTHORS_MAP, OrthogonalLinear
 
 HEADS = {"learnable": "learnable, growing", "cosine": "cosine, growing (the loss sets the temperature)",
          "dsimplex": "fixed d-Simplex", "bt2": "BT² basis transformation (old frame + added dimensions)",
@@ -135,7 +135,7 @@ class BasisTransformationHead(LearnableHead):
     channels to compare)."""
 
     def __init__(self, in_dim: int, num_classes: int, *, old_width: int | None = None, added_dims: int = 32,
-                 scale: float = 2.0, orthogonal_map: str = "matrix_exp") -> None:
+                 scale: float = 2.0, orthogonal_map: str = AUTHORS_MAP) -> None:
         super().__init__(in_dim, num_classes)
         self.old_width = in_dim if old_width is None else old_width
         self.old_part = self.old_width + added_dims - in_dim
@@ -182,7 +182,7 @@ class OrthogonalTransformationHead(LearnableHead):
     dimensions."""
 
     def __init__(self, in_dim: int, num_classes: int, *, old_width: int | None = None, added_dims: int = 32,
-                 orthogonal_map: str = "matrix_exp") -> None:
+                 orthogonal_map: str = AUTHORS_MAP) -> None:
         old_width = in_dim if old_width is None else old_width
         super().__init__(old_width + added_dims, num_classes)
         self.old_width, self.width = old_width, old_width + added_dims

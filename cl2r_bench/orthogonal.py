@@ -46,8 +46,10 @@ MAX_STEPS = 4
 POWER_ITERATIONS = 8
 ESTIMATE_MARGIN = 1.5
 """Power iteration approaches the largest singular value from below; the step count takes this margin over it."""
-ORTHOGONAL_MAPS = ("matrix_exp", "cayley")
-"""The maps of :class:`OrthogonalLinear`: torch's matrix exponential (the authors'), or torch's Cayley map."""
+AUTHORS_MAP = "matrix_exp"
+"""The orthogonal map BT²'s and OCA's authors train with: torch's matrix exponential (the default)."""
+ORTHOGONAL_MAPS = (AUTHORS_MAP, "cayley")
+"""The maps of :class:`OrthogonalLinear`: the authors' exponential, or torch's Cayley map."""
 MAX_TERMS = 40
 """A cap that a step never reaches at ``STEP_NORM`` (``1 / 40!`` is far below any tolerance)."""
 
@@ -102,7 +104,7 @@ class OrthogonalLinear(nn.Linear):
     the batch by the map without forming the weight: the exponential's series, or the Cayley map's solve (module
     docstring)."""
 
-    def __init__(self, width: int, *, bias: bool = True, orthogonal_map: str = "matrix_exp") -> None:
+    def __init__(self, width: int, *, bias: bool = True, orthogonal_map: str = AUTHORS_MAP) -> None:
         super().__init__(width, width, bias=bias)
         if orthogonal_map not in ORTHOGONAL_MAPS:
             raise ValueError(f"orthogonal_map must be one of {list(ORTHOGONAL_MAPS)}, not {orthogonal_map!r}")

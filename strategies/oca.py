@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from cl2r_bench.models import class_means
-from cl2r_bench.orthogonal import ORTHOGONAL_MAPS
+from cl2r_bench.orthogonal import AUTHORS_MAP, ORTHOGONAL_MAPS
 from cl2r_bench.plugin_settings import WIDTH_MAX, setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
@@ -58,7 +58,7 @@ class OCAConfig:
     alignment_weight: float = 5.0
     label_smoothing: float = setting(0.1, at_least=0, below=1)
     added_dims: int = setting(32, at_least=1, at_most=WIDTH_MAX)
-    orthogonal_map: str = setting("matrix_exp", choices=ORTHOGONAL_MAPS)
+    orthogonal_map: str = setting(AUTHORS_MAP, choices=ORTHOGONAL_MAPS)
     replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
 
 
