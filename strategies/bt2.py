@@ -16,7 +16,8 @@ normalised old feature of every class, from the task's images. Weights and width
 and the new basis ``P`` meets no loss (so in the authors' code too).
 Their trainer reads ``phi_old`` and ``phi_p`` from tables built once under one random augmentation of each image;
 the suite runs both frozen models on the batch the new model sees (the same augmentation), as every other
-teacher-based strategy here.
+teacher-based strategy here; on features drawn as they are (the pretrained-backbone track) it reads them from tables
+built once per task (:mod:`cl2r_bench.training.frozen_outputs`).
 
 The head widens the model it is built over (:func:`cl2r_bench.models.head_over`): the upgrade protocol's new
 model (over the old one), and at IAM-CL2R a replacement (its backbone under a fresh BT² head over the model

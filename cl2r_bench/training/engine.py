@@ -65,6 +65,9 @@ class DeviceBatches:
         self.new_batch, self.memory_batch = new_batch, memory_batch
         self.epoch_length, self.processes, self.channels_last = epoch_length, processes, channels_last
         self.rank_sizes = [0]
+        self.last_rows: torch.Tensor | None = None
+        """The items of this rank's share of the last batch, as rows of ``new`` then ``memory`` (``memory``'s after
+        ``new``'s): where :class:`~cl2r_bench.training.frozen_outputs.FrozenOutputs` reads their outputs."""
 
     def __len__(self) -> int:
         n = len(self.new)
@@ -102,11 +105,13 @@ class DeviceBatches:
         device = self.new.images.device
         new_share = self.processes.share(len(idx))
         positions = torch.arange(len(idx), device=device)[new_share]
-        images, labels = self.new.images[idx[new_share]], self.new.labels[idx[new_share]]
+        rows = idx[new_share]
+        images, labels = self.new.images[rows], self.new.labels[rows]
         from_memory = torch.zeros(len(positions), dtype=torch.bool, device=device)
         if pick is not None:
             replay_share = self.processes.share(len(pick))
             replayed = pick[replay_share]
+            rows = torch.cat([rows, len(self.new) + replayed])
             images = torch.cat([images, self.memory.images[replayed]])
             labels = torch.cat([labels, self.memory.labels[replayed]])
             from_memory = torch.cat([from_memory, torch.ones(len(replayed), dtype=torch.bool, device=device)])
@@ -114,6 +119,7 @@ class DeviceBatches:
         self.rank_sizes = [a + b for a, b in zip(self.processes.shares(len(idx)),
                                                  self.processes.shares(len(pick) if pick is not None else 0),
                                                  strict=True)]
+        self.last_rows = rows
         if self.new.are_images:
             with torch.profiler.record_function("cl2r.augmentation"):
                 top, left, flip = crop_flip_draws(sum(self.rank_sizes), device)

@@ -28,6 +28,7 @@ from cl2r_bench.strategy import Step, Strategy, strategy_loss
 from cl2r_bench.tracking import Tracker
 
 from .engine import DeviceBatches, EpochHook, LossTermLog, ReplayMemory, scheduled_lr
+from .frozen_outputs import FrozenOutputs, frozen_tables
 
 with importing_avalanche():
     from avalanche.training.templates import SupervisedTemplate
@@ -48,6 +49,8 @@ class CompatibilityTemplate(SupervisedTemplate):
         self.trained, self.processes = trained, processes
         self.compat_strategy, self.teacher, self.batches = strategy, teacher, batches
         self.independent = independent if strategy.needs_independent else None
+        self.teacher_table: FrozenOutputs | None = None
+        self.independent_table: FrozenOutputs | None = None
         self.epoch_hook, self.tracker, self.task_index, self.memory = epoch_hook, tracker, task_index, memory
         self.settings, self.amp_dtype, self.progress = settings, amp_dtype, progress
         self.scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
@@ -58,10 +61,14 @@ class CompatibilityTemplate(SupervisedTemplate):
 
     def _before_training_exp(self, **kwargs) -> None:
         """The teacher and the independent model are frozen: eval mode (normalisation statistics fixed), no
-        gradient."""
+        gradient; where items are drawn as they are (features), their outputs of every item are tabled once
+        (:mod:`~cl2r_bench.training.frozen_outputs`)."""
         for frozen in (self.teacher, self.independent):
             if frozen is not None:
                 frozen.eval().requires_grad_(False)
+        self.teacher_table, self.independent_table = frozen_tables(
+            self.teacher if self.compat_strategy.needs_teacher else None, self.independent, self.batches.new,
+            self.batches.memory, self.amp_dtype)
         super()._before_training_exp(**kwargs)
 
     def _after_training_exp(self, **kwargs) -> None:
@@ -90,14 +97,19 @@ class CompatibilityTemplate(SupervisedTemplate):
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             logits, features = self.model(self.mb_x)
             teacher_logits = teacher_features = teacher_raw_features = None
-            if self.teacher is not None and self.compat_strategy.needs_teacher:
+            if self.teacher_table is not None:
+                teacher_logits, teacher_raw_features = self.teacher_table.rows(self.batches.last_rows)
+                teacher_features = F.normalize(teacher_raw_features, dim=1)
+            elif self.teacher is not None and self.compat_strategy.needs_teacher:
                 with torch.no_grad():
                     teacher_logits, teacher_raw_features = self.teacher(self.mb_x)
                     teacher_logits = teacher_logits.float()
                     teacher_raw_features = teacher_raw_features.float()
                     teacher_features = F.normalize(teacher_raw_features, dim=1)
             independent_features = None
-            if self.independent is not None:
+            if self.independent_table is not None:
+                independent_features = self.independent_table.normalized_features(self.batches.last_rows)
+            elif self.independent is not None:
                 with torch.no_grad():
                     independent_features = F.normalize(self.independent(self.mb_x)[1].float(), dim=1)
         new_features = getattr(self.trained.head, "new_features", None)
