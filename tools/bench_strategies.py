@@ -10,10 +10,12 @@ interleaved, ``--repeats`` times; the figure per strategy is the median seconds 
 * ``--setting track``: the pretrained-backbone track's shapes (docs/METHODS.md §4b) in the upgrade protocol's task 1:
   items are ``--feature-dim``-wide cached encoder features (1280: EfficientNet-Lite0's), every model the track's
   embedding network (1024 hidden, 512 out) under its strategy's head, 100 old and 100 new classes; the new model is
-  built afresh over the 512-d old model (so BT²'s and OCA's heads are their 544-d orthogonal layers over it, as in
-  the track's zoo), the old model is the teacher and an untrained learnable model BT²'s independent model. Only the
-  shapes matter for the time per iteration: the features are Gaussian classes. The track's learning rate (1e-3): BT²'s
-  and OCA's orthogonal layers cost more as their generators grow, which the learning rate sets.
+  built afresh over the 512-d old model (so OCA's head is its 544-d orthogonal layer over it and BT²'s its two 512-d
+  ones, as in the track's zoo), the old model is the teacher and an untrained learnable model BT²'s independent
+  model. Only the shapes matter for the time per iteration: the features are Gaussian classes. The track's learning
+  rate (1e-3): BT²'s and OCA's orthogonal layers cost more as their generators grow, which the learning rate sets.
+  The frozen models' outputs are tabled once per task on features (:mod:`cl2r_bench.training.frozen_outputs`), in
+  the timed part: a run of fewer epochs than the track's 10 overstates what they cost an iteration.
 
 A strategy may be named with settings, ``NAME:KEY=VALUE,...`` (values read as YAML), to time a variant beside
 its default: ``--strategies er bt2 bt2:orthogonal_map=cayley``.
