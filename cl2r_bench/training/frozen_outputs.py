@@ -1,5 +1,5 @@
-"""The frozen teacher's and independent model's outputs of every training item, computed once per task where an item
-is the same at every draw (docs/METHODS.md §4b).
+"""The frozen teacher's and independent model's outputs of a batch: read from a table built once per task where an
+item is the same at every draw, else the model run on the batch (docs/METHODS.md §4b).
 
 On the pretrained-backbone track an item is a frozen encoder's cached feature, drawn as it is (no crop, no flip:
 :class:`~cl2r_bench.training.engine.DeviceBatches`), and the teacher and the independent model are frozen in eval
@@ -12,7 +12,6 @@ epoch's cost of their forwards. BT²'s authors read their old and independent fe
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from cl2r_bench.data.datasets import ImageSet
@@ -22,36 +21,37 @@ TABLE_BATCH = 4096
 
 
 class FrozenOutputs:
-    """``(logits, raw features)`` of a frozen model for every row of ``new`` then ``memory`` (``memory``'s rows after
-    ``new``'s, as :attr:`DeviceBatches.last_rows` numbers them), in float32."""
+    """A frozen model's ``(logits, raw features)`` of each batch, in float32 and without gradient: read from a table
+    of ``items`` built here once, where each batch names its items as rows of ``items``, or, with ``items`` None,
+    the model run on the batch. The model must already be frozen (eval mode)."""
 
-    def __init__(self, model: nn.Module, new: ImageSet, memory: ImageSet | None,
-                 amp_dtype: torch.dtype | None) -> None:
-        items = new.images if memory is None else torch.cat([new.images, memory.images])
-        device_type = items.device.type
-        logits, features = [], []
-        with torch.no_grad(), torch.autocast(device_type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            for start in range(0, len(items), TABLE_BATCH):
-                chunk_logits, chunk_features = model(items[start:start + TABLE_BATCH])
-                logits.append(chunk_logits.float())
-                features.append(chunk_features.float())
-        self.logits, self.raw_features = torch.cat(logits), torch.cat(features)
+    def __init__(self, model: nn.Module, items: torch.Tensor | None, amp_dtype: torch.dtype | None) -> None:
+        self.model = model
+        self.table: tuple[torch.Tensor, torch.Tensor] | None = None
+        if items is not None:
+            with torch.autocast(items.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                chunks = [self._run(items[start:start + TABLE_BATCH]) for start in range(0, len(items), TABLE_BATCH)]
+            self.table = torch.cat([logits for logits, _ in chunks]), torch.cat([raw for _, raw in chunks])
 
-    def rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(logits, raw features)`` of the items ``rows``."""
-        return self.logits[rows], self.raw_features[rows]
+    def __call__(self, batch: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits, raw features)`` of ``batch``, whose items are the table's rows ``rows``."""
+        if self.table is None:
+            return self._run(batch)
+        return self.table[0][rows], self.table[1][rows]
 
-    def normalized_features(self, rows: torch.Tensor) -> torch.Tensor:
-        """The unit features of the items ``rows``."""
-        return F.normalize(self.raw_features[rows], dim=1)
+    def _run(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            logits, raw_features = self.model(batch)
+        return logits.float(), raw_features.float()
 
 
-def frozen_tables(teacher: nn.Module | None, independent: nn.Module | None, new: ImageSet,
-                  memory: ImageSet | None, amp_dtype: torch.dtype | None
-                  ) -> tuple[FrozenOutputs | None, FrozenOutputs | None]:
-    """The teacher's and the independent model's tables when the items are drawn as they are (features), else
-    ``(None, None)``: the models then run on each batch. Both models must already be frozen (eval mode)."""
+def frozen_outputs(model: nn.Module | None, new: ImageSet, memory: ImageSet | None,
+                   amp_dtype: torch.dtype | None) -> FrozenOutputs | None:
+    """``model``'s :class:`FrozenOutputs` for a task of ``new`` and ``memory`` (None without a model): on features
+    a table of every row of ``new`` then ``memory`` (``memory``'s rows after ``new``'s, as
+    :attr:`DeviceBatches.last_rows` numbers them); on images the model on each batch."""
+    if model is None:
+        return None
     if new.are_images:
-        return None, None
-    return tuple(None if model is None else FrozenOutputs(model, new, memory, amp_dtype)
-                 for model in (teacher, independent))
+        return FrozenOutputs(model, None, amp_dtype)
+    return FrozenOutputs(model, new.images if memory is None else torch.cat([new.images, memory.images]), amp_dtype)

@@ -28,7 +28,7 @@ from cl2r_bench.strategy import Step, Strategy, strategy_loss
 from cl2r_bench.tracking import Tracker
 
 from .engine import DeviceBatches, EpochHook, LossTermLog, ReplayMemory, scheduled_lr
-from .frozen_outputs import FrozenOutputs, frozen_tables
+from .frozen_outputs import FrozenOutputs, frozen_outputs
 
 with importing_avalanche():
     from avalanche.training.templates import SupervisedTemplate
@@ -49,8 +49,8 @@ class CompatibilityTemplate(SupervisedTemplate):
         self.trained, self.processes = trained, processes
         self.compat_strategy, self.teacher, self.batches = strategy, teacher, batches
         self.independent = independent if strategy.needs_independent else None
-        self.teacher_table: FrozenOutputs | None = None
-        self.independent_table: FrozenOutputs | None = None
+        self.teacher_outputs: FrozenOutputs | None = None
+        self.independent_outputs: FrozenOutputs | None = None
         self.epoch_hook, self.tracker, self.task_index, self.memory = epoch_hook, tracker, task_index, memory
         self.settings, self.amp_dtype, self.progress = settings, amp_dtype, progress
         self.scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
@@ -66,9 +66,10 @@ class CompatibilityTemplate(SupervisedTemplate):
         for frozen in (self.teacher, self.independent):
             if frozen is not None:
                 frozen.eval().requires_grad_(False)
-        self.teacher_table, self.independent_table = frozen_tables(
-            self.teacher if self.compat_strategy.needs_teacher else None, self.independent, self.batches.new,
-            self.batches.memory, self.amp_dtype)
+        teacher = self.teacher if self.compat_strategy.needs_teacher else None
+        new, memory = self.batches.new, self.batches.memory
+        self.teacher_outputs = frozen_outputs(teacher, new, memory, self.amp_dtype)
+        self.independent_outputs = frozen_outputs(self.independent, new, memory, self.amp_dtype)
         super()._before_training_exp(**kwargs)
 
     def _after_training_exp(self, **kwargs) -> None:
@@ -96,22 +97,13 @@ class CompatibilityTemplate(SupervisedTemplate):
     def _forward(self) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             logits, features = self.model(self.mb_x)
-            teacher_logits = teacher_features = teacher_raw_features = None
-            if self.teacher_table is not None:
-                teacher_logits, teacher_raw_features = self.teacher_table.rows(self.batches.last_rows)
+            rows = self.batches.last_rows
+            teacher_logits = teacher_features = teacher_raw_features = independent_features = None
+            if self.teacher_outputs is not None:
+                teacher_logits, teacher_raw_features = self.teacher_outputs(self.mb_x, rows)
                 teacher_features = F.normalize(teacher_raw_features, dim=1)
-            elif self.teacher is not None and self.compat_strategy.needs_teacher:
-                with torch.no_grad():
-                    teacher_logits, teacher_raw_features = self.teacher(self.mb_x)
-                    teacher_logits = teacher_logits.float()
-                    teacher_raw_features = teacher_raw_features.float()
-                    teacher_features = F.normalize(teacher_raw_features, dim=1)
-            independent_features = None
-            if self.independent_table is not None:
-                independent_features = self.independent_table.normalized_features(self.batches.last_rows)
-            elif self.independent is not None:
-                with torch.no_grad():
-                    independent_features = F.normalize(self.independent(self.mb_x)[1].float(), dim=1)
+            if self.independent_outputs is not None:
+                independent_features = F.normalize(self.independent_outputs(self.mb_x, rows)[1], dim=1)
         new_features = getattr(self.trained.head, "new_features", None)
         outputs = {"labels": self.mb_y, "from_memory": self.mbatch[2], "logits": logits.float(),
                    "features": features.float(), "teacher_logits": teacher_logits,

@@ -11,7 +11,7 @@ from cl2r_bench.models import build_model, head_over
 from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training import template
 from cl2r_bench.training.engine import DeviceBatches, ReplayMemory
-from cl2r_bench.training.frozen_outputs import FrozenOutputs, frozen_tables
+from cl2r_bench.training.frozen_outputs import FrozenOutputs, frozen_outputs
 from cl2r_bench.training.loop import train_task
 from strategies import TaskContext, get_strategy
 
@@ -40,26 +40,33 @@ def test_a_table_holds_the_models_outputs_of_every_item():
     torch.manual_seed(0)
     model = build_model(head="learnable", num_classes=OLD, backbone="frozen_encoder", feature_dim=FEATURES).eval()
     new, memory = features(range(OLD, OLD + NEW), 5, 0), features(range(OLD), 2, 1)
-    table = FrozenOutputs(model, new, memory, None)
+    outputs = frozen_outputs(model, new, memory, None)
     rows = torch.tensor([0, 19, 20, 27])
     with torch.no_grad():
         logits, raw = model(torch.cat([new.images, memory.images])[rows])
-    assert torch.allclose(table.rows(rows)[0], logits, atol=1e-5)
-    assert torch.allclose(table.rows(rows)[1], raw, atol=1e-5)
-    assert torch.allclose(table.normalized_features(rows), torch.nn.functional.normalize(raw, dim=1), atol=1e-6)
+    assert outputs.table is not None
+    read_logits, read_raw = outputs(torch.full((len(rows), FEATURES), float("nan")), rows)
+    assert torch.allclose(read_logits, logits, atol=1e-5)
+    assert torch.allclose(read_raw, raw, atol=1e-5)
 
 
-def test_images_are_cropped_at_every_draw_so_they_get_no_table():
-    images = ImageSet(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.arange(4))
+def test_images_are_cropped_at_every_draw_so_the_model_runs_on_each_batch():
+    images = ImageSet(torch.zeros(4, 3, 32, 32, dtype=torch.uint8), torch.arange(4))
     model = build_model(head="learnable", num_classes=4, backbone="small_cnn").eval()
-    assert frozen_tables(model, model, images, None, None) == (None, None)
+    outputs = frozen_outputs(model, images, None, None)
+    batch = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        logits, raw = model(batch)
+    assert outputs.table is None
+    assert all(torch.equal(a, b) for a, b in zip(outputs(batch, torch.tensor([0, 1])), (logits, raw), strict=True))
 
 
 def trained(name: str, tables: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.nn.Module, dict, int, int]:
     """Strategy ``name`` trained 2 epochs on an upgrade-like task of features, with or without the tables: the model,
     its loss terms, the iterations and the teacher's forwards during training."""
     if not tables:
-        monkeypatch.setattr(template, "frozen_tables", lambda *args: (None, None))
+        monkeypatch.setattr(template, "frozen_outputs",
+                            lambda model, *args: None if model is None else FrozenOutputs(model, None, None))
     torch.manual_seed(0)
     options = {"backbone": "frozen_encoder", "feature_dim": FEATURES}
     old = build_model(head="learnable", num_classes=OLD, **options).eval()
