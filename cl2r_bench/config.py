@@ -39,10 +39,12 @@ EXTRA_TYPES: dict[str, tuple[type, ...]] = {
     "model_update.queries": (int, type(None)),
     "model_update.stream_rows": (int, str, type(None)),
     "training.compile": (bool, str),
+    "training.clip_grad_norm": (float, type(None)),
 }
 """The settings whose values may have another type than their default's, and the types they accept: the union
 annotations of :mod:`cl2r_bench.settings`, which imports this module and so cannot be read here
-(``tests/test_structure.py`` checks that the two agree)."""
+(``tests/test_structure.py`` checks that the two agree). Where a float is accepted, so is an int, as for a float
+default."""
 
 
 FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # 1e-3: a string in YAML 1.1, a float here
@@ -136,7 +138,7 @@ def profile_summary(kind: str, name: str) -> str:
 
 def _type_ok(value: Any, default: Any, dotted: str) -> bool:
     if dotted in EXTRA_TYPES:
-        kinds = EXTRA_TYPES[dotted]
+        kinds = EXTRA_TYPES[dotted] + ((int,) if float in EXTRA_TYPES[dotted] else ())
         return isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
     if isinstance(default, bool) or isinstance(value, bool):
         return isinstance(value, bool) and isinstance(default, bool)

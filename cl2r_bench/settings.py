@@ -59,7 +59,7 @@ RECIPES = ("shared", "authors")
 """``training.recipe``: the section's own settings for every strategy, or each strategy's authors' recipe over them
 (:attr:`cl2r_bench.strategy.Strategy.authors_recipe`)."""
 RECIPE_KEYS = ("optimizer", "lr", "lr_min", "momentum", "nesterov", "weight_decay", "epochs", "schedule", "milestones",
-               "gamma", "power", "warmup_epochs", "schedule_step")
+               "gamma", "power", "warmup_epochs", "schedule_step", "clip_grad_norm")
 """The training settings an authors' recipe may set."""
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
@@ -111,6 +111,7 @@ class TrainSettings:
     gamma: float
     power: float
     warmup_epochs: int
+    clip_grad_norm: float | None
     recipe: str
     amp: bool
     amp_dtype: str
@@ -125,7 +126,9 @@ class TrainSettings:
         check_rules("training", self, at_least(1, "epochs", "batch_size", "new_batch_size", "memory_batch_size",
                                                "memory_per_class")
                     + at_least(0, "lr_min", "weight_decay", "warmup_epochs") + above_zero("lr", "power")
-                    + [("momentum", lambda v: 0 <= v < 1, "in [0, 1)")])
+                    + [("momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
+                       ("clip_grad_norm", lambda v: type(v) in (int, float) and v > 0,
+                        "a number above 0 (e.g. 5), or null for no clipping")])
         check_schedule("training", self)
         if not (isinstance(self.compile, bool) or self.compile in COMPILE_MODES):
             raise ConfigError(f"training.compile must be false, true or one of {list(COMPILE_MODES)}, not "
@@ -164,7 +167,7 @@ class TrainSettings:
 
 
 PRETRAIN_FIXED = {"optimizer": "sgd", "nesterov": False, "schedule": "cosine", "milestones": [], "gamma": 0.1,
-                  "power": 2.0, "warmup_epochs": 0, "recipe": "shared"}
+                  "power": 2.0, "warmup_epochs": 0, "clip_grad_norm": None, "recipe": "shared"}
 """The training settings pretraining never takes from the run (:meth:`PretrainSettings.train_settings`)."""
 
 

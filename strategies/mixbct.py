@@ -156,9 +156,10 @@ class MixBCT(Strategy):
                     "credible old features (the 90 % nearest their class mean)")
     reference = "Liang et al., arXiv 2023"
     authors_recipe = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005, "epochs": 35,
-                      "schedule": "poly", "power": 2.0, "warmup_epochs": 0}
-    authors_recipe_source = ("yuleung/MixBCT: BCT_Methods/MixBCT/train.py L73, L80-82, L95-104, lr_scheduler.py L10 "
-                             "(SGD 0.1, poly of power 2 per iteration, 35 epochs)")
+                      "schedule": "poly", "power": 2.0, "warmup_epochs": 0, "clip_grad_norm": 5.0}
+    authors_recipe_source = ("yuleung/MixBCT: BCT_Methods/MixBCT/train.py L73, L80-82, L95-104, L158, L163, "
+                             "lr_scheduler.py L10 (SGD 0.1, poly of power 2 per iteration, 35 epochs; the backbone's "
+                             "gradient norm clipped at 5)")
     head = "cosine"
     uses_memory = True
     needs_teacher = True

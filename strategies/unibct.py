@@ -107,10 +107,11 @@ class UniBCT(Strategy):
     loss_summary = "`CE + ArcFace(φ_t against old prototypes refined by the new model's affinities, s 30, m 0.3)`"
     reference = 'Zhang et al., IJCAI 2022'
     authors_recipe = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005, "epochs": 35,
-                      "schedule": "multistep", "milestones": [20, 26, 32], "gamma": 0.1, "warmup_epochs": 0}
+                      "schedule": "multistep", "milestones": [20, 26, 32], "gamma": 0.1, "warmup_epochs": 0,
+                      "clip_grad_norm": 5.0}
     authors_recipe_source = ("yuleung/MixBCT's reimplementation (UniBCT's own code is not released): "
-                             "BCT_Methods/UniBCT/train.py L72, L86-88, L105 (SGD 0.1, x 0.1 after epochs 20, 26, 32, "
-                             "35 epochs)")
+                             "BCT_Methods/UniBCT/train.py L72, L86-88, L105, L181, L186 (SGD 0.1, x 0.1 after epochs "
+                             "20, 26, 32, 35 epochs; the backbone's gradient norm clipped at 5)")
     head = "learnable"
     uses_memory = True
     needs_teacher = True

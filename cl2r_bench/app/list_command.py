@@ -64,7 +64,8 @@ def markdown_table(kind: str) -> str:
     if kind == "strategies":
         header, rows = ["name", "head", "loss", "replay", "old model", "reference"], strategy_rows()
     elif kind == "recipes":
-        header, rows = ["name", "optimiser", "lr", "weight decay", "epochs", "schedule", "source"], recipe_rows()
+        header = ["name", "optimiser", "lr", "weight decay", "epochs", "schedule", "gradient clip", "source"]
+        rows = recipe_rows()
     elif kind == "adapters":
         header, rows = ["`--adapter`", "maps", "how it is fitted", "reference"], adapter_rows()
     else:
@@ -102,11 +103,14 @@ def recipe_rows() -> list[list[str]]:
         cls = get_strategy(name)
         recipe = cls.authors_recipe
         if not recipe:
-            rows.append([f"`{name}`", "none declared", "—", "—", "—", "—", escaped(cls.authors_recipe_source) or "—"])
+            rows.append([f"`{name}`", "none declared", "—", "—", "—", "—", "—",
+                         escaped(cls.authors_recipe_source) or "—"])
             continue
         optimiser = recipe.get("optimizer", "sgd") + (" (Nesterov)" if recipe.get("nesterov") else "")
         rows.append([f"`{name}`", optimiser, f"{recipe.get('lr', '—'):g}", f"{recipe.get('weight_decay', '—'):.3g}",
-                     str(recipe.get("epochs", "—")), schedule_words(recipe), escaped(cls.authors_recipe_source)])
+                     str(recipe.get("epochs", "—")), schedule_words(recipe),
+                     f"backbone norm ≤ {recipe['clip_grad_norm']:g}" if recipe.get("clip_grad_norm") else "none",
+                     escaped(cls.authors_recipe_source)])
     return rows
 
 

@@ -4,7 +4,8 @@
 are :class:`~cl2r_bench.training.engine.DeviceBatches` (``make_train_dataloader``), the loss is the strategy's
 (``criterion``, checked by :func:`cl2r_bench.strategy.strategy_loss`) on one forward of the model and the frozen teacher
 (``forward``; the teacher is frozen in ``_before_training_exp``), the replay memory takes the task's exemplars in
-``_after_training_exp``, the learning rate follows the cosine schedule or an epoch hook (``optimizer_step``),
+``_after_training_exp``, the learning rate follows the cosine schedule or an epoch hook and the backbone's gradient
+norm is clipped at ``training.clip_grad_norm`` where a recipe sets it (``optimizer_step``),
 float16 autocast with gradient scaling on GPU, and the divergence check and the loss log run where the loss is read
 (``_after_training_iteration``), and each loss term's mean per epoch is logged (:class:`LossTermLog`). The forward, the
 loss, the backward and the optimizer step run inside the torch profiler's labels ``cl2r.forward``, ``cl2r.loss``,
@@ -151,6 +152,10 @@ class CompatibilityTemplate(SupervisedTemplate):
             self.step_count, len(self.batches), self.settings)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.settings.clip_grad_norm is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.trained.backbone.parameters(), self.settings.clip_grad_norm)
         if self.scaler is None:
             self.optimizer.step()
         else:

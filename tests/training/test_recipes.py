@@ -123,3 +123,42 @@ def test_a_run_of_the_other_teacher_arm_is_named_by_it(tiny):
         layers = [("tiny", base), ("command line", {"strategy": strategy, "strategy_params": {
             strategy: {"replacement_teacher": teacher}}})]
         assert assemble(resolve(layers)).label == label
+
+
+def one_step(clip: float | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The change of the backbone's and of the head's parameters after one SGD step (lr 1, no momentum, no weight
+    decay) of ER on 32 feature items, with the backbone's gradient norm clipped at ``clip``."""
+    from cl2r_bench.data.datasets import ImageSet
+    from cl2r_bench.models import build_model
+    from cl2r_bench.training.loop import train_task
+
+    torch.manual_seed(0)
+    model = build_model(head="learnable", num_classes=4, backbone="frozen_encoder", feature_dim=12)
+    before = [[p.detach().clone() for p in part.parameters()] for part in (model.backbone, model.head)]
+    data = ImageSet(torch.randn(32, 12) * 10, torch.arange(4).repeat(8))
+    settings = TrainSettings.with_defaults(epochs=1, lr=1.0, momentum=0.0, weight_decay=0.0, batch_size=32,
+                                           progress=False, clip_grad_norm=clip)
+    train_task(model, get_strategy("er").from_params({}), data, None, settings)
+    return tuple([after.detach() - start for after, start in zip(part.parameters(), old, strict=True)]
+                 for part, old in zip((model.backbone, model.head), before, strict=True))
+
+
+def test_the_clip_rescales_the_backbones_gradient_to_its_norm_and_leaves_the_classifier():
+    """MixBCT's and UniBCT's code: ``clip_grad_norm_(backbone.parameters(), 5)`` before each step; at lr 1 the
+    backbone's step is minus its clipped gradient, whose norm is the clip where the gradient was longer."""
+    backbone, head = one_step(None)
+    norm = float(torch.cat([d.flatten() for d in backbone]).norm())
+    clip = norm / 4
+    clipped_backbone, clipped_head = one_step(clip)
+    assert float(torch.cat([d.flatten() for d in clipped_backbone]).norm()) == pytest.approx(clip, rel=1e-4)
+    for plain, clipped in zip(backbone, clipped_backbone, strict=True):
+        assert torch.allclose(clipped, plain / 4, rtol=1e-3, atol=1e-7)
+    for plain, clipped in zip(head, clipped_head, strict=True):
+        assert torch.equal(clipped, plain)
+    assert one_step(norm * 2)[0][0].equal(backbone[0])
+
+
+@pytest.mark.parametrize("value", [0, -5, "5", True])
+def test_a_bad_clip_is_a_one_line_error(value):
+    with pytest.raises(ConfigError, match="training.clip_grad_norm"):
+        TrainSettings.with_defaults(clip_grad_norm=value)
