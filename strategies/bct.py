@@ -7,7 +7,10 @@ with the old model's class-mean features (un-normalised, the classifier's input)
 data in this task (the new classes; with BCT-ER also replayed classes). The influence term covers the samples
 whose class has a row of ``W_old``. ``new_class_rows: match_norm`` (this suite's choice; the paper is silent on
 scale) rescales the class means to the mean norm of the trained rows, so old and new logits are comparable;
-``raw`` keeps the means as they are. No replay memory (BCT-ER: :mod:`strategies.bct_er`).
+``raw`` keeps the means as they are; ``none`` adds no rows, so the term covers the old classes' samples alone, as
+the BCT that ``Ashespt/AdvBCT`` trains (``trainer/trainer.py`` L449-465, the authors' recipe's source; at an
+``incoming`` replacement, whose classifier is dropped, the term then acts on nothing). No replay memory (BCT-ER:
+:mod:`strategies.bct_er`).
 
 At a replacement the old model is, by default, the model deployed before it (``replacement_teacher: outgoing``, the
 BCT paper's model-update setting: the new model is trained against the deployed one), whose classifier is extended
@@ -27,7 +30,7 @@ from cl2r_bench.models import class_means
 from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
-NEW_CLASS_ROWS = ("match_norm", "raw")
+NEW_CLASS_ROWS = ("match_norm", "raw", "none")
 
 
 @dataclass(frozen=True)
@@ -39,11 +42,14 @@ class BCTConfig:
 
 def old_classifier(trained_rows: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, num_classes: int,
                    new_class_rows: str = "match_norm") -> tuple[torch.Tensor, torch.Tensor]:
-    """``(W_old, row_of_label)``: ``trained_rows`` for labels ``0..len-1``, then the class means of ``features``
-    for the other labels that have samples; ``row_of_label[y]`` is y's row in ``W_old`` or -1."""
+    """``(W_old, row_of_label)``: ``trained_rows`` for labels ``0..len-1``, then (unless ``new_class_rows`` is
+    ``none``) the class means of ``features`` for the other labels that have samples; ``row_of_label[y]`` is y's row
+    in ``W_old`` or -1."""
     known = len(trained_rows)
     means, present = class_means(features, labels, num_classes)
     present[:known] = False
+    if new_class_rows == "none":
+        present[:] = False
     extra = means[present]
     if new_class_rows == "match_norm" and known > 0 and len(extra):
         extra = F.normalize(extra, dim=1) * trained_rows.norm(dim=1).mean()

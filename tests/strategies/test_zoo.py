@@ -151,6 +151,8 @@ def test_bct_old_classifier_extends_trained_rows_with_class_means():
     only_means, row_of = old_classifier(trained[:0], features, labels, 4, "match_norm")
     assert torch.allclose(only_means, torch.tensor([[9.0, 9.0], [2.0, 0.0], [0.0, 4.0]]))
     assert row_of.tolist() == [0, -1, 1, 2]
+    trained_only, row_of = old_classifier(trained, features, labels, 5, "none")
+    assert torch.equal(trained_only, trained) and row_of.tolist() == [0, 1, -1, -1, -1]
 
 
 def test_bct_loss_by_hand():
