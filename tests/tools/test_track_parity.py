@@ -2,6 +2,7 @@
 reference, and, with the references' checkouts (``CL2R_REFERENCES``: the folder holding LCE/, AdvBCT/, BT-2/,
 OpenCompatible/, OCA/, MixBCT/ and their venv/), each authors' loop driven end to end on a synthetic stand-in of
 the track (timm's test EfficientNet as both frozen encoders, 12 generated classes)."""
+import argparse
 import importlib
 import json
 import os
@@ -49,6 +50,40 @@ def test_settings_the_suite_refuses_are_one_line_and_exit_2(capsys):
                          *track.recipe_settings("bt2", 2)])
     assert stopped.value.code == 2
     assert "warmup_epochs = 5 leaves no epoch of the schedule out of 2" in capsys.readouterr().err
+
+
+def test_a_variant_sets_the_strategys_own_setting_in_its_own_folder_and_row():
+    args = argparse.Namespace(data_root="data", suite_output=Path("out"), epochs=None, set=[],
+                              variant=["new_class_rows=none"])
+    arguments = track.suite_arguments("bct", 1, args)
+    assert arguments[arguments.index("--output") + 1] == str(Path("out/variants/new_class_rows-none"))
+    assert arguments[-2:] == ["--set", "strategy_params.bct.new_class_rows=none"]
+    assert track.record_key("bct", ["new_class_rows=none"]) == "bct [new_class_rows=none]"
+    assert track.record_key("bct", []) == "bct"
+    plain = track.suite_arguments("bct", 1, argparse.Namespace(**{**vars(args), "variant": []}))
+    assert plain[plain.index("--output") + 1] == "out"
+
+
+@pytest.mark.parametrize("variant", ["new_class_rows", "training.lr=1"])
+def test_a_variant_that_is_no_setting_of_the_strategy_is_one_line_and_exit_2(tmp_path, capsys, variant):
+    with pytest.raises(SystemExit) as stopped:
+        track.parse(["--references", str(tmp_path), "--data-root", "data", "--work", str(tmp_path / "w"),
+                     "--strategies", "bct", "--variant", variant])
+    assert stopped.value.code == 2
+    assert f"--variant {variant!r}" in capsys.readouterr().err
+
+
+def test_runs_recorded_side_by_side_keep_each_other(tmp_path):
+    """Two invocations each read the record at their start and write it after each seed: each write reads the
+    record again under its lock, so the other's rows stay."""
+    out = tmp_path / "track.json"
+    track.record_run(out, "bct", {"epochs": 30}, 1, {"suite": {"seed": 1}})
+    track.record_run(out, "bct [new_class_rows=none]", {"epochs": 30}, 1, {"suite": {"seed": 1}})
+    track.record_run(out, "bct", {"epochs": 30}, 2, {"suite": {"seed": 2}})
+    record = json.loads(out.read_text())
+    assert set(record) == {"bct", "bct [new_class_rows=none]"}
+    assert set(record["bct"]["runs"]) == {"1", "2"} and record["bct"]["epochs"] == 30
+    assert not list(tmp_path.glob("*.lock"))
 
 
 def run(seed: int, new_old: int, new_new: int, queries: int = 1000) -> dict:

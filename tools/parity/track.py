@@ -3,7 +3,7 @@ trained by its authors' own code and by the suite, on the same cached features, 
 
     python -m tools.parity.track --references REF --data-root data --work WORK [--strategies lce bct ...] \\
         [--seeds 1 2 3] [--reference-python REF/venv/bin/python] [--suite-output results] \\
-        [--out results/parity/track.json] [--epochs N] [--set KEY=VALUE ...]
+        [--out results/parity/track.json] [--epochs N] [--set KEY=VALUE ...] [--variant KEY=VALUE ...]
 
 For each strategy and seed, in ``WORK/<strategy>/seed<K>/``, each step kept and skipped when the script runs again:
 
@@ -24,7 +24,11 @@ split identifiers (so that ``runner.py compare``'s paired interval can be comput
 the suite's commit of each run and the reference's repository and commit. ``--epochs N`` is a smoke run: both codes
 train N epochs of the authors' recipe (the suite with that recipe written out as ``training`` settings); with it or
 with ``--set`` (e.g. the synthetic stand-in of the tests) the record goes to ``WORK/track.json`` unless ``--out`` is
-given. A wrong checkout path is a one-line error (exit 2).
+given. ``--variant KEY=VALUE`` sets the strategy's own setting ``strategy_params.<strategy>.KEY`` on the suite's
+side only: the authors' run of the same strategy and seed in ``WORK`` is reused, the suite's run goes to
+``SUITE_OUTPUT/variants/<KEY>-<VALUE>/`` and the record keeps it as ``<strategy> [KEY=VALUE]`` beside the default's
+row (e.g. ``bct [new_class_rows=none]``: the old classes alone, as the reference's BCT). A wrong checkout path or
+variant is a one-line error (exit 2).
 """
 from __future__ import annotations
 
@@ -72,10 +76,19 @@ def recipe_settings(strategy: str, epochs: int | None) -> list[str]:
 
 
 def suite_arguments(strategy: str, seed: int, args: argparse.Namespace) -> list[str]:
-    """``runner.py``'s arguments of the suite's run of ``strategy`` at ``seed``."""
+    """``runner.py``'s arguments of the suite's run of ``strategy`` at ``seed`` (a variant's in its own folder)."""
+    output = args.suite_output
+    if args.variant:
+        output = output / "variants" / "+".join(assignment.replace("=", "-") for assignment in args.variant)
+    variant = [f"strategy_params.{strategy}.{assignment}" for assignment in args.variant]
     return ["run", *SUITE_RUN, "--strategy", strategy, "--seed", str(seed), "--data-root", str(args.data_root),
-            "--output", str(args.suite_output), "--no-progress", *recipe_settings(strategy, args.epochs),
-            *[option for assignment in args.set for option in ("--set", assignment)]]
+            "--output", str(output), "--no-progress", *recipe_settings(strategy, args.epochs),
+            *[option for assignment in [*args.set, *variant] for option in ("--set", assignment)]]
+
+
+def record_key(strategy: str, variant: list[str]) -> str:
+    """The record's key of ``strategy``'s runs: its name, then its variant's settings in brackets."""
+    return strategy + "".join(f" [{assignment}]" for assignment in variant)
 
 
 def assembled(arguments: list[str]):
@@ -230,9 +243,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, help="a smoke run of N epochs of each recipe (never a parity result)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting of both codes' runs (the suite's, which the export reads)")
+    parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of the strategy's own for the suite's side only "
+                        "(strategy_params.<strategy>.KEY), recorded as '<strategy> [KEY=VALUE]' beside its default")
     parser.add_argument("--out", type=Path, help="default: results/parity/track.json, or WORK/track.json with --epochs "
                         "or --set")
     args = parser.parse_args(argv)
+    bad = [assignment for assignment in args.variant if "=" not in assignment or "." in assignment.split("=")[0]]
+    if bad:
+        raise ParityError(f"--variant {bad[0]!r}: use a setting of the strategy's own as KEY=VALUE, e.g. --variant "
+                          "new_class_rows=none")
     args.work = args.work.resolve()
     trial = args.epochs or args.set
     args.out = args.out or (args.work / "track.json" if trial else ROOT / "results" / "parity" / "track.json")
@@ -246,21 +266,34 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    results = json.loads(args.out.read_text()) if args.out.is_file() else {}
     for strategy in args.strategies:
         name = strategy_references()[strategy]
         module = reference_module(name)
-        entry = results.setdefault(strategy, {"runs": {}})
-        entry.update({"epochs": args.epochs or "the authors' recipe", "entry_point": module.ENTRY_POINT,
-                      **provenance({name: (module.REPOSITORY, args.checkouts[name])})})
+        key = record_key(strategy, args.variant)
+        about = {"epochs": args.epochs or "the authors' recipe", "entry_point": module.ENTRY_POINT,
+                 **provenance({name: (module.REPOSITORY, args.checkouts[name])})}
         for seed in args.seeds:
             print(f"{strategy} seed {seed} ...", flush=True)
-            entry["runs"][str(seed)] = run_strategy(args, strategy, seed)
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(results, indent=1, allow_nan=False) + "\n")
+            runs = run_strategy(args, strategy, seed)
+            record_run(args.out, key, about, seed, runs)
             top1 = {code: {case: run["two_model"]["cases"][case]["top1"] for case in ("new/old", "new/new")}
-                    for code, run in entry["runs"][str(seed)].items()}
+                    for code, run in runs.items()}
             print(f"  {top1}", flush=True)
+
+
+def record_run(out: Path, key: str, about: dict[str, Any], seed: int, runs: dict[str, dict[str, Any]]) -> None:
+    """Add seed ``seed``'s runs to entry ``key`` of the record ``out``, read again under its lock, so that
+    invocations running side by side (other strategies, a variant, another machine sharing the folder) keep each
+    other's runs."""
+    from cl2r_bench.files import atomic_write_json, exclusive
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(out.with_name(out.name + ".lock"), f"the parity record {out}", wait=print):
+        results = json.loads(out.read_text()) if out.is_file() else {}
+        entry = results.setdefault(key, {"runs": {}})
+        entry.update(about)
+        entry["runs"][str(seed)] = runs
+        atomic_write_json(out, results)
 
 
 if __name__ == "__main__":
