@@ -86,6 +86,29 @@ def test_runs_recorded_side_by_side_keep_each_other(tmp_path):
     assert not list(tmp_path.glob("*.lock"))
 
 
+def test_a_suite_run_stopped_midway_is_resumed(tmp_path, monkeypatch, capsys):
+    """A run folder whose record is incomplete (the run stopped after a task) is run again with ``--resume``."""
+    from cl2r_bench.app import run_folder
+
+    class ResumableFolder:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def check_resumable(self, config) -> None:
+            pass
+
+    (tmp_path / "metrics.json").write_text(json.dumps({"complete": False, "tasks": [{}]}))
+    monkeypatch.setattr(run_folder, "RunFolder", ResumableFolder)
+    commands = []
+    monkeypatch.setattr(track.subprocess, "run", lambda command, **_: commands.append(command)
+                        or argparse.Namespace(returncode=1))
+    parts = argparse.Namespace(directory=tmp_path, config={})
+    with pytest.raises(track.ParityError):
+        track.suite_run(["run", "--strategy", "bct"], parts, tmp_path)
+    assert "the suite's run failed (exit 1)" in capsys.readouterr().err
+    assert commands[0][-3:] == ["--strategy", "bct", "--resume"]
+
+
 def run(seed: int, new_old: int, new_new: int, queries: int = 1000) -> dict:
     """A run's fields in the parity record: ``new_old`` / ``new_new`` of ``queries`` queries hit at top-1."""
     def hits(count: int) -> str:

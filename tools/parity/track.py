@@ -106,7 +106,7 @@ def assembled(arguments: list[str]):
 def suite_run(arguments: list[str], parts, folder: Path) -> dict[str, Any]:
     """The suite's record of the run, from ``--suite-output`` (its settings checked as ``--resume`` checks them)
     or run now (resumed if a run stopped there)."""
-    from benchmarks.record import RECORD_FILE, read_record
+    from benchmarks.record import RECORD_FILE, holds_complete_record, read_record
     from cl2r_bench.app.run_folder import RunError, RunFolder
 
     path = parts.directory / RECORD_FILE
@@ -115,7 +115,7 @@ def suite_run(arguments: list[str], parts, folder: Path) -> dict[str, Any]:
             RunFolder(parts.directory, resume=True, overwrite=False).check_resumable(parts.config)
         except RunError as exc:
             raise ParityError(f"the suite's run in {parts.directory} has other settings: {exc}") from None
-    if not (path.is_file() and read_record(path).get("complete")):
+    if not holds_complete_record(parts.directory):
         resume = ["--resume"] if path.is_file() else []
         with open(folder / "suite.log", "w") as log:
             done = subprocess.run([sys.executable, str(ROOT / "runner.py"), *arguments, *resume], cwd=ROOT,
