@@ -44,12 +44,31 @@ def simplex_vertices(num_vertices: int) -> torch.Tensor:
     return F.normalize(vertices, dim=1).float()
 
 
-class LearnableHead(nn.Module):
-    """Bias-free linear classifier over the seen classes; grows with :meth:`grow` (old rows copied)."""
+ROW_INITS = {"linear": "torch's `nn.Linear`: uniform in ±1/√d (a row's norm about 1/√3)",
+             "partial_fc": "N(0, 0.01²) in every entry, as insightface's `PartialFC` (a row's norm about 0.01·√d)"}
+"""How the rows of a learnable or cosine classifier start (each new class's rows too, when the head grows)."""
+PARTIAL_FC_STD = 0.01
+"""The standard deviation of ``PartialFC``'s rows (insightface ``partial_fc.py``, as ``yuleung/MixBCT`` L87-88)."""
 
-    def __init__(self, in_dim: int, num_classes: int) -> None:
+
+def classifier_rows(in_dim: int, count: int, row_init: str) -> nn.Linear:
+    """A bias-free ``in_dim -> count`` classifier whose rows start as ``row_init`` says (:data:`ROW_INITS`)."""
+    if row_init not in ROW_INITS:
+        raise ValueError(f"unknown row_init {row_init!r}; choose from {list(ROW_INITS)}")
+    rows = nn.Linear(in_dim, count, bias=False)
+    if row_init == "partial_fc":
+        nn.init.normal_(rows.weight, 0.0, PARTIAL_FC_STD)
+    return rows
+
+
+class LearnableHead(nn.Module):
+    """Bias-free linear classifier over the seen classes; grows with :meth:`grow` (old rows copied, new rows
+    started as ``row_init`` says: :data:`ROW_INITS`)."""
+
+    def __init__(self, in_dim: int, num_classes: int, *, row_init: str = "linear") -> None:
         super().__init__()
-        self.classifier = nn.Linear(in_dim, num_classes, bias=False)
+        self.row_init = row_init
+        self.classifier = classifier_rows(in_dim, num_classes, row_init)
 
     @property
     def num_classes(self) -> int:
@@ -64,7 +83,7 @@ class LearnableHead(nn.Module):
         old = self.classifier
         if num_classes <= old.out_features:
             return
-        new = nn.Linear(old.in_features, num_classes, bias=False).to(old.weight.device)
+        new = classifier_rows(old.in_features, num_classes, self.row_init).to(old.weight.device)
         with torch.no_grad():
             new.weight[: old.out_features] = old.weight
         self.classifier = new
@@ -198,12 +217,12 @@ class OrthogonalTransformationHead(LearnableHead):
 def build_head(head: str, in_dim: int, num_classes: int, simplex_vertices_count: int = 1024,
                head_options: dict | None = None) -> nn.Module:
     """A fresh head of family ``head`` on ``in_dim``-d backbone features (docs/METHODS.md §5); ``head_options``
-    are the keyword arguments of a BT² head (its strategy's ``added_dims``, ``scale`` and ``orthogonal_map``) or an
-    OCA head (``added_dims``, ``orthogonal_map``)."""
+    are the keyword arguments of a learnable or cosine head (``row_init``: MixBCT's), a BT² head (its strategy's
+    ``added_dims``, ``scale`` and ``orthogonal_map``) or an OCA head (``added_dims``, ``orthogonal_map``)."""
     if head == "learnable":
-        return LearnableHead(in_dim, num_classes)
+        return LearnableHead(in_dim, num_classes, **(head_options or {}))
     if head == "cosine":
-        return CosineHead(in_dim, num_classes)
+        return CosineHead(in_dim, num_classes, **(head_options or {}))
     if head == "dsimplex":
         return DSimplexHead(in_dim, simplex_vertices_count)
     if head == "bt2":

@@ -12,7 +12,11 @@ to class regions the old features occupy::
     arc_m: t -> t cos m - sqrt(1 - t²) sin m   where t > cos(pi - m),   t - m sin(pi - m) otherwise   (t = cos θ_y)
 
 ``W`` is the new model's own classifier (the ``cosine`` head: cosines of the normalised feature and the normalised rows,
-as their ``PartialFC`` at sample rate 1, which clamps them to [-1, 1]); ``floor(alpha * B)`` is their
+as their ``PartialFC`` at sample rate 1, which clamps them to [-1, 1]), its rows started as theirs, every entry
+N(0, 0.01²) (``classifier_init: partial_fc``, their ``partial_fc.py`` L87-88; ``linear``: torch's ``nn.Linear``,
+uniform in ±1/√d, whose rows are about 2.5 times longer at d = 512, so that under SGD their directions move about
+2.5 times slower: on the track at their recipe that alone lifts new/old from their loop's 33 % to 56 %,
+results/parity/README.md §12); ``floor(alpha * B)`` is their
 ``int(cfg.batch_size * cfg.mix_ratio)``, ``B`` the batch size. The run's per-term log splits the mean into the unmixed
 rows' share (``classification``) and the mixed rows' (``mixed``: 0 when no row could be mixed). A replaced row carries
 no gradient to the backbone, only to ``W`` (their in-place replacement). **Denoising** (their ``denoise_credible.py``,
@@ -50,10 +54,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from cl2r_bench.heads import ROW_INITS
 from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
@@ -72,6 +78,7 @@ class MixBCTConfig:
     mixing: str = setting("replace", choices=MIXINGS)
     denoise_space: str = setting("rows_columns", choices=DENOISE_SPACES)
     replacement_teacher: str = setting("outgoing", choices=REPLACEMENT_TEACHERS)
+    classifier_init: str = setting("partial_fc", choices=tuple(ROW_INITS))
 
 
 @dataclass
@@ -172,6 +179,9 @@ class MixBCT(Strategy):
         self.generator: torch.Generator | None = None
         self.mixed: torch.Tensor | None = None
         """The rows of the last batch that were mixed (a mask), for inspection."""
+
+    def head_options(self) -> dict[str, Any]:
+        return {"row_init": self.config.classifier_init}
 
     def before_task(self, context: TaskContext) -> None:
         self.regions, self.model, self.mixed = None, context.model, None

@@ -1,7 +1,9 @@
+import math
+
 import pytest
 import torch
 
-from cl2r_bench.heads import DSimplexHead, LearnableHead, simplex_vertices
+from cl2r_bench.heads import CosineHead, DSimplexHead, LearnableHead, simplex_vertices
 from cl2r_bench.models import (
     CheckpointError,
     NonFiniteError,
@@ -87,6 +89,21 @@ def test_learnable_head_grow_smaller_is_noop():
     assert head.classifier is classifier
     assert head.classifier.out_features == 5
     assert torch.equal(head.classifier.weight, old)
+
+
+def test_rows_start_as_row_init_says_and_a_grown_heads_new_rows_too():
+    """``linear``: torch's uniform in ±1/√d (standard deviation 1/√(3d)); ``partial_fc``: N(0, 0.01²) (MixBCT)."""
+    torch.manual_seed(0)
+    linear, partial = LearnableHead(512, 300), CosineHead(512, 300, row_init="partial_fc")
+    assert float(linear.classifier.weight.abs().max()) <= 1 / math.sqrt(512)
+    assert float(linear.classifier.weight.std()) == pytest.approx(1 / math.sqrt(3 * 512), rel=0.01)
+    assert float(partial.classifier.weight.std()) == pytest.approx(0.01, rel=0.01)
+    old = partial.classifier.weight.detach().clone()
+    partial.grow(600)
+    assert torch.equal(partial.classifier.weight[:300], old)
+    assert float(partial.classifier.weight[300:].std()) == pytest.approx(0.01, rel=0.01)
+    with pytest.raises(ValueError, match="unknown row_init 'zeros'"):
+        LearnableHead(4, 2, row_init="zeros")
 
 
 @pytest.mark.parametrize("head", ["learnable", "dsimplex"])

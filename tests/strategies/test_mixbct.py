@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cl2r_bench import heads
 from cl2r_bench.app import cli as runner
 from cl2r_bench.heads import CosineHead
 from strategies import Step, get_strategy
@@ -193,7 +194,9 @@ def test_mixbct_is_registered_with_the_authors_defaults():
     assert cls is MixBCT and (cls.head, cls.uses_memory, cls.needs_teacher) == ("cosine", True, True)
     assert cls.from_params({}).config.__dict__ == {
         "mix_ratio": 0.3, "credible_ratio": 0.9, "scale": 64.0, "margin": 0.5, "mixing": "replace",
-        "denoise_space": "rows_columns", "replacement_teacher": "outgoing"}
+        "denoise_space": "rows_columns", "replacement_teacher": "outgoing", "classifier_init": "partial_fc"}
+    assert cls.from_params({}).head_options() == {"row_init": "partial_fc"}
+    assert cls.from_params({"classifier_init": "linear"}).head_options() == {"row_init": "linear"}
     assert cls.loss_summary.startswith("`ArcFace") and cls.reference == "Liang et al., arXiv 2023"
 
 
@@ -251,9 +254,14 @@ def mixed_rows(monkeypatch):
     ("iamcl2r", []),
     ("cl2r", ["--scenario", "cl2r", "--set", "replacement.tasks=[]"]),
     ("upgrade", UPGRADE)])
-def test_runs_from_the_command_line(tiny, tmp_path, mixed_rows, scenario, args):
+def test_runs_from_the_command_line(tiny, tmp_path, mixed_rows, scenario, args, monkeypatch):
+    started = []
+    original = heads.classifier_rows
+    monkeypatch.setattr(heads, "classifier_rows", lambda in_dim, count, row_init: started.append(row_init)
+                        or original(in_dim, count, row_init))
     out = tmp_path / "out"
     assert runner.main(["--config", str(tiny), *args, "--strategy", "mixbct", "--output", str(out)]) == 0
+    assert "partial_fc" in started, "the trained models' classifiers start as their PartialFC's"
     record = json.loads((out / f"{scenario}/synthetic/mixbct/seed42/metrics.json").read_text())
     assert record["complete"]
     assert max(mixed_rows) > 0, "old features were mixed into some batch"
