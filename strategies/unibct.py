@@ -106,12 +106,11 @@ def prototype_loss(features: torch.Tensor, labels: torch.Tensor, prototypes: tor
 class UniBCT(Strategy):
     loss_summary = "`CE + ArcFace(φ_t against old prototypes refined by the new model's affinities, s 30, m 0.3)`"
     reference = 'Zhang et al., IJCAI 2022'
-    authors_recipe = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005, "epochs": 35,
-                      "schedule": "multistep", "milestones": [20, 26, 32], "gamma": 0.1, "warmup_epochs": 0,
-                      "clip_grad_norm": 5.0}
-    authors_recipe_source = ("yuleung/MixBCT's reimplementation (UniBCT's own code is not released): "
-                             "BCT_Methods/UniBCT/train.py L72, L86-88, L105, L181, L186 (SGD 0.1, x 0.1 after epochs "
-                             "20, 26, 32, 35 epochs; the backbone's gradient norm clipped at 5)")
+    authors_recipe = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005, "epochs": 30,
+                      "schedule": "multistep", "milestones": [5, 10, 20], "gamma": 0.1, "warmup_epochs": 0}
+    authors_recipe_source = ("Ashespt/AdvBCT's reimplementation, whose classifier, scale and margin the loss reads "
+                             "(UniBCT's own code is not released): train.py L72-74, L134, configs/new_uniBCT.yml "
+                             "L38 (SGD 0.1, MultiStepLR [5, 10, 20] x 0.1, 30 epochs)")
     head = "learnable"
     uses_memory = True
     needs_teacher = True

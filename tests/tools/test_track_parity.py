@@ -24,7 +24,7 @@ def test_every_strategy_of_the_bct_line_has_its_authors_code():
                for strategy, name in track.strategy_references().items()}
     assert sources == {"lce": "IrvingMeng/LCE", "bct": "Ashespt/AdvBCT", "advbct": "Ashespt/AdvBCT",
                        "bt2": "YifeiZhou02/BT-2", "ract": "TencentARC/OpenCompatible", "oca": "z3n0e/OCA",
-                       "mixbct": "yuleung/MixBCT", "unibct": "yuleung/MixBCT"}
+                       "mixbct": "yuleung/MixBCT", "unibct": "Ashespt/AdvBCT"}
 
 
 def test_the_suite_trains_the_authors_recipe_or_for_a_smoke_run_the_same_recipe_shortened():
@@ -84,6 +84,15 @@ def test_runs_recorded_side_by_side_keep_each_other(tmp_path):
     assert set(record) == {"bct", "bct [new_class_rows=none]"}
     assert set(record["bct"]["runs"]) == {"1", "2"} and record["bct"]["epochs"] == 30
     assert not list(tmp_path.glob("*.lock"))
+
+
+def test_runs_against_another_reference_are_dropped_from_the_entry(tmp_path):
+    out = tmp_path / "track.json"
+    track.record_run(out, "unibct", {"references": {"mixbct": {"repository": "yuleung/MixBCT"}}}, 1, {"s": 1})
+    track.record_run(out, "unibct", {"references": {"mixbct": {"repository": "yuleung/MixBCT"}}}, 2, {"s": 2})
+    track.record_run(out, "unibct", {"references": {"advbct": {"repository": "Ashespt/AdvBCT"}}}, 2, {"s": 3})
+    entry = json.loads(out.read_text())["unibct"]
+    assert entry["runs"] == {"2": {"s": 3}} and set(entry["references"]) == {"advbct"}
 
 
 def test_a_suite_run_stopped_midway_is_resumed(tmp_path, monkeypatch, capsys):

@@ -284,16 +284,24 @@ def main(argv: list[str] | None = None) -> None:
 def record_run(out: Path, key: str, about: dict[str, Any], seed: int, runs: dict[str, dict[str, Any]]) -> None:
     """Add seed ``seed``'s runs to entry ``key`` of the record ``out``, read again under its lock, so that
     invocations running side by side (other strategies, a variant, another machine sharing the folder) keep each
-    other's runs."""
+    other's runs. Runs against another repository (a strategy whose reference changed) are dropped: they pair with
+    no run of this one."""
     from cl2r_bench.files import atomic_write_json, exclusive
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(out.with_name(out.name + ".lock"), f"the parity record {out}", wait=print):
         results = json.loads(out.read_text()) if out.is_file() else {}
         entry = results.setdefault(key, {"runs": {}})
+        if repositories(entry) not in (set(), repositories(about)):
+            entry["runs"] = {}
         entry.update(about)
         entry["runs"][str(seed)] = runs
         atomic_write_json(out, results)
+
+
+def repositories(entry: dict[str, Any]) -> set[str]:
+    """The reference repositories an entry of the record (or the ``about`` of a run) names."""
+    return {reference["repository"] for reference in entry.get("references", {}).values()}
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
-"""BCT and AdvBCT on the track, by ``Ashespt/AdvBCT`` (AdvBCT's authors; BCT's own code is not released, their
-``COMP_LOSS.TYPE: bct`` is the reimplementation the suite's recipe reads), driven by ``track_reference.py``.
+"""BCT, UniBCT and AdvBCT on the track, by ``Ashespt/AdvBCT`` (AdvBCT's authors; neither BCT's nor UniBCT's own code
+is released, their ``COMP_LOSS.TYPE: bct`` and ``uni_bct`` are the reimplementations the suite's recipes read),
+driven by ``track_reference.py``.
 
 Two of their entry points run, as their scripts do: ``extract_feat.py``'s ``main`` on the old model over the old
 classes' training items, then its ``gen_class_meta`` and ``gen_class_theta`` (the class centres and radii AdvBCT's
 elastic boundary reads; ``scripts/extract_feat.sh`` names ``configs/extract_feat.yml``, which the repository
-lacks, so their defaults with the old model's fields set stand for it); then ``train.py``'s ``main`` with
-``configs/new_BCT.yml`` or ``configs/new_AdvBct.yml`` (SGD 0.1, momentum 0.9, weight decay 5e-4 on every
+lacks, so their defaults with the old model's fields set stand for it; UniBCT reads the same file's class centres
+as its prototypes); then ``train.py``'s ``main`` with ``configs/new_BCT.yml``, ``configs/new_uniBCT.yml`` or
+``configs/new_AdvBct.yml`` (SGD 0.1, momentum 0.9, weight decay 5e-4 on every
 parameter, ``MultiStepLR`` [5, 10, 20] x 0.1, 30 epochs), which builds their models (``build_bct_models``) and
 ``LandmarkComTrainer`` and trains. Around them: timm's backbone is the suite's embedding network, and
 ``CreateBaseModel``'s projection and batch norm are the identity (the network ends at the feature, as in the step
@@ -30,11 +32,11 @@ from torch.utils.data import TensorDataset
 
 REPOSITORY = "Ashespt/AdvBCT"
 MARKER = "trainer/trainer.py"
-STRATEGIES = ("bct", "advbct")
-CONFIGS = {"bct": "configs/new_BCT.yml", "advbct": "configs/new_AdvBct.yml"}
+STRATEGIES = ("bct", "unibct", "advbct")
+CONFIGS = {"bct": "configs/new_BCT.yml", "unibct": "configs/new_uniBCT.yml", "advbct": "configs/new_AdvBct.yml"}
 ENTRY_POINT = ("extract_feat.py main() L12, gen_class_meta() L40, gen_class_theta() L90 on the old model; then "
                "train.py main() L20 (one main_worker L38, LandmarkComTrainer.train trainer/trainer.py L245) with "
-               "configs/new_BCT.yml (bct) or configs/new_AdvBct.yml (advbct)")
+               "configs/new_BCT.yml (bct), configs/new_uniBCT.yml (unibct) or configs/new_AdvBct.yml (advbct)")
 ARCH = "track_embedding"
 
 
