@@ -46,9 +46,11 @@ def simplex_vertices(num_vertices: int) -> torch.Tensor:
 
 ROW_INITS = {"linear": "torch's `nn.Linear`: uniform in ±1/√d (a row's norm about 1/√3)",
              "partial_fc": "N(0, 0.01²) in every entry, as insightface's `PartialFC` (a row's norm about 0.01·√d)"}
-"""How the rows of a learnable or cosine classifier start (each new class's rows too, when the head grows)."""
+"""How the rows of a learnable or cosine classifier start (each new class's rows too, when the head grows; METHODS.md
+§5)."""
 PARTIAL_FC_STD = 0.01
-"""The standard deviation of ``PartialFC``'s rows (insightface ``partial_fc.py``, as ``yuleung/MixBCT`` L87-88)."""
+"""The standard deviation of ``PartialFC``'s rows (insightface's ``partial_fc.py``, as ``yuleung/MixBCT``'s
+``BCT_Methods/MixBCT/partial_fc.py`` L89)."""
 
 
 def classifier_rows(in_dim: int, count: int, row_init: str) -> nn.Linear:

@@ -280,8 +280,8 @@ class Strategy:
         return getattr(self.config, "replacement_teacher", "incoming")
 
     def head_options(self) -> dict[str, Any]:
-        """Keyword arguments of the strategy's head (:func:`cl2r_bench.heads.build_head`): BT²'s widths. None by
-        default."""
+        """Keyword arguments of the strategy's head (:func:`cl2r_bench.heads.build_head`): BT²'s and OCA's widths and
+        maps, MixBCT's first classifier rows. None by default."""
         return {}
 
     def before_task(self, context: TaskContext) -> None:

@@ -46,6 +46,11 @@ from cl2r_bench.class_regions import CENTRE_CLASSES, ClassRegions, task_regions
 from cl2r_bench.plugin_settings import WIDTH_MAX, setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
+ADVBCT_TRAINER_RECIPE = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005, "epochs": 30,
+                         "schedule": "multistep", "milestones": [5, 10, 20], "gamma": 0.1, "warmup_epochs": 0}
+"""The recipe of ``Ashespt/AdvBCT``'s trainer (train.py L72-74, L133-134: SGD 0.1, ``MultiStepLR`` [5, 10, 20] x 0.1;
+30 epochs in each of its configs), which trains its AdvBCT and its reimplementations of BCT and UniBCT."""
+
 NEW, OLD = 0, 1
 """The discriminator's labels of new and old features."""
 
@@ -132,8 +137,7 @@ class AdvBCT(Strategy):
     loss_summary = ('`CE + elastic boundary around old centres (shrinking, the paper; `threshold: 1` the code) + '
                     'adversarial discriminator (gradient reversal)`')
     reference = 'Pan et al., CVPR 2023'
-    authors_recipe = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005, "epochs": 30,
-                      "schedule": "multistep", "milestones": [5, 10, 20], "gamma": 0.1, "warmup_epochs": 0}
+    authors_recipe = ADVBCT_TRAINER_RECIPE
     authors_recipe_source = ("Ashespt/AdvBCT: train.py L72-74, L133-134, configs/new_AdvBct.yml L34-40 (SGD 0.1, "
                              "MultiStepLR [5, 10, 20] x 0.1, 30 epochs)")
     head = "learnable"

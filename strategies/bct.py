@@ -30,6 +30,8 @@ from cl2r_bench.models import class_means
 from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
+from .advbct import ADVBCT_TRAINER_RECIPE
+
 NEW_CLASS_ROWS = ("match_norm", "raw", "none")
 
 
@@ -74,8 +76,7 @@ def influence_loss(features: torch.Tensor, labels: torch.Tensor, old_rows: torch
 class BCT(Strategy):
     loss_summary = "`CE + 1·CE(W_old φ_t(x), y)`, W_old frozen: old rows + old model's class means for new classes"
     reference = 'Shen et al., CVPR 2020'
-    authors_recipe = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005, "epochs": 30,
-                      "schedule": "multistep", "milestones": [5, 10, 20], "gamma": 0.1, "warmup_epochs": 0}
+    authors_recipe = ADVBCT_TRAINER_RECIPE
     authors_recipe_source = ("Ashespt/AdvBCT's BCT (BCT's own code is not released): train.py L72-74, L134, "
                              "configs/new_BCT.yml L34-35 (SGD 0.1, MultiStepLR [5, 10, 20] x 0.1, 30 epochs)")
     head = "learnable"

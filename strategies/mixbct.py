@@ -13,10 +13,9 @@ to class regions the old features occupy::
 
 ``W`` is the new model's own classifier (the ``cosine`` head: cosines of the normalised feature and the normalised rows,
 as their ``PartialFC`` at sample rate 1, which clamps them to [-1, 1]), its rows started as theirs, every entry
-N(0, 0.01²) (``classifier_init: partial_fc``, their ``partial_fc.py`` L87-88; ``linear``: torch's ``nn.Linear``,
-uniform in ±1/√d, whose rows are about 2.5 times longer at d = 512, so that under SGD their directions move about
-2.5 times slower: on the track at their recipe that alone lifts new/old from their loop's 33 % to 56 %,
-results/parity/README.md §12); ``floor(alpha * B)`` is their
+N(0, 0.01²) (``classifier_init: partial_fc``, their ``partial_fc.py`` L89; ``linear``: torch's ``nn.Linear``,
+whose rows are about 2.5 times longer and turn that much slower under SGD, which changes what the method learns:
+METHODS.md §6b); ``floor(alpha * B)`` is their
 ``int(cfg.batch_size * cfg.mix_ratio)``, ``B`` the batch size. The run's per-term log splits the mean into the unmixed
 rows' share (``classification``) and the mixed rows' (``mixed``: 0 when no row could be mixed). A replaced row carries
 no gradient to the backbone, only to ``W`` (their in-place replacement). **Denoising** (their ``denoise_credible.py``,

@@ -37,6 +37,8 @@ from cl2r_bench.models import embed, same_features
 from cl2r_bench.plugin_settings import setting
 from cl2r_bench.strategy import REPLACEMENT_TEACHERS, Step, Strategy, TaskContext, register_strategy
 
+from .advbct import ADVBCT_TRAINER_RECIPE
+
 REFINEMENTS = ("graph", "none")
 TRANSITIONS = {"rows": 1, "columns": 0}
 """The softmax dimension of each ``transition``."""
@@ -106,8 +108,7 @@ def prototype_loss(features: torch.Tensor, labels: torch.Tensor, prototypes: tor
 class UniBCT(Strategy):
     loss_summary = "`CE + ArcFace(φ_t against old prototypes refined by the new model's affinities, s 30, m 0.3)`"
     reference = 'Zhang et al., IJCAI 2022'
-    authors_recipe = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005, "epochs": 30,
-                      "schedule": "multistep", "milestones": [5, 10, 20], "gamma": 0.1, "warmup_epochs": 0}
+    authors_recipe = ADVBCT_TRAINER_RECIPE
     authors_recipe_source = ("Ashespt/AdvBCT's reimplementation, whose classifier, scale and margin the loss reads "
                              "(UniBCT's own code is not released): train.py L72-74, L134, configs/new_uniBCT.yml "
                              "L38 (SGD 0.1, MultiStepLR [5, 10, 20] x 0.1, 30 epochs)")

@@ -37,7 +37,7 @@ class Trainer(Protocol):
     replacement_teacher: str
     uses_memory: bool
     needs_independent: bool
-    head_options: dict[str, Any]  # the keyword arguments of the strategy's head (BT²'s widths)
+    head_options: dict[str, Any]  # the keyword arguments of the strategy's head (BT²'s and OCA's widths, MixBCT's rows)
     parameters: dict[str, Any]  # every parameter of the strategy, defaults included (saved with the run's config)
     settings: TrainSettings  # what it trains with (the authors' recipe applied, with training.recipe: authors)
 

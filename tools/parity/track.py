@@ -293,6 +293,8 @@ def record_run(out: Path, key: str, about: dict[str, Any], seed: int, runs: dict
         results = json.loads(out.read_text()) if out.is_file() else {}
         entry = results.setdefault(key, {"runs": {}})
         if repositories(entry) not in (set(), repositories(about)):
+            print(f"{key}: its runs against {sorted(repositories(entry))} are dropped from {out} (they pair with no "
+                  f"run of {sorted(repositories(about))})")
             entry["runs"] = {}
         entry.update(about)
         entry["runs"][str(seed)] = runs
