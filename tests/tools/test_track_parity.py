@@ -145,8 +145,55 @@ def test_the_table_gives_both_codes_and_the_paired_difference_with_compares_inte
     low = float(row.split("+20.00 [")[1].split(",")[0])
     assert 0 < low < 20
     assert "| 85.00 ± 5.00 | 85.00 ± 5.00 | +0.00 [+0.00, +0.00] |" in row
-    assert row.endswith("| **no** |")
+    assert row.startswith("| lce | 2 of 2 |") and row.endswith("| **no** | – |")
     assert "`IrvingMeng/LCE` at bb087e5, main.py main()" in text and "Suite at abc." in text
+
+
+def diverged(seed: int) -> dict:
+    return {"seed": seed, "diverged": "task 1 diverged: non-finite loss", "commit": "abc"}
+
+
+def test_the_table_pairs_the_seeds_both_codes_trained_and_names_the_seeds_each_code_diverged():
+    about = {"epochs": "the authors' recipe", "entry_point": "train.py main()",
+             "references": {"advbct": {"repository": "Ashespt/AdvBCT", "commit": "e3935d0"}}}
+    record = {"unibct": {**about, "runs": {"1": {"suite": run(1, 500, 800), "reference": diverged(1)},
+                                           "2": {"suite": diverged(2), "reference": run(2, 600, 900)},
+                                           "3": {"suite": run(3, 500, 800), "reference": run(3, 500, 800)},
+                                           "4": {"suite": diverged(4), "reference": diverged(4)}}},
+              "bct": {**about, "runs": {"1": {"suite": diverged(1), "reference": run(1, 500, 800)}}}}
+    rows = {line.split(" |")[0]: line for line in tables.track_table(record).splitlines() if line.startswith("| ")}
+    # seed 3 alone is paired: 50.00 and 80.00 on both sides, no difference
+    assert rows["| unibct"].startswith("| unibct | 1 of 4 | 50.00 ± 0.00 | 50.00 ± 0.00 | +0.00 [+0.00, +0.00] |")
+    assert rows["| unibct"].endswith("| yes | suite 2, 4; authors 1, 4 |")
+    assert rows["| bct"] == "| bct | 0 of 1 | – | – | – | – | – | – | – | suite 1 |"
+
+
+def test_a_diverged_suite_run_is_recorded_once_with_its_one_line_error(tmp_path, monkeypatch):
+    from cl2r_bench.app.cli import EXIT_DIVERGED
+
+    def diverging(command, **options):
+        if "runner.py" not in str(command):
+            return plain(command, **options)
+        calls.append(command)
+        options["stdout"].write("task 0: trained\nerror: task 1 diverged: non-finite loss at iteration 60\n")
+        return argparse.Namespace(returncode=EXIT_DIVERGED)
+
+    calls, plain = [], track.subprocess.run
+    monkeypatch.setattr(track.subprocess, "run", diverging)
+    parts = argparse.Namespace(directory=tmp_path / "run", config={}, settings=argparse.Namespace(seed=2))
+    first = track.suite_run(["run"], parts, tmp_path, "suite-refinement-none")
+    assert first["seed"] == 2 and first["diverged"] == "task 1 diverged: non-finite loss at iteration 60"
+    assert track.suite_run(["run"], parts, tmp_path, "suite-refinement-none") == first and len(calls) == 1
+    assert (tmp_path / "suite-refinement-none.log").is_file()
+
+
+def test_an_authors_model_with_non_finite_features_is_recorded_as_diverged_and_not_scored():
+    features = torch.ones(4, 3)
+    features[2, 1] = float("nan")
+    parts = argparse.Namespace(settings=argparse.Namespace(seed=3))
+    outcome = track.evaluated(parts, {}, {"test_features": features, "train_seconds": 9.0, "device": "cpu"}, "abc")
+    assert outcome["seed"] == 3 and "not finite" in outcome["diverged"] and "two_model" not in outcome
+    assert outcome["commit"] == "abc" and outcome["train_seconds"] == 9.0
 
 
 def test_a_batch_moved_to_a_gpu_stays_where_it_is_without_one():
@@ -210,5 +257,5 @@ def test_the_authors_loop_trains_on_the_stand_in_and_is_scored_by_the_suites_pro
     written = log.stat().st_mtime_ns
     track.main(command)
     assert log.stat().st_mtime_ns == written, "a finished run is kept and skipped"
-    assert f"| {strategy} (smoke: 6 epochs) | 1 |" in tables.track_table(json.loads(
+    assert f"| {strategy} (smoke: 6 epochs) | 1 of 1 |" in tables.track_table(json.loads(
         (tmp_path / "work" / "track.json").read_text()))

@@ -88,33 +88,43 @@ def timing_table(record: dict) -> str:
 
 
 def track_table(record: dict) -> str:
-    """Per strategy: both codes' new/old and new/new top-1 (mean ± std over seeds) and the authors' code's
-    difference with ``compare``'s interval (paired seeds; each seed its own split and queries); then the suite's
-    commits and each reference's repository, commit and entry point."""
+    """Per strategy: both codes' new/old and new/new top-1 (mean ± std over the seeds both codes trained) and the
+    authors' code's difference with ``compare``'s interval (paired seeds; each seed its own split and queries), and
+    the seeds where a code diverged; then the suite's commits and each reference's repository, commit and entry
+    point."""
     figures = ("new/old top-1", "new/new top-1")
     lines = ["| strategy | seeds | " + " | ".join(f"{f} (%): suite | authors | authors − suite [95% interval]"
-                                                  for f in figures) + " | within noise |",
-             "|---|---|" + "---|---|---|" * len(figures) + "---|"]
+                                                  for f in figures) + " | within noise | diverged (seeds) |",
+             "|---|---|" + "---|---|---|" * len(figures) + "---|---|"]
     commits, sources = set(), []
     for strategy, entry in record.items():
-        suite = [run["suite"] for run in entry["runs"].values()]
-        authors = [run["reference"] for run in entry["runs"].values()]
-        found = {d.figure: d for d in compare(authors, suite) if d.figure in figures}
-        cells = []
-        for figure in figures:
-            case = figure.split()[0]
-            spread = [_mean_std([run["two_model"]["cases"][case]["top1"] for run in runs]) for runs in (suite, authors)]
-            d = found[figure]
-            low, high = d.interval
-            cells.append(f"{spread[0]} | {spread[1]} | {d.difference:+.2f} [{low:+.2f}, {high:+.2f}]")
-        within = "yes" if all(d.verdict == "noise" for d in found.values()) else "**no**"
+        runs = entry["runs"].values()
+        trained = [run for run in runs if all("two_model" in run[code] for code in ("suite", "reference"))]
+        suite, authors = [run["suite"] for run in trained], [run["reference"] for run in trained]
+        cells, within = ["– | – | –"] * len(figures), "–"
+        if trained:
+            found = {d.figure: d for d in compare(authors, suite) if d.figure in figures}
+            cells = [figure_cells(suite, authors, figure, found[figure]) for figure in figures]
+            within = "yes" if all(d.verdict == "noise" for d in found.values()) else "**no**"
+        diverged = "; ".join(f"{who} {', '.join(str(run[code]['seed']) for run in runs if 'diverged' in run[code])}"
+                             for code, who in (("suite", "suite"), ("reference", "authors"))
+                             if any("diverged" in run[code] for run in runs)) or "–"
         smoke = "" if isinstance(entry["epochs"], str) else f" (smoke: {entry['epochs']} epochs)"
-        lines.append(f"| {strategy}{smoke} | {len(suite)} | {' | '.join(cells)} | {within} |")
-        commits |= {run["commit"] for run in suite + authors}
+        lines.append(f"| {strategy}{smoke} | {len(trained)} of {len(runs)} | {' | '.join(cells)} | {within} | "
+                     f"{diverged} |")
+        commits |= {run[code]["commit"] for run in runs for code in ("suite", "reference")}
         reference = next(iter(entry["references"].values()))
         sources.append(f"- {strategy}: `{reference['repository']}` at {reference['commit']}, {entry['entry_point']}")
     lines.append(f"\nSuite at {', '.join(sorted(str(c) for c in commits))}.\n")
     return "\n".join(lines + sources)
+
+
+def figure_cells(suite: list[dict], authors: list[dict], figure: str, difference) -> str:
+    """One figure's cells: each code's mean ± std over the seeds, the authors' difference and its interval."""
+    case = figure.split()[0]
+    spread = [_mean_std([run["two_model"]["cases"][case]["top1"] for run in runs]) for runs in (suite, authors)]
+    low, high = difference.interval
+    return f"{spread[0]} | {spread[1]} | {difference.difference:+.2f} [{low:+.2f}, {high:+.2f}]"
 
 
 def _mean_std(values: list[float]) -> str:

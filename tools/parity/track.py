@@ -21,7 +21,9 @@ For each strategy and seed, in ``WORK/<strategy>/seed<K>/``, each step kept and 
 
 The parity record (``--out``) keeps, per strategy and seed, both codes' two-model figures, per-query top-1 hits and
 split identifiers (so that ``runner.py compare``'s paired interval can be computed from it, ``tables.py track``),
-the suite's commit of each run and the reference's repository and commit. ``--epochs N`` is a smoke run: both codes
+the suite's commit of each run and the reference's repository and commit. A code whose run diverged (the suite's
+exit 3; the authors' model's features not finite) is recorded as such for that seed, with its one-line reason; the
+table pairs the seeds both codes trained and names the others. ``--epochs N`` is a smoke run: both codes
 train N epochs of the authors' recipe (the suite with that recipe written out as ``training`` settings); with it or
 with ``--set`` (e.g. the synthetic stand-in of the tests) the record goes to ``WORK/track.json`` unless ``--out`` is
 given. ``--variant KEY=VALUE`` sets the strategy's own setting ``strategy_params.<strategy>.KEY`` on the suite's
@@ -79,11 +81,16 @@ def suite_arguments(strategy: str, seed: int, args: argparse.Namespace) -> list[
     """``runner.py``'s arguments of the suite's run of ``strategy`` at ``seed`` (a variant's in its own folder)."""
     output = args.suite_output
     if args.variant:
-        output = output / "variants" / "+".join(assignment.replace("=", "-") for assignment in args.variant)
+        output = output / "variants" / variant_name(args.variant)
     variant = [f"strategy_params.{strategy}.{assignment}" for assignment in args.variant]
     return ["run", *SUITE_RUN, "--strategy", strategy, "--seed", str(seed), "--data-root", str(args.data_root),
             "--output", str(output), "--no-progress", *recipe_settings(strategy, args.epochs),
             *[option for assignment in [*args.set, *variant] for option in ("--set", assignment)]]
+
+
+def variant_name(variant: list[str]) -> str:
+    """A variant's settings as a name of files and folders (``KEY-VALUE+KEY-VALUE``)."""
+    return "+".join(assignment.replace("=", "-") for assignment in variant)
 
 
 def record_key(strategy: str, variant: list[str]) -> str:
@@ -103,11 +110,15 @@ def assembled(arguments: list[str]):
         raise ParityError(f"the suite's run: {exc}") from None
 
 
-def suite_run(arguments: list[str], parts, folder: Path) -> dict[str, Any]:
+def suite_run(arguments: list[str], parts, folder: Path, name: str = "suite") -> dict[str, Any]:
     """The suite's record of the run, from ``--suite-output`` (its settings checked as ``--resume`` checks them)
-    or run now (resumed if a run stopped there)."""
+    or run now (resumed if a run stopped there; its output in ``folder/<name>.log``); a run that diverged (exit 3)
+    is ``{"seed", "diverged": its one-line error, "commit"}``, kept in ``folder/<name>_diverged.json`` and not run
+    again."""
     from benchmarks.record import RECORD_FILE, holds_complete_record, read_record
+    from cl2r_bench.app.cli import EXIT_DIVERGED
     from cl2r_bench.app.run_folder import RunError, RunFolder
+    from cl2r_bench.files import code_commit
 
     path = parts.directory / RECORD_FILE
     if path.is_file():
@@ -115,14 +126,27 @@ def suite_run(arguments: list[str], parts, folder: Path) -> dict[str, Any]:
             RunFolder(parts.directory, resume=True, overwrite=False).check_resumable(parts.config)
         except RunError as exc:
             raise ParityError(f"the suite's run in {parts.directory} has other settings: {exc}") from None
+    diverged, log_path = folder / f"{name}_diverged.json", folder / f"{name}.log"
+    if diverged.is_file():
+        return json.loads(diverged.read_text())
     if not holds_complete_record(parts.directory):
         resume = ["--resume"] if path.is_file() else []
-        with open(folder / "suite.log", "w") as log:
+        with open(log_path, "w") as log:
             done = subprocess.run([sys.executable, str(ROOT / "runner.py"), *arguments, *resume], cwd=ROOT,
                                   stdout=log, stderr=subprocess.STDOUT)
+        if done.returncode == EXIT_DIVERGED:
+            run = {"seed": parts.settings.seed, "diverged": last_error(log_path), "commit": code_commit()}
+            diverged.write_text(json.dumps(run, indent=1) + "\n")
+            return run
         if done.returncode != 0:
-            raise ParityError(f"the suite's run failed (exit {done.returncode}); see {folder / 'suite.log'}")
+            raise ParityError(f"the suite's run failed (exit {done.returncode}); see {log_path}")
     return read_record(path)
+
+
+def last_error(log: Path) -> str:
+    """The suite's one-line error (``error: ...``) at the end of its log."""
+    lines = [line for line in log.read_text().splitlines() if line.startswith("error: ")]
+    return lines[-1].removeprefix("error: ") if lines else f"diverged (see {log})"
 
 
 def export(parts, folder: Path, needs_independent: bool) -> dict[str, Any]:
@@ -186,15 +210,19 @@ def reference_run(args: argparse.Namespace, name: str, strategy: str, seed: int,
 
 
 def evaluated(parts, split: dict[str, Any], reference: dict[str, Any], commit: str) -> dict[str, Any]:
-    """The authors' model scored by the suite's two-model protocol (module docstring, step 4), as a record's fields."""
+    """The authors' model scored by the suite's two-model protocol (module docstring, step 4), as a record's fields;
+    a model whose features are not finite (their loop diverged) is ``{"seed", "diverged", "commit", ...}``."""
     from scenarios.upgrade import TWO_MODEL_CASES, two_model_study
 
+    timing = {key: reference[key] for key in ("train_seconds", "device")}
+    if not torch.isfinite(reference["test_features"]).all():
+        return {"seed": parts.settings.seed, "diverged": "their trained model's features are not finite (their "
+                "loss went NaN or infinite; see the seed's reference.log)", "commit": commit, **timing}
     new = F.normalize(reference["test_features"].float(), dim=1)
     study = two_model_study(split["old_features"], new, split["labels"], parts.settings)
     two_model = {**study, "cases": {case: study["cases"][case] for case in TWO_MODEL_CASES}}
     return comparable({"seed": parts.settings.seed, "stream": split["stream"], "evaluation": split["evaluation"],
-                       "two_model": two_model, "train_seconds": reference["train_seconds"],
-                       "device": reference["device"]}, commit)
+                       "two_model": two_model, **timing}, commit)
 
 
 def run_strategy(args: argparse.Namespace, strategy: str, seed: int) -> dict[str, dict[str, Any]]:
@@ -206,14 +234,14 @@ def run_strategy(args: argparse.Namespace, strategy: str, seed: int) -> dict[str
     folder.mkdir(parents=True, exist_ok=True)
     arguments = suite_arguments(strategy, seed, args)
     parts = assembled(arguments)
-    suite = suite_run(arguments, parts, folder)
+    suite = suite_run(arguments, parts, folder, f"suite-{variant_name(args.variant)}" if args.variant else "suite")
     recorded = folder / "record.json"
     if not recorded.is_file():
         split = export(parts, folder, needs_independent=parts.trainer.needs_independent)
         reference = reference_run(args, name, strategy, seed, folder)
         recorded.write_text(json.dumps(evaluated(parts, split, reference, code_commit()), indent=1) + "\n")
         (folder / "data.pt").unlink()
-    return {"suite": comparable(suite, suite["versions"]["cl2r-bench commit"]),
+    return {"suite": suite if "diverged" in suite else comparable(suite, suite["versions"]["cl2r-bench commit"]),
             "reference": json.loads(recorded.read_text())}
 
 
@@ -277,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
             runs = run_strategy(args, strategy, seed)
             record_run(args.out, key, about, seed, runs)
             top1 = {code: {case: run["two_model"]["cases"][case]["top1"] for case in ("new/old", "new/new")}
-                    for code, run in runs.items()}
+                    if "two_model" in run else "diverged" for code, run in runs.items()}
             print(f"  {top1}", flush=True)
 
 
