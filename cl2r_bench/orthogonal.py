@@ -23,7 +23,8 @@ training (evaluation, embedding galleries: batches of thousands, no gradient) th
 ``tests/test_orthogonal.py`` checks outputs and gradients against torch's layer within 1e-5.
 
 ``orthogonal_map: cayley`` (an option, not the authors' map) is torch's Cayley parametrisation,
-``W = B (I - A/2)^{-1} (I + A/2)``, trained as ``y = x (I - A/2) (I + A/2)^{-1} Bᵀ + b`` by one LU solve on the batch:
+``W = B (I - A/2)^{-1} (I + A/2)``, trained as ``y = x (I - A/2) (I + A/2)^{-1} Bᵀ + b`` by one LU solve on the batch
+(:func:`times_cayley`):
 about a quarter of the series' products at the generator norms BT²'s layers reach (issue "speed of the orthogonal
 strategies"), a different orthogonal map of the same parameters, whose results are compared with the exponential's
 before it could become a default (docs/METHODS.md §6b).
@@ -94,9 +95,10 @@ def times_exponential(rows: torch.Tensor, generator: torch.Tensor, spectral_norm
 
 
 def times_cayley(rows: torch.Tensor, generator: torch.Tensor) -> torch.Tensor:
-    """``rows @ ((I - A/2)^{-1} (I + A/2))ᵀ = rows (I - A/2) (I + A/2)^{-1}`` for a skew-symmetric ``A``: one solve."""
+    """``rows @ ((I - A/2)^{-1} (I + A/2))ᵀ = rows (I - A/2) (I + A/2)^{-1}`` for a skew-symmetric ``A``: one solve
+    and no product, since ``(I - A/2) (I + A/2)^{-1} = (2I - (I + A/2)) (I + A/2)^{-1} = 2 (I + A/2)^{-1} - I``."""
     eye = torch.eye(len(generator), dtype=generator.dtype, device=generator.device)
-    return torch.linalg.solve(eye + generator / 2, rows @ (eye - generator / 2), left=False)
+    return 2 * torch.linalg.solve(eye + generator / 2, rows, left=False) - rows
 
 
 class OrthogonalLinear(nn.Linear):
