@@ -111,15 +111,16 @@ class Scenario:
     def label(self) -> str:
         """The run's name in folders and leaderboards: ``adapter.label`` when set, else the strategy (``avalanche:X``
         written ``avalanche-X``; ``<strategy>.<teacher>`` when its ``replacement_teacher`` is set to the other arm
-        than its default, ``<strategy>.authors`` when it trains with its authors' recipe, ``training.recipe``), joined
-        by ``+<adapter>`` when one is used."""
+        than its default, ``<strategy>.authors`` when it trains with its authors' recipe, ``training.recipe``, then
+        ``.<variant>`` when ``variant`` names the run), joined by ``+<adapter>`` when one is used."""
         adapter, strategy = self.settings.adapter, self.settings.strategy
         if adapter.label:
             return adapter.label
         teacher = self.settings.strategy_params.get(strategy, {}).get("replacement_teacher")
         arm = f".{teacher}" if teacher is not None and teacher != default_replacement_teacher(strategy) else ""
         recipe = ".authors" if self.settings.training.recipe == "authors" else ""
-        return strategy.replace(":", "-") + arm + recipe + (f"+{adapter.name}" if adapter.used else "")
+        variant = f".{self.settings.variant}" if self.settings.variant else ""
+        return strategy.replace(":", "-") + arm + recipe + variant + (f"+{adapter.name}" if adapter.used else "")
 
     def stream(self) -> Stream:
         """The tasks and the evaluation sets (docs/METHODS.md §3-§4)."""

@@ -34,6 +34,8 @@ VERIFY_MODES = ("warn", "strict", "off")
 CLASS_ORDERS = ("natural", "seeded")
 SEED_SCOPES = ("training", "split")
 """What a run's seed draws (``seed_scope``): the training alone, or also the class order and the query sample."""
+VARIANT_NAME = re.compile(r"[A-Za-z0-9_-]{0,40}")
+"""A ``variant``'s name: no dot, so ``<strategy>.<variant>`` splits back at its last dot (``compare --variants``)."""
 EVALUATION_PROTOCOLS = ("heldout", "stream")
 """``evaluation.dataset``'s values besides a data set of its own (any with a profile: ``cifar10`` for the papers)."""
 GALLERY_MODES = ("templates", "images")
@@ -490,6 +492,7 @@ class RunSettings:
     download: bool
     seed: int
     seed_scope: str
+    variant: str
     device: str
     output: str
     data: DataSettings
@@ -513,6 +516,9 @@ class RunSettings:
         if not DEVICE.fullmatch(str(self.device)):
             raise ConfigError(f"device = {self.device!r}; use auto, cpu, cuda or cuda:N")
         check_choices("", self, {"seed_scope": SEED_SCOPES})
+        if not VARIANT_NAME.fullmatch(str(self.variant)):
+            raise ConfigError(f"variant = {self.variant!r}: name it with letters, digits, _ and - (e.g. cayley), at "
+                              "most 40 characters, or leave it empty")
         if self.seed_scope == "split" and isinstance(self.stream.class_order, list):
             raise ConfigError("seed_scope=split draws the class order from the seed, and stream.class_order lists "
                               "it: set stream.class_order=natural or seed_scope=training")

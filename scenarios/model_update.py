@@ -69,8 +69,10 @@ class ModelUpdate(Scenario):
         check_class_budget(settings, pretrains_replacements=False)
 
     def label(self) -> str:
-        """``adapter.label`` when set, else the adapter's name (``none`` without adapter)."""
-        return self.settings.adapter.label or self.settings.adapter.name
+        """``adapter.label`` when set, else the adapter's name (``none`` without adapter), then ``.<variant>`` when
+        ``variant`` names the run."""
+        variant = f".{self.settings.variant}" if self.settings.variant else ""
+        return (self.settings.adapter.label or self.settings.adapter.name) + variant
 
     def stream(self) -> Stream:
         return stream_from_settings(self.settings, [], self.read_data)

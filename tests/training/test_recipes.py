@@ -125,6 +125,25 @@ def test_a_run_of_the_other_teacher_arm_is_named_by_it(tiny):
         assert assemble(resolve(layers)).label == label
 
 
+def test_a_named_variant_is_labelled_after_its_arm_and_recipe_and_a_dotted_name_is_refused(tiny):
+    """``variant`` names a run of other settings, ``<strategy>[.<arm>][.authors].<variant>``, so that ``compare
+    --variants`` pairs it with its experiment (splitting at the last dot)."""
+    import yaml
+
+    from cl2r_bench.errors import ConfigError
+
+    base = yaml.safe_load(tiny.read_text())
+    for command, label in (({"strategy": "bt2", "variant": "cayley"}, "bt2.cayley"),
+                           ({"strategy": "bct", "variant": "x-1", "training": {"recipe": "authors"},
+                             "strategy_params": {"bct": {"replacement_teacher": "incoming"}}},
+                            "bct.incoming.authors.x-1"),
+                           ({"strategy": "bt2", "variant": ""}, "bt2")):
+        parts = assemble(resolve([("tiny", base), ("command line", command)]))
+        assert parts.label == label and parts.directory.parent.name == label
+    with pytest.raises(ConfigError, match="variant = 'a.b'"):
+        assemble(resolve([("tiny", base), ("command line", {"strategy": "bt2", "variant": "a.b"})]))
+
+
 def one_step(clip: float | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The change of the backbone's and of the head's parameters after one SGD step (lr 1, no momentum, no weight
     decay) of ER on 32 feature items, with the backbone's gradient norm clipped at ``clip``."""
