@@ -175,7 +175,8 @@ def test_a_diverged_suite_run_is_recorded_once_with_its_one_line_error(tmp_path,
         if "runner.py" not in str(command):
             return plain(command, **options)
         calls.append(command)
-        options["stdout"].write("task 0: trained\nerror: task 1 diverged: non-finite loss at iteration 60\n")
+        options["stdout"].write("task 0: trained\nerror: task 1 diverged: non-finite loss at iteration 60; tasks "
+                                "0-0 are kept in /somewhere/run, and the run is not complete; lower training.lr\n")
         return argparse.Namespace(returncode=EXIT_DIVERGED)
 
     calls, plain = [], track.subprocess.run

@@ -144,9 +144,10 @@ def suite_run(arguments: list[str], parts, folder: Path, name: str = "suite") ->
 
 
 def last_error(log: Path) -> str:
-    """The suite's one-line error (``error: ...``) at the end of its log."""
+    """What diverged, from the suite's one-line error at the end of its log (``error: task T diverged: ...; tasks
+    kept in FOLDER, ...``): its first clause, which names no folder of this machine."""
     lines = [line for line in log.read_text().splitlines() if line.startswith("error: ")]
-    return lines[-1].removeprefix("error: ") if lines else f"diverged (see {log})"
+    return lines[-1].removeprefix("error: ").split("; ")[0] if lines else f"diverged (see the seed's {log.name})"
 
 
 def export(parts, folder: Path, needs_independent: bool) -> dict[str, Any]:
