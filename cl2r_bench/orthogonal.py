@@ -23,10 +23,9 @@ training (evaluation, embedding galleries: batches of thousands, no gradient) th
 ``tests/test_orthogonal.py`` checks outputs and gradients against torch's layer within 1e-5.
 
 ``orthogonal_map: cayley`` (an option, not the authors' map) is torch's Cayley parametrisation,
-``W = B (I - A/2)^{-1} (I + A/2)``, trained as ``y = x (I - A/2) (I + A/2)^{-1} Bᵀ + b`` by one LU solve on the batch
-(:func:`times_cayley`):
-about a quarter of the series' products at the generator norms BT²'s layers reach (issue "speed of the orthogonal
-strategies"), a different orthogonal map of the same parameters, whose results are compared with the exponential's
+``W = B (I - A/2)^{-1} (I + A/2)``, trained as ``y = x (I - A/2) (I + A/2)^{-1} Bᵀ + b = (2 x (I + A/2)^{-1} - x) Bᵀ
++ b``: one LU solve on the batch and no product (:func:`times_cayley`; docs/scale-out.md gives its time against the
+series'). It is a different orthogonal map of the same parameters, whose results are compared with the exponential's
 before it could become a default (docs/METHODS.md §6b).
 """
 from __future__ import annotations
