@@ -12,11 +12,12 @@ between sections, and each strategy's and adapter's own ``Config``, all before a
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import itertools
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -24,6 +25,7 @@ from cl2r_bench.errors import ConfigError
 from cl2r_bench.limits import TextFileError, read_text
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+Section = TypeVar("Section")
 SPEED_OPTIONS = ("training.channels_last", "training.fused_optimizer", "training.compile")
 """Settings that change how fast a run trains, not what it trains: a run resumes under other values, the leaderboard
 counts its seeds in one experiment, and a replacement model's cache key leaves them out."""
@@ -190,6 +192,16 @@ def differing(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     defaults = default_settings()
     return sorted(key for key in a.keys() | b.keys()
                   if a.get(key, defaults.get(key)) != b.get(key, defaults.get(key)))
+
+
+def with_defaults(cls: type[Section], section: str, **changes: Any) -> Section:
+    """``cls`` (a settings section's dataclass) built from the ``section`` of ``configs/default.yaml`` (a dotted path)
+    with ``changes``: for tests, tools and benchmark scripts that need settings outside a resolved run config."""
+    values = read_yaml(CONFIG_DIR / "default.yaml")
+    for key in section.split("."):
+        values = values[key]
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{**{k: v for k, v in values.items() if k in names}, **changes})
 
 
 @functools.cache

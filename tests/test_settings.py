@@ -5,7 +5,7 @@ import yaml
 
 from cl2r_bench.app import cli as runner
 from cl2r_bench.errors import ConfigError
-from cl2r_bench.settings import TrainSettings
+from cl2r_bench.training_settings import TrainSettings
 
 
 def run_cli(*args):

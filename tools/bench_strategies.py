@@ -37,9 +37,9 @@ import yaml
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.synthetic import make_synthetic
 from cl2r_bench.models import RetrievalModel, build_model, head_over
-from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training.engine import ReplayMemory, update_memory
 from cl2r_bench.training.loop import train_task
+from cl2r_bench.training_settings import TrainSettings
 from strategies import TaskContext, get_strategy, list_strategies
 
 MEMORY_PER_CLASS = 20

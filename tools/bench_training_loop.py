@@ -43,10 +43,11 @@ from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import task_class_counts
 from cl2r_bench.data.synthetic import make_synthetic
 from cl2r_bench.models import RetrievalModel, autocast_dtype, build_model
-from cl2r_bench.settings import RunSettings, TrainSettings
+from cl2r_bench.settings import RunSettings
 from cl2r_bench.strategy import Step
 from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr
 from cl2r_bench.training.loop import train_task
+from cl2r_bench.training_settings import TrainSettings
 from strategies import Strategy, get_strategy
 from tools.bench_evaluation import (
     AMP_CHOICES,

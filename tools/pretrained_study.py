@@ -77,8 +77,8 @@ def suite_resnet(data_root: str, cache_dir: Path, device: torch.device, log: Any
     """The suite's ResNet-18 on all 200 Tiny ImageNet classes at 32x32, its classifier kept (cached; the cache key
     leaves the device out)."""
     from cl2r_bench.data.datasets import load_dataset
-    from cl2r_bench.settings import TrainSettings
     from cl2r_bench.training.pretrain import pretrained_replacement
+    from cl2r_bench.training_settings import TrainSettings
 
     p = RESNET_PRETRAINING
     settings = TrainSettings.with_defaults(epochs=p["epochs"], batch_size=p["batch_size"], lr=p["lr"],

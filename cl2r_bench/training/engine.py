@@ -28,7 +28,8 @@ from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.transforms import crop_flip, crop_flip_draws
 from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.models import RetrievalModel
-from cl2r_bench.settings import TrainSettings, task_seed
+from cl2r_bench.settings import task_seed
+from cl2r_bench.training_settings import TrainSettings
 
 
 def draw_indices(population: int, count: int, device: torch.device) -> torch.Tensor:

@@ -13,9 +13,9 @@ from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.streams import single_experience
 from cl2r_bench.distributed import SINGLE, Processes
 from cl2r_bench.models import NonFiniteError, RetrievalModel, autocast_dtype, first_nonfinite_tensor
-from cl2r_bench.settings import TrainSettings
 from cl2r_bench.strategy import Strategy
 from cl2r_bench.tracking import NullTracker, Tracker
+from cl2r_bench.training_settings import TrainSettings
 
 from .engine import DeviceBatches, EpochHook, ReplayMemory, make_optimizer, teacher_forward, training_forward
 

@@ -43,9 +43,9 @@ from cl2r_bench.models import (
     forward_in_batches,
     load_replacement,
 )
-from cl2r_bench.settings import PRETRAIN_FIXED, PlateauSettings, TrainSettings
 from cl2r_bench.strategy import Step, Strategy
 from cl2r_bench.training.loop import train_task
+from cl2r_bench.training_settings import PRETRAIN_FIXED, PlateauSettings, TrainSettings
 
 
 def cache_path(cache_dir: str | Path, spec: dict[str, Any]) -> Path:

@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from cl2r_bench.data.avalanche_import import importing_avalanche
 from cl2r_bench.distributed import Processes
 from cl2r_bench.models import NonFiniteError, RetrievalModel, first_nonfinite_tensor
-from cl2r_bench.settings import TrainSettings
 from cl2r_bench.strategy import Step, Strategy, strategy_loss
 from cl2r_bench.tracking import Tracker
+from cl2r_bench.training_settings import TrainSettings
 
 from .engine import DeviceBatches, EpochHook, LossTermLog, ReplayMemory, scheduled_lr
 from .frozen_outputs import FrozenOutputs, frozen_outputs

@@ -19,9 +19,10 @@ from cl2r_bench.data.streams import Task
 from cl2r_bench.distributed import SINGLE, LaunchError, Processes
 from cl2r_bench.errors import ConfigError
 from cl2r_bench.models import RetrievalModel
-from cl2r_bench.settings import RECIPE_KEYS, RunSettings, TrainSettings
+from cl2r_bench.settings import RunSettings
 from cl2r_bench.strategy import StrategyError, failures_reported
 from cl2r_bench.tracking import Tracker
+from cl2r_bench.training_settings import RECIPE_KEYS, TrainSettings
 from strategies import Strategy, TaskContext, get_strategy
 
 from .avalanche import AvalancheStrategyError, check_params, is_avalanche_strategy, train_on_experience

@@ -15,7 +15,6 @@ from benchmarks.retrieval import CompatibilityEvaluator
 from cl2r_bench.data.avalanche_import import DeferredModule, avalanche_warnings_filtered
 from cl2r_bench.data.streams import build_stream
 from cl2r_bench.models import CheckpointError, build_model
-from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training.avalanche import (
     AvalancheStrategyError,
     HeadGrowthPlugin,
@@ -29,6 +28,7 @@ from cl2r_bench.training.avalanche import (
     train_on_experience,
     unwrap,
 )
+from cl2r_bench.training_settings import TrainSettings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SETTINGS = TrainSettings.with_defaults(lr=0.05, lr_min=0.001, momentum=0.9, weight_decay=5e-4, epochs=1, batch_size=16,

@@ -15,9 +15,10 @@ from torch import nn
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.distributed import connect, place
 from cl2r_bench.models import build_model
-from cl2r_bench.settings import DistributedSettings, TrainSettings
+from cl2r_bench.settings import DistributedSettings
 from cl2r_bench.training.engine import ReplayMemory
 from cl2r_bench.training.loop import train_task
+from cl2r_bench.training_settings import TrainSettings
 from strategies import TaskContext, get_strategy
 
 

@@ -13,8 +13,8 @@ from cl2r_bench.app import cli as runner
 from cl2r_bench.config import resolve
 from cl2r_bench.data.datasets import DataNotice
 from cl2r_bench.data.synthetic import make_synthetic
-from cl2r_bench.settings import PlateauSettings, TrainSettings
 from cl2r_bench.training.pretrain import PlateauProgress, load_cached_model, pretrain_model
+from cl2r_bench.training_settings import PlateauSettings, TrainSettings
 
 
 def test_plateau_rule_decays_then_stops():

@@ -10,9 +10,9 @@ from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.data.transforms import random_crop_flip
 from cl2r_bench.heads import simplex_vertices
 from cl2r_bench.models import build_model
-from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training.engine import cosine_lr, make_optimizer, update_memory
 from cl2r_bench.training.loop import train_task
+from cl2r_bench.training_settings import TrainSettings
 from strategies import Step, Strategy, StrategyError, get_strategy, list_strategies, register_strategy
 from strategies.dsimplex_hoc import DSimplexHOC, hoc_loss
 from strategies.er import ExperienceReplay

@@ -16,9 +16,9 @@ from cl2r_bench.config import CONFIG_DIR, resolve
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.heads import simplex_vertices
 from cl2r_bench.models import build_model
-from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training.engine import ReplayMemory
 from cl2r_bench.training.loop import train_task
+from cl2r_bench.training_settings import TrainSettings
 from strategies import Step, StrategyError, TaskContext, get_strategy, list_strategies
 from strategies.bct import influence_loss, old_classifier
 from strategies.cvs import nearest_negative_triplet_loss, prototype_loss

@@ -8,11 +8,11 @@ import torch
 
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.models import build_model, head_over
-from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training import template
 from cl2r_bench.training.engine import DeviceBatches, ReplayMemory
 from cl2r_bench.training.frozen_outputs import FrozenOutputs, frozen_outputs
 from cl2r_bench.training.loop import train_task
+from cl2r_bench.training_settings import TrainSettings
 from strategies import TaskContext, get_strategy
 
 OLD, NEW, FEATURES = 4, 4, 48

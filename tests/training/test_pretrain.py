@@ -17,8 +17,8 @@ def test_a_damaged_plateau_progress_file_or_image_cache_is_one_line(tmp_path):
 
     from cl2r_bench.data.tiny_imagenet import read_tiny_imagenet
     from cl2r_bench.models import CheckpointError, build_model
-    from cl2r_bench.settings import PlateauSettings, TrainSettings
     from cl2r_bench.training.pretrain import PlateauTraining
+    from cl2r_bench.training_settings import PlateauSettings, TrainSettings
 
     partial = tmp_path / "model.partial.pt"
     partial.write_bytes(b"PK\x03\x04 truncated")
@@ -52,8 +52,8 @@ def test_a_pretrained_model_is_cached_per_data_so_no_data_setting_is_served_anot
     """Every setting that changes the data a replacement model is trained (or validated) on changes its
     cache key: the key holds the data's digest, not only the data set's name."""
     from cl2r_bench.data.synthetic import make_synthetic
-    from cl2r_bench.settings import TrainSettings
     from cl2r_bench.training.pretrain import pretrained_replacement
+    from cl2r_bench.training_settings import TrainSettings
 
     base = {"num_classes": 8, "train_per_class": 4, "test_per_class": 2, "image_size": 16}
     settings = TrainSettings.with_defaults(epochs=1, batch_size=16, progress=False)
@@ -75,8 +75,8 @@ def test_speed_options_share_a_replacement_models_cache_key_and_training_setting
     """``cl2r_bench.config.SPEED_OPTIONS`` train the same model, so one cached checkpoint serves every value of
     them; a setting of what is trained (the learning rate) gets its own."""
     from cl2r_bench.data.synthetic import make_synthetic
-    from cl2r_bench.settings import TrainSettings
     from cl2r_bench.training.pretrain import pretrained_replacement
+    from cl2r_bench.training_settings import TrainSettings
 
     data = make_synthetic(num_classes=8, train_per_class=4, test_per_class=2, image_size=16)
     kwargs = {"backbone": "small_cnn", "simplex_vertices_count": 16, "small_width": 4, "small_out_dim": 8}
@@ -99,8 +99,8 @@ def test_plateau_pretraining_through_a_compiled_forward_keeps_the_models_own_sta
     fidelity preset's pretraining with ``training.compile=reduce-overhead`` crashed after its last epoch."""
     import cl2r_bench.training.loop as loop
     from cl2r_bench.data.synthetic import make_synthetic
-    from cl2r_bench.settings import PlateauSettings, TrainSettings
     from cl2r_bench.training.pretrain import pretrain_model
+    from cl2r_bench.training_settings import PlateauSettings, TrainSettings
 
     wrapped = []
     monkeypatch.setattr(loop, "training_forward",

@@ -6,8 +6,8 @@ import torch
 
 from cl2r_bench.data.datasets import ImageSet
 from cl2r_bench.errors import ConfigError
-from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training.engine import DeviceBatches, scheduled_lr
+from cl2r_bench.training_settings import TrainSettings
 
 
 def image_set(n: int, label_offset: int = 0) -> ImageSet:

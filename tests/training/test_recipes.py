@@ -9,10 +9,10 @@ from cl2r_bench.app.assembly import assemble
 from cl2r_bench.app.run_options import expanded_strategies
 from cl2r_bench.config import resolve
 from cl2r_bench.errors import ConfigError
-from cl2r_bench.settings import RECIPE_KEYS, TrainSettings
 from cl2r_bench.strategy import StrategyError
 from cl2r_bench.training.engine import ZeroStartSGD, make_optimizer, scheduled_lr
 from cl2r_bench.training.trainers import strategy_training
+from cl2r_bench.training_settings import RECIPE_KEYS, TrainSettings
 from strategies import get_strategy, list_strategies
 
 

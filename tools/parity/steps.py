@@ -26,8 +26,8 @@ from cl2r_bench.data.cifar import read_cifar
 from cl2r_bench.data.datasets import CIFAR100_MEAN, CIFAR100_STD, DataError, ImageSet
 from cl2r_bench.heads import simplex_vertices
 from cl2r_bench.models import build_model, load_replacement, normalize
-from cl2r_bench.settings import TrainSettings
 from cl2r_bench.training.engine import DeviceBatches, make_optimizer, scheduled_lr
+from cl2r_bench.training_settings import TrainSettings
 from strategies import Step, TaskContext, get_strategy
 from strategies.dsimplex_hoc import hoc_loss
 from strategies.fd import distillation_weight
