@@ -2,16 +2,16 @@
 values.
 
 ``configs/default.yaml`` is the one place where a setting's default is written; these classes have no defaults
-(``tests/test_structure.py`` checks that each field matches one YAML key, both ways). This module is also where
-each setting's allowed values are declared (:data:`GALLERY_MODES`, ...; the model's are the model module's own, the
-data sets' are their profiles in ``configs/datasets/``; the sections of training, ``training`` and
-``replacement.pretrain``, and their values are :mod:`cl2r_bench.training_settings`'): the parts that interpret a setting import its vocabulary
-from here, and each section checks its ranges, choices and the rules between its own
-fields when it is built (``__post_init__``), with a one-line :class:`~cl2r_bench.errors.ConfigError` naming the
-setting. Rules that tie sections to a scenario are the scenario's (:meth:`cl2r_bench.scenario.Scenario.check_settings`),
-a strategy's or adapter's parameters are its own ``Config``'s. :func:`RunSettings.from_config` builds them from a
-config that :func:`cl2r_bench.config.resolve` has merged, inside the assembly step (:mod:`cl2r_bench.app.assembly`), so
-the code downstream reads attributes, never string keys.
+(``tests/test_structure.py`` checks that each field matches one YAML key, both ways). This module is also where each
+setting's allowed values are declared (:data:`GALLERY_MODES`, ...; the model's are the model module's own, the data
+sets' are their profiles in ``configs/datasets/``; the sections of training, ``training`` and ``replacement.pretrain``,
+and their values are :mod:`cl2r_bench.training_settings`'): the parts that interpret a setting import its vocabulary
+from here, and each section checks its ranges, choices and the rules between its own fields when it is built
+(``__post_init__``), with a one-line :class:`~cl2r_bench.errors.ConfigError` naming the setting. Rules that tie sections
+to a scenario are the scenario's (:meth:`cl2r_bench.scenario.Scenario.check_settings`), a strategy's or adapter's
+parameters are its own ``Config``'s. :func:`RunSettings.from_config` builds them from a config that
+:func:`cl2r_bench.config.resolve` has merged, inside the assembly step (:mod:`cl2r_bench.app.assembly`), so the code
+downstream reads attributes, never string keys.
 """
 from __future__ import annotations
 
